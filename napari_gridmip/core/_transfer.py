@@ -1,0 +1,40 @@
+"""Host-to-device hand-over without redundant copies.
+
+``jnp.asarray`` on a NumPy array costs several NumPy copies on JAX's CPU
+backend (about 100 ms for 128 MiB here, against 23 ms for ``np.copyto``).
+When the array is 64-byte aligned and owned by us, JAX's CPU client can
+alias it through DLPack instead, so the only cost is the one NumPy pass
+that produced the buffer.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGNMENT
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+def owned_to_device(buffer: np.ndarray) -> jax.Array:
+    """Hand a NumPy buffer that nobody else references over to JAX.
+
+    On the CPU backend the buffer is aliased (zero copy) when it is aligned;
+    elsewhere it is copied to the default device. The caller must not write
+    to ``buffer`` afterwards.
+    """
+    if jax.default_backend() == "cpu" and buffer.flags.c_contiguous and buffer.ctypes.data % _ALIGNMENT == 0:
+        try:
+            return jnp.from_dlpack(buffer, copy=False)
+        except (BufferError, TypeError, ValueError):  # an older or stricter runtime: fall back to a copy
+            pass
+    return jax.device_put(buffer)

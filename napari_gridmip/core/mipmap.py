@@ -1,0 +1,161 @@
+"""Occupancy mipmaps of 3D volumes.
+
+Level 0 is ``volume > threshold``; level ``k + 1`` is ``any()`` over each
+2x2x2 block of level ``k``. Each axis of length ``n`` becomes ``ceil(n / 2)``,
+a block that reaches past the edge counts only its in-bounds voxels, and the
+pyramid ends at shape ``(1, 1, 1)``. Level counts use integer arithmetic, never
+a floating-point ``log2``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+
+__all__ = ["mipmap_shapes", "occupancy_mipmap", "occupancy_levels", "halve_occupancy"]
+
+
+def mipmap_shapes(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Shapes of every level for a volume of ``shape``, level 0 first.
+
+    >>> mipmap_shapes((5, 2, 1))
+    [(5, 2, 1), (3, 1, 1), (2, 1, 1), (1, 1, 1)]
+    """
+    shapes = [tuple(int(n) for n in shape)]
+    while any(n > 1 for n in shapes[-1]):
+        shapes.append(tuple((n + 1) // 2 for n in shapes[-1]))
+    return shapes
+
+
+def halve_occupancy(level: jax.Array) -> jax.Array:
+    """``any()`` over the 2x2x2 blocks of a bool ``(D, H, W)`` array.
+
+    Returns a bool array of shape ``(ceil(D/2), ceil(H/2), ceil(W/2))``.
+    """
+    pad = [(0, n % 2) for n in level.shape]
+    if any(p for _, p in pad):
+        level = jnp.pad(level, pad)  # False padding: XLA fuses it into the ORs below
+    d, h, w = level.shape
+    # OR the depth and row pairs first (plain slices, which XLA's CPU backend
+    # vectorises), then reduce the column pairs of a quarter of the data. A
+    # reshape-and-any over all three pair axes, or an 8-way OR of strided slices,
+    # is 7-13x slower there. The column step must stay a reduce: written as two
+    # slices, XLA fuses it into the next level and reads level 0 twice (6x slower).
+    x = level.reshape(d // 2, 2, h // 2, 2, w)
+    x = (x[:, 0, :, 0] | x[:, 0, :, 1]) | (x[:, 1, :, 0] | x[:, 1, :, 1])
+    return x.reshape(d // 2, h // 2, w // 2, 2).any(axis=-1)
+
+
+def occupancy_levels(occupied: jax.Array) -> list[jax.Array]:
+    """All levels of the pyramid of a bool ``(D, H, W)`` occupancy, level 0 first.
+
+    Pure and traceable: jit it as a whole to get one program for all levels.
+    """
+    levels = [occupied]
+    while any(n > 1 for n in levels[-1].shape):
+        levels.append(halve_occupancy(levels[-1]))
+    return levels
+
+
+def _compare(volume: jax.Array, threshold: jax.Array) -> jax.Array:
+    """``volume > threshold`` in a dtype that holds both exactly enough; NaN -> False."""
+    if jnp.issubdtype(volume.dtype, jnp.floating):
+        wide = jnp.promote_types(volume.dtype, jnp.float32)
+        return volume.astype(wide) > threshold.astype(wide)
+    return volume > threshold.astype(volume.dtype)  # integers: threshold already floored
+
+
+@jax.jit
+def _levels_from_occupied(occupied: jax.Array) -> list[jax.Array]:
+    return occupancy_levels(occupied)[1:]
+
+
+@jax.jit
+def _levels_from_values(volume: jax.Array, threshold: jax.Array) -> list[jax.Array]:
+    return occupancy_levels(_compare(volume, threshold))
+
+
+def _constant_occupancy(dtype: np.dtype, threshold: float) -> bool | None:
+    """For bool and integer volumes, ``True``/``False`` when the threshold decides
+    every voxel (below the dtype's range / at or above its maximum), else ``None``."""
+    if dtype == np.bool_:
+        lo, hi = 0, 1
+    elif np.issubdtype(dtype, np.integer):
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+    else:
+        return None
+    if threshold < lo:
+        return True
+    if threshold >= hi:
+        return False
+    return None
+
+
+def _host_occupancy(volume: np.ndarray, threshold: float) -> np.ndarray:
+    """Level 0 of a NumPy volume, written once into an aligned buffer we own."""
+    out = aligned_empty(volume.shape, np.bool_)
+    if volume.dtype == np.bool_:
+        np.copyto(out, volume)  # 0 <= threshold < 1 here: the volume is its own occupancy
+    elif np.issubdtype(volume.dtype, np.integer):
+        np.greater(volume, volume.dtype.type(math.floor(threshold)), out=out)
+    else:
+        np.greater(volume, threshold, out=out)  # NaN > t is False: NaN counts as empty
+    return out
+
+
+def occupancy_mipmap(volume: Any, threshold: float = 0.0) -> list[jax.Array]:
+    """Occupancy pyramid of a 3D volume.
+
+    Parameters
+    ----------
+    volume
+        Array of shape ``(D, H, W)``, any sizes >= 1 (non-cubic, odd, not
+        powers of two), dtype bool, any integer or any real float. A NumPy
+        array or a JAX array.
+    threshold
+        A voxel is occupied when ``volume > threshold``. NaN is never occupied.
+
+    Returns
+    -------
+    list of jax.Array
+        Bool arrays, level 0 first, with shapes ``mipmap_shapes(volume.shape)``:
+        each axis halves rounding up, down to ``(1, 1, 1)``. Level ``k``'s voxel
+        ``(z, y, x)`` covers the level-0 block ``[z*2**k, (z+1)*2**k)`` (and so
+        on per axis), clipped to the volume.
+
+    Raises
+    ------
+    ValueError
+        If ``volume`` is not 3D, has a zero-length axis, or a complex or
+        non-numeric dtype, or if ``threshold`` is not a finite number.
+
+    Notes
+    -----
+    All levels come from one compiled program per input shape and dtype. A
+    NumPy volume is thresholded on the host straight into a buffer that JAX's
+    CPU backend aliases, so the volume crosses to the device once, as bools.
+    """
+    dtype = _validate.check_real("volume", volume)
+    shape = _validate.check_ndim("volume", volume, ndim=3)
+    _validate.check_nonempty("volume", shape)
+    threshold = _validate.check_finite_scalar("threshold", threshold)
+
+    constant = _constant_occupancy(dtype, threshold)
+    if constant is not None:
+        occupied = jnp.full(shape, constant, dtype=bool)
+        return [occupied, *_levels_from_occupied(occupied)]
+    if isinstance(volume, jax.Array):
+        if dtype == np.bool_:  # 0 <= threshold < 1: the volume is its own level 0
+            return [volume, *_levels_from_occupied(volume)]
+        scalar = math.floor(threshold) if np.issubdtype(dtype, np.integer) else threshold
+        return list(_levels_from_values(volume, jnp.asarray(scalar)))
+    occupied = owned_to_device(_host_occupancy(np.asarray(volume), threshold))
+    return [occupied, *_levels_from_occupied(occupied)]
+

@@ -1,0 +1,1 @@
+"""napari dock widgets: thin magicgui layers over :mod:`napari_gridmip.core`."""

@@ -1,0 +1,177 @@
+"""occupancy_mipmap against a plain NumPy loop reference."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from napari_gridmip import mipmap_shapes, occupancy_mipmap
+from napari_gridmip.core.mipmap import halve_occupancy, occupancy_levels
+
+
+def reference_levels(volume, threshold=0.0):
+    """Obviously right: level 0 by comparison, each coarser voxel an any() over its clipped block."""
+    level = np.asarray(volume) > threshold
+    levels = [level]
+    while any(n > 1 for n in level.shape):
+        shape = tuple((n + 1) // 2 for n in level.shape)
+        coarse = np.zeros(shape, dtype=bool)
+        for z, y, x in itertools.product(*map(range, shape)):
+            coarse[z, y, x] = level[2 * z : 2 * z + 2, 2 * y : 2 * y + 2, 2 * x : 2 * x + 2].any()
+        levels.append(coarse)
+        level = coarse
+    return levels
+
+
+def assert_levels_equal(actual, expected):
+    assert len(actual) == len(expected)
+    for k, (a, e) in enumerate(zip(actual, expected)):
+        a = np.asarray(a)
+        assert a.dtype == np.bool_, f"level {k} dtype {a.dtype}"
+        assert a.shape == e.shape, f"level {k}: {a.shape} != {e.shape}"
+        np.testing.assert_array_equal(a, e, err_msg=f"level {k}")
+
+
+SHAPES = [(1, 1, 1), (1, 1, 2), (2, 1, 1), (3, 3, 3), (5, 2, 1), (7, 9, 3), (8, 8, 8), (16, 5, 11), (1, 17, 4),
+          (33, 2, 9)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int16, np.int32, np.float16, np.float32, np.float64])
+def test_matches_reference_numpy_input(shape, dtype):
+    rng = np.random.default_rng(sum(shape))
+    if dtype == np.bool_:
+        volume = rng.random(shape) > 0.8
+    elif np.issubdtype(dtype, np.integer):
+        volume = rng.integers(-3 if np.issubdtype(dtype, np.signedinteger) else 0, 4, shape).astype(dtype)
+    else:
+        volume = (rng.random(shape) - 0.7).astype(dtype)
+    assert_levels_equal(occupancy_mipmap(volume), reference_levels(volume))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_matches_reference_jax_input(shape):
+    volume = np.random.default_rng(1).normal(size=shape).astype(np.float32)
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(volume), 0.5), reference_levels(volume, 0.5))
+    bools = volume > 1.0
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(bools)), reference_levels(bools))
+
+
+@pytest.mark.parametrize("use_jit", [False, True])
+def test_pure_levels_with_and_without_jit(use_jit):
+    volume = np.random.default_rng(2).random((13, 6, 9)) > 0.9
+    fn = jax.jit(occupancy_levels) if use_jit else occupancy_levels
+    assert_levels_equal(fn(jnp.asarray(volume)), reference_levels(volume))
+    halve = jax.jit(halve_occupancy) if use_jit else halve_occupancy
+    np.testing.assert_array_equal(halve(jnp.asarray(volume)), reference_levels(volume)[1])
+
+
+def test_level_counts_are_exact_for_powers_of_two():
+    # A float log2 under float64 gives int(log2(64)) == 5 and drops the last level.
+    for n in [1, 2, 4, 63, 64, 65, 128]:
+        shapes = mipmap_shapes((n, n, n))
+        assert shapes[-1] == (1, 1, 1)
+        assert len(shapes) == (n - 1).bit_length() + 1
+    with jax.enable_x64(True):
+        assert len(occupancy_mipmap(np.ones((64, 64, 64), bool))) == 7
+
+
+def test_nan_counts_as_empty_and_thresholds():
+    volume = np.full((3, 4, 5), np.nan, dtype=np.float32)
+    volume[1, 2, 3] = 0.5
+    volume[0, 0, 0] = -np.inf
+    volume[2, 3, 4] = np.inf
+    levels = occupancy_mipmap(volume, threshold=0.25)
+    assert np.asarray(levels[0]).sum() == 2
+    assert_levels_equal(levels, reference_levels(volume, 0.25))
+    assert not np.asarray(occupancy_mipmap(volume, threshold=1e30)[0])[1, 2, 3]
+
+
+@pytest.mark.parametrize("threshold", [-1e9, -1, -0.5, 0, 0.5, 1, 254.5, 255, 1e9])
+def test_integer_and_bool_thresholds_are_exact(threshold):
+    volume = np.array([0, 1, 2, 254, 255], dtype=np.uint8).reshape(5, 1, 1)
+    assert_levels_equal(occupancy_mipmap(volume, threshold), reference_levels(volume, threshold))
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(volume), threshold), reference_levels(volume, threshold))
+    bools = np.array([True, False, True]).reshape(1, 3, 1)
+    assert_levels_equal(occupancy_mipmap(bools, threshold), reference_levels(bools, threshold))
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(bools), threshold), reference_levels(bools, threshold))
+
+
+def test_large_integers_compare_exactly():
+    volume = np.array([2**40, 2**40 + 1], dtype=np.int64).reshape(2, 1, 1)
+    levels = occupancy_mipmap(volume, float(2**40))
+    np.testing.assert_array_equal(np.asarray(levels[0]).ravel(), [False, True])
+
+
+def test_input_is_not_modified():
+    volume = np.random.default_rng(3).random((9, 8, 7)) > 0.5
+    before = volume.copy()
+    levels = occupancy_mipmap(volume)
+    assert not np.shares_memory(np.asarray(levels[0]), volume)
+    np.testing.assert_array_equal(volume, before)
+
+
+@pytest.mark.parametrize(
+    ("volume", "match"),
+    [
+        (np.zeros((4, 4)), r"volume must be 3D; got shape \(4, 4\)"),
+        (np.zeros((2, 2, 2, 2)), r"volume must be 3D; got shape \(2, 2, 2, 2\)"),
+        (np.zeros((4, 0, 4)), r"zero-length axis; got shape \(4, 0, 4\)"),
+        (np.zeros((2, 2, 2), complex), r"got dtype complex128"),
+        (np.array([["a"]]).reshape(1, 1, 1), r"got dtype <U1"),
+    ],
+)
+def test_bad_input_raises(volume, match):
+    with pytest.raises(ValueError, match=match):
+        occupancy_mipmap(volume)
+
+
+@pytest.mark.parametrize("threshold", [np.nan, np.inf, "high", None])
+def test_bad_threshold_raises(threshold):
+    with pytest.raises(ValueError, match="threshold"):
+        occupancy_mipmap(np.zeros((2, 2, 2)), threshold)
+
+
+def test_one_compiled_program_per_shape():
+    from napari_gridmip.core import mipmap
+
+    volume = np.random.default_rng(4).random((21, 10, 6)) > 0.5
+    occupancy_mipmap(volume)
+    before = mipmap._levels_from_occupied._cache_size()
+    for _ in range(3):
+        occupancy_mipmap(volume)
+        occupancy_mipmap(~volume)
+    assert mipmap._levels_from_occupied._cache_size() == before
+
+
+volumes = hnp.arrays(
+    dtype=st.sampled_from([np.bool_, np.uint8, np.int32, np.float32]),
+    shape=hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=10),
+    elements={"allow_nan": True, "allow_infinity": True},
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(volume=volumes, threshold=st.floats(-10, 10, allow_nan=False))
+def test_property_matches_reference(volume, threshold):
+    assert_levels_equal(occupancy_mipmap(volume, threshold), reference_levels(volume, threshold))
+
+
+@settings(max_examples=40, deadline=None)
+@given(volume=hnp.arrays(np.float32, hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=9)),
+       t1=st.floats(-2, 2), t2=st.floats(-2, 2))
+def test_property_monotone_and_consistent(volume, t1, t2):
+    lo, hi = sorted((t1, t2))
+    loose, strict = occupancy_mipmap(volume, lo), occupancy_mipmap(volume, hi)
+    for a, b in zip(loose, strict):
+        assert not np.any(np.asarray(b) & ~np.asarray(a))  # raising the threshold only empties voxels
+    top = np.asarray(loose[-1])
+    assert top.shape == (1, 1, 1)
+    assert bool(top[0, 0, 0]) == bool(np.asarray(loose[0]).any())
+    for fine, coarse in zip(loose, loose[1:]):
+        assert np.asarray(fine).sum() >= np.asarray(coarse).sum()

@@ -11,7 +11,9 @@ WIDGETS = {"occupancy": "Occupancy mipmap"}
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="napari-gridmip", description=__doc__)
     parser.add_argument(
-        "--sample", choices=sorted(WIDGETS), default="occupancy",
+        "--sample",
+        choices=sorted(WIDGETS),
+        default="occupancy",
         help="which sample to open (default: %(default)s)",
     )
     parser.add_argument("--no-sample", action="store_true", help="open no sample")

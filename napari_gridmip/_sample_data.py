@@ -16,14 +16,14 @@ def _add_ball(volume: np.ndarray, center, radius: float, value: float, *, shell:
     """Paint a ball (or a shell of thickness ``shell``) into ``volume``, in place, on its bounding box."""
     lo = [max(int(np.floor(c - radius)), 0) for c in center]
     hi = [min(int(np.ceil(c + radius)) + 1, n) for c, n in zip(center, volume.shape)]
-    if any(h <= l for l, h in zip(lo, hi)):
+    if any(b <= a for a, b in zip(lo, hi)):
         return
-    grids = np.ogrid[tuple(slice(l, h) for l, h in zip(lo, hi))]
+    grids = np.ogrid[tuple(slice(a, b) for a, b in zip(lo, hi))]
     dist = np.sqrt(sum((g - c) ** 2 for g, c in zip(grids, center)))
     inside = dist <= radius
     if shell > 0:
         inside &= dist >= radius - shell
-    box = volume[tuple(slice(l, h) for l, h in zip(lo, hi))]
+    box = volume[tuple(slice(a, b) for a, b in zip(lo, hi))]
     box[inside] = np.maximum(box[inside], value)
 
 
@@ -55,5 +55,10 @@ def make_occupancy_volume(shape: tuple[int, int, int] = OCCUPANCY_SHAPE, seed: i
 
 def occupancy_sample() -> list[tuple]:
     """File > Open Sample > Occupancy volume."""
-    return [(make_occupancy_volume(), {"name": "occupancy volume", "colormap": "magma",
-                                       "rendering": "mip", "contrast_limits": (0, 1)}, "image")]
+    return [
+        (
+            make_occupancy_volume(),
+            {"name": "occupancy volume", "colormap": "magma", "rendering": "mip", "contrast_limits": (0, 1)},
+            "image",
+        )
+    ]

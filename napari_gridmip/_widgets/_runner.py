@@ -92,7 +92,7 @@ class BackgroundRunner:
             self._check_cancel()
             return result, layers
 
-        worker = create_worker(work, _start_thread=False)
+        worker = create_worker(work, _start_thread=False, _ignore_errors=True)  # errors: _on_errored
         worker.returned.connect(lambda value: self._on_returned(value, on_done))
         worker.errored.connect(self._on_errored)
         worker.finished.connect(self._on_finished)

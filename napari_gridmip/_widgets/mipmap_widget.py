@@ -28,7 +28,12 @@ class MipmapWidget(JobWidget):
         super().__init__(napari_viewer)
         self.layer = self.layer_combo("layer", "Volume", (Image, Labels))
         self.threshold = FloatSpinBox(
-            name="threshold", label="Threshold", value=0.0, min=-1e12, max=1e12, step=0.1,
+            name="threshold",
+            label="Threshold",
+            value=0.0,
+            min=-1e12,
+            max=1e12,
+            step=0.1,
             tooltip="A voxel is occupied when its value is greater than this; NaN is empty.",
         )
         self.per_level = CheckBox(name="per_level", text="Also add one layer per level", value=False)
@@ -60,13 +65,15 @@ class MipmapWidget(JobWidget):
             levels, _ = result
             common = {"contrast_limits": (0, 1), "colormap": "gray", "blending": "additive"}
             out = [
-                (levels, {"name": f"{name} mipmap", "multiscale": True, **common, **level_placement(layer, 0)},
-                 "image")
+                (levels, {"name": f"{name} mipmap", "multiscale": True, **common, **level_placement(layer, 0)}, "image")
             ]
             if per_level:
                 out += [
-                    (level, {"name": f"{name} mipmap level {k}", "visible": False, **common,
-                             **level_placement(layer, k)}, "image")
+                    (
+                        level,
+                        {"name": f"{name} mipmap level {k}", "visible": False, **common, **level_placement(layer, k)},
+                        "image",
+                    )
                     for k, level in enumerate(levels)
                 ]
             return out

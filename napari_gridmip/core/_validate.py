@@ -28,9 +28,7 @@ def check_real(name: str, array: Any) -> np.dtype:
     dtype = dtype_of(array)
     if dtype == np.bool_ or np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating):
         return dtype
-    raise ValueError(
-        f"{name} must have a bool, integer or real floating dtype; got dtype {dtype}"
-    )
+    raise ValueError(f"{name} must have a bool, integer or real floating dtype; got dtype {dtype}")
 
 
 def check_ndim(name: str, array: Any, *, ndim: int | None = None, min_ndim: int | None = None) -> tuple[int, ...]:

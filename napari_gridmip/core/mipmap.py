@@ -158,4 +158,3 @@ def occupancy_mipmap(volume: Any, threshold: float = 0.0) -> list[jax.Array]:
         return list(_levels_from_values(volume, jnp.asarray(scalar)))
     occupied = owned_to_device(_host_occupancy(np.asarray(volume), threshold))
     return [occupied, *_levels_from_occupied(occupied)]
-

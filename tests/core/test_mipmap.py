@@ -37,8 +37,18 @@ def assert_levels_equal(actual, expected):
         np.testing.assert_array_equal(a, e, err_msg=f"level {k}")
 
 
-SHAPES = [(1, 1, 1), (1, 1, 2), (2, 1, 1), (3, 3, 3), (5, 2, 1), (7, 9, 3), (8, 8, 8), (16, 5, 11), (1, 17, 4),
-          (33, 2, 9)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 1, 2),
+    (2, 1, 1),
+    (3, 3, 3),
+    (5, 2, 1),
+    (7, 9, 3),
+    (8, 8, 8),
+    (16, 5, 11),
+    (1, 17, 4),
+    (33, 2, 9),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -163,8 +173,11 @@ def test_property_matches_reference(volume, threshold):
 
 
 @settings(max_examples=40, deadline=None)
-@given(volume=hnp.arrays(np.float32, hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=9)),
-       t1=st.floats(-2, 2), t2=st.floats(-2, 2))
+@given(
+    volume=hnp.arrays(np.float32, hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=9)),
+    t1=st.floats(-2, 2),
+    t2=st.floats(-2, 2),
+)
 def test_property_monotone_and_consistent(volume, t1, t2):
     lo, hi = sorted((t1, t2))
     loose, strict = occupancy_mipmap(volume, lo), occupancy_mipmap(volume, hi)

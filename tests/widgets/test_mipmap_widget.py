@@ -1,0 +1,133 @@
+"""The Occupancy mipmap widget in a real viewer, driven through its buttons."""
+
+import numpy as np
+import pytest
+
+from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+from tests.core.test_mipmap import reference_levels
+
+
+@pytest.fixture
+def viewer_and_widget(make_napari_viewer):
+    viewer = make_napari_viewer()
+    widget = MipmapWidget(viewer)
+    viewer.window.add_dock_widget(widget)
+    return viewer, widget
+
+
+def test_run_adds_aligned_levels(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    rng = np.random.default_rng(0)
+    volume = rng.random((9, 6, 5)).astype(np.float32)
+    before = volume.copy()
+    layer = viewer.add_image(volume, name="vol", scale=(2.0, 1.0, 0.5), translate=(10.0, 0.0, -3.0))
+    assert widget.layer.value is layer
+    widget.threshold.value = 0.8
+    widget.per_level.value = True
+
+    widget.run_button.native.click()
+    assert not widget.run_button.enabled  # disabled while busy
+    assert widget.cancel_button.enabled
+    wait_idle(widget)
+
+    assert widget.run_button.enabled and not widget.cancel_button.enabled
+    expected = reference_levels(volume, 0.8)
+    multiscale = viewer.layers["vol mipmap"]
+    assert multiscale.multiscale
+    assert len(multiscale.data) == len(expected)
+    for k, level in enumerate(expected):
+        np.testing.assert_array_equal(np.asarray(multiscale.data[k]), level)
+        per_level = viewer.layers[f"vol mipmap level {k}"]
+        np.testing.assert_array_equal(np.asarray(per_level.data), level)
+        # a level-k voxel covers exactly its 2**k block of the input in world coordinates
+        np.testing.assert_allclose(per_level.scale, np.array([2.0, 1.0, 0.5]) * 2**k)
+        first_block_centre = layer.data_to_world(np.full(3, (2**k - 1) / 2))
+        np.testing.assert_allclose(per_level.data_to_world(np.zeros(3)), first_block_centre)
+        corner = per_level.data_to_world(np.full(3, -0.5))
+        np.testing.assert_allclose(corner, layer.data_to_world(np.full(3, -0.5)))
+    np.testing.assert_array_equal(volume, before)  # the input layer is untouched
+    np.testing.assert_array_equal(layer.data, before)
+    assert "level 0 (9, 6, 5)" in widget.fractions.value
+    assert f"{100 * expected[0].mean():.3g}% occupied" in widget.fractions.value
+    assert widget.status.value.startswith("Done")
+
+
+def test_layer_choice_follows_the_layer_list(viewer_and_widget):
+    viewer, widget = viewer_and_widget
+    assert widget.layer.value is None
+    labels = viewer.add_labels(np.zeros((4, 4, 4), np.uint8), name="mask")
+    viewer.add_points(np.zeros((1, 3)), name="points")  # not offered
+    assert [c for c in widget.layer.choices] == [labels]
+    image = viewer.add_image(np.zeros((4, 4, 4)), name="img")
+    assert set(widget.layer.choices) == {labels, image}
+    viewer.layers.remove(labels)
+    assert list(widget.layer.choices) == [image]
+
+
+def test_labels_input(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    labels = np.zeros((5, 5, 5), np.int32)
+    labels[4, 4, 4] = 7
+    viewer.add_labels(labels, name="mask")
+    widget.run_button.native.click()
+    wait_idle(widget)
+    data = viewer.layers["mask mipmap"].data
+    assert [tuple(level.shape) for level in data] == [(5, 5, 5), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
+    assert np.asarray(data[1])[2, 2, 2] and np.asarray(data[1]).sum() == 1
+
+
+def test_cancel_leaves_no_layer(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    viewer.add_image(np.random.default_rng(1).random((64, 64, 64)), name="vol")
+    widget.run_button.native.click()
+    widget.cancel_button.native.click()
+    wait_idle(widget)
+    assert [layer.name for layer in viewer.layers] == ["vol"]
+    assert widget.status.value == "Cancelled"
+    assert widget.run_button.enabled
+    # still usable afterwards
+    widget.run_button.native.click()
+    wait_idle(widget)
+    assert "vol mipmap" in viewer.layers
+
+
+def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait_idle, monkeypatch):
+    from napari_gridmip._widgets import _base, _runner
+
+    shown = []
+    monkeypatch.setattr(_base, "show_error", shown.append, raising=False)
+    monkeypatch.setattr("napari.utils.notifications.show_error", shown.append)
+    monkeypatch.setattr(_runner, "show_error", shown.append)
+    viewer, widget = viewer_and_widget
+    viewer.add_image(np.zeros((8, 8)), name="flat")
+    widget.run_button.native.click()
+    wait_idle(widget)
+    assert shown and "must be 3D; got shape (8, 8)" in shown[-1]
+    assert [layer.name for layer in viewer.layers] == ["flat"]
+
+    # an error raised inside the worker thread
+    import napari_gridmip.core
+
+    def fail(*args, **kwargs):
+        raise MemoryError("out of memory on the device")
+
+    viewer.add_image(np.zeros((2, 3, 4)), name="big")
+    widget.layer.value = viewer.layers["big"]
+    with monkeypatch.context() as patch:
+        patch.setattr(napari_gridmip.core, "occupancy_mipmap", fail)
+        widget.run_button.native.click()
+        wait_idle(widget)
+    assert shown[-1] == "MemoryError: out of memory on the device"
+    assert "big mipmap" not in viewer.layers
+    assert widget.run_button.enabled
+
+    viewer.add_image(np.ones((2, 3, 4)), name="good")
+    widget.layer.value = viewer.layers["good"]
+    widget.run_button.native.click()
+    wait_idle(widget)
+    assert "good mipmap" in viewer.layers
+
+
+def test_device_is_shown(viewer_and_widget):
+    _, widget = viewer_and_widget
+    assert widget.device.value.startswith("JAX device: cpu")

@@ -38,3 +38,22 @@ def owned_to_device(buffer: np.ndarray) -> jax.Array:
         except (BufferError, TypeError, ValueError):  # an older or stricter runtime: fall back to a copy
             pass
     return jax.device_put(buffer)
+
+
+def to_device(array: object) -> jax.Array:
+    """A JAX array with the contents of ``array``; a JAX array passes through.
+
+    A NumPy array is copied once, by NumPy, into an aligned buffer that JAX
+    then aliases (on the CPU backend), instead of JAX's slower own transfer.
+    The caller's array is never aliased, so it can change later without
+    affecting the result.
+    """
+    if isinstance(array, jax.Array):
+        return array
+    host = np.asarray(array)
+    if host.dtype == np.float64 or host.dtype == np.int64 or host.dtype == np.uint64 or host.dtype == np.complex128:
+        # JAX's dtype canonicalisation (x64 off) must see these: let it convert.
+        return jnp.asarray(host)
+    buffer = aligned_empty(host.shape, host.dtype)
+    np.copyto(buffer, host)
+    return owned_to_device(buffer)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 
 PLUGIN = "napari-gridmip"
-WIDGETS = {"occupancy": "Occupancy mipmap"}
+WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches"]  # display names in napari.yaml
+SAMPLE_KEYS = ["occupancy", "tiles"]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="napari-gridmip", description=__doc__)
     parser.add_argument(
         "--sample",
-        choices=sorted(WIDGETS),
+        choices=SAMPLE_KEYS,
         default="occupancy",
         help="which sample to open (default: %(default)s)",
     )
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     import napari
 
     viewer = napari.Viewer(title="napari-gridmip")
-    for widget_name in WIDGETS.values():
+    for widget_name in WIDGET_NAMES:
         viewer.window.add_plugin_dock_widget(PLUGIN, widget_name)
     if not args.no_sample:
         viewer.open_sample(PLUGIN, args.sample)

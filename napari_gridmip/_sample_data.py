@@ -62,3 +62,32 @@ def occupancy_sample() -> list[tuple]:
             "image",
         )
     ]
+
+
+TILES_PATCH = (128, 128)
+TILES_STRIDE = (100, 100)  # does not divide 512 - 128: the last patches sit flush with the edge
+
+
+def make_image_tiles() -> tuple[np.ndarray, dict]:
+    """scikit-image's bundled astronaut photograph (512x512 RGB, public domain, NASA), channels first,
+    cut into 128x128 tiles with stride 100: patches of shape (5, 5, 3, 128, 128), uint8.
+
+    Returns the patches and the tiling (image shape, patch size, stride) that reassembles them.
+    """
+    from skimage import data  # bundled with scikit-image, which napari requires
+
+    from napari_gridmip.core.patches import patch_origins
+
+    image = np.ascontiguousarray(data.astronaut().transpose(2, 0, 1))  # (3, 512, 512)
+    origins = [patch_origins(n, p, s) for n, p, s in zip(image.shape[1:], TILES_PATCH, TILES_STRIDE)]
+    patches = np.stack(
+        [np.stack([image[:, y : y + TILES_PATCH[0], x : x + TILES_PATCH[1]] for x in origins[1]]) for y in origins[0]]
+    )
+    tiling = {"image_shape": image.shape, "patch_size": TILES_PATCH, "stride": TILES_STRIDE}
+    return patches, tiling
+
+
+def tiles_sample() -> list[tuple]:
+    """File > Open Sample > Image tiles: a patch stack the Reassemble patches widget takes as is."""
+    patches, tiling = make_image_tiles()
+    return [(patches, {"name": "astronaut tiles", "metadata": {"gridmip_tiling": tiling}}, "image")]

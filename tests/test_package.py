@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 
 def test_import_pulls_in_no_gui():
@@ -30,8 +31,8 @@ def test_manifest_validates_and_is_the_top_level_one():
     top_level = Path(napari_gridmip.__file__).parent.parent / "napari.yaml"
     if top_level.exists():  # a source checkout: the package sees the top-level manifest
         assert package_copy.read_text() == top_level.read_text()
-    assert {w.display_name for w in manifest.contributions.widgets} >= {"Occupancy mipmap"}
-    assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy"}
+    assert {w.display_name for w in manifest.contributions.widgets} >= {"Occupancy mipmap", "Reassemble patches"}
+    assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles"}
 
 
 def test_samples_open_in_a_viewer(make_napari_viewer):
@@ -48,8 +49,30 @@ def test_samples_open_in_a_viewer(make_napari_viewer):
     assert fractions[0] < fractions[2] < fractions[4] < 1.0
 
 
-def test_widgets_open_from_the_manifest(make_napari_viewer):
+@pytest.mark.parametrize("name", ["Occupancy mipmap", "Reassemble patches"])
+def test_widgets_open_from_the_manifest(make_napari_viewer, name):
     viewer = make_napari_viewer()
-    dock, widget = viewer.window.add_plugin_dock_widget("napari-gridmip", "Occupancy mipmap")
+    dock, widget = viewer.window.add_plugin_dock_widget("napari-gridmip", name)
     assert widget.run_button.text == "Run"
     assert widget.cancel_button.text == "Cancel"
+    assert not widget.cancel_button.enabled
+
+
+def test_main_opens_napari_with_the_widgets_and_a_sample(make_napari_viewer, monkeypatch):
+    import napari
+
+    from napari_gridmip import __main__
+
+    viewers = []
+
+    def fake_viewer(**kwargs):
+        viewers.append(make_napari_viewer(**kwargs))
+        return viewers[-1]
+
+    monkeypatch.setattr(napari, "Viewer", fake_viewer)
+    monkeypatch.setattr(napari, "run", lambda: None)
+    __main__.main(["--sample", "tiles"])
+    (viewer,) = viewers
+    assert "astronaut tiles" in viewer.layers
+    docked = " ".join(viewer.window.dock_widgets.keys())
+    assert all(name in docked for name in __main__.WIDGET_NAMES), docked

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from magicgui.widgets import ComboBox, Container, Label, PushButton, Widget
 
-from napari_gridmip._widgets._runner import BackgroundRunner, LayerDataTuple, ProgressCallback
+from napari_gridmip._widgets._runner import BackgroundRunner, LayerDataTuple, ProgressCallback, notify_error
 
 if TYPE_CHECKING:
     import napari
@@ -51,15 +51,13 @@ class JobWidget(Container):
 
     def run(self) -> None:
         """Read the inputs and start the job; bad input becomes a notification."""
-        from napari.utils.notifications import show_error
-
         if self.runner.busy:
             return
         try:
             job, to_layers, description, on_done = self._make_job()
         except ValueError as error:
             self.status.value = f"Failed: {error}"
-            show_error(str(error))
+            notify_error(str(error))
             return
         self.runner.start(job, to_layers, description=description, on_done=on_done)
 

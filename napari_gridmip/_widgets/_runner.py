@@ -12,12 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from napari.utils import notifications
 from napari.utils import progress as napari_progress
-from napari.utils.notifications import show_error, show_info
 from qtpy.QtCore import QObject, Signal
 
 ProgressCallback = Callable[[int, int], None]
 LayerDataTuple = tuple[Any, dict, str]
+
+
+def notify_error(text: str) -> None:
+    """Show an error as a napari notification (looked up at call time, so tests can catch it)."""
+    notifications.show_error(text)
 
 
 class Cancelled(Exception):
@@ -148,10 +153,10 @@ class BackgroundRunner:
     def _on_errored(self, error: BaseException) -> None:
         if isinstance(error, Cancelled):
             self._status.value = "Cancelled"
-            show_info("Cancelled: no layer was added")
+            notifications.show_info("Cancelled: no layer was added")
             return
         self._status.value = f"Failed: {error}"
-        show_error(f"{type(error).__name__}: {error}")
+        notify_error(f"{type(error).__name__}: {error}")
 
     def _on_finished(self) -> None:
         if self._cancel_requested and self._status.value.endswith("..."):

@@ -83,3 +83,12 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return value
+
+
+def parse_ints(name: str, text: str) -> tuple[int, ...]:
+    """Parse ``"128, 96"`` (commas or spaces) into ``(128, 96)``; empty text gives ``()``."""
+    parts = [p for p in text.replace(",", " ").replace("x", " ").split() if p]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{name} must be integers separated by commas; got {text!r}") from None

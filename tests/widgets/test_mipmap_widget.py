@@ -92,12 +92,8 @@ def test_cancel_leaves_no_layer(viewer_and_widget, wait_idle):
 
 
 def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait_idle, monkeypatch):
-    from napari_gridmip._widgets import _base, _runner
-
     shown = []
-    monkeypatch.setattr(_base, "show_error", shown.append, raising=False)
     monkeypatch.setattr("napari.utils.notifications.show_error", shown.append)
-    monkeypatch.setattr(_runner, "show_error", shown.append)
     viewer, widget = viewer_and_widget
     viewer.add_image(np.zeros((8, 8)), name="flat")
     widget.run_button.native.click()

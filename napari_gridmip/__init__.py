@@ -11,11 +11,26 @@ import os
 # display, so allocate on demand unless the user already chose otherwise.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from napari_gridmip.core import extract_patches, merge_patches, mipmap_shapes, occupancy_mipmap  # noqa: E402
+from napari_gridmip.core import (  # noqa: E402
+    extract_patches,
+    find_displacement,
+    merge_patches,
+    mipmap_shapes,
+    occupancy_mipmap,
+    windowed_pearson,
+)
 
 try:
     from napari_gridmip._version import version as __version__
 except ImportError:  # pragma: no cover - running from a source tree without a build
     __version__ = "0.0.0"
 
-__all__ = ["__version__", "extract_patches", "merge_patches", "mipmap_shapes", "occupancy_mipmap"]
+__all__ = [
+    "__version__",
+    "extract_patches",
+    "find_displacement",
+    "merge_patches",
+    "mipmap_shapes",
+    "occupancy_mipmap",
+    "windowed_pearson",
+]

@@ -91,3 +91,68 @@ def tiles_sample() -> list[tuple]:
     """File > Open Sample > Image tiles: a patch stack the Reassemble patches widget takes as is."""
     patches, tiling = make_image_tiles()
     return [(patches, {"name": "astronaut tiles", "metadata": {"gridmip_tiling": tiling}}, "image")]
+
+
+SPECKLE_FRAMES = 12
+SPECKLE_SHAPE = (256, 256)
+SPECKLE_PUPIL = 0.08  # pupil radius as a fraction of the sampling frequency: speckle grains about 6 px
+
+
+def speckle_field(shape: tuple[int, int] = SPECKLE_SHAPE) -> tuple[np.ndarray, np.ndarray]:
+    """The known smooth displacement ``(dy, dx)`` of the speckle sample at every pixel, in pixels.
+
+    ``dy = 1.6 sin(2 pi x / W) cos(pi y / H)`` and ``dx = -1.2 cos(2 pi y / H) + 0.4``,
+    at most about 1.6 px, so a 9x9 window (m = n = 4) holds every peak.
+    """
+    rows, cols = shape
+    y, x = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
+    dy = 1.6 * np.sin(2 * np.pi * x / cols) * np.cos(np.pi * y / rows)
+    dx = -1.2 * np.cos(2 * np.pi * y / rows) + 0.4
+    return dy, dx
+
+
+def make_speckle_pair(
+    frames: int = SPECKLE_FRAMES, shape: tuple[int, int] = SPECKLE_SHAPE, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """A speckle reference stack and the same stack displaced by the known field.
+
+    Each frame is an independent fully developed speckle pattern: the intensity
+    of a complex Gaussian field low-passed by a circular pupil (as a diffuser
+    moved between exposures gives). ``reference`` is img2; ``sample`` is img1
+    with ``sample[y + dy, x + dx] = reference[y, x]`` for the field of
+    :func:`speckle_field` (found by fixed-point inversion, resampled with a
+    quintic spline). Returns ``(sample, reference, (dy, dx))``, float32 stacks of
+    shape ``(frames, *shape)``.
+    """
+    from scipy import ndimage
+
+    rng = np.random.default_rng(seed)
+    rows, cols = shape
+    fy = np.fft.fftfreq(rows)[:, None]
+    fx = np.fft.fftfreq(cols)[None, :]
+    pupil = (fy**2 + fx**2) <= SPECKLE_PUPIL**2
+    noise = rng.normal(size=(frames, rows, cols)) + 1j * rng.normal(size=(frames, rows, cols))
+    field = np.fft.ifft2(np.fft.fft2(noise) * pupil)
+    reference = np.abs(field) ** 2
+    reference /= reference.mean()
+    dy, dx = speckle_field(shape)
+    # sample(q) = reference(p) where q = p + d(p): solve p = q - d(p) by fixed-point iteration
+    qy, qx = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
+    py, px = qy.copy(), qx.copy()
+    for _ in range(8):
+        at = np.stack([py, px])
+        py = qy - ndimage.map_coordinates(dy, at, order=3, mode="nearest")
+        px = qx - ndimage.map_coordinates(dx, at, order=3, mode="nearest")
+    coords = np.stack([py, px])
+    sample = np.stack([ndimage.map_coordinates(f, coords, order=5, mode="reflect") for f in reference])
+    return sample.astype(np.float32), reference.astype(np.float32), (dy, dx)
+
+
+def speckle_sample() -> list[tuple]:
+    """File > Open Sample > Speckle pair: two K-frame stacks, img1 first (the Correlation map's order)."""
+    sample, reference, (dy, dx) = make_speckle_pair()
+    meta = {"true_dy": dy.astype(np.float32), "true_dx": dx.astype(np.float32)}
+    return [
+        (sample, {"name": "speckle sample (img1)", "colormap": "gray", "metadata": meta}, "image"),
+        (reference, {"name": "speckle reference (img2)", "colormap": "gray"}, "image"),
+    ]

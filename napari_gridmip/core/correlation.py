@@ -1,0 +1,467 @@
+"""Windowed Pearson correlation maps between two K-frame stacks, and the displacement read off their peaks.
+
+For stacks ``img1`` and ``img2`` of shape ``(..., K, M, N)`` and an odd window
+``(wm, wn) = (2m + 1, 2n + 1)``::
+
+    out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])
+
+of shape ``(..., M - 2m, N - 2n, wm, wn)``: the correlation, over the K frames,
+between img2's pixel ``(i + m, j + n)`` and img1's pixels around it. A pixel
+whose K values are all equal has zero variance and correlates as 0.
+
+Displacement convention: ``img1[y + dy, x + dx]`` matches ``img2[y, x]``, with
+``y = i + m`` and ``x = j + n``. If ``img1 = scipy.ndimage.shift(img2, (1.3, -0.7))``
+then ``dy`` is about 1.3 and ``dx`` about -0.7.
+
+Memory: both stacks are standardised once (two float arrays the size of the
+inputs); beyond that and the output, the work runs in row tiles of ``TILE_ROWS``
+rows, whose temporaries are a few times ``TILE_ROWS * (N - 2n) * wm * wn``
+values (about 13 MB for float32, 900 columns and a 15x15 window). No
+``K x window x image`` array is ever built.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core._transfer import to_device
+
+__all__ = ["SUBPIXEL_METHODS", "find_displacement", "standardize", "windowed_pearson"]
+
+TILE_ROWS = 16  # rows per tile: big enough to amortise, small enough to stay in cache
+MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never a dispatch storm
+SUBPIXEL_METHODS = ("hessian", "paraboloid", "none", "refine")
+
+ProgressCallback = Callable[[int, int], None]
+
+
+# -- validation -------------------------------------------------------------------
+
+
+def _check_inputs(img1: Any, img2: Any, window: Any) -> tuple[tuple[int, ...], tuple[int, int]]:
+    for name, img in (("img1", img1), ("img2", img2)):
+        _validate.check_real(name, img)
+        _validate.check_ndim(name, img, min_ndim=3)
+    shape1, shape2 = _validate.shape_of(img1), _validate.shape_of(img2)
+    if shape1 != shape2:
+        raise ValueError(f"img1 and img2 must have the same shape (..., K, M, N); got {shape1} and {shape2}")
+    window = _validate.int_tuple("window", window, 2)
+    if any(w % 2 == 0 for w in window):
+        raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
+    k, rows, cols = shape1[-3:]
+    if k < 2:
+        raise ValueError(f"img1 and img2 need at least 2 frames along K (axis -3); got shape {shape1}")
+    if window[0] > rows or window[1] > cols:
+        raise ValueError(f"window {window} is larger than the images' (M, N) = ({rows}, {cols})")
+    return shape1, window
+
+
+# -- pure kernels -------------------------------------------------------------------
+
+
+def standardize(stack: jax.Array) -> jax.Array:
+    """Centre each pixel's K-vector (axis -3) and scale it to unit norm; zero variance gives zeros.
+
+    Subtracting the first frame before the mean makes a constant vector exactly zero
+    (so its variance is exactly 0, not rounding noise), and conditions the sums.
+    """
+    k = stack.shape[-3]
+    ones = jnp.ones((k,), stack.dtype)
+
+    def sum_over_k(x: jax.Array) -> jax.Array:
+        # a dot with ones: XLA's CPU reduce over a major axis is ~30x slower than this GEMV
+        return jnp.expand_dims(jnp.einsum("k,...kmn->...mn", ones, x, precision=lax.Precision.HIGHEST), -3)
+
+    centred = stack - stack[..., :1, :, :]
+    centred = centred - sum_over_k(centred) / k
+    norm = jnp.sqrt(sum_over_k(centred * centred))
+    safe = jnp.where(norm > 0, norm, 1)
+    return jnp.where(norm > 0, centred / safe, 0)
+
+
+def _row_planes(z1_rows: jax.Array, z2c: jax.Array, wn: int) -> jax.Array:
+    """Correlations at the ``wn`` column offsets of one row offset: ``(wn, T, N - 2n)``.
+
+    ``z1_rows`` is ``(K, T, N)`` (img1's rows shifted by the row offset), ``z2c``
+    is ``(K, T, N - 2n)``. The sums over K and the column offsets are unrolled
+    into plain multiply-adds with static slices: XLA's CPU backend fuses those
+    into vectorised loops, where ``.sum(axis=0)`` is 30x slower and dynamic
+    column offsets are 3x slower. The row offsets stay a loop, which keeps the
+    program small (compiling all offsets unrolled takes minutes).
+    """
+    cols = z2c.shape[-1]
+    planes = []
+    for b in range(wn):
+        acc = None
+        for k in range(z1_rows.shape[0]):
+            term = z1_rows[k, :, b : b + cols] * z2c[k]
+            acc = term if acc is None else acc + term
+        planes.append(acc)
+    return jnp.stack(planes)
+
+
+def _map_tile(z1: jax.Array, z2c: jax.Array, row: jax.Array, window: tuple[int, int]) -> jax.Array:
+    """The map for the ``T`` output rows starting at ``row``: ``(T, N - 2n, wm, wn)``.
+
+    ``z1`` is the whole standardised img1 ``(K, M, N)``; ``z2c`` the tile of
+    standardised img2 already offset by ``(m, n)``: ``(K, T, N - 2n)``.
+    """
+    wm, wn = window
+    rows, cols = z2c.shape[-2:]
+
+    def one_row_offset(a, planes):
+        z1_rows = lax.dynamic_slice_in_dim(z1, row + a, rows, axis=-2)
+        return lax.dynamic_update_slice_in_dim(planes, _row_planes(z1_rows, z2c, wn)[None], a, axis=0)
+
+    planes = lax.fori_loop(0, wm, one_row_offset, jnp.zeros((wm, wn, rows, cols), z1.dtype))
+    # Offsets last: transposing (wm * wn, pixels / 8, 8) moves whole 8-pixel runs and
+    # is twice as fast on XLA's CPU backend as the plain 4D (or 2D) transpose.
+    pixels = rows * cols
+    if pixels % 8 == 0:
+        return planes.reshape(wm * wn, pixels // 8, 8).transpose(1, 2, 0).reshape(rows, cols, wm, wn)
+    return planes.transpose(2, 3, 0, 1)
+
+
+def _peak_tile(z1: jax.Array, z2c: jax.Array, row: jax.Array, window: tuple[int, int]):
+    """The best offset of every pixel of a tile, as a running max over the offsets (no map is built).
+
+    Returns the peak value and the flat offset index ``a * wn + b`` (first maximum in C order).
+    """
+    wm, wn = window
+    rows, cols = z2c.shape[-2:]
+
+    def one_row_offset(a, carry):
+        best, index = carry
+        planes = _row_planes(lax.dynamic_slice_in_dim(z1, row + a, rows, axis=-2), z2c, wn)
+        for b in range(wn):
+            better = planes[b] > best
+            best = jnp.where(better, planes[b], best)
+            index = jnp.where(better, a * wn + b, index)
+        return best, index
+
+    start = (jnp.full((rows, cols), -jnp.inf, z1.dtype), jnp.zeros((rows, cols), jnp.int32))
+    return lax.fori_loop(0, wm, one_row_offset, start)
+
+
+def _neighbourhood(z1_kminor: jax.Array, z2c: jax.Array, a: jax.Array, b: jax.Array, window) -> jax.Array:
+    """Correlations at the 3x3 offsets around ``(a, b)`` (clipped into the window): ``(T, N - 2n, 3, 3)``.
+
+    ``z1_kminor`` is img1's standardised rows for the tile, K last: ``(T + 2m, N, K)``;
+    ``z2c`` is ``(K, T, N - 2n)``; ``a`` and ``b`` must be materialised arrays (a loop's
+    output), or XLA fuses the whole peak search into every gathered element.
+    """
+    wm, wn = window
+    rows = jnp.arange(z2c.shape[-2])[:, None]
+    cols = jnp.arange(z2c.shape[-1])[None, :]
+    z2k = jnp.moveaxis(z2c, 0, -1)
+    values = [
+        jnp.sum(z1_kminor[rows + jnp.clip(a + da, 0, wm - 1), cols + jnp.clip(b + db, 0, wn - 1)] * z2k, axis=-1)
+        for da in (-1, 0, 1)
+        for db in (-1, 0, 1)
+    ]
+    return jnp.stack(values, axis=-1).reshape(values[0].shape + (3, 3))
+
+
+def _quadratic_peak(gy, gx, hyy, hxx, hxy):
+    """The stationary point of a 2D quadratic with gradient (gy, gx) and Hessian [[hyy, hxy], [hxy, hxx]].
+
+    Where the quadratic has no maximum within one pixel (not negative definite, or
+    the step leaves [-1, 1]), each axis falls back to its own 1D parabola, clipped
+    to [-0.5, 0.5], or to 0 where that axis is not concave either.
+    """
+    det = hyy * hxx - hxy * hxy
+    safe_det = jnp.where(det > 0, det, 1)
+    dy = -(hxx * gy - hxy * gx) / safe_det
+    dx = -(hyy * gx - hxy * gy) / safe_det
+    ok = (det > 0) & (hyy < 0) & (jnp.abs(dy) <= 1) & (jnp.abs(dx) <= 1)
+    dy_1d = jnp.where(hyy < 0, jnp.clip(-gy / jnp.where(hyy < 0, hyy, -1), -0.5, 0.5), 0)
+    dx_1d = jnp.where(hxx < 0, jnp.clip(-gx / jnp.where(hxx < 0, hxx, -1), -0.5, 0.5), 0)
+    return jnp.where(ok, dy, dy_1d), jnp.where(ok, dx, dx_1d)
+
+
+def subpixel_offset(c: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
+    """Sub-pixel peak offset from the 3x3 neighbourhood ``c[..., 3, 3]`` of an integer peak.
+
+    ``"hessian"``: a Newton step with central differences at the peak (as in
+    speckle-tracking tools). ``"paraboloid"``: the least-squares 2D quadratic
+    through all 9 values. ``"none"``: zeros.
+    """
+    if method == "none":
+        zero = jnp.zeros(c.shape[:-2], c.dtype)
+        return zero, zero
+    if method == "paraboloid":
+        rows, cols = c.sum(axis=-1), c.sum(axis=-2)
+        gy, gx = (rows[..., 2] - rows[..., 0]) / 6, (cols[..., 2] - cols[..., 0]) / 6
+        hyy = (rows[..., 0] + rows[..., 2] - 2 * rows[..., 1]) / 3
+        hxx = (cols[..., 0] + cols[..., 2] - 2 * cols[..., 1]) / 3
+    else:
+        gy, gx = (c[..., 2, 1] - c[..., 0, 1]) / 2, (c[..., 1, 2] - c[..., 1, 0]) / 2
+        hyy = c[..., 2, 1] - 2 * c[..., 1, 1] + c[..., 0, 1]
+        hxx = c[..., 1, 2] - 2 * c[..., 1, 1] + c[..., 1, 0]
+    hxy = (c[..., 2, 2] - c[..., 2, 0] - c[..., 0, 2] + c[..., 0, 0]) / 4
+    return _quadratic_peak(gy, gx, hyy, hxx, hxy)
+
+
+def _displacement_from_peak(peak, flat, neighbourhood, window, method):
+    """(dy, dx) from the integer peak offsets and their 3x3 neighbourhoods; NaN where the peak is on the edge."""
+    wm, wn = window
+    a, b = flat // wn, flat % wn
+    sub_y, sub_x = subpixel_offset(neighbourhood, "hessian" if method == "refine" else method)
+    if wm == 1:  # no search along an axis of size 1: no offset, never an edge
+        sub_y = jnp.zeros_like(sub_y)
+    if wn == 1:
+        sub_x = jnp.zeros_like(sub_x)
+    on_edge = ((wm > 1) & ((a == 0) | (a == wm - 1))) | ((wn > 1) & ((b == 0) | (b == wn - 1)))
+    nan = jnp.array(jnp.nan, peak.dtype)
+    dy = jnp.where(on_edge, nan, (a - wm // 2).astype(peak.dtype) + sub_y)
+    dx = jnp.where(on_edge, nan, (b - wn // 2).astype(peak.dtype) + sub_x)
+    return dy, dx
+
+
+# -- banded drivers -----------------------------------------------------------------
+
+
+def _row_plan(out_rows: int, tile: int = TILE_ROWS, max_bands: int = MAX_BANDS) -> tuple[int, int, list[int]]:
+    """(tile rows, band rows, band starts): bands of whole tiles; the last band ends flush with the edge."""
+    tile = min(tile, out_rows)
+    tiles = math.ceil(out_rows / tile)
+    band = min(math.ceil(tiles / max_bands) * tile, out_rows)
+    starts = sorted({min(b * band, out_rows - band) for b in range(math.ceil(out_rows / band))})
+    return tile, band, starts
+
+
+def _tiles_of_band(z1, z2, row0, *, window, tile, band, tile_fn, outputs, global_rows=False):
+    """Run ``tile_fn(z1_b, z2c, row)`` over every batch item and tile of the band at output row ``row0``.
+
+    ``z1``/``z2``: standardised ``(B, K, M, N)``. ``outputs`` (leading axis B) are
+    filled tile by tile along their next axis: the band's own arrays (length
+    ``band``) or, with ``global_rows``, whole-image arrays written in place at the
+    tile's row. The last tile of a band ends flush with it (recomputing a few
+    rows rather than changing shape). One loop over (item, tile): no vmap,
+    whose batched updates cost an extra pass over each tile.
+    """
+    m, n = window[0] // 2, window[1] // 2
+    cols = z2.shape[-1] - 2 * n
+    tiles = math.ceil(band / tile)
+    zero = jnp.int32(0)
+
+    def body(step, outs):
+        # int32 start indices throughout, also when x64 is on for a float64 call
+        item = (step // tiles).astype(jnp.int32)
+        start = jnp.minimum((step % tiles) * tile, band - tile).astype(jnp.int32)
+        row = row0.astype(jnp.int32) + start
+        z1_b = lax.dynamic_index_in_dim(z1, item, keepdims=False)
+        z2c = lax.dynamic_slice(z2, (item, zero, row + m, jnp.int32(n)), (1, z2.shape[1], tile, cols))[0]
+        results = tile_fn(z1_b, z2c, row)
+        at = row if global_rows else start
+        return tuple(
+            lax.dynamic_update_slice(o, res[None], (item, at) + (zero,) * (o.ndim - 2)) for o, res in zip(outs, results)
+        )
+
+    return lax.fori_loop(0, z1.shape[0] * tiles, body, outputs)
+
+
+@partial(jax.jit, static_argnames=("window", "tile", "band"), donate_argnums=(0,))
+def _map_band(out, z1, z2, row0, *, window, tile, band):
+    """Write rows ``[row0, row0 + band)`` of the map into ``out`` (donated: updated in place)."""
+    (out,) = _tiles_of_band(
+        z1,
+        z2,
+        row0,
+        window=window,
+        tile=tile,
+        band=band,
+        tile_fn=lambda z1_b, z2c, row: (_map_tile(z1_b, z2c, row, window),),
+        outputs=(out,),
+        global_rows=True,
+    )
+    return out
+
+
+@partial(jax.jit, static_argnames=("window", "tile", "band", "method"))
+def _displacement_band(z1, z2, row0, *, window, tile, band, method):
+    """(dy, dx, peak) for output rows ``[row0, row0 + band)``: the peak search, then its neighbourhoods."""
+    m, n = window[0] // 2, window[1] // 2
+    batch, cols = z1.shape[0], z2.shape[-1] - 2 * n
+    peak, flat = _tiles_of_band(
+        z1,
+        z2,
+        row0,
+        window=window,
+        tile=tile,
+        band=band,
+        tile_fn=lambda z1_b, z2c, row: _peak_tile(z1_b, z2c, row, window),
+        outputs=(jnp.zeros((batch, band, cols), z1.dtype), jnp.zeros((batch, band, cols), jnp.int32)),
+    )
+    row = row0.astype(jnp.int32)
+    z1_rows = lax.dynamic_slice_in_dim(z1, row, band + 2 * m, axis=-2)
+    z2c = lax.dynamic_slice(z2, (0, 0, row + m, n), (batch, z2.shape[1], band, cols))
+    wn = window[1]
+    hood = jax.vmap(lambda z1r, z2r, f: _neighbourhood(jnp.moveaxis(z1r, 0, -1), z2r, f // wn, f % wn, window))(
+        z1_rows, z2c, flat
+    )
+    dy, dx = _displacement_from_peak(peak, flat, hood, window, method)
+    return dy, dx, peak
+
+
+@partial(jax.jit, static_argnames=("dtype",))
+def _standardize_pair(img1, img2, *, dtype):
+    """Both stacks as ``(B, K, M, N)`` standardised ``dtype`` arrays (batch axes flattened)."""
+    k, rows, cols = img1.shape[-3:]
+    return tuple(standardize(img.astype(dtype).reshape(-1, k, rows, cols)) for img in (img1, img2))
+
+
+def _prepare(img1, img2, dtype):
+    """Flatten batch axes and standardise both stacks (float ``dtype``) on the device."""
+    batch = _validate.shape_of(img1)[:-3]
+    z1, z2 = _standardize_pair(to_device(img1), to_device(img2), dtype=np.dtype(dtype).name)
+    return batch, z1, z2
+
+
+@partial(jax.jit, static_argnums=(1,), donate_argnums=(0,))
+def _reshape_in_place(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Unflatten the batch axes without copying the (large) map: an eager reshape would copy it."""
+    return array.reshape(shape)
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
+
+
+# -- public API ---------------------------------------------------------------------
+
+
+def windowed_pearson(
+    img1: Any,
+    img2: Any,
+    window: Sequence[int],
+    *,
+    dtype: Any = None,
+    progress: ProgressCallback | None = None,
+) -> jax.Array:
+    """The full windowed Pearson correlation map.
+
+    Parameters
+    ----------
+    img1, img2
+        Stacks of shape ``(..., K, M, N)`` (any leading batch axes), ``K >= 2``;
+        uint8, uint16, any integer or float dtype.
+    window
+        ``(wm, wn)``, odd full window sizes, at most ``(M, N)``.
+    dtype
+        ``float32`` (default) or ``float64``. float64 computes in float64 (JAX's
+        x64 switch is enabled for this call only).
+    progress
+        Optional ``progress(done, total)``, called between row bands; it may raise
+        to stop the computation early.
+
+    Returns
+    -------
+    jax.Array
+        Shape ``(..., M - 2m, N - 2n, wm, wn)``, ``dtype``, values in [-1, 1];
+        ``out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])``,
+        0 where either vector has zero variance.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, a window size is even or larger than the image,
+        there are fewer than 2 frames, or a dtype is not real.
+    """
+    shape, window = _check_inputs(img1, img2, window)
+    dtype = compute_dtype(dtype)
+    with precision_scope(dtype):
+        batch, z1, z2 = _prepare(img1, img2, dtype)
+        out_rows, out_cols = shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2)
+        tile, band, starts = _row_plan(out_rows)
+        out = jnp.zeros((z1.shape[0], out_rows, out_cols) + window, dtype)
+        for done, row0 in enumerate(starts):
+            _report(progress, done, len(starts))
+            out = _map_band(out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band)
+            out.block_until_ready()  # so that progress means something, and cancel can stop between bands
+        _report(progress, len(starts), len(starts))
+        return _reshape_in_place(out, batch + out.shape[1:])
+
+
+def find_displacement(
+    img1: Any,
+    img2: Any,
+    window: Sequence[int],
+    *,
+    subpixel: str = "hessian",
+    dtype: Any = None,
+    progress: ProgressCallback | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The displacement field at the peak of every pixel's correlation map, without building the map.
+
+    Parameters
+    ----------
+    img1, img2, window, dtype, progress
+        As for :func:`windowed_pearson`.
+    subpixel
+        ``"hessian"`` (default): a Newton step on the 3x3 neighbourhood of the
+        integer peak. ``"paraboloid"``: a least-squares 2D quadratic on it.
+        ``"none"``: integer peaks. ``"refine"``: after the Hessian step,
+        re-evaluate the correlation at sub-pixel offsets, interpolating img1,
+        and climb to the peak (more accurate, slower).
+
+    Returns
+    -------
+    dy, dx, peak : jax.Array
+        Each ``(..., M - 2m, N - 2n)``, ``dtype``. ``img1[y + dy, x + dx]``
+        matches ``img2[y, x]`` for ``y = i + m``, ``x = j + n``. ``peak`` is the
+        correlation at the integer peak (a confidence in [-1, 1]). Where the
+        peak lies on the window's edge the true peak may lie outside: ``dy``
+        and ``dx`` are NaN there, never clipped.
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.ndimage as ndi
+    >>> rng = np.random.default_rng(0)
+    >>> img2 = ndi.gaussian_filter(rng.random((12, 64, 64)), (0, 1.5, 1.5))
+    >>> img1 = ndi.shift(img2, (0, 1.3, -0.7), order=3)
+    >>> dy, dx, peak = find_displacement(img1, img2, (7, 7))
+    >>> round(float(np.nanmedian(dy)), 1), round(float(np.nanmedian(dx)), 1)
+    (1.3, -0.7)
+    """
+    shape, window = _check_inputs(img1, img2, window)
+    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    dtype = compute_dtype(dtype)
+    with precision_scope(dtype):
+        batch, z1, z2 = _prepare(img1, img2, dtype)
+        out_rows = shape[-2] - 2 * (window[0] // 2)
+        tile, band, starts = _row_plan(out_rows)
+        pieces = []
+        for done, row0 in enumerate(starts):
+            _report(progress, done, len(starts))
+            pieces.append(
+                _displacement_band(z1, z2, jnp.int32(row0), window=window, tile=tile, band=band, method=subpixel)
+            )
+            jax.block_until_ready(pieces[-1])  # so that progress means something
+        _report(progress, len(starts), len(starts))
+        results = []
+        for part in range(3):
+            # the last band may overlap the one before: keep each row once
+            rows = [
+                p[part][:, : (starts[i + 1] - starts[i]) if i + 1 < len(starts) else band] for i, p in enumerate(pieces)
+            ]
+            results.append(jnp.concatenate(rows, axis=1))
+        dy, dx, peak = results
+        if subpixel == "refine":
+            from napari_gridmip.core._refine import refine_displacement
+
+            k, rows, cols = shape[-3:]
+            raw1 = to_device(img1).reshape(-1, k, rows, cols)
+            dy, dx = refine_displacement(raw1, z2, window, dy, dx, dtype=dtype)
+        return tuple(r.reshape(batch + r.shape[1:]) for r in (dy, dx, peak))

@@ -20,6 +20,8 @@ import numpy as np
 from jax import lax
 
 STEPS = (0.5, 0.25, 0.125, 0.0625)
+from napari_gridmip.core.correlation import int32_indices, subpixel_offset  # noqa: E402
+
 BAND_ROWS = 32  # output rows refined per step of the loop: bounds the (K, rows, N, 16) gathers
 
 
@@ -61,7 +63,6 @@ def _pearson(v1: jax.Array, z2: jax.Array) -> jax.Array:
 
 def _refine_rows(img1, z2, y, x, dy, dx):
     """Climb from ``(dy, dx)`` to the interpolated correlation peak for a block of pixels."""
-    from napari_gridmip.core.correlation import subpixel_offset
 
     offsets = jnp.array([-1.0, 0.0, 1.0], dtype=dy.dtype)
     start_y, start_x = jnp.nan_to_num(dy), jnp.nan_to_num(dx)
@@ -93,12 +94,12 @@ def _refine(img1, z2, dy, dx, *, window):
         item = step // blocks
         start = jnp.minimum((step % blocks) * block, out_rows - block).astype(jnp.int32)
         y = (start + jnp.arange(block, dtype=jnp.int32)).astype(dy.dtype)[:, None] + m
-        z2_rows = lax.dynamic_slice(z2[item], (0, start + m, n), (z2.shape[1], block, out_cols))
-        dy_rows = lax.dynamic_slice(dy[item], (start, 0), (block, out_cols))
-        dx_rows = lax.dynamic_slice(dx[item], (start, 0), (block, out_cols))
+        z2_rows = lax.dynamic_slice(z2[item], int32_indices(0, start + m, n), (z2.shape[1], block, out_cols))
+        dy_rows = lax.dynamic_slice(dy[item], int32_indices(start, 0), (block, out_cols))
+        dx_rows = lax.dynamic_slice(dx[item], int32_indices(start, 0), (block, out_cols))
         new_y, new_x = _refine_rows(img1[item], z2_rows, y, x, dy_rows, dx_rows)
-        ry = lax.dynamic_update_slice(ry, new_y[None], (item, start, 0))
-        rx = lax.dynamic_update_slice(rx, new_x[None], (item, start, 0))
+        ry = lax.dynamic_update_slice(ry, new_y[None], int32_indices(item, start, 0))
+        rx = lax.dynamic_update_slice(rx, new_x[None], int32_indices(item, start, 0))
         return ry, rx
 
     return lax.fori_loop(0, batch * blocks, body, (dy, dx))

@@ -86,7 +86,8 @@ def standardize(stack: jax.Array) -> jax.Array:
     centred = centred - sum_over_k(centred) / k
     norm = jnp.sqrt(sum_over_k(centred * centred))
     safe = jnp.where(norm > 0, norm, 1)
-    return jnp.where(norm > 0, centred / safe, 0)
+    # NaN stays NaN (it poisons only the correlations that use it); zero variance gives 0
+    return jnp.where(norm > 0, centred / safe, jnp.where(jnp.isnan(norm), jnp.nan, 0))
 
 
 def _row_planes(z1_rows: jax.Array, z2c: jax.Array, wn: int) -> jax.Array:
@@ -222,6 +223,7 @@ def _displacement_from_peak(peak, flat, neighbourhood, window, method):
     if wn == 1:
         sub_x = jnp.zeros_like(sub_x)
     on_edge = ((wm > 1) & ((a == 0) | (a == wm - 1))) | ((wn > 1) & ((b == 0) | (b == wn - 1)))
+    on_edge = on_edge | ~jnp.isfinite(peak)  # every offset NaN: no peak at all
     nan = jnp.array(jnp.nan, peak.dtype)
     dy = jnp.where(on_edge, nan, (a - wm // 2).astype(peak.dtype) + sub_y)
     dx = jnp.where(on_edge, nan, (b - wn // 2).astype(peak.dtype) + sub_x)
@@ -229,6 +231,11 @@ def _displacement_from_peak(peak, flat, neighbourhood, window, method):
 
 
 # -- banded drivers -----------------------------------------------------------------
+
+
+def int32_indices(*values: Any) -> tuple[jax.Array, ...]:
+    """Start indices for dynamic slices, all int32 (Python ints turn int64 when x64 is on)."""
+    return tuple(jnp.asarray(v).astype(jnp.int32) for v in values)
 
 
 def _row_plan(out_rows: int, tile: int = TILE_ROWS, max_bands: int = MAX_BANDS) -> tuple[int, int, list[int]]:
@@ -305,13 +312,13 @@ def _displacement_band(z1, z2, row0, *, window, tile, band, method):
     )
     row = row0.astype(jnp.int32)
     z1_rows = lax.dynamic_slice_in_dim(z1, row, band + 2 * m, axis=-2)
-    z2c = lax.dynamic_slice(z2, (0, 0, row + m, n), (batch, z2.shape[1], band, cols))
+    z2c = lax.dynamic_slice(z2, int32_indices(0, 0, row + m, n), (batch, z2.shape[1], band, cols))
     wn = window[1]
     hood = jax.vmap(lambda z1r, z2r, f: _neighbourhood(jnp.moveaxis(z1r, 0, -1), z2r, f // wn, f % wn, window))(
         z1_rows, z2c, flat
     )
     dy, dx = _displacement_from_peak(peak, flat, hood, window, method)
-    return dy, dx, peak
+    return dy, dx, jnp.where(jnp.isfinite(peak), peak, jnp.nan)
 
 
 @partial(jax.jit, static_argnames=("dtype",))
@@ -332,6 +339,12 @@ def _prepare(img1, img2, dtype):
 def _reshape_in_place(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Unflatten the batch axes without copying the (large) map: an eager reshape would copy it."""
     return array.reshape(shape)
+
+
+def _wait(result: Any) -> None:
+    """Block until a band is computed, unless we are being traced by a caller's jit."""
+    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
+        jax.block_until_ready(result)
 
 
 def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
@@ -389,7 +402,7 @@ def windowed_pearson(
         for done, row0 in enumerate(starts):
             _report(progress, done, len(starts))
             out = _map_band(out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band)
-            out.block_until_ready()  # so that progress means something, and cancel can stop between bands
+            _wait(out)  # so that progress means something, and cancel can stop between bands
         _report(progress, len(starts), len(starts))
         return _reshape_in_place(out, batch + out.shape[1:])
 
@@ -448,7 +461,7 @@ def find_displacement(
             pieces.append(
                 _displacement_band(z1, z2, jnp.int32(row0), window=window, tile=tile, band=band, method=subpixel)
             )
-            jax.block_until_ready(pieces[-1])  # so that progress means something
+            _wait(pieces[-1])
         _report(progress, len(starts), len(starts))
         results = []
         for part in range(3):

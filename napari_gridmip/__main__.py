@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 PLUGIN = "napari-gridmip"
-WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches"]  # display names in napari.yaml
-SAMPLE_KEYS = ["occupancy", "tiles"]
+WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Correlation map"]  # display names in napari.yaml
+SAMPLE_KEYS = ["occupancy", "tiles", "speckle"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -151,8 +151,16 @@ def make_speckle_pair(
 def speckle_sample() -> list[tuple]:
     """File > Open Sample > Speckle pair: two K-frame stacks, img1 first (the Correlation map's order)."""
     sample, reference, (dy, dx) = make_speckle_pair()
-    meta = {"true_dy": dy.astype(np.float32), "true_dx": dx.astype(np.float32)}
+    truth = {"true_dy": dy.astype(np.float32), "true_dx": dx.astype(np.float32)}
     return [
-        (sample, {"name": "speckle sample (img1)", "colormap": "gray", "metadata": meta}, "image"),
-        (reference, {"name": "speckle reference (img2)", "colormap": "gray"}, "image"),
+        (
+            sample,
+            {"name": "speckle sample (img1)", "colormap": "gray", "metadata": {"gridmip_role": "img1", **truth}},
+            "image",
+        ),
+        (
+            reference,
+            {"name": "speckle reference (img2)", "colormap": "gray", "metadata": {"gridmip_role": "img2"}},
+            "image",
+        ),
     ]

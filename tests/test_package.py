@@ -31,8 +31,12 @@ def test_manifest_validates_and_is_the_top_level_one():
     top_level = Path(napari_gridmip.__file__).parent.parent / "napari.yaml"
     if top_level.exists():  # a source checkout: the package sees the top-level manifest
         assert package_copy.read_text() == top_level.read_text()
-    assert {w.display_name for w in manifest.contributions.widgets} >= {"Occupancy mipmap", "Reassemble patches"}
-    assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles"}
+    assert {w.display_name for w in manifest.contributions.widgets} >= {
+        "Occupancy mipmap",
+        "Reassemble patches",
+        "Correlation map",
+    }
+    assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles", "speckle"}
 
 
 def test_samples_open_in_a_viewer(make_napari_viewer):
@@ -49,7 +53,7 @@ def test_samples_open_in_a_viewer(make_napari_viewer):
     assert fractions[0] < fractions[2] < fractions[4] < 1.0
 
 
-@pytest.mark.parametrize("name", ["Occupancy mipmap", "Reassemble patches"])
+@pytest.mark.parametrize("name", ["Occupancy mipmap", "Reassemble patches", "Correlation map"])
 def test_widgets_open_from_the_manifest(make_napari_viewer, name):
     viewer = make_napari_viewer()
     dock, widget = viewer.window.add_plugin_dock_widget("napari-gridmip", name)

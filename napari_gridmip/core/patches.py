@@ -17,7 +17,6 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import jax
@@ -426,7 +425,3 @@ def merge_patches(
         )
     return _merge_jit(to_device(patches), image_shape, stride, blend, float(sigma_scale))
 
-
-# The pure, traceable forms (static shapes and options), for use inside a caller's own jit.
-extract_patches_pure = _extract
-merge_patches_pure = partial(_merge)

@@ -9,11 +9,8 @@ from napari_gridmip.core import find_displacement, windowed_pearson
 
 
 @pytest.fixture
-def viewer_and_widget(make_napari_viewer):
-    viewer = make_napari_viewer()
-    widget = CorrelationWidget(viewer)
-    viewer.window.add_dock_widget(widget)
-    return viewer, widget
+def viewer_and_widget(docked):
+    return docked(CorrelationWidget)
 
 
 def test_speckle_sample_end_to_end(viewer_and_widget, wait_idle):

@@ -8,11 +8,8 @@ from tests.core.test_mipmap import reference_levels
 
 
 @pytest.fixture
-def viewer_and_widget(make_napari_viewer):
-    viewer = make_napari_viewer()
-    widget = MipmapWidget(viewer)
-    viewer.window.add_dock_widget(widget)
-    return viewer, widget
+def viewer_and_widget(docked):
+    return docked(MipmapWidget)
 
 
 def test_run_adds_aligned_levels(viewer_and_widget, wait_idle):

@@ -8,11 +8,8 @@ from napari_gridmip.core.patches import extract_patches
 
 
 @pytest.fixture
-def viewer_and_widget(make_napari_viewer):
-    viewer = make_napari_viewer()
-    widget = PatchesWidget(viewer)
-    viewer.window.add_dock_widget(widget)
-    return viewer, widget
+def viewer_and_widget(docked):
+    return docked(PatchesWidget)
 
 
 def test_tiles_sample_is_taken_as_is(viewer_and_widget, wait_idle):

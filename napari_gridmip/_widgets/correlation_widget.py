@@ -167,8 +167,9 @@ class CorrelationWidget(JobWidget):
                 )
             if full is not None:
                 m, n = window[0] // 2, window[1] // 2
-                scale = np.concatenate([[1.0, 1.0], placement["scale"]])
-                translate = np.concatenate([[-m, -n], placement["translate"]])
+                # axes (..., wm, wn, M - 2m, N - 2n): the offsets get unit steps from -m and -n
+                scale = np.concatenate([placement["scale"][:-2], [1.0, 1.0], placement["scale"][-2:]])
+                translate = np.concatenate([placement["translate"][:-2], [-m, -n], placement["translate"][-2:]])
                 layers.append(
                     (
                         full,

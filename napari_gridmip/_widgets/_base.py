@@ -26,7 +26,7 @@ class JobWidget(Container):
         self._viewer = viewer
         self.run_button = PushButton(text="Run", name="run")
         self.cancel_button = PushButton(text="Cancel", name="cancel")
-        self.status = Label(value="Ready", name="status")
+        self.status = Label(value="Ready", name="status", label="Status")
         self.runner = BackgroundRunner(
             run_button=self.run_button, cancel_button=self.cancel_button, status=self.status, viewer=viewer
         )

@@ -37,8 +37,8 @@ class MipmapWidget(JobWidget):
             tooltip="A voxel is occupied when its value is greater than this; NaN is empty.",
         )
         self.per_level = CheckBox(name="per_level", text="Also add one layer per level", value=False)
-        self.device = Label(name="device", value=jax_device_text())
-        self.fractions = Label(name="fractions", value="")
+        self.device = Label(name="device", label="Device", value=jax_device_text())
+        self.fractions = Label(name="fractions", label="Occupied", value="")
         self._finish([self.layer, self.threshold, self.per_level, self.device])
         self.append(self.fractions)
 

@@ -424,4 +424,3 @@ def merge_patches(
             f"{stride} needs {expected}"
         )
     return _merge_jit(to_device(patches), image_shape, stride, blend, float(sigma_scale))
-

@@ -1,8 +1,9 @@
 """napari-gridmip: occupancy mipmaps, patch reassembly and windowed correlation in JAX.
 
 The names exported here are the pure compute core; importing this package pulls
-in neither Qt, magicgui nor napari. The napari widgets load through the plugin
-manifest (``napari.yaml``).
+in neither Qt, magicgui nor napari, and imports JAX only when one of them is
+first used (so the widgets' modules load fast). The napari widgets load through
+the plugin manifest (``napari.yaml``).
 """
 
 import os
@@ -11,26 +12,23 @@ import os
 # display, so allocate on demand unless the user already chose otherwise.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from napari_gridmip.core import (  # noqa: E402
-    extract_patches,
-    find_displacement,
-    merge_patches,
-    mipmap_shapes,
-    occupancy_mipmap,
-    windowed_pearson,
-)
-
 try:
     from napari_gridmip._version import version as __version__
 except ImportError:  # pragma: no cover - running from a source tree without a build
     __version__ = "0.0.0"
 
-__all__ = [
-    "__version__",
-    "extract_patches",
-    "find_displacement",
-    "merge_patches",
-    "mipmap_shapes",
-    "occupancy_mipmap",
-    "windowed_pearson",
-]
+from napari_gridmip import core as _core  # noqa: E402 - lazy itself: JAX loads on first use
+
+__all__ = ["__version__", *_core.__all__]
+
+
+def __getattr__(name: str):
+    if name in _core.__all__:
+        value = getattr(_core, name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    raise AttributeError(f"module 'napari_gridmip' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -51,8 +51,8 @@ def to_device(array: object) -> jax.Array:
     if isinstance(array, jax.Array):
         return array
     host = np.asarray(array)
-    if host.dtype == np.float64 or host.dtype == np.int64 or host.dtype == np.uint64 or host.dtype == np.complex128:
-        # JAX's dtype canonicalisation (x64 off) must see these: let it convert.
+    if jax.dtypes.canonicalize_dtype(host.dtype) != host.dtype:
+        # a dtype JAX narrows (64-bit ones while x64 is off): let JAX convert it
         return jnp.asarray(host)
     buffer = aligned_empty(host.shape, host.dtype)
     np.copyto(buffer, host)

@@ -11,6 +11,7 @@ quadratic to high accuracy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -19,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core._peak import int32_indices, subpixel_offset
+
 STEPS = (0.5, 0.25, 0.125, 0.0625)
-from napari_gridmip.core.correlation import int32_indices, subpixel_offset  # noqa: E402
 
 BAND_ROWS = 32  # output rows refined per step of the loop: bounds the (K, rows, N, 16) gathers
 
@@ -80,33 +82,60 @@ def _refine_rows(img1, z2, y, x, dy, dx):
     return jnp.where(jnp.isnan(dy), dy, start_y), jnp.where(jnp.isnan(dx), dx, start_x)
 
 
-@partial(jax.jit, static_argnames=("window",))
-def _refine(img1, z2, dy, dx, *, window):
-    """img1 ``(B, K, M, N)`` float, z2 standardised ``(B, K, M, N)``, dy/dx ``(B, Mo, No)``."""
+@partial(jax.jit, static_argnames=("window", "block"))
+def _refine_band(img1, z2, dy, dx, row0, *, window, block):
+    """Refined ``(dy, dx)`` for output rows ``[row0, row0 + block)`` of every batch item: ``(B, block, No)``.
+
+    img1 ``(B, K, M, N)`` float, z2 standardised ``(B, K, M, N)``, dy/dx ``(B, Mo, No)``.
+    """
     m, n = window[0] // 2, window[1] // 2
-    batch, out_rows, out_cols = dy.shape
-    block = min(BAND_ROWS, out_rows)
-    blocks = -(-out_rows // block)
+    batch, _, out_cols = dy.shape
     x = jnp.arange(out_cols, dtype=dy.dtype)[None, :] + n
+    y = (row0 + jnp.arange(block, dtype=jnp.int32)).astype(dy.dtype)[:, None] + m
 
-    def body(step, carry):
+    def one_item(item, carry):
         ry, rx = carry
-        item = step // blocks
-        start = jnp.minimum((step % blocks) * block, out_rows - block).astype(jnp.int32)
-        y = (start + jnp.arange(block, dtype=jnp.int32)).astype(dy.dtype)[:, None] + m
-        z2_rows = lax.dynamic_slice(z2[item], int32_indices(0, start + m, n), (z2.shape[1], block, out_cols))
-        dy_rows = lax.dynamic_slice(dy[item], int32_indices(start, 0), (block, out_cols))
-        dx_rows = lax.dynamic_slice(dx[item], int32_indices(start, 0), (block, out_cols))
+        z2_rows = lax.dynamic_slice(z2[item], int32_indices(0, row0 + m, n), (z2.shape[1], block, out_cols))
+        dy_rows = lax.dynamic_slice(dy[item], int32_indices(row0, 0), (block, out_cols))
+        dx_rows = lax.dynamic_slice(dx[item], int32_indices(row0, 0), (block, out_cols))
         new_y, new_x = _refine_rows(img1[item], z2_rows, y, x, dy_rows, dx_rows)
-        ry = lax.dynamic_update_slice(ry, new_y[None], int32_indices(item, start, 0))
-        rx = lax.dynamic_update_slice(rx, new_x[None], int32_indices(item, start, 0))
-        return ry, rx
+        return ry.at[item].set(new_y), rx.at[item].set(new_x)
 
-    return lax.fori_loop(0, batch * blocks, body, (dy, dx))
+    empty = jnp.zeros((batch, block, out_cols), dy.dtype)
+    return lax.fori_loop(0, batch, one_item, (empty, empty))
+
+
+def refine_plan(out_rows: int) -> list[int]:
+    """Start rows of the refinement's bands of ``BAND_ROWS`` rows; the last one ends flush with the edge."""
+    block = min(BAND_ROWS, out_rows)
+    return sorted({min(start, out_rows - block) for start in range(0, out_rows, block)})
 
 
 def refine_displacement(
-    img1: Any, z2: jax.Array, window: tuple[int, int], dy: jax.Array, dx: jax.Array, *, dtype: np.dtype
+    img1: Any,
+    z2: jax.Array,
+    window: tuple[int, int],
+    dy: jax.Array,
+    dx: jax.Array,
+    *,
+    dtype: np.dtype,
+    on_band: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Refined ``(dy, dx)`` ``(B, Mo, No)``; ``img1`` is the raw ``(B, K, M, N)`` stack on the device."""
-    return _refine(img1.astype(dtype), z2, dy, dx, window=window)
+    """Refined ``(dy, dx)`` ``(B, Mo, No)``; ``img1`` is the raw ``(B, K, M, N)`` stack on the device.
+
+    Runs band by band (one compiled program for all bands); ``on_band(done)`` is
+    called before each band and may raise to stop the refinement between bands.
+    """
+    img1 = img1.astype(dtype)
+    out_rows = dy.shape[1]
+    starts = refine_plan(out_rows)
+    block = min(BAND_ROWS, out_rows)
+    pieces = []
+    for done, row0 in enumerate(starts):
+        if on_band is not None:
+            on_band(done)
+        pieces.append(_refine_band(img1, z2, dy, dx, jnp.int32(row0), window=window, block=block))
+        jax.block_until_ready(pieces[-1])
+    # the last band may overlap the one before: keep each row once
+    keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else block for i in range(len(starts))]
+    return tuple(jnp.concatenate([p[part][:, :rows] for p, rows in zip(pieces, keep)], axis=1) for part in range(2))

@@ -36,14 +36,16 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._options import SUBPIXEL_METHODS
+from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core._refine import refine_displacement, refine_plan
 from napari_gridmip.core._transfer import to_device
 
-__all__ = ["SUBPIXEL_METHODS", "find_displacement", "standardize", "windowed_pearson"]
+__all__ = ["find_displacement", "windowed_pearson"]
 
 TILE_ROWS = 16  # rows per tile: big enough to amortise, small enough to stay in cache
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never a dispatch storm
-SUBPIXEL_METHODS = ("hessian", "paraboloid", "none", "refine")
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -199,46 +201,6 @@ def _neighbourhood(
     return jnp.broadcast_to(acc, acc.shape[:2] + (3, 3)) if (wm == 1 or wn == 1) else acc
 
 
-def _quadratic_peak(gy, gx, hyy, hxx, hxy):
-    """The stationary point of a 2D quadratic with gradient (gy, gx) and Hessian [[hyy, hxy], [hxy, hxx]].
-
-    Where the quadratic has no maximum within one pixel (not negative definite, or
-    the step leaves [-1, 1]), each axis falls back to its own 1D parabola, clipped
-    to [-0.5, 0.5], or to 0 where that axis is not concave either.
-    """
-    det = hyy * hxx - hxy * hxy
-    safe_det = jnp.where(det > 0, det, 1)
-    dy = -(hxx * gy - hxy * gx) / safe_det
-    dx = -(hyy * gx - hxy * gy) / safe_det
-    ok = (det > 0) & (hyy < 0) & (jnp.abs(dy) <= 1) & (jnp.abs(dx) <= 1)
-    dy_1d = jnp.where(hyy < 0, jnp.clip(-gy / jnp.where(hyy < 0, hyy, -1), -0.5, 0.5), 0)
-    dx_1d = jnp.where(hxx < 0, jnp.clip(-gx / jnp.where(hxx < 0, hxx, -1), -0.5, 0.5), 0)
-    return jnp.where(ok, dy, dy_1d), jnp.where(ok, dx, dx_1d)
-
-
-def subpixel_offset(c: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
-    """Sub-pixel peak offset from the 3x3 neighbourhood ``c[..., 3, 3]`` of an integer peak.
-
-    ``"hessian"``: a Newton step with central differences at the peak (as in
-    speckle-tracking tools). ``"paraboloid"``: the least-squares 2D quadratic
-    through all 9 values. ``"none"``: zeros.
-    """
-    if method == "none":
-        zero = jnp.zeros(c.shape[:-2], c.dtype)
-        return zero, zero
-    if method == "paraboloid":
-        rows, cols = c.sum(axis=-1), c.sum(axis=-2)
-        gy, gx = (rows[..., 2] - rows[..., 0]) / 6, (cols[..., 2] - cols[..., 0]) / 6
-        hyy = (rows[..., 0] + rows[..., 2] - 2 * rows[..., 1]) / 3
-        hxx = (cols[..., 0] + cols[..., 2] - 2 * cols[..., 1]) / 3
-    else:
-        gy, gx = (c[..., 2, 1] - c[..., 0, 1]) / 2, (c[..., 1, 2] - c[..., 1, 0]) / 2
-        hyy = c[..., 2, 1] - 2 * c[..., 1, 1] + c[..., 0, 1]
-        hxx = c[..., 1, 2] - 2 * c[..., 1, 1] + c[..., 1, 0]
-    hxy = (c[..., 2, 2] - c[..., 2, 0] - c[..., 0, 2] + c[..., 0, 0]) / 4
-    return _quadratic_peak(gy, gx, hyy, hxx, hxy)
-
-
 def _displacement_from_peak(peak, flat, neighbourhood, window, method):
     """(dy, dx) from the integer peak offsets and their 3x3 neighbourhoods; NaN where the peak is on the edge."""
     wm, wn = window
@@ -257,11 +219,6 @@ def _displacement_from_peak(peak, flat, neighbourhood, window, method):
 
 
 # -- banded drivers -----------------------------------------------------------------
-
-
-def int32_indices(*values: Any) -> tuple[jax.Array, ...]:
-    """Start indices for dynamic slices, all int32 (Python ints turn int64 when x64 is on)."""
-    return tuple(jnp.asarray(v).astype(jnp.int32) for v in values)
 
 
 def _row_plan(out_rows: int, tile: int = TILE_ROWS, max_bands: int = MAX_BANDS) -> tuple[int, int, list[int]]:
@@ -479,14 +436,15 @@ def find_displacement(
         z1k = _k_last(z1)
         out_rows = shape[-2] - 2 * (window[0] // 2)
         tile, band, starts = _row_plan(out_rows)
+        refine_bands = len(refine_plan(out_rows)) if subpixel == "refine" else 0
+        total = len(starts) + refine_bands  # the search's bands, then the refinement's
         pieces = []
         for done, row0 in enumerate(starts):
-            _report(progress, done, len(starts))
+            _report(progress, done, total)
             pieces.append(
                 _displacement_band(z1, z1k, z2, jnp.int32(row0), window=window, tile=tile, band=band, method=subpixel)
             )
             _wait(pieces[-1])
-        _report(progress, len(starts), len(starts))
         results = []
         for part in range(3):
             # the last band may overlap the one before: keep each row once
@@ -496,9 +454,10 @@ def find_displacement(
             results.append(jnp.concatenate(rows, axis=1))
         dy, dx, peak = results
         if subpixel == "refine":
-            from napari_gridmip.core._refine import refine_displacement
-
             k, rows, cols = shape[-3:]
             raw1 = to_device(img1).reshape(-1, k, rows, cols)
-            dy, dx = refine_displacement(raw1, z2, window, dy, dx, dtype=dtype)
+            dy, dx = refine_displacement(
+                raw1, z2, window, dy, dx, dtype=dtype, on_band=lambda done: _report(progress, len(starts) + done, total)
+            )
+        _report(progress, total, total)
         return tuple(r.reshape(batch + r.shape[1:]) for r in (dy, dx, peak))

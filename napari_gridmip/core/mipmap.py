@@ -19,7 +19,7 @@ import numpy as np
 from napari_gridmip.core import _validate
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 
-__all__ = ["mipmap_shapes", "occupancy_mipmap", "occupancy_levels", "halve_occupancy"]
+__all__ = ["mipmap_shapes", "occupancy_mipmap"]
 
 
 def mipmap_shapes(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -110,7 +110,7 @@ def _host_occupancy(volume: np.ndarray, threshold: float) -> np.ndarray:
     return out
 
 
-def occupancy_mipmap(volume: Any, threshold: float = 0.0) -> list[jax.Array]:
+def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[jax.Array]:
     """Occupancy pyramid of a 3D volume.
 
     Parameters

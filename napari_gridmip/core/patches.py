@@ -25,12 +25,12 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._options import BLEND_MODES, WEIGHTED_BLENDS
 from napari_gridmip.core._transfer import to_device
 
-__all__ = ["BLEND_MODES", "blend_window", "extract_patches", "merge_patches", "patch_grid", "patch_origins"]
+__all__ = ["extract_patches", "merge_patches"]
 
-BLEND_MODES = ("mean", "gaussian", "hann", "max", "overwrite")
-_WEIGHTED = ("mean", "gaussian", "hann")
+_WEIGHTED = WEIGHTED_BLENDS
 _MIN_WEIGHT = 1e-6  # windows are clipped here, so a pixel seen by one patch only still comes back
 
 

@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 
 from napari_gridmip import mipmap_shapes, occupancy_mipmap
 from napari_gridmip.core.mipmap import halve_occupancy, occupancy_levels
+from tests.helpers import count_traces
 
 
 def reference_levels(volume, threshold=0.0):
@@ -67,7 +68,7 @@ def test_matches_reference_numpy_input(shape, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_matches_reference_jax_input(shape):
     volume = np.random.default_rng(1).normal(size=shape).astype(np.float32)
-    assert_levels_equal(occupancy_mipmap(jnp.asarray(volume), 0.5), reference_levels(volume, 0.5))
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(volume), threshold=0.5), reference_levels(volume, 0.5))
     bools = volume > 1.0
     assert_levels_equal(occupancy_mipmap(jnp.asarray(bools)), reference_levels(bools))
 
@@ -105,16 +106,16 @@ def test_nan_counts_as_empty_and_thresholds():
 @pytest.mark.parametrize("threshold", [-1e9, -1, -0.5, 0, 0.5, 1, 254.5, 255, 1e9])
 def test_integer_and_bool_thresholds_are_exact(threshold):
     volume = np.array([0, 1, 2, 254, 255], dtype=np.uint8).reshape(5, 1, 1)
-    assert_levels_equal(occupancy_mipmap(volume, threshold), reference_levels(volume, threshold))
-    assert_levels_equal(occupancy_mipmap(jnp.asarray(volume), threshold), reference_levels(volume, threshold))
+    assert_levels_equal(occupancy_mipmap(volume, threshold=threshold), reference_levels(volume, threshold))
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(volume), threshold=threshold), reference_levels(volume, threshold))
     bools = np.array([True, False, True]).reshape(1, 3, 1)
-    assert_levels_equal(occupancy_mipmap(bools, threshold), reference_levels(bools, threshold))
-    assert_levels_equal(occupancy_mipmap(jnp.asarray(bools), threshold), reference_levels(bools, threshold))
+    assert_levels_equal(occupancy_mipmap(bools, threshold=threshold), reference_levels(bools, threshold))
+    assert_levels_equal(occupancy_mipmap(jnp.asarray(bools), threshold=threshold), reference_levels(bools, threshold))
 
 
 def test_large_integers_compare_exactly():
     volume = np.array([2**40, 2**40 + 1], dtype=np.int64).reshape(2, 1, 1)
-    levels = occupancy_mipmap(volume, float(2**40))
+    levels = occupancy_mipmap(volume, threshold=float(2**40))
     np.testing.assert_array_equal(np.asarray(levels[0]).ravel(), [False, True])
 
 
@@ -144,19 +145,20 @@ def test_bad_input_raises(volume, match):
 @pytest.mark.parametrize("threshold", [np.nan, np.inf, "high", None])
 def test_bad_threshold_raises(threshold):
     with pytest.raises(ValueError, match="threshold"):
-        occupancy_mipmap(np.zeros((2, 2, 2)), threshold)
+        occupancy_mipmap(np.zeros((2, 2, 2)), threshold=threshold)
 
 
 def test_one_compiled_program_per_shape():
-    from napari_gridmip.core import mipmap
-
     volume = np.random.default_rng(4).random((21, 10, 6)) > 0.5
     occupancy_mipmap(volume)
-    before = mipmap._levels_from_occupied._cache_size()
-    for _ in range(3):
-        occupancy_mipmap(volume)
-        occupancy_mipmap(~volume)
-    assert mipmap._levels_from_occupied._cache_size() == before
+    with count_traces() as traces:
+        for _ in range(3):
+            occupancy_mipmap(volume)
+            occupancy_mipmap(~volume)
+    assert traces.count == 0
+    with count_traces() as traces:  # the counter does see a new shape
+        occupancy_mipmap(volume[:-1])
+    assert traces.count >= 1
 
 
 volumes = hnp.arrays(
@@ -169,7 +171,7 @@ volumes = hnp.arrays(
 @settings(max_examples=60, deadline=None)
 @given(volume=volumes, threshold=st.floats(-10, 10, allow_nan=False))
 def test_property_matches_reference(volume, threshold):
-    assert_levels_equal(occupancy_mipmap(volume, threshold), reference_levels(volume, threshold))
+    assert_levels_equal(occupancy_mipmap(volume, threshold=threshold), reference_levels(volume, threshold))
 
 
 @settings(max_examples=40, deadline=None)
@@ -180,7 +182,7 @@ def test_property_matches_reference(volume, threshold):
 )
 def test_property_monotone_and_consistent(volume, t1, t2):
     lo, hi = sorted((t1, t2))
-    loose, strict = occupancy_mipmap(volume, lo), occupancy_mipmap(volume, hi)
+    loose, strict = occupancy_mipmap(volume, threshold=lo), occupancy_mipmap(volume, threshold=hi)
     for a, b in zip(loose, strict):
         assert not np.any(np.asarray(b) & ~np.asarray(a))  # raising the threshold only empties voxels
     top = np.asarray(loose[-1])

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from napari_gridmip import extract_patches, merge_patches
-from napari_gridmip.core.patches import BLEND_MODES, blend_window, patch_grid, patch_origins
+from napari_gridmip.core._options import BLEND_MODES
+from napari_gridmip.core.patches import blend_window, patch_grid, patch_origins
+from tests.helpers import count_traces
 
 ALL_BLENDS = list(BLEND_MODES)
 
@@ -229,14 +231,12 @@ def test_bad_input_raises(call, match):
 
 
 def test_one_program_per_shape():
-    from napari_gridmip.core import patches as module
-
     image = np.random.default_rng(10).random((9, 9), dtype=np.float32)
     merge_patches(extract_patches(image, (4, 4), (3, 3)), image.shape, (3, 3))
-    before = module._merge_jit._cache_size()
-    for _ in range(3):
-        merge_patches(extract_patches(image + 1, (4, 4), (3, 3)), image.shape, (3, 3))
-    assert module._merge_jit._cache_size() == before
+    with count_traces() as traces:
+        for _ in range(3):
+            merge_patches(extract_patches(image + 1, (4, 4), (3, 3)), image.shape, (3, 3))
+    assert traces.count == 0
 
 
 @st.composite

@@ -1,75 +1,164 @@
-"""The frame every widget shares: its inputs, then Run, Cancel and a status line."""
+"""The frame every widget shares: its inputs, then Run, Cancel and a status line.
+
+Widgets are thin: they map fields to a request, hand the job made from it
+(:mod:`napari_gridmip._jobs`) to the runner, and show the result. They connect
+nothing to the viewer themselves: napari's ``add_dock_widget`` already keeps
+``reset_choices`` in step with the layer list, and the widget hooks its own
+refreshes onto that. When the dock is closed the widget cancels its job and
+undoes napari's connections, so no callback reaches a closed widget.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from magicgui.widgets import ComboBox, Container, Label, PushButton, Widget
+from qtpy.QtCore import QEvent, QObject
 
-from napari_gridmip._widgets._runner import BackgroundRunner, LayerDataTuple, ProgressCallback, notify_error
+from napari_gridmip import _settings
+from napari_gridmip._jobs import Job, JobResult
+from napari_gridmip._widgets._runner import BackgroundRunner, notify_error
 
 if TYPE_CHECKING:
     import napari
 
+LAYER_EVENTS = ("inserted", "removed", "reordered", "renamed")  # what napari connects to reset_choices
+
+
+def wrapping_label(name: str, label: str, value: str = "") -> Label:
+    """A label whose long text wraps instead of widening the dock (the full text is also its tooltip)."""
+    from qtpy.QtWidgets import QSizePolicy
+
+    widget = Label(name=name, label=label, value=value)
+    widget.native.setWordWrap(True)
+    widget.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+    widget.native.setMinimumWidth(0)
+    return widget
+
+
+class _DockLifetime(QObject):
+    """Calls ``release`` once the widget is closed or taken out of its dock (napari re-parents it to None)."""
+
+    def __init__(self, owner: JobWidget) -> None:
+        super().__init__()
+        self._owner = owner
+        self._docked = False
+        owner.native.installEventFilter(self)
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        kind = event.type()
+        if kind == QEvent.Type.ParentChange:
+            if obj.parent() is not None:
+                self._docked = True
+            elif self._docked:
+                self._owner.release()
+        elif kind == QEvent.Type.Close:
+            self._owner.release()
+        return False
+
 
 class JobWidget(Container):
-    """A dock widget that runs one core job in the background.
+    """A dock widget that runs one job in the background.
 
-    Subclasses add their input widgets with :meth:`_finish`, and implement
-    :meth:`_make_job`, which reads the inputs on the GUI thread and returns
-    ``(job, to_layers, description)`` for :class:`BackgroundRunner`.
+    Subclasses create their fields, call :meth:`_finish`, and implement
+    :meth:`make_job` (read the fields and layers on the GUI thread, return a
+    :class:`~napari_gridmip._jobs.Job`) and, optionally, :meth:`show_result`.
+    ``settings_key`` and ``persisted`` name the fields remembered across sessions.
     """
+
+    settings_key = ""
+    persisted: tuple[str, ...] = ()
 
     def __init__(self, viewer: napari.viewer.Viewer) -> None:
         super().__init__()
         self._viewer = viewer
+        self.released = False
+        self._ready = False  # set once the fields exist (magicgui may reset choices while building)
         self.run_button = PushButton(text="Run", name="run")
         self.cancel_button = PushButton(text="Cancel", name="cancel")
-        self.status = Label(value="Ready", name="status", label="Status")
+        self.status = wrapping_label("status", "Status", "Ready")
         self.runner = BackgroundRunner(
             run_button=self.run_button, cancel_button=self.cancel_button, status=self.status, viewer=viewer
         )
         self.run_button.changed.connect(self.run)
         self.cancel_button.changed.connect(self.runner.cancel)
-        # The layer choices follow the layer list, docked or not.
-        viewer.layers.events.inserted.connect(self.reset_choices)
-        viewer.layers.events.removed.connect(self.reset_choices)
-        viewer.layers.events.reordered.connect(self.reset_choices)
+        self._lifetime = _DockLifetime(self)
 
-    def _finish(self, inputs: Sequence[Widget]) -> None:
-        self.extend([*inputs, self.run_button, self.cancel_button, self.status])
+    def _finish(self, inputs: Sequence[Widget], outputs: Sequence[Widget] = ()) -> None:
+        self.extend([*inputs, self.run_button, self.cancel_button, self.status, *outputs])
+        self._restore_settings()
+        self._ready = True
         self.reset_choices()
 
+    # -- layer choices -----------------------------------------------------------------
     def layer_combo(self, name: str, label: str, types: tuple[type, ...], *, nullable: bool = False) -> ComboBox:
-        """A layer chooser offering the viewer's layers of ``types``, newest first."""
+        """A layer chooser offering the viewer's layers of ``types``, newest first; long names never widen it."""
+        from qtpy.QtWidgets import QComboBox
 
         def choices(_widget: Any = None) -> list[tuple[str, Any]]:
             return [(layer.name, layer) for layer in reversed(self._viewer.layers) if isinstance(layer, types)]
 
-        return ComboBox(name=name, label=label, choices=choices, nullable=nullable)
+        combo = ComboBox(name=name, label=label, choices=choices, nullable=nullable)
+        combo.native.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        combo.native.setMinimumContentsLength(12)
+        return combo
 
+    def reset_choices(self, *args: Any) -> None:
+        """Refresh the layer choices (napari calls this on every layer-list change while docked)."""
+        super().reset_choices(*args)
+        if self._ready:
+            self._layers_changed()
+
+    def _layers_changed(self) -> None:
+        """Hook for widgets that follow the layer list beyond their choices."""
+
+    # -- settings ----------------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        stored = _settings.load(self.settings_key) if self.settings_key else {}
+        for name in self.persisted:
+            field = getattr(self, name)
+            if name in stored:
+                try:
+                    field.value = stored[name]
+                except (ValueError, TypeError):  # a choice that no longer exists: keep the default
+                    pass
+            field.changed.connect(self._store_settings)
+
+    def _store_settings(self, *_: Any) -> None:
+        _settings.save(self.settings_key, {name: getattr(self, name).value for name in self.persisted})
+
+    # -- running -----------------------------------------------------------------------
     def run(self) -> None:
         """Read the inputs and start the job; bad input becomes a notification."""
-        if self.runner.busy:
+        if self.runner.busy or self.released:
             return
         try:
-            job, to_layers, description, on_done = self._make_job()
+            job = self.make_job()
         except ValueError as error:
-            self.status.value = f"Failed: {error}"
+            self.runner._set_status(f"Failed: {error}")
             notify_error(str(error))
             return
-        self.runner.start(job, to_layers, description=description, on_done=on_done)
+        self.runner.start(job, on_done=self._on_done)
 
-    def _make_job(
-        self,
-    ) -> tuple[
-        Callable[[ProgressCallback], Any],
-        Callable[[Any], Sequence[LayerDataTuple]],
-        str,
-        Callable[[Any], None] | None,
-    ]:
+    def make_job(self) -> Job:
         raise NotImplementedError
+
+    def _on_done(self, result: JobResult, added: list) -> None:
+        self.show_result(result, added)
+
+    def show_result(self, result: JobResult, added: list) -> None:
+        """Hook: show what the job found beyond its layers (runs on the GUI thread after they are added)."""
+
+    def release(self) -> None:
+        """Cancel the job and undo napari's connections to this widget (its dock was closed)."""
+        if self.released:
+            return
+        self.released = True
+        self.runner.cancel()
+        events = self._viewer.layers.events
+        for name in LAYER_EVENTS:
+            getattr(events, name).disconnect(self.reset_choices)
 
 
 def require_layer(combo: ComboBox, what: str) -> Any:
@@ -78,11 +167,3 @@ def require_layer(combo: ComboBox, what: str) -> Any:
     if layer is None:
         raise ValueError(f"choose {what} first: the viewer has none")
     return layer
-
-
-def jax_device_text() -> str:
-    """Which JAX device runs the work, e.g. ``'JAX device: cpu (TFRT_CPU_0)'``."""
-    import jax
-
-    device = jax.devices()[0]
-    return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"

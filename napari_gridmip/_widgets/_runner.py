@@ -4,20 +4,21 @@ One :class:`BackgroundRunner` per widget owns at most one napari thread
 worker. It disables Run (and enables Cancel) while busy, shows progress in
 napari's activity dock, turns errors into notifications, and adds the result
 layers on the GUI thread all at once, or none of them. Jobs are plain
-functions of a progress callback; the compute core never sees Qt.
+:class:`~napari_gridmip._jobs.Job` objects (Qt-free); the compute core never
+sees Qt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from napari.utils import notifications
 from napari.utils import progress as napari_progress
 from qtpy.QtCore import QObject, Signal
 
-ProgressCallback = Callable[[int, int], None]
-LayerDataTuple = tuple[Any, dict, str]
+from napari_gridmip._jobs import Job, JobResult
 
 
 def notify_error(text: str) -> None:
@@ -56,6 +57,7 @@ class BackgroundRunner:
         self._relay = _Relay()
         self._relay.progressed.connect(self._on_progress)
         self.worker: Any = None
+        self.device_text = ""  # the JAX device, known after the first run
         self._pbar: napari_progress | None = None
         self._cancel_requested = False
         self._cancel_button.enabled = False
@@ -64,38 +66,31 @@ class BackgroundRunner:
     def busy(self) -> bool:
         return self.worker is not None
 
-    def start(
-        self,
-        job: Callable[[ProgressCallback], Any],
-        to_layers: Callable[[Any], Sequence[LayerDataTuple]],
-        *,
-        description: str,
-        on_done: Callable[[Any], None] | None = None,
-    ) -> Any:
-        """Start ``job(progress)`` in a thread worker.
+    def start(self, job: Job, *, on_done: Callable[[JobResult, list], None] | None = None) -> Any:
+        """Run ``job`` in a thread worker; add its layers on the GUI thread, then ``on_done(result, added)``.
 
-        ``progress(done, total)`` may be called by the job from its thread; it
-        raises :class:`Cancelled` once Cancel was pressed, which is how long
-        jobs stop early. ``to_layers(result)`` runs in the worker too and
-        returns napari layer-data tuples; they are added on the GUI thread, and
-        then ``on_done(result)`` runs there (for example to show a summary).
+        The job's ``progress(done, total)`` raises :class:`Cancelled` once
+        Cancel was pressed, which is how long jobs stop early. The first job
+        also prepares JAX there (compilation cache, device name), so nothing
+        starts a JAX backend on the GUI thread.
         """
         from napari.qt.threading import create_worker
+
+        from napari_gridmip._jobs import prepare_jax
 
         if self.busy:
             raise RuntimeError("a job is already running")
         self._cancel_requested = False
         self._run_button.enabled = False
         self._cancel_button.enabled = True
-        self._status.value = f"{description}..."
-        self._pbar = napari_progress(total=0, desc=description)
+        self._set_status(f"{job.description}...")
+        self._pbar = napari_progress(total=0, desc=job.description)
 
-        def work() -> tuple[Any, Sequence[LayerDataTuple]]:
-            result = job(self._report)
+        def work() -> tuple[JobResult, str]:
+            device = prepare_jax()
+            result = job.run(self._report)
             self._check_cancel()
-            layers = to_layers(result)
-            self._check_cancel()
-            return result, layers
+            return result, device
 
         worker = create_worker(work, _start_thread=False, _ignore_errors=True)  # errors: _on_errored
         worker.returned.connect(lambda value: self._on_returned(value, on_done))
@@ -111,6 +106,10 @@ class BackgroundRunner:
             self._cancel_requested = True
             self._status.value = "Cancelling..."
             self._cancel_button.enabled = False
+
+    def _set_status(self, text: str, *, tooltip: str | None = None) -> None:
+        self._status.value = text
+        self._status.tooltip = tooltip or text
 
     # -- worker thread ---------------------------------------------------
     def _check_cancel(self) -> None:
@@ -129,33 +128,39 @@ class BackgroundRunner:
             self._pbar.n = done
             self._pbar.refresh()
 
-    def _on_returned(self, value: tuple[Any, Sequence[LayerDataTuple]], on_done: Callable | None) -> None:
-        result, layer_data = value
+    def _on_returned(self, value: tuple[JobResult, str], on_done: Callable | None) -> None:
+        result, device = value
+        self.device_text = device
         if self._cancel_requested:
             return
+        viewer = self._viewer
+        extent_before = _world_box(viewer)
         added = []
         try:
             from napari.layers import Layer
 
-            new_layers = [Layer.create(data, dict(meta), kind) for data, meta, kind in layer_data]
+            new_layers = [Layer.create(data, dict(meta), kind) for data, meta, kind in result.layers]
             for layer in new_layers:
-                added.append(self._viewer.add_layer(layer))
+                added.append(viewer.add_layer(layer))
             if on_done is not None:
-                on_done(result)
+                on_done(result, added)
         except Exception as error:  # noqa: BLE001 - anything here must not leave half a result
             for layer in added:
-                if layer in self._viewer.layers:
-                    self._viewer.layers.remove(layer)
+                if layer in viewer.layers:
+                    viewer.layers.remove(layer)
             self._on_errored(error)
             return
-        self._status.value = f"Done: added {', '.join(repr(layer.name) for layer in added)}"
+        if extent_before is not None and not _contains(extent_before, _world_box(viewer)):
+            viewer.reset_view()  # a result outside what was shown (a merged image beside its tiles): bring it in
+        names = ", ".join(repr(layer.name) for layer in added)
+        self._set_status(f"Done: {result.summary}", tooltip=f"Added {names}\n{result.summary}")
 
     def _on_errored(self, error: BaseException) -> None:
         if isinstance(error, Cancelled):
             self._status.value = "Cancelled"
             notifications.show_info("Cancelled: no layer was added")
             return
-        self._status.value = f"Failed: {error}"
+        self._set_status(f"Failed: {error}")
         notify_error(f"{type(error).__name__}: {error}")
 
     def _on_finished(self) -> None:
@@ -167,3 +172,16 @@ class BackgroundRunner:
             self._pbar = None
         self._run_button.enabled = True
         self._cancel_button.enabled = False
+
+
+def _world_box(viewer: Any) -> np.ndarray | None:
+    """The displayed world extent ``(2, ndim)`` of the viewer's layers, or None when it has none."""
+    if not len(viewer.layers):
+        return None
+    return np.asarray(viewer.layers.extent.world, dtype=float)
+
+
+def _contains(outer: np.ndarray, inner: np.ndarray | None) -> bool:
+    if inner is None or inner.shape != outer.shape:
+        return False
+    return bool(np.all(inner[0] >= outer[0] - 1e-9) and np.all(inner[1] <= outer[1] + 1e-9))

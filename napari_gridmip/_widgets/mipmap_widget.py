@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from magicgui.widgets import CheckBox, FloatSpinBox, Label
+from magicgui.widgets import CheckBox, FloatSpinBox, SpinBox
 from napari.layers import Image, Labels
 
-from napari_gridmip._widgets._base import JobWidget, jax_device_text, require_layer
-from napari_gridmip._widgets._placement import derived_placement
+from napari_gridmip._jobs import Job, JobResult, MipmapRequest, level_placement, make_mipmap_job, mipmap_summary
+from napari_gridmip._placement import Frame
+from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
 
 if TYPE_CHECKING:
     import napari
 
 
-def level_placement(layer: Any, level: int) -> dict[str, Any]:
-    """Placement of mipmap level ``level``: each voxel covers a 2**level block of the input."""
-    factor = 2**level
-    return derived_placement(layer, step=factor, offset=(factor - 1) / 2)
-
-
 class MipmapWidget(JobWidget):
-    """Compute the occupancy pyramid of a 3D Image or Labels layer."""
+    """Compute the occupancy pyramid of a 3D Image or Labels layer and show one level's cells as blocks."""
+
+    settings_key = "mipmap"
+    persisted = ("threshold", "per_level")
 
     def __init__(self, napari_viewer: napari.viewer.Viewer) -> None:
         super().__init__(napari_viewer)
@@ -36,53 +34,65 @@ class MipmapWidget(JobWidget):
             step=0.1,
             tooltip="A voxel is occupied when its value is greater than this; NaN is empty.",
         )
-        self.per_level = CheckBox(name="per_level", text="Also add one layer per level", value=False)
-        self.device = Label(name="device", label="Device", value=jax_device_text())
-        self.fractions = Label(name="fractions", label="Occupied", value="")
-        self._finish([self.layer, self.threshold, self.per_level, self.device])
-        self.append(self.fractions)
+        self.per_level = CheckBox(name="per_level", text="Also add one image layer per level", value=False)
+        self.level = SpinBox(
+            name="level",
+            label="Level shown",
+            value=0,
+            min=0,
+            max=0,
+            enabled=False,
+            tooltip="Which level's occupied cells the occupancy layer shows (no recomputation)",
+        )
+        self.summary = wrapping_label("summary", "Occupied")
+        self.device = wrapping_label("device", "Device", "JAX device: shown after the first run")
+        self._finish([self.layer, self.threshold, self.per_level], [self.level, self.summary, self.device])
+        self.level.changed.connect(self._show_level)
+        self._shown: dict[str, Any] = {}  # the last result: levels, counts, frame and its layer (weakly)
 
-    def _make_job(self):
+    def make_job(self) -> Job:
         layer = require_layer(self.layer, "a 3D Image or Labels layer")
         data = layer.data[0] if layer.multiscale else layer.data
-        if data.ndim != 3:
-            raise ValueError(f"layer {layer.name!r} must be 3D; got shape {tuple(data.shape)}")
-        threshold = float(self.threshold.value)
-        per_level = bool(self.per_level.value)
-        name = layer.name
+        frame = Frame.of(layer)
+        if data.ndim > 3:
+            # a time series (or channels): the time point shown by the dims sliders, as a lazy view
+            index = tuple(int(i) for i in self._viewer.dims.current_step[: data.ndim - 3])
+            data = data[index]
+            frame = frame.last_axes(3)
+        request = MipmapRequest(
+            name=layer.name,
+            data=data,
+            frame=frame,
+            threshold=float(self.threshold.value),
+            per_level=bool(self.per_level.value),
+        )
+        self._pending_frame = frame
+        return make_mipmap_job(request)
 
-        def job(progress):
-            from napari_gridmip.core import occupancy_mipmap
+    def show_result(self, result: JobResult, added: list) -> None:
+        levels, shown = result.details["levels"], result.details["level"]
+        occupancy = added[-1]  # the occupancy layer is added last, on top
+        self._shown = {
+            "levels": levels,
+            "counts": result.details["counts"],
+            "frame": self._pending_frame,
+            "layer": weakref.ref(occupancy),
+        }
+        with self.level.changed.blocked():
+            self.level.max = len(levels) - 1
+            self.level.value = shown
+        self.level.enabled = True
+        self.summary.value = result.summary
+        self.device.value = self.runner.device_text
 
-            progress(0, 1)
-            levels = occupancy_mipmap(np.asarray(data), threshold)
-            levels = [np.asarray(level) for level in levels]  # views of JAX's buffers on the CPU
-            fractions = [np.count_nonzero(level) / level.size for level in levels]
-            progress(1, 1)
-            return levels, fractions
-
-        def to_layers(result):
-            levels, _ = result
-            common = {"contrast_limits": (0, 1), "colormap": "gray", "blending": "additive"}
-            out = [
-                (levels, {"name": f"{name} mipmap", "multiscale": True, **common, **level_placement(layer, 0)}, "image")
-            ]
-            if per_level:
-                out += [
-                    (
-                        level,
-                        {"name": f"{name} mipmap level {k}", "visible": False, **common, **level_placement(layer, k)},
-                        "image",
-                    )
-                    for k, level in enumerate(levels)
-                ]
-            return out
-
-        def on_done(result) -> None:
-            levels, fractions = result
-            self.fractions.value = "\n".join(
-                f"level {k} {level.shape}: {100 * fraction:.3g}% occupied"
-                for k, (level, fraction) in enumerate(zip(levels, fractions))
-            )
-
-        return job, to_layers, f"Occupancy mipmap of {name!r}", on_done
+    def _show_level(self, level: int) -> None:
+        """Swap the occupancy layer's data and placement to ``level`` (the pyramid is kept, nothing recomputed)."""
+        layer = self._shown["layer"]() if self._shown else None
+        if layer is None or layer not in self._viewer.layers:
+            return
+        levels, frame = self._shown["levels"], self._shown["frame"]
+        placement = level_placement(frame, level)
+        layer.data = levels[level].view("uint8")
+        layer.scale, layer.translate = placement["scale"], placement["translate"]
+        layer.metadata["gridmip_level"] = level
+        self.summary.value = mipmap_summary(levels, self._shown["counts"], level)

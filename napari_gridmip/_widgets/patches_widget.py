@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from magicgui.widgets import ComboBox, LineEdit, SpinBox
 from napari.layers import Image
 
+from napari_gridmip._jobs import Job, MergeRequest, make_merge_job
+from napari_gridmip._placement import Frame
 from napari_gridmip._widgets._base import JobWidget, require_layer
-from napari_gridmip._widgets._placement import derived_placement
+from napari_gridmip.core._options import BLEND_MODES
 from napari_gridmip.core._validate import parse_ints
 
 if TYPE_CHECKING:
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
 
 GRID_FIRST = "grid axes first"
 FLAT_STACK = "flat stack of patches"
-BLEND_MODES = ("mean", "gaussian", "hann", "max", "overwrite")  # core.patches.BLEND_MODES, without importing jax
 TILING_KEY = "gridmip_tiling"  # layer.metadata entry that describes a patch stack (the tiles sample sets it)
 
 
@@ -29,6 +29,9 @@ def infer_image_shape(grid: tuple[int, ...], lead: tuple[int, ...], patch: tuple
 
 class PatchesWidget(JobWidget):
     """Merge an Image layer holding a patch stack back into one image."""
+
+    settings_key = "patches"
+    persisted = ("layout_choice", "tiled_axes", "blend")
 
     def __init__(self, napari_viewer: napari.viewer.Viewer) -> None:
         super().__init__(napari_viewer)
@@ -103,28 +106,21 @@ class PatchesWidget(JobWidget):
         image_shape = parse_ints("image shape", self.image_shape.value) or infer_image_shape(grid, lead, patch, stride)
         return {"patch_shape": shape, "image_shape": image_shape, "stride": stride, "lead": len(lead)}
 
-    def _make_job(self):
+    def make_job(self) -> Job:
         layer = require_layer(self.layer, "an Image layer holding patches")
         if layer.multiscale or layer.rgb:
             raise ValueError(f"layer {layer.name!r} must be a plain (not RGB, not multiscale) patch stack")
         data = layer.data
         tiling = self.read_tiling(tuple(data.shape))
-        blend, name = self.blend.value, layer.name
         d = len(tiling["stride"])
-        # the merged image keeps the patch stack's leading and pixel axes
-        axes = list(range(layer.ndim - d - tiling["lead"], layer.ndim))
-        placement = derived_placement(layer, axes=axes)
-
-        def job(progress):
-            from napari_gridmip.core import merge_patches
-
-            progress(0, 1)
-            patches = np.asarray(data).reshape(tiling["patch_shape"])  # a flat stack becomes a grid (a view)
-            merged = np.asarray(merge_patches(patches, tiling["image_shape"], tiling["stride"], blend=blend))
-            progress(1, 1)
-            return merged
-
-        def to_layers(merged):
-            return [(merged, {"name": f"{name} merged", **placement}, "image")]
-
-        return job, to_layers, f"Reassembling {name!r} ({blend})", None
+        request = MergeRequest(
+            name=layer.name,
+            patches=data.reshape(tiling["patch_shape"]),  # a flat stack becomes a grid (a view, nothing loaded)
+            image_shape=tiling["image_shape"],
+            stride=tiling["stride"],
+            blend=self.blend.value,
+            frame=Frame.of(layer),
+            # the merged image keeps the patch stack's leading and pixel axes
+            placement_axes=tuple(range(layer.ndim - d - tiling["lead"], layer.ndim)),
+        )
+        return make_merge_job(request)

@@ -418,6 +418,12 @@ def find_displacement(
         peak lies on the window's edge the true peak may lie outside: ``dy``
         and ``dx`` are NaN there, never clipped.
 
+    Raises
+    ------
+    ValueError
+        As for :func:`windowed_pearson`, and if ``subpixel`` is not one of
+        ``"hessian"``, ``"paraboloid"``, ``"refine"`` or ``"none"``.
+
     Examples
     --------
     >>> import numpy as np, scipy.ndimage as ndi

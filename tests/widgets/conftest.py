@@ -12,13 +12,22 @@ def wait_idle(qtbot):
 
 
 @pytest.fixture
-def docked(make_napari_viewer):
-    """``docked(WidgetClass)`` -> ``(viewer, widget)``: a real viewer with the widget docked in it."""
+def docked(make_napari_viewer, qtbot):
+    """``docked(WidgetClass)`` -> ``(viewer, widget)``: a real viewer with the widget docked in it.
+
+    A job still running when the test ends (a failed test) is cancelled and
+    waited for, so that no worker outlives its viewer.
+    """
+    widgets = []
 
     def make(widget_class):
         viewer = make_napari_viewer()
         widget = widget_class(viewer)
         viewer.window.add_dock_widget(widget)
+        widgets.append(widget)
         return viewer, widget
 
-    return make
+    yield make
+    for widget in widgets:
+        widget.runner.cancel()
+        qtbot.waitUntil(lambda w=widget: not w.runner.busy, timeout=120_000)

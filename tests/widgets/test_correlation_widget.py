@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from napari_gridmip._widgets import correlation_widget as module
+from napari_gridmip import _jobs
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip.core import find_displacement, windowed_pearson
 
@@ -40,6 +40,21 @@ def test_speckle_sample_end_to_end(viewer_and_widget, wait_idle):
     np.testing.assert_allclose(first[1], [dy.data[0, 0], dx.data[0, 0]], rtol=1e-6)
     np.testing.assert_array_equal(img1.data, before)
 
+    # what the user sees: vectors on top, dy below them in a diverging map symmetric about 0, peak hidden
+    names = [layer.name for layer in viewer.layers]
+    assert names[-1] == vectors.name
+    assert names.index(peak.name) < names.index(dx.name) < names.index(dy.name) < names.index(vectors.name)
+    assert not peak.visible and dy.visible
+    low, high = dy.contrast_limits
+    assert low == -high and high > 0 and dy.colormap.name == "coolwarm"
+    # the median displacement is drawn at 80% of the vector spacing
+    magnitude = np.hypot(dy.data, dx.data)
+    np.testing.assert_allclose(vectors.length * np.nanmedian(magnitude), 0.8 * widget.spacing.value, rtol=1e-5)
+    assert "median |d|" in widget.summary.value and "% NaN" in widget.summary.value
+    widget.vector_scale.value = 3.0  # the user's own length, applied to the same layer
+    assert vectors.length == 3.0
+    assert widget.device.value.startswith("JAX device")
+
 
 def test_full_map_eager_and_lazy(viewer_and_widget, wait_idle, monkeypatch):
     viewer, widget = viewer_and_widget
@@ -58,11 +73,14 @@ def test_full_map_eager_and_lazy(viewer_and_widget, wait_idle, monkeypatch):
     np.testing.assert_allclose(eager.translate[:2], [-2, -1])  # slider value = row offset - m
 
     viewer.layers.remove(eager)
-    monkeypatch.setattr(module, "EAGER_MAP_BYTES", 1000)
+    monkeypatch.setattr(_jobs, "EAGER_MAP_BYTES", 1000)
     widget.run_button.native.click()
     wait_idle(widget)
-    lazy = viewer.layers["b correlation map"].data
+    lazy_layer = viewer.layers["b correlation map"]
+    lazy = lazy_layer.data
     assert type(lazy).__module__.startswith("dask")
+    names = [layer.name for layer in viewer.layers]
+    assert names.index("b correlation map") == len(names) - 2  # below the vectors only
     np.testing.assert_allclose(np.asarray(lazy), expected, atol=1e-6)
 
 
@@ -93,3 +111,40 @@ def test_cancel_and_bad_input(viewer_and_widget, wait_idle, monkeypatch):
     wait_idle(widget)
     dy, _, _ = find_displacement(viewer.layers["a"].data, viewer.layers["b"].data, (5, 9))
     np.testing.assert_array_equal(viewer.layers["b dy"].data, np.asarray(dy))
+
+
+def test_user_choices_are_never_overridden(viewer_and_widget):
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "speckle")
+    img1, img2 = viewer.layers["speckle sample (img1)"], viewer.layers["speckle reference (img2)"]
+    assert widget.img1.value is img1 and widget.img2.value is img2
+    other = viewer.add_image(np.zeros((3, 20, 20)), name="other")
+    widget.img1.value = other  # the user's choice
+    viewer.add_image(np.zeros((3, 20, 20)), name="newer")  # any later layer leaves it alone
+    viewer.add_image(np.zeros((20, 20)), name="flat")
+    assert widget.img1.value is other and widget.img2.value is img2
+
+
+def test_refine_is_cancelled_between_bands(viewer_and_widget, wait_idle, qtbot):
+    """A long refinement stops within a second or two of Cancel, and adds nothing."""
+    import time
+
+    viewer, widget = viewer_and_widget
+    rng = np.random.default_rng(2)
+    a, b = rng.random((2, 6, 2000, 128), dtype=np.float32)
+    viewer.add_image(a, name="a")
+    viewer.add_image(b, name="b")
+    widget.subpixel.value = "refine"
+    widget.window_rows.value = widget.window_cols.value = 5
+    steps = []
+    widget.runner._relay.progressed.connect(lambda done, total: steps.append((done, total)))
+    widget.run_button.native.click()
+    # 8 search bands, then 63 refinement bands: wait until the refinement is well under way
+    qtbot.waitUntil(lambda: bool(steps) and steps[-1][0] >= 0.3 * steps[-1][1], timeout=120_000)
+    start = time.perf_counter()
+    widget.cancel_button.native.click()
+    wait_idle(widget)
+    assert time.perf_counter() - start < 3.0
+    assert steps[-1][0] < steps[-1][1]  # it stopped before the last band
+    assert [layer.name for layer in viewer.layers] == ["a", "b"]
+    assert widget.status.value == "Cancelled"

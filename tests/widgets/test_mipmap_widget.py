@@ -29,12 +29,9 @@ def test_run_adds_aligned_levels(viewer_and_widget, wait_idle):
 
     assert widget.run_button.enabled and not widget.cancel_button.enabled
     expected = reference_levels(volume, 0.8)
-    multiscale = viewer.layers["vol mipmap"]
-    assert multiscale.multiscale
-    assert len(multiscale.data) == len(expected)
     for k, level in enumerate(expected):
-        np.testing.assert_array_equal(np.asarray(multiscale.data[k]), level)
         per_level = viewer.layers[f"vol mipmap level {k}"]
+        assert not per_level.visible  # exported, not in the way
         np.testing.assert_array_equal(np.asarray(per_level.data), level)
         # a level-k voxel covers exactly its 2**k block of the input in world coordinates
         np.testing.assert_allclose(per_level.scale, np.array([2.0, 1.0, 0.5]) * 2**k)
@@ -42,11 +39,25 @@ def test_run_adds_aligned_levels(viewer_and_widget, wait_idle):
         np.testing.assert_allclose(per_level.data_to_world(np.zeros(3)), first_block_centre)
         corner = per_level.data_to_world(np.full(3, -0.5))
         np.testing.assert_allclose(corner, layer.data_to_world(np.full(3, -0.5)))
+    # the occupancy layer: level 1 (the finest above the data itself with few cells), on top
+    occupancy = viewer.layers["vol occupancy"]
+    assert viewer.layers[-1] is occupancy and occupancy.visible
+    np.testing.assert_array_equal(occupancy.data, expected[1])
+    assert widget.level.value == 1 and widget.level.max == len(expected) - 1
+    np.testing.assert_allclose(occupancy.scale, np.array([2.0, 1.0, 0.5]) * 2)
     np.testing.assert_array_equal(volume, before)  # the input layer is untouched
     np.testing.assert_array_equal(layer.data, before)
-    assert "level 0 (9, 6, 5)" in widget.fractions.value
-    assert f"{100 * expected[0].mean():.3g}% occupied" in widget.fractions.value
+    assert f"level 1 (5, 3, 3): {expected[1].sum()} of 45 cells occupied" in widget.summary.value
     assert widget.status.value.startswith("Done")
+
+    # stepping through the levels swaps the same layer's data and placement, without a new run
+    widget.level.value = 2
+    assert not widget.runner.busy
+    np.testing.assert_array_equal(occupancy.data, expected[2])
+    np.testing.assert_allclose(occupancy.data_to_world(np.full(3, -0.5)), layer.data_to_world(np.full(3, -0.5)))
+    np.testing.assert_allclose(occupancy.scale, np.array([2.0, 1.0, 0.5]) * 4)
+    assert "level 2 (3, 2, 2)" in widget.summary.value
+    assert [lyr.name for lyr in viewer.layers].count("vol occupancy") == 1
 
 
 def test_layer_choice_follows_the_layer_list(viewer_and_widget):
@@ -68,9 +79,10 @@ def test_labels_input(viewer_and_widget, wait_idle):
     viewer.add_labels(labels, name="mask")
     widget.run_button.native.click()
     wait_idle(widget)
-    data = viewer.layers["mask mipmap"].data
-    assert [tuple(level.shape) for level in data] == [(5, 5, 5), (3, 3, 3), (2, 2, 2), (1, 1, 1)]
-    assert np.asarray(data[1])[2, 2, 2] and np.asarray(data[1]).sum() == 1
+    occupancy = viewer.layers["mask occupancy"]
+    assert occupancy.data.shape == (3, 3, 3)  # level 1
+    assert occupancy.data[2, 2, 2] == 1 and occupancy.data.sum() == 1
+    assert widget.level.max == 3  # (5, 5, 5), (3, 3, 3), (2, 2, 2), (1, 1, 1)
 
 
 def test_cancel_leaves_no_layer(viewer_and_widget, wait_idle):
@@ -85,7 +97,7 @@ def test_cancel_leaves_no_layer(viewer_and_widget, wait_idle):
     # still usable afterwards
     widget.run_button.native.click()
     wait_idle(widget)
-    assert "vol mipmap" in viewer.layers
+    assert "vol occupancy" in viewer.layers
 
 
 def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait_idle, monkeypatch):
@@ -95,7 +107,7 @@ def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait
     viewer.add_image(np.zeros((8, 8)), name="flat")
     widget.run_button.native.click()
     wait_idle(widget)
-    assert shown and "must be 3D; got shape (8, 8)" in shown[-1]
+    assert shown and "must be 3D" in shown[-1] and "got shape (8, 8)" in shown[-1]
     assert [layer.name for layer in viewer.layers] == ["flat"]
 
     # an error raised inside the worker thread
@@ -111,16 +123,34 @@ def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait
         widget.run_button.native.click()
         wait_idle(widget)
     assert shown[-1] == "MemoryError: out of memory on the device"
-    assert "big mipmap" not in viewer.layers
+    assert "big occupancy" not in viewer.layers
     assert widget.run_button.enabled
 
     viewer.add_image(np.ones((2, 3, 4)), name="good")
     widget.layer.value = viewer.layers["good"]
     widget.run_button.native.click()
     wait_idle(widget)
-    assert "good mipmap" in viewer.layers
+    assert "good occupancy" in viewer.layers
 
 
-def test_device_is_shown(viewer_and_widget):
-    _, widget = viewer_and_widget
+def test_device_is_shown_after_the_first_run(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    assert "after the first run" in widget.device.value  # building the widget starts no JAX backend
+    viewer.add_image(np.ones((2, 2, 2)), name="vol")
+    widget.run_button.native.click()
+    wait_idle(widget)
     assert widget.device.value.startswith("JAX device: cpu")
+
+
+def test_time_series_uses_the_time_point_shown(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    series = np.zeros((3, 8, 8, 8), np.uint8)
+    series[1, 0, 0, 0] = 1
+    series[2, 7, 7, 7] = 1
+    viewer.add_image(series, name="series", scale=(5.0, 1.0, 1.0, 2.0))
+    viewer.dims.set_current_step(0, 2)
+    widget.run_button.native.click()
+    wait_idle(widget)
+    occupancy = viewer.layers["series occupancy"]
+    assert occupancy.data.shape == (4, 4, 4) and occupancy.data[3, 3, 3] == 1 and occupancy.data.sum() == 1
+    np.testing.assert_allclose(occupancy.scale, [2.0, 2.0, 4.0])

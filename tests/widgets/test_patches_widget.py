@@ -25,9 +25,14 @@ def test_tiles_sample_is_taken_as_is(viewer_and_widget, wait_idle):
     widget.run_button.native.click()
     assert not widget.run_button.enabled
     wait_idle(widget)
-    merged = viewer.layers["astronaut tiles merged"].data
-    np.testing.assert_allclose(merged, data.astronaut().transpose(2, 0, 1), rtol=1e-6)
+    merged = viewer.layers["astronaut tiles merged"]
+    assert merged.rgb  # a colour picture: channels moved last, not a grey stack with a slider
+    np.testing.assert_allclose(merged.data, data.astronaut(), rtol=1e-6)
+    assert merged.contrast_limits == [0, 255]
     np.testing.assert_array_equal(tiles.data, before)
+    # the view was reset to take in the merged image, four times the size of one tile
+    centre = np.asarray(viewer.camera.center)[-2:]
+    np.testing.assert_allclose(centre, [255.5, 255.5], atol=1.0)
 
 
 def test_flat_stack_with_grid_shape_and_inferred_image_shape(viewer_and_widget, wait_idle):

@@ -10,13 +10,58 @@ coordinates whatever the input's scale, translate, rotate and shear.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 
+@dataclass(frozen=True)
+class Frame:
+    """A layer's data-to-world transform, copied on the GUI thread so that workers never read the layer."""
+
+    ndim: int
+    scale: np.ndarray
+    translate: np.ndarray
+    rotate: np.ndarray
+    shear: np.ndarray
+    affine: np.ndarray
+    units: tuple | None = None
+
+    @classmethod
+    def of(cls, layer: Any) -> Frame:
+        """Copy ``layer``'s transform (call on the GUI thread)."""
+        units = getattr(layer, "units", None)
+        return cls(
+            ndim=int(layer.ndim),
+            scale=np.array(layer.scale, dtype=float),
+            translate=np.array(layer.translate, dtype=float),
+            rotate=np.array(layer.rotate, dtype=float),
+            shear=np.array(layer.shear, dtype=float),
+            affine=np.array(layer.affine.affine_matrix, dtype=float),
+            units=None if units is None else tuple(units),
+        )
+
+    def last_axes(self, n: int) -> Frame:
+        """The transform of the last ``n`` axes alone (e.g. one time point of a (T, Z, Y, X) layer)."""
+        keep = slice(self.ndim - n, self.ndim)
+        affine = np.eye(n + 1)
+        affine[:n, :n] = self.affine[keep, keep]
+        affine[:n, n] = self.affine[keep, -1]
+        shear = _shear_matrix(self.shear, self.ndim)[keep, keep]
+        return Frame(
+            ndim=n,
+            scale=self.scale[keep],
+            translate=self.translate[keep],
+            rotate=self.rotate[keep, keep],
+            shear=shear[np.triu_indices(n, 1)],
+            affine=affine,
+            units=None if self.units is None else self.units[keep],
+        )
+
+
 def derived_placement(
-    layer: Any,
+    frame: Frame,
     *,
     step: Sequence[float] | float = 1.0,
     offset: Sequence[float] | float = 0.0,
@@ -26,8 +71,8 @@ def derived_placement(
 
     Parameters
     ----------
-    layer
-        The input napari layer.
+    frame
+        The input layer's transform, from :meth:`Frame.of`.
     step, offset
         Per derived axis: the derived grid's spacing and origin, in the
         input's data (pixel) coordinates.
@@ -35,28 +80,27 @@ def derived_placement(
         Which of the input's axes the derived array keeps, in order (default:
         all of them). Rotate and shear are carried only when all axes are kept.
     """
-    ndim = layer.ndim
+    ndim = frame.ndim
     axes = list(range(ndim)) if axes is None else [a % ndim for a in axes]
     n = len(axes)
     step_arr = np.broadcast_to(np.asarray(step, dtype=float), (n,))
     offset_arr = np.broadcast_to(np.asarray(offset, dtype=float), (n,))
-    scale = np.asarray(layer.scale, dtype=float)[axes]
-    translate = np.asarray(layer.translate, dtype=float)[axes]
+    scale = frame.scale[axes]
+    translate = frame.translate[axes]
     placement: dict[str, Any] = {"scale": scale * step_arr}
-    if n == ndim and layer.rotate is not None and not _is_identity(layer.rotate, layer.shear):
+    if n == ndim and not _is_identity(frame.rotate, frame.shear):
         # physical = R @ Sh @ diag(scale) @ data + translate, so an offset in data
         # coordinates moves the origin by the whole linear part.
-        linear = np.asarray(layer.rotate) @ _shear_matrix(layer.shear, ndim)
+        linear = frame.rotate @ _shear_matrix(frame.shear, ndim)
         placement["translate"] = translate + linear @ (scale * offset_arr)
-        placement["rotate"] = np.asarray(layer.rotate)
-        placement["shear"] = np.asarray(layer.shear)
+        placement["rotate"] = frame.rotate
+        placement["shear"] = frame.shear
     else:
         placement["translate"] = translate + scale * offset_arr
     if n == ndim:
-        placement["affine"] = layer.affine.affine_matrix
-    units = getattr(layer, "units", None)
-    if units is not None:
-        placement["units"] = tuple(np.asarray(units, dtype=object)[axes])
+        placement["affine"] = frame.affine
+    if frame.units is not None:
+        placement["units"] = tuple(np.asarray(frame.units, dtype=object)[axes])
     return placement
 
 

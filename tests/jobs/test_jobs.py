@@ -1,0 +1,172 @@
+"""The Qt-free job layer: requests in, layer-data tuples out, no viewer, no Qt, no OpenGL."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from napari_gridmip import _jobs
+from napari_gridmip._jobs import (
+    CorrelationRequest,
+    MergeRequest,
+    MipmapRequest,
+    default_level,
+    make_correlation_job,
+    make_merge_job,
+    make_mipmap_job,
+)
+from napari_gridmip._placement import Frame
+from napari_gridmip.core import extract_patches, find_displacement, windowed_pearson
+
+
+def plain_frame(ndim, scale=None, translate=None):
+    return Frame(
+        ndim=ndim,
+        scale=np.ones(ndim) if scale is None else np.asarray(scale, float),
+        translate=np.zeros(ndim) if translate is None else np.asarray(translate, float),
+        rotate=np.eye(ndim),
+        shear=np.zeros(ndim * (ndim - 1) // 2),
+        affine=np.eye(ndim + 1),
+    )
+
+
+class Steps:
+    """A progress callback that records (done, total) and can stop the job after ``stop_after`` calls."""
+
+    def __init__(self, stop_after=None):
+        self.seen = []
+        self.stop_after = stop_after
+
+    def __call__(self, done, total):
+        if self.stop_after is not None and len(self.seen) >= self.stop_after:
+            raise KeyboardInterrupt("cancelled by the test")
+        self.seen.append((done, total))
+
+
+def two_balls(n=64, radius=4):
+    z, y, x = np.mgrid[:n, :n, :n]
+    volume = np.zeros((n, n, n), np.float32)
+    for c in (radius + 1, n - radius - 2):
+        volume[(z - c) ** 2 + (y - c) ** 2 + (x - c) ** 2 <= radius**2] = 1
+    return volume
+
+
+def test_mipmap_job_shows_blocks_around_the_content():
+    volume = two_balls()
+    request = MipmapRequest("balls", volume, plain_frame(3, scale=(2, 1, 1)), threshold=0.5)
+    steps = Steps()
+    result = make_mipmap_job(request).run(steps)
+    (data, meta, kind), = result.layers
+    assert kind == "labels" and meta["name"] == "balls occupancy"
+    level = meta["metadata"]["gridmip_level"]
+    assert level == 1  # the finest level above the data with at most MAX_BLOCKS cells
+    assert data.shape == (32, 32, 32) and data.dtype == np.uint8
+    # two clusters of blocks in opposite corners, nothing in between
+    assert data[:8, :8, :8].any() and data[-8:, -8:, -8:].any() and not data[8:-8, 8:-8, 8:-8].any()
+    np.testing.assert_allclose(meta["scale"], [4, 2, 2])
+    np.testing.assert_allclose(meta["translate"], [1, 0.5, 0.5])  # block centres: (2**k - 1) / 2 voxels in
+    assert 0 < meta["opacity"] < 1  # translucent, so the data shows through
+    # progress moves once per level, in order, and ends complete
+    done = [d for d, _ in steps.seen]
+    assert done == sorted(done) and len(steps.seen) >= 7 and steps.seen[-1][0] == steps.seen[-1][1]
+    np.testing.assert_array_equal(volume, two_balls())  # the input is untouched
+
+
+def test_default_level_prefers_few_visible_blocks():
+    assert default_level([10**6, 10**5, 5000, 600, 80, 10, 1], max_blocks=4096) == 3
+    assert default_level([5, 1], max_blocks=4096) == 1
+    assert default_level([1]) == 0
+
+
+def test_mipmap_job_stops_when_progress_raises():
+    request = MipmapRequest("v", two_balls(32), plain_frame(3), threshold=0.5)
+    with pytest.raises(KeyboardInterrupt):
+        make_mipmap_job(request).run(Steps(stop_after=3))
+
+
+def test_mipmap_job_refuses_other_shapes_before_running():
+    with pytest.raises(ValueError, match=r"must be 3D.*\(8, 8\)"):
+        make_mipmap_job(MipmapRequest("flat", np.zeros((8, 8)), plain_frame(2), threshold=0))
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_merge_job_keeps_colour(channels):
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, (channels, 40, 50)).astype(np.uint8)
+    patches = np.asarray(extract_patches(image, (16, 16), (12, 12)))
+    request = MergeRequest(
+        "tiles", patches, image.shape, (12, 12), "mean", plain_frame(5, scale=(1, 1, 1, 0.5, 2)), (2, 3, 4)
+    )
+    (data, meta, kind), = make_merge_job(request).run(Steps()).layers
+    if channels == 1:
+        assert not meta.get("rgb") and data.shape == image.shape
+        np.testing.assert_allclose(meta["scale"], [1, 0.5, 2])
+    else:  # a picture: channels last, shown in colour, placed by its pixel axes
+        assert meta["rgb"] and data.shape == (40, 50, channels)
+        np.testing.assert_allclose(data, np.moveaxis(image, 0, -1), atol=1e-4)
+        np.testing.assert_allclose(meta["scale"], [0.5, 2])
+        assert meta["contrast_limits"] == (0.0, 255.0)
+
+
+@pytest.fixture(scope="module")
+def stacks():
+    rng = np.random.default_rng(3)
+    return rng.random((2, 5, 40, 36), dtype=np.float32)
+
+
+def test_correlation_job_layers_read_together(stacks):
+    a, b = stacks
+    request = CorrelationRequest("a", "b", a, b, plain_frame(3), (5, 7), spacing=4, full_map=True)
+    steps = Steps()
+    result = make_correlation_job(request).run(steps)
+    names = [meta["name"] for _, meta, _ in result.layers]
+    assert names == ["b peak", "b dx", "b dy", "b correlation map", "b displacement"]  # bottom to top
+    by_name = {meta["name"]: (data, meta) for data, meta, _ in result.layers}
+    assert by_name["b peak"][1]["visible"] is False and by_name["b dx"][1]["visible"] is False
+    low, high = by_name["b dy"][1]["contrast_limits"]
+    assert low == -high > -np.inf and by_name["b dy"][1]["colormap"] == "coolwarm"
+    dy, dx, _ = (np.asarray(r) for r in find_displacement(a, b, (5, 7)))
+    np.testing.assert_array_equal(by_name["b dy"][0], dy)
+    full = np.moveaxis(np.asarray(windowed_pearson(a, b, (5, 7))), (-2, -1), (0, 1))
+    np.testing.assert_allclose(by_name["b correlation map"][0], full, atol=1e-6)
+    assert "median |d|" in result.summary
+    assert steps.seen[-1][0] == steps.seen[-1][1] and len(steps.seen) > 4
+
+
+def test_large_full_map_is_written_in_the_worker(stacks, monkeypatch, tmp_path):
+    """A map over the eager limit goes to a Zarr store band by band: napari only reads the file later."""
+    a, b = stacks
+    monkeypatch.setattr(_jobs, "EAGER_MAP_BYTES", 1000)
+    monkeypatch.setattr(_jobs, "MAP_BAND_ROWS", 8)
+    request = CorrelationRequest("a", "b", a, b, plain_frame(3), (5, 3), full_map=True, map_dir=str(tmp_path))
+    result = make_correlation_job(request).run(Steps())
+    lazy = next(data for data, meta, _ in result.layers if meta["name"] == "b correlation map")
+    assert type(lazy).__module__.startswith("dask")
+    assert (tmp_path / "map.zarr").exists()
+    graph_layers = set(lazy.dask.layers)
+    assert all("from-zarr" in name or "original" in name for name in graph_layers), graph_layers  # reads only
+    full = np.moveaxis(np.asarray(windowed_pearson(a, b, (5, 3))), (-2, -1), (0, 1))
+    np.testing.assert_allclose(np.asarray(lazy), full, atol=1e-6)
+
+
+def test_frame_of_the_last_axes():
+    frame = plain_frame(4, scale=(5, 1, 2, 3), translate=(9, 1, 2, 3))
+    last = frame.last_axes(3)
+    assert last.ndim == 3
+    np.testing.assert_allclose(last.scale, [1, 2, 3])
+    np.testing.assert_allclose(last.translate, [1, 2, 3])
+    assert last.affine.shape == (4, 4) and last.shear.shape == (3,)
+
+
+def test_jobs_run_without_qt():
+    code = (
+        "import sys, numpy as np\n"
+        "from napari_gridmip._jobs import MipmapRequest, make_mipmap_job\n"
+        "from napari_gridmip._placement import Frame\n"
+        "f = Frame(3, np.ones(3), np.zeros(3), np.eye(3), np.zeros(3), np.eye(4))\n"
+        "make_mipmap_job(MipmapRequest('v', np.ones((4, 4, 4)), f, 0.5)).run(lambda d, t: None)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('qtpy', 'PyQt5', 'PyQt6', 'PySide2', 'PySide6', 'vispy')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

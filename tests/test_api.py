@@ -1,0 +1,81 @@
+"""The public API's conventions, enforced (in the manner of dm-pix's api_test.py).
+
+- ``napari_gridmip.__all__`` is the API: every name in it is documented and
+  resolves; no core module exports anything else.
+- The data arguments come first and may be positional; every option after them
+  is keyword-only.
+- Each function's docstring states its parameters, what it returns and what it raises.
+"""
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import napari_gridmip
+from napari_gridmip import core
+
+# The positional (data) parameters of each public function; everything else is keyword-only.
+DATA_ARGUMENTS = {
+    "occupancy_mipmap": ("volume",),
+    "mipmap_shapes": ("shape",),
+    "extract_patches": ("image", "patch_size", "stride"),
+    "merge_patches": ("patches", "image_shape", "stride"),
+    "windowed_pearson": ("img1", "img2", "window"),
+    "find_displacement": ("img1", "img2", "window"),
+}
+
+FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name != "__version__")
+
+
+def test_the_api_is_exactly_these_functions():
+    assert FUNCTIONS == sorted(DATA_ARGUMENTS)
+    assert sorted(core.__all__) == FUNCTIONS
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_options_are_keyword_only(name):
+    signature = inspect.signature(getattr(napari_gridmip, name))
+    positional = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    assert tuple(positional) == DATA_ARGUMENTS[name]
+    assert not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in signature.parameters.values())
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_documented(name):
+    function = getattr(napari_gridmip, name)
+    doc = inspect.getdoc(function) or ""
+    assert function.__module__.startswith("napari_gridmip.core.")
+    if name != "mipmap_shapes":  # a one-line helper with a doctest
+        for section in ("Parameters", "Returns", "Raises"):
+            assert f"\n{section}\n" in doc, f"{name}: no {section} section"
+        for parameter in inspect.signature(function).parameters:
+            assert parameter in doc, f"{name}: parameter {parameter!r} undocumented"
+
+
+def test_core_modules_export_only_the_api():
+    for info in pkgutil.iter_modules(core.__path__):
+        module = importlib.import_module(f"napari_gridmip.core.{info.name}")
+        exported = set(getattr(module, "__all__", ()))
+        if info.name.startswith("_"):
+            assert not exported & set(FUNCTIONS) or info.name == "_options", info.name
+        else:
+            assert exported <= set(FUNCTIONS), (info.name, exported - set(FUNCTIONS))
+
+
+def test_no_import_cycle_between_correlation_and_refine():
+    import ast
+    from pathlib import Path
+
+    folder = Path(core.__file__).parent
+    refine_imports = {
+        node.module
+        for node in ast.walk(ast.parse((folder / "_refine.py").read_text()))
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert "napari_gridmip.core.correlation" not in refine_imports

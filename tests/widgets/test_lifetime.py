@@ -1,0 +1,59 @@
+"""Every widget's viewer lifetime: no duplicate connections, nothing left connected after its dock closes,
+and its parameters remembered across sessions."""
+
+import numpy as np
+import pytest
+
+from napari_gridmip._widgets.correlation_widget import CorrelationWidget
+from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+from napari_gridmip._widgets.patches_widget import PatchesWidget
+
+WIDGETS = [MipmapWidget, PatchesWidget, CorrelationWidget]
+
+
+@pytest.mark.parametrize("widget_class", WIDGETS)
+def test_closing_the_dock_disconnects_everything(widget_class, docked, monkeypatch):
+    viewer, widget = docked(widget_class)
+    calls = []
+    # napari keeps (weak reference, method name) pairs and looks the method up at each event,
+    # so patching the class counts every refresh that reaches the widget
+    original = widget_class.reset_choices
+    monkeypatch.setattr(widget_class, "reset_choices", lambda self, *a: (calls.append(a), original(self, *a)))
+
+    viewer.add_image(np.zeros((4, 5, 6)), name="one")
+    assert len(calls) == 1  # napari's own connection, not doubled by the widget
+    viewer.add_image(np.zeros((4, 5, 6)), name="two")
+    viewer.layers.move(0, 2)
+    assert len(calls) == 3
+
+    viewer.window.remove_dock_widget(widget.native)  # what the dock's close button does
+    assert widget.released
+    viewer.add_image(np.zeros((4, 5, 6)), name="three")
+    viewer.layers.remove("one")
+    viewer.layers.move(0, 2)
+    viewer.layers["two"].name = "renamed"
+    assert len(calls) == 3  # no callback reaches the closed widget
+
+
+@pytest.mark.parametrize("widget_class", WIDGETS)
+def test_choices_follow_the_layer_list_while_docked(widget_class, docked):
+    viewer, widget = docked(widget_class)
+    layer = viewer.add_image(np.zeros((4, 5, 6)), name="stack")
+    assert layer in list(widget[0].choices)
+
+
+def test_settings_are_remembered_across_sessions(docked):
+    _, widget = docked(CorrelationWidget)
+    widget.window_rows.value = 15
+    widget.subpixel.value = "refine"
+    widget.spacing.value = 12
+    _, again = docked(CorrelationWidget)  # a new session's widget
+    assert (again.window_rows.value, again.subpixel.value, again.spacing.value) == (15, "refine", 12)
+
+    _, mipmap = docked(MipmapWidget)
+    mipmap.threshold.value = 0.25
+    _, patches = docked(PatchesWidget)
+    patches.blend.value = "hann"
+    assert docked(MipmapWidget)[1].threshold.value == 0.25
+    assert docked(PatchesWidget)[1].blend.value == "hann"
+    assert docked(PatchesWidget)[1].layer.value is None  # layer choices are not remembered

@@ -31,7 +31,8 @@ def test_tiles_sample_is_taken_as_is(viewer_and_widget, wait_idle):
     assert merged.contrast_limits == [0, 255]
     np.testing.assert_array_equal(tiles.data, before)
     # the view was reset to take in the merged image, four times the size of one tile
-    centre = np.asarray(viewer.camera.center)[-2:]
+    camera = viewer.scene.camera if hasattr(viewer, "scene") else viewer.camera  # napari 0.9 moved it
+    centre = np.asarray(camera.center)[-2:]
     np.testing.assert_allclose(centre, [255.5, 255.5], atol=1.0)
 
 

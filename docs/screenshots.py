@@ -64,7 +64,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     app = QApplication.instance() or QApplication([])
     cases = [
-        ("mipmap_3d", MipmapWidget, "occupancy", {"per_level": True}, 3),
+        ("mipmap_3d", MipmapWidget, "occupancy", {}, 3),
         ("mipmap_2d", MipmapWidget, "occupancy", {}, 2),
         ("patches", PatchesWidget, "tiles", {"blend": "gaussian"}, 2),
         ("correlation", CorrelationWidget, "speckle", {"window_rows": 15, "window_cols": 15}, 2),
@@ -80,10 +80,11 @@ def main() -> None:
         widget.run_button.native.click()
         wait_for(app, widget)
         viewer.dims.ndisplay = ndisplay
+        viewer.reset_view()
         if ndisplay == 3:
             camera = viewer.scene.camera if hasattr(viewer, "scene") else viewer.camera
-            camera.angles = (-15, 35, 140)
-        viewer.reset_view()
+            camera.angles = (-20, 30, 145)
+            camera.zoom *= 0.75
         for _ in range(20):
             app.processEvents()
         shoot(viewer, name)

@@ -78,6 +78,8 @@ class JobWidget(Container):
         self.run_button = PushButton(text="Run", name="run")
         self.cancel_button = PushButton(text="Cancel", name="cancel")
         self.status = wrapping_label("status", "Status", "Ready")
+        self.summary = wrapping_label("summary", "Result")
+        self.device = wrapping_label("device", "Device", "JAX device: shown after the first run")
         self.runner = BackgroundRunner(
             run_button=self.run_button, cancel_button=self.cancel_button, status=self.status, viewer=viewer
         )
@@ -86,7 +88,7 @@ class JobWidget(Container):
         self._lifetime = _DockLifetime(self)
 
     def _finish(self, inputs: Sequence[Widget], outputs: Sequence[Widget] = ()) -> None:
-        self.extend([*inputs, self.run_button, self.cancel_button, self.status, *outputs])
+        self.extend([*inputs, self.run_button, self.cancel_button, self.status, *outputs, self.summary, self.device])
         self._restore_settings()
         self._ready = True
         self.reset_choices()
@@ -145,6 +147,9 @@ class JobWidget(Container):
         raise NotImplementedError
 
     def _on_done(self, result: JobResult, added: list) -> None:
+        self.summary.value = result.summary
+        self.summary.tooltip = result.summary
+        self.device.value = self.runner.device_text
         self.show_result(result, added)
 
     def show_result(self, result: JobResult, added: list) -> None:

@@ -152,8 +152,9 @@ class BackgroundRunner:
             return
         if extent_before is not None and not _contains(extent_before, _world_box(viewer)):
             viewer.reset_view()  # a result outside what was shown (a merged image beside its tiles): bring it in
-        names = ", ".join(repr(layer.name) for layer in added)
-        self._set_status(f"Done: {result.summary}", tooltip=f"Added {names}\n{result.summary}")
+        names = "\n".join(layer.name for layer in added)
+        count = f"{len(added)} layer{'s' if len(added) != 1 else ''}"
+        self._set_status(f"Done: added {count}", tooltip=f"{result.summary}\nAdded:\n{names}")
 
     def _on_errored(self, error: BaseException) -> None:
         if isinstance(error, Cancelled):

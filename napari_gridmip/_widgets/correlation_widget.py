@@ -10,7 +10,7 @@ from napari.layers import Image, Vectors
 
 from napari_gridmip._jobs import CorrelationRequest, Job, JobResult, make_correlation_job
 from napari_gridmip._placement import Frame
-from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets._base import JobWidget, require_layer
 from napari_gridmip.core._options import PRECISIONS, SUBPIXEL_METHODS
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ class CorrelationWidget(JobWidget):
             "spacing). Changing it updates the last vectors layer.",
         )
         self.full_map = CheckBox(name="full_map", text="Also add the full 4D map", value=False)
-        self.summary = wrapping_label("summary", "Result")
-        self.device = wrapping_label("device", "Device", "JAX device: shown after the first run")
         self._finish(
             [
                 self.img1,
@@ -58,8 +56,7 @@ class CorrelationWidget(JobWidget):
                 self.spacing,
                 self.vector_scale,
                 self.full_map,
-            ],
-            [self.summary, self.device],
+            ]
         )
         self._vectors: Any = None  # weak reference to the last vectors layer
         self.vector_scale.changed.connect(self._rescale_vectors)
@@ -102,8 +99,6 @@ class CorrelationWidget(JobWidget):
     def show_result(self, result: JobResult, added: list) -> None:
         vectors = [layer for layer in added if isinstance(layer, Vectors)]
         self._vectors = weakref.ref(vectors[-1]) if vectors else None
-        self.summary.value = result.summary
-        self.device.value = self.runner.device_text
 
     def _rescale_vectors(self, value: float) -> None:
         layer = self._vectors() if self._vectors is not None else None

@@ -10,7 +10,7 @@ from napari.layers import Image, Labels
 
 from napari_gridmip._jobs import Job, JobResult, MipmapRequest, level_placement, make_mipmap_job, mipmap_summary
 from napari_gridmip._placement import Frame
-from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets._base import JobWidget, require_layer
 
 if TYPE_CHECKING:
     import napari
@@ -44,9 +44,7 @@ class MipmapWidget(JobWidget):
             enabled=False,
             tooltip="Which level's occupied cells the occupancy layer shows (no recomputation)",
         )
-        self.summary = wrapping_label("summary", "Occupied")
-        self.device = wrapping_label("device", "Device", "JAX device: shown after the first run")
-        self._finish([self.layer, self.threshold, self.per_level], [self.level, self.summary, self.device])
+        self._finish([self.layer, self.threshold, self.per_level], [self.level])
         self.level.changed.connect(self._show_level)
         self._shown: dict[str, Any] = {}  # the last result: levels, counts, frame and its layer (weakly)
 
@@ -82,8 +80,6 @@ class MipmapWidget(JobWidget):
             self.level.max = len(levels) - 1
             self.level.value = shown
         self.level.enabled = True
-        self.summary.value = result.summary
-        self.device.value = self.runner.device_text
 
     def _show_level(self, level: int) -> None:
         """Swap the occupancy layer's data and placement to ``level`` (the pyramid is kept, nothing recomputed)."""

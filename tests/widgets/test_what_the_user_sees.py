@@ -1,0 +1,93 @@
+"""What a user sees in a real window: results drawn where they belong, in 3D too, and the canvas keeps its room."""
+
+import numpy as np
+import pytest
+
+from napari_gridmip._widgets.correlation_widget import CorrelationWidget
+from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+from napari_gridmip._widgets.patches_widget import PatchesWidget
+
+WINDOW = (1400, 900)
+
+
+@pytest.fixture
+def shown(make_napari_viewer, qtbot):
+    """``shown(WidgetClass)`` -> ``(viewer, widget)`` in a shown 1400x900 window."""
+    widgets = []
+
+    def make(widget_class):
+        viewer = make_napari_viewer(show=True)
+        viewer.window._qt_window.resize(*WINDOW)
+        widget = widget_class(viewer)
+        viewer.window.add_dock_widget(widget)
+        widgets.append(widget)
+        qtbot.wait(50)
+        return viewer, widget
+
+    yield make
+    for widget in widgets:
+        widget.runner.cancel()
+        qtbot.waitUntil(lambda w=widget: not w.runner.busy, timeout=120_000)
+
+
+def two_balls(n=64, radius=5):
+    z, y, x = np.mgrid[:n, :n, :n]
+    volume = np.zeros((n, n, n), np.uint8)
+    for c in (radius + 1, n - radius - 2):
+        volume[(z - c) ** 2 + (y - c) ** 2 + (x - c) ** 2 <= radius**2] = 1
+    return volume
+
+
+def test_mipmap_draws_blocks_around_the_balls_in_3d(shown, wait_idle, qtbot):
+    viewer, widget = shown(MipmapWidget)
+    volume = viewer.add_image(two_balls(), name="balls")
+    widget.run_button.native.click()
+    wait_idle(widget)
+    volume.visible = False  # look at the occupancy blocks alone
+    viewer.dims.ndisplay = 3
+    viewer.reset_view()
+    qtbot.wait(100)
+    picture = np.asarray(viewer.screenshot(canvas_only=True, flash=False))[..., :3].astype(int)
+    drawn = picture.sum(axis=-1) > 60  # anything brighter than the background
+    rows, cols = np.nonzero(drawn)
+    assert rows.size, "nothing drawn"
+    h, w = drawn.shape
+    # the blocks sit in two clusters (top-left and bottom-right of the view), not a box over the volume
+    extent = (rows.min(), rows.max(), cols.min(), cols.max())
+    middle = drawn[
+        rows.min() + (rows.max() - rows.min()) // 3 : rows.min() + 2 * (rows.max() - rows.min()) // 3,
+        cols.min() + (cols.max() - cols.min()) // 3 : cols.min() + 2 * (cols.max() - cols.min()) // 3,
+    ]
+    assert not middle.any(), extent
+    assert drawn.mean() < 0.15
+    top_left = drawn[: h // 2, : w // 2].any()
+    bottom_right = drawn[h // 2 :, w // 2 :].any()
+    assert top_left and bottom_right
+    # and they are cyan
+    colour = picture[drawn].mean(axis=0)
+    assert colour[1] > colour[0] and colour[2] > colour[0]
+
+
+@pytest.mark.parametrize(
+    ("widget_class", "sample", "fields"),
+    [
+        (MipmapWidget, "occupancy", {"per_level": True}),
+        (CorrelationWidget, "speckle", {"full_map": True, "window_rows": 5, "window_cols": 5}),
+        (PatchesWidget, "tiles", {}),
+    ],
+)
+def test_the_canvas_keeps_its_room(shown, wait_idle, qtbot, widget_class, sample, fields):
+    viewer, widget = shown(widget_class)
+    viewer.open_sample("napari-gridmip", sample)
+    for name, value in fields.items():
+        getattr(widget, name).value = value
+    widget.run_button.native.click()
+    wait_idle(widget, timeout=180_000)
+    assert widget.status.value.startswith("Done")
+    qtbot.wait(100)
+    window = viewer.window._qt_window
+    canvas = viewer.window._qt_viewer.canvas.native
+    assert window.width() <= WINDOW[0] + 2  # no run widens the window
+    assert canvas.width() > 0.5 * window.width(), (canvas.width(), window.width())
+    # the full text stays reachable in the tooltip
+    assert widget.status.tooltip and widget.summary.tooltip

@@ -2,8 +2,8 @@
 
 ``jnp.asarray`` on a NumPy array costs several NumPy copies on JAX's CPU
 backend (about 100 ms for 128 MiB here, against 23 ms for ``np.copyto``).
-When the array is 64-byte aligned and owned by us, JAX's CPU client can
-alias it through DLPack instead, so the only cost is the one NumPy pass
+When the array is 64-byte aligned and owned by us, JAX's CPU client
+aliases it on ``device_put`` instead, so the only cost is the one NumPy pass
 that produced the buffer.
 """
 
@@ -28,15 +28,13 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def owned_to_device(buffer: np.ndarray) -> jax.Array:
     """Hand a NumPy buffer that nobody else references over to JAX.
 
-    On the CPU backend the buffer is aliased (zero copy) when it is aligned;
-    elsewhere it is copied to the default device. The caller must not write
-    to ``buffer`` afterwards.
+    On the CPU backend ``jax.device_put`` aliases a 64-byte-aligned buffer
+    (zero copy, measured 0.05 ms for 128 MiB against 56 ms for ``jnp.asarray``);
+    elsewhere it copies to the default device. The caller must not write to
+    ``buffer`` afterwards. (``jnp.from_dlpack(copy=False)`` aliases too, but
+    made 7 of 16 processes abort at exit: "terminate called without an active
+    exception".)
     """
-    if jax.default_backend() == "cpu" and buffer.flags.c_contiguous and buffer.ctypes.data % _ALIGNMENT == 0:
-        try:
-            return jnp.from_dlpack(buffer, copy=False)
-        except (BufferError, TypeError, ValueError):  # an older or stricter runtime: fall back to a copy
-            pass
     return jax.device_put(buffer)
 
 

@@ -18,10 +18,16 @@ def compute_dtype(dtype: Any) -> np.dtype:
     return dtype
 
 
+def is_wide(dtype: Any) -> bool:
+    """64-bit numbers (int64, uint64, float64, complex128), which JAX narrows unless x64 is on."""
+    dtype = np.dtype(dtype)
+    return (dtype.kind in "iuf" and dtype.itemsize == 8) or (dtype.kind == "c" and dtype.itemsize == 16)
+
+
 @contextlib.contextmanager
-def precision_scope(dtype: np.dtype) -> Iterator[None]:
-    """Enable x64 inside the block when ``dtype`` is float64; restore the user's setting after."""
-    if np.dtype(dtype) != np.float64:
+def precision_scope(dtype: Any) -> Iterator[None]:
+    """Enable x64 inside the block when ``dtype`` is 64-bit; restore the user's setting after."""
+    if not is_wide(dtype):
         yield
         return
     enable = getattr(jax, "enable_x64", None)

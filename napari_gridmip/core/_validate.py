@@ -23,12 +23,58 @@ def shape_of(array: Any) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else np.shape(array)
 
 
+def is_float(dtype: np.dtype) -> bool:
+    """NumPy's real floats and bfloat16 (an ml_dtypes type that NumPy does not class as floating)."""
+    return bool(np.issubdtype(dtype, np.floating)) or dtype.name == "bfloat16"
+
+
 def check_real(name: str, array: Any) -> np.dtype:
-    """Accept bool, integer and real floating arrays; reject everything else."""
+    """Accept bool, integer and real floating arrays (bfloat16 included); reject everything else."""
     dtype = dtype_of(array)
-    if dtype == np.bool_ or np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating):
+    if dtype == np.bool_ or np.issubdtype(dtype, np.integer) or is_float(dtype):
         return dtype
-    raise ValueError(f"{name} must have a bool, integer or real floating dtype; got dtype {dtype}")
+    raise ValueError(
+        f"{name} must have a bool, integer or real floating dtype (float16, bfloat16, float32, float64); "
+        f"got dtype {dtype}"
+    )
+
+
+def check_numeric(name: str, array: Any) -> np.dtype:
+    """Accept what :func:`check_real` accepts plus complex (data that is only moved, never combined)."""
+    dtype = dtype_of(array)
+    if np.issubdtype(dtype, np.complexfloating):
+        return dtype
+    try:
+        return check_real(name, array)
+    except ValueError:
+        raise ValueError(f"{name} must have a bool, integer, floating or complex dtype; got dtype {dtype}") from None
+
+
+def check_exact_integers(name: str, array: Any, compute: np.dtype) -> None:
+    """Refuse integers that the float ``compute`` dtype cannot hold exactly (above 2**24 for float32).
+
+    Only dtypes whose range exceeds that limit are scanned (int32, uint32, int64, uint64).
+    """
+    dtype = dtype_of(array)
+    if not np.issubdtype(dtype, np.integer):
+        return
+    bits = np.finfo(compute).nmant + 1  # 24 for float32, 53 for float64
+    limit = 2**bits
+    info = np.iinfo(dtype)
+    if max(-int(info.min), int(info.max)) <= limit:
+        return
+    low, high = int(array.min()), int(array.max())
+    largest = max(-low, high)
+    if largest > limit:
+        advice = (
+            "pass dtype=np.float64 (exact up to 2**53)"
+            if compute == np.float32
+            else "rescale the data, or convert it to float yourself"
+        )
+        raise ValueError(
+            f"{name} holds integers up to {largest} in magnitude ({dtype}), beyond {compute.name}'s exact range "
+            f"(2**{bits}): {advice}"
+        )
 
 
 def check_ndim(name: str, array: Any, *, ndim: int | None = None, min_ndim: int | None = None) -> tuple[int, ...]:
@@ -70,10 +116,14 @@ def int_tuple(name: str, value: int | Sequence[int], length: int | None = None, 
 
 
 def check_finite_scalar(name: str, value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number; got {value!r}") from None
+    """A finite real number; TypeError for text, booleans and non-numbers (``"0.5"`` is not a number)."""
+    if isinstance(value, (str, bytes, bool, np.bool_)) or not (
+        isinstance(value, (int, float, np.integer, np.floating)) or (np.ndim(value) == 0 and hasattr(value, "dtype"))
+    ):
+        raise TypeError(f"{name} must be a real number; got {value!r} ({type(value).__name__})")
+    if hasattr(value, "dtype") and not (np.issubdtype(value.dtype, np.integer) or is_float(np.dtype(value.dtype))):
+        raise TypeError(f"{name} must be a real number; got {value!r} (dtype {value.dtype})")
+    out = float(value)
     if not np.isfinite(out):
         raise ValueError(f"{name} must be finite; got {value!r}")
     return out

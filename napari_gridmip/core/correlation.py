@@ -38,7 +38,7 @@ from jax import lax
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
-from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._refine import refine_displacement, refine_plan
 from napari_gridmip.core._transfer import to_device
 
@@ -63,12 +63,22 @@ def _check_inputs(img1: Any, img2: Any, window: Any) -> tuple[tuple[int, ...], t
     window = _validate.int_tuple("window", window, 2)
     if any(w % 2 == 0 for w in window):
         raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
+    _validate.check_nonempty("img1", shape1)
     k, rows, cols = shape1[-3:]
     if k < 2:
         raise ValueError(f"img1 and img2 need at least 2 frames along K (axis -3); got shape {shape1}")
     if window[0] > rows or window[1] > cols:
         raise ValueError(f"window {window} is larger than the images' (M, N) = ({rows}, {cols})")
     return shape1, window
+
+
+def _check_dtypes(img1: Any, img2: Any, dtype: Any) -> np.dtype:
+    """The compute dtype; integers it cannot hold exactly are refused with what to do instead."""
+    dtype = compute_dtype(dtype)
+    for name, img in (("img1", img1), ("img2", img2)):
+        with precision_scope(_validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
+            _validate.check_exact_integers(name, img, dtype)
+    return dtype
 
 
 # -- pure kernels -------------------------------------------------------------------
@@ -308,10 +318,21 @@ def _k_last(z: jax.Array) -> jax.Array:
     return jnp.moveaxis(z, 1, -1)
 
 
+def _on_device(img: Any, dtype: np.dtype) -> jax.Array:
+    """A stack on the device. 64-bit data computed in float32 is converted by NumPy first: JAX would
+    narrow int64 to int32 (wrapping values above 2**31) before any float conversion."""
+    if is_wide(_validate.dtype_of(img)) and dtype == np.float32:
+        if isinstance(img, jax.Array):  # made under x64: convert while x64 is on, so nothing wraps
+            with precision_scope(img.dtype):
+                return img.astype(np.float32)
+        img = np.asarray(img).astype(np.float32)
+    return to_device(img)
+
+
 def _prepare(img1, img2, dtype):
     """Flatten batch axes and standardise both stacks (float ``dtype``) on the device."""
     batch = _validate.shape_of(img1)[:-3]
-    z1, z2 = _standardize_pair(to_device(img1), to_device(img2), dtype=np.dtype(dtype).name)
+    z1, z2 = _standardize_pair(_on_device(img1, dtype), _on_device(img2, dtype), dtype=np.dtype(dtype).name)
     return batch, z1, z2
 
 
@@ -348,8 +369,10 @@ def windowed_pearson(
     Parameters
     ----------
     img1, img2
-        Stacks of shape ``(..., K, M, N)`` (any leading batch axes), ``K >= 2``;
-        uint8, uint16, any integer or float dtype.
+        Stacks of shape ``(..., K, M, N)`` (any leading batch axes), ``K >= 2``,
+        no zero-length axis; bool, any integer or real float (float16 and
+        bfloat16 included). Integers are converted to ``dtype`` exactly: values
+        beyond its exact range (2**24 for float32, 2**53 for float64) are refused.
     window
         ``(wm, wn)``, odd full window sizes, at most ``(M, N)``.
     dtype
@@ -369,11 +392,13 @@ def windowed_pearson(
     Raises
     ------
     ValueError
-        If the shapes differ, a window size is even or larger than the image,
-        there are fewer than 2 frames, or a dtype is not real.
+        If the shapes differ or hold a zero-length axis, a window size is even
+        or larger than the image, there are fewer than 2 frames, a dtype is
+        not real, or integers exceed ``dtype``'s exact range (the message says
+        to pass ``dtype=np.float64``).
     """
     shape, window = _check_inputs(img1, img2, window)
-    dtype = compute_dtype(dtype)
+    dtype = _check_dtypes(img1, img2, dtype)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         out_rows, out_cols = shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2)
@@ -436,7 +461,7 @@ def find_displacement(
     """
     shape, window = _check_inputs(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
-    dtype = compute_dtype(dtype)
+    dtype = _check_dtypes(img1, img2, dtype)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         z1k = _k_last(z1)
@@ -461,7 +486,7 @@ def find_displacement(
         dy, dx, peak = results
         if subpixel == "refine":
             k, rows, cols = shape[-3:]
-            raw1 = to_device(img1).reshape(-1, k, rows, cols)
+            raw1 = _on_device(img1, dtype).reshape(-1, k, rows, cols)
             dy, dx = refine_displacement(
                 raw1, z2, window, dy, dx, dtype=dtype, on_band=lambda done: _report(progress, len(starts) + done, total)
             )

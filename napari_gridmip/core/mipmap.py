@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 
 __all__ = ["mipmap_shapes", "occupancy_mipmap"]
@@ -65,11 +66,34 @@ def occupancy_levels(occupied: jax.Array) -> list[jax.Array]:
 
 
 def _compare(volume: jax.Array, threshold: jax.Array) -> jax.Array:
-    """``volume > threshold`` in a dtype that holds both exactly enough; NaN -> False."""
-    if jnp.issubdtype(volume.dtype, jnp.floating):
-        wide = jnp.promote_types(volume.dtype, jnp.float32)
-        return volume.astype(wide) > threshold.astype(wide)
-    return volume > threshold.astype(volume.dtype)  # integers: threshold already floored
+    """``volume > threshold`` with ``threshold`` already in the comparison dtype (see :func:`_threshold_for`)."""
+    return volume.astype(threshold.dtype) > threshold  # NaN > t is False: NaN counts as empty
+
+
+def _compare_dtype(dtype: np.dtype) -> np.dtype:
+    """Floats compare in float32 (float16, bfloat16, float32: exact widening) or float64; integers in their own."""
+    if _validate.is_float(dtype):
+        return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+    return dtype
+
+
+def _threshold_for(dtype: np.dtype, threshold: float) -> np.generic:
+    """The threshold as a scalar of the comparison dtype, rounded so that the comparison stays exact.
+
+    For a value ``v`` of that dtype, ``v > t`` holds exactly when ``v > t_c``, ``t_c``
+    the largest value of the dtype at or below ``t``: no value lies between
+    ``t_c`` and the next one up. Integers take ``floor(t)`` (within the dtype's
+    range: :func:`_constant_occupancy` settles thresholds outside it). Both the
+    NumPy and the JAX paths compare against this one scalar, so they agree bit for bit.
+    """
+    compare = _compare_dtype(dtype)
+    if np.issubdtype(compare, np.integer) or compare == np.bool_:
+        return compare.type(math.floor(threshold))
+    with np.errstate(over="ignore"):  # a threshold beyond the dtype's range becomes +-inf, then its max
+        rounded = compare.type(threshold)
+    if float(rounded) > threshold:
+        rounded = np.nextafter(rounded, compare.type(-np.inf))
+    return rounded
 
 
 @jax.jit
@@ -103,10 +127,11 @@ def _host_occupancy(volume: np.ndarray, threshold: float) -> np.ndarray:
     out = aligned_empty(volume.shape, np.bool_)
     if volume.dtype == np.bool_:
         np.copyto(out, volume)  # 0 <= threshold < 1 here: the volume is its own occupancy
-    elif np.issubdtype(volume.dtype, np.integer):
-        np.greater(volume, volume.dtype.type(math.floor(threshold)), out=out)
-    else:
-        np.greater(volume, threshold, out=out)  # NaN > t is False: NaN counts as empty
+        return out
+    scalar = _threshold_for(volume.dtype, threshold)
+    if volume.dtype != scalar.dtype:  # float16 and bfloat16 widen to float32, as on the JAX path
+        volume = volume.astype(scalar.dtype)
+    np.greater(volume, scalar, out=out)  # NaN > t is False: NaN counts as empty
     return out
 
 
@@ -117,10 +142,12 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[jax.Array]:
     ----------
     volume
         Array of shape ``(D, H, W)``, any sizes >= 1 (non-cubic, odd, not
-        powers of two), dtype bool, any integer or any real float. A NumPy
-        array or a JAX array.
+        powers of two), dtype bool, any integer or any real float (float16 and
+        bfloat16 included). A NumPy array or a JAX array.
     threshold
-        A voxel is occupied when ``volume > threshold``. NaN is never occupied.
+        A voxel is occupied when ``volume > threshold``, compared exactly
+        (the threshold is never rounded into a different answer, whatever the
+        dtype). NaN is never occupied.
 
     Returns
     -------
@@ -134,7 +161,9 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[jax.Array]:
     ------
     ValueError
         If ``volume`` is not 3D, has a zero-length axis, or a complex or
-        non-numeric dtype, or if ``threshold`` is not a finite number.
+        non-numeric dtype, or if ``threshold`` is not finite.
+    TypeError
+        If ``threshold`` is not a real number (text such as ``"0.5"``, a bool, None).
 
     Notes
     -----
@@ -154,7 +183,8 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[jax.Array]:
     if isinstance(volume, jax.Array):
         if dtype == np.bool_:  # 0 <= threshold < 1: the volume is its own level 0
             return [volume, *_levels_from_occupied(volume)]
-        scalar = math.floor(threshold) if np.issubdtype(dtype, np.integer) else threshold
-        return list(_levels_from_values(volume, jnp.asarray(scalar)))
+        scalar = _threshold_for(dtype, threshold)
+        with precision_scope(scalar.dtype):  # a 64-bit volume (made under x64) compares in 64 bits
+            return list(_levels_from_values(volume, jnp.asarray(scalar)))
     occupied = owned_to_device(_host_occupancy(np.asarray(volume), threshold))
     return [occupied, *_levels_from_occupied(occupied)]

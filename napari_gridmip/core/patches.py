@@ -26,6 +26,7 @@ from jax import lax
 
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import BLEND_MODES, WEIGHTED_BLENDS
+from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import to_device
 
 __all__ = ["extract_patches", "merge_patches"]
@@ -128,7 +129,9 @@ def extract_patches(image: Any, patch_size: Sequence[int], stride: Sequence[int]
     Parameters
     ----------
     image
-        Array of shape ``(*leading, n_1, ..., n_d)``, any dtype.
+        Array of shape ``(*leading, n_1, ..., n_d)``: bool, any integer, any
+        float (bfloat16 included) or complex. 64-bit dtypes are kept (JAX's x64
+        mode is switched on for this call only).
     patch_size
         ``(p_1, ..., p_d)``, ``1 <= d <= 3``, each ``p_k <= n_k``.
     stride
@@ -137,17 +140,22 @@ def extract_patches(image: Any, patch_size: Sequence[int], stride: Sequence[int]
     Returns
     -------
     jax.Array
-        Shape ``(g_1, ..., g_d, *leading, p_1, ..., p_d)``, the image's dtype,
-        with the origins of :func:`patch_origins` along each tiled axis.
+        Shape ``(g_1, ..., g_d, *leading, p_1, ..., p_d)``, exactly the image's
+        dtype and values, with the origins of :func:`patch_origins` along each
+        tiled axis.
 
     Raises
     ------
     ValueError
         When a patch is larger than the image, a stride is below 1 or larger
-        than the patch, or the lengths of ``patch_size`` and ``stride`` differ.
+        than the patch, the lengths of ``patch_size`` and ``stride`` differ,
+        the image has a zero-length axis, or its dtype is not a number
+        (object, text).
     """
+    dtype = _validate.check_numeric("image", image)
     patch_size, stride = _check_tiling(_validate.shape_of(image), patch_size, stride)
-    return _extract_jit(to_device(image), patch_size, stride)
+    with precision_scope(dtype):  # 64-bit data stays 64-bit: patches are moved, never rounded
+        return _extract_jit(to_device(image), patch_size, stride)
 
 
 # -- merging -------------------------------------------------------------------
@@ -321,6 +329,8 @@ def _merge(
     stride: tuple[int, ...],
     blend: str,
     sigma_scale: float,
+    compute: str,
+    result: str,
 ) -> jax.Array:
     d = len(stride)
     patch_size = patches.shape[patches.ndim - d :]
@@ -328,7 +338,7 @@ def _merge(
     lead = len(image_shape) - d
     x = patches
     if blend in _WEIGHTED:
-        out_dtype = jnp.promote_types(x.dtype, jnp.float32) if not jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        out_dtype = np.dtype(compute)
         x = x.astype(out_dtype)
         windows = [blend_window(p, blend, sigma_scale=sigma_scale) for p in patch_size]
         if blend != "mean":
@@ -351,10 +361,28 @@ def _merge(
                 axis_total[o : o + p] += w
             total = np.multiply.outer(total, axis_total)
         x = x / total.astype(x.dtype)
-    return x
+    return x.astype(result)
 
 
-_merge_jit = jax.jit(_merge, static_argnums=(1, 2, 3, 4))
+_merge_jit = jax.jit(_merge, static_argnums=(1, 2, 3, 4, 5, 6))
+
+
+def merge_dtypes(dtype: np.dtype, blend: str) -> tuple[np.dtype, np.dtype]:
+    """(compute, result) dtypes of a merge: the dtype policy in one place.
+
+    Weighted blends sum in float32, or in float64 where float32 would round the
+    data (int32 and wider integers, float64). float16 and bfloat16 sum in
+    float32 and come back in their own dtype; other integers and bools come
+    back as float32 (or float64 as above). ``"max"`` and ``"overwrite"`` keep
+    the dtype exactly.
+    """
+    if blend not in _WEIGHTED:
+        return dtype, dtype
+    if dtype == np.float64 or (np.issubdtype(dtype, np.integer) and dtype.itemsize >= 4):
+        return np.dtype(np.float64), np.dtype(np.float64)
+    if _validate.is_float(dtype):  # float16, bfloat16, float32
+        return np.dtype(np.float32), dtype
+    return np.dtype(np.float32), np.dtype(np.float32)
 
 
 def merge_patches(
@@ -391,8 +419,12 @@ def merge_patches(
     Returns
     -------
     jax.Array
-        Shape ``image_shape``. Weighted modes return floats (integer patches
-        give float32); ``"max"`` and ``"overwrite"`` keep the patches' dtype.
+        Shape ``image_shape``. ``"max"`` and ``"overwrite"`` keep the patches'
+        dtype and values exactly (64-bit included). Weighted modes sum in
+        float32 and return float32 for bool, 8/16-bit integers and float32;
+        float16 and bfloat16 sum in float32 and come back in their own dtype;
+        int32, uint32, int64, uint64 and float64 sum and return in float64
+        (JAX's x64 mode is switched on for that call only).
 
     Raises
     ------
@@ -404,7 +436,7 @@ def merge_patches(
     sigma_scale = _validate.check_finite_scalar("sigma_scale", sigma_scale)
     if sigma_scale <= 0:
         raise ValueError(f"sigma_scale must be > 0; got {sigma_scale}")
-    _validate.check_real("patches", patches)
+    dtype = _validate.check_real("patches", patches)
     stride = _validate.int_tuple("stride", stride)
     d = len(stride)
     shape = _validate.shape_of(patches)
@@ -423,4 +455,8 @@ def merge_patches(
             f"patches have shape {shape}; image_shape {image_shape} with patch_size {patch_size} and stride "
             f"{stride} needs {expected}"
         )
-    return _merge_jit(to_device(patches), image_shape, stride, blend, float(sigma_scale))
+    compute, result = merge_dtypes(dtype, blend)
+    with precision_scope(compute if is_wide(compute) else dtype):
+        return _merge_jit(
+            to_device(patches), image_shape, stride, blend, float(sigma_scale), compute.name, result.name
+        )

@@ -142,9 +142,11 @@ def test_bad_input_raises(volume, match):
         occupancy_mipmap(volume)
 
 
-@pytest.mark.parametrize("threshold", [np.nan, np.inf, "high", None])
-def test_bad_threshold_raises(threshold):
-    with pytest.raises(ValueError, match="threshold"):
+@pytest.mark.parametrize(
+    ("threshold", "error"), [(np.nan, ValueError), (np.inf, ValueError), ("high", TypeError), (None, TypeError)]
+)
+def test_bad_threshold_raises(threshold, error):
+    with pytest.raises(error, match="threshold"):
         occupancy_mipmap(np.zeros((2, 2, 2)), threshold=threshold)
 
 

@@ -68,6 +68,9 @@ def prepare_jax() -> str:
 
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR") and not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir()))
+        # JAX caches only programs that took over 1 s to compile by default; ours take 0.1-1 s each,
+        # and a first run compiles several (bench_first_run.py)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
     device = jax.devices()[0]
     return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"
 

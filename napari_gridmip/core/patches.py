@@ -26,7 +26,7 @@ from jax import lax
 
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import BLEND_MODES, WEIGHTED_BLENDS
-from napari_gridmip.core._precision import is_wide, precision_scope
+from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import to_device
 
 __all__ = ["extract_patches", "merge_patches"]
@@ -456,7 +456,5 @@ def merge_patches(
             f"{stride} needs {expected}"
         )
     compute, result = merge_dtypes(dtype, blend)
-    with precision_scope(compute if is_wide(compute) else dtype):
-        return _merge_jit(
-            to_device(patches), image_shape, stride, blend, float(sigma_scale), compute.name, result.name
-        )
+    with precision_scope(compute):  # 64-bit data, or a float64 sum
+        return _merge_jit(to_device(patches), image_shape, stride, blend, float(sigma_scale), compute.name, result.name)

@@ -12,6 +12,11 @@ from typing import Any
 import numpy as np
 
 
+def is_dask(array: Any) -> bool:
+    """Whether ``array`` is a dask array (checked without importing dask)."""
+    return type(array).__module__.split(".")[0] == "dask" and hasattr(array, "chunks")
+
+
 def dtype_of(array: Any) -> np.dtype:
     """The NumPy dtype of a NumPy, JAX or array-like object."""
     dtype = getattr(array, "dtype", None)

@@ -73,9 +73,14 @@ def _check_inputs(img1: Any, img2: Any, window: Any) -> tuple[tuple[int, ...], t
 
 
 def _check_dtypes(img1: Any, img2: Any, dtype: Any) -> np.dtype:
-    """The compute dtype; integers it cannot hold exactly are refused with what to do instead."""
+    """The compute dtype; integers it cannot hold exactly are refused with what to do instead.
+
+    (A dask stack is checked block by block when it is computed: scanning it here would compute it.)
+    """
     dtype = compute_dtype(dtype)
     for name, img in (("img1", img1), ("img2", img2)):
+        if _validate.is_dask(img):
+            continue
         with precision_scope(_validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
             _validate.check_exact_integers(name, img, dtype)
     return dtype
@@ -384,10 +389,13 @@ def windowed_pearson(
 
     Returns
     -------
-    jax.Array
+    jax.Array, or dask.array.Array for dask inputs
         Shape ``(..., M - 2m, N - 2n, wm, wn)``, ``dtype``, values in [-1, 1];
         ``out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])``,
-        0 where either vector has zero variance.
+        0 where either vector has zero variance. Dask stacks give a lazy dask
+        array (nothing is computed by the call), each block read with the
+        window's half-size as a halo and all K frames in one chunk; it equals
+        the in-memory map exactly.
 
     Raises
     ------
@@ -399,6 +407,10 @@ def windowed_pearson(
     """
     shape, window = _check_inputs(img1, img2, window)
     dtype = _check_dtypes(img1, img2, dtype)
+    if _validate.is_dask(img1) or _validate.is_dask(img2):
+        from napari_gridmip.core import _chunked
+
+        return _chunked.windowed_pearson(img1, img2, window, dtype)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         out_rows, out_cols = shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2)
@@ -436,8 +448,9 @@ def find_displacement(
 
     Returns
     -------
-    dy, dx, peak : jax.Array
-        Each ``(..., M - 2m, N - 2n)``, ``dtype``. ``img1[y + dy, x + dx]``
+    dy, dx, peak : jax.Array, or dask.array.Array for dask inputs
+        Each ``(..., M - 2m, N - 2n)``, ``dtype``; dask stacks give lazy dask
+        arrays computed block by block with a halo, equal to the in-memory ones. ``img1[y + dy, x + dx]``
         matches ``img2[y, x]`` for ``y = i + m``, ``x = j + n``. ``peak`` is the
         correlation at the integer peak (a confidence in [-1, 1]). Where the
         peak lies on the window's edge the true peak may lie outside: ``dy``
@@ -462,6 +475,10 @@ def find_displacement(
     shape, window = _check_inputs(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     dtype = _check_dtypes(img1, img2, dtype)
+    if _validate.is_dask(img1) or _validate.is_dask(img2):
+        from napari_gridmip.core import _chunked
+
+        return _chunked.find_displacement(img1, img2, window, subpixel, dtype)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         z1k = _k_last(z1)

@@ -135,15 +135,18 @@ def _host_occupancy(volume: np.ndarray, threshold: float) -> np.ndarray:
     return out
 
 
-def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[jax.Array]:
-    """Occupancy pyramid of a 3D volume.
+def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
+    """Occupancy pyramid of a 3D volume, or of each 3D volume of a stack.
 
     Parameters
     ----------
     volume
-        Array of shape ``(D, H, W)``, any sizes >= 1 (non-cubic, odd, not
-        powers of two), dtype bool, any integer or any real float (float16 and
-        bfloat16 included). A NumPy array or a JAX array.
+        Array of shape ``(..., D, H, W)``: the last three axes are reduced, any
+        leading axes (time, channels) are carried, one pyramid per leading
+        index. Any sizes >= 1 (non-cubic, odd, not powers of two); dtype bool,
+        any integer or any real float (float16 and bfloat16 included). A
+        NumPy array, a JAX array, or a dask array (then computed block by
+        block, lazily: see Returns).
     threshold
         A voxel is occupied when ``volume > threshold``, compared exactly
         (the threshold is never rounded into a different answer, whatever the
@@ -151,31 +154,50 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[jax.Array]:
 
     Returns
     -------
-    list of jax.Array
-        Bool arrays, level 0 first, with shapes ``mipmap_shapes(volume.shape)``:
-        each axis halves rounding up, down to ``(1, 1, 1)``. Level ``k``'s voxel
-        ``(z, y, x)`` covers the level-0 block ``[z*2**k, (z+1)*2**k)`` (and so
-        on per axis), clipped to the volume.
+    list of jax.Array, or of dask.array.Array for a dask input
+        Bool arrays, level 0 first, with shapes ``(..., *s)`` for ``s`` in
+        ``mipmap_shapes(volume.shape[-3:])``: each axis halves rounding up,
+        down to ``(1, 1, 1)``. Level ``k``'s voxel ``(z, y, x)`` covers the
+        level-0 block ``[z*2**k, (z+1)*2**k)`` (and so on per axis), clipped
+        to the volume. A dask input gives dask levels and computes nothing
+        yet; each task reads one ``2**b``-aligned block of the volume (``b``
+        up to 7) and makes that block's levels, and the few coarsest levels
+        are reduced from level ``b``. They equal the in-memory levels exactly.
 
     Raises
     ------
     ValueError
-        If ``volume`` is not 3D, has a zero-length axis, or a complex or
-        non-numeric dtype, or if ``threshold`` is not finite.
+        If ``volume`` has fewer than 3 axes or a zero-length axis, or a
+        complex or non-numeric dtype, or if ``threshold`` is not finite.
     TypeError
         If ``threshold`` is not a real number (text such as ``"0.5"``, a bool, None).
 
     Notes
     -----
-    All levels come from one compiled program per input shape and dtype. A
+    All levels come from one compiled program per 3D shape and dtype. A
     NumPy volume is thresholded on the host straight into a buffer that JAX's
     CPU backend aliases, so the volume crosses to the device once, as bools.
     """
     dtype = _validate.check_real("volume", volume)
-    shape = _validate.check_ndim("volume", volume, ndim=3)
+    shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
     threshold = _validate.check_finite_scalar("threshold", threshold)
+    if _validate.is_dask(volume):
+        from napari_gridmip.core import _chunked
 
+        return _chunked.occupancy_mipmap(volume, threshold)
+    if len(shape) == 3:
+        return _volume_levels(volume, dtype, threshold)
+    # one pyramid per leading index: the same compiled program for each
+    lead = shape[:-3]
+    stacked = volume.reshape((-1, *shape[-3:]))
+    pyramids = [_volume_levels(stacked[i], dtype, threshold) for i in range(stacked.shape[0])]
+    return [jnp.stack(levels).reshape(lead + levels[0].shape) for levels in zip(*pyramids)]
+
+
+def _volume_levels(volume: Any, dtype: np.dtype, threshold: float) -> list[jax.Array]:
+    """The pyramid of one 3D volume (validated)."""
+    shape = tuple(volume.shape)
     constant = _constant_occupancy(dtype, threshold)
     if constant is not None:
         occupied = jnp.full(shape, constant, dtype=bool)

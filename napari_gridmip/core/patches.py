@@ -399,7 +399,10 @@ def merge_patches(
     ----------
     patches
         Shape ``(g_1, ..., g_d, *leading, p_1, ..., p_d)`` as from
-        :func:`extract_patches`, where ``d = len(stride)``.
+        :func:`extract_patches`, where ``d = len(stride)``. A NumPy, JAX or
+        dask array; a dask stack gives a lazy dask image, made output chunk by
+        output chunk (1024 pixels a side) from the patches that touch each
+        chunk, equal to the in-memory merge.
     image_shape
         ``(*leading, n_1, ..., n_d)``; the grid must be the one that
         :func:`patch_origins` gives for it.
@@ -418,7 +421,7 @@ def merge_patches(
 
     Returns
     -------
-    jax.Array
+    jax.Array, or dask.array.Array for a dask stack
         Shape ``image_shape``. ``"max"`` and ``"overwrite"`` keep the patches'
         dtype and values exactly (64-bit included). Weighted modes sum in
         float32 and return float32 for bool, 8/16-bit integers and float32;
@@ -456,5 +459,11 @@ def merge_patches(
             f"{stride} needs {expected}"
         )
     compute, result = merge_dtypes(dtype, blend)
+    if _validate.is_dask(patches):
+        from napari_gridmip.core import _chunked
+
+        return _chunked.merge_patches(
+            patches, image_shape, stride, blend=blend, sigma_scale=float(sigma_scale), result_dtype=result
+        )
     with precision_scope(compute):  # 64-bit data, or a float64 sum
         return _merge_jit(to_device(patches), image_shape, stride, blend, float(sigma_scale), compute.name, result.name)

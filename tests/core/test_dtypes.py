@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip import extract_patches, find_displacement, merge_patches, occupancy_mipmap, windowed_pearson
+from napari_gridmip.core._precision import precision_scope
 
 NUMERIC = [
     np.bool_,
@@ -64,10 +65,8 @@ def sample(dtype, shape, seed=0, *, limits=True):
 
 def as_jax(array):
     """The same data as a JAX array; 64-bit dtypes are made with x64 on (as a user of x64 would have them)."""
-    if array.dtype in WIDE:
-        with jax.enable_x64(True):
-            return jnp.asarray(array)
-    return jnp.asarray(array)
+    with precision_scope(array.dtype):  # x64 on for 64-bit dtypes only (any JAX version)
+        return jnp.asarray(array)
 
 
 def both(function, array, *args, **kwargs):

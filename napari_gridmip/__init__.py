@@ -1,6 +1,6 @@
 """napari-gridmip: occupancy mipmaps, patch reassembly and windowed correlation in JAX.
 
-The names exported here are the pure compute core; importing this package pulls
+The names exported here are the pure compute core and its I/O entry points; importing this package pulls
 in neither Qt, magicgui nor napari, and imports JAX only when one of them is
 first used (so the widgets' modules load fast). The napari widgets load through
 the plugin manifest (``napari.yaml``).
@@ -19,15 +19,22 @@ except ImportError:  # pragma: no cover - running from a source tree without a b
 
 from napari_gridmip import core as _core  # noqa: E402 - lazy itself: JAX loads on first use
 
-__all__ = ["__version__", *_core.__all__]
+_IO = ("read_array", "write_mipmap")  # napari_gridmip.io: lazy readers and the OME-Zarr pyramid writer
+
+__all__ = ["__version__", *_core.__all__, *_IO]
 
 
 def __getattr__(name: str):
     if name in _core.__all__:
         value = getattr(_core, name)
-        globals()[name] = value  # later look-ups skip this function
-        return value
-    raise AttributeError(f"module 'napari_gridmip' has no attribute {name!r}")
+    elif name in _IO:
+        import napari_gridmip.io
+
+        value = getattr(napari_gridmip.io, name)
+    else:
+        raise AttributeError(f"module 'napari_gridmip' has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
 
 
 def __dir__():

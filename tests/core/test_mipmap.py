@@ -130,8 +130,8 @@ def test_input_is_not_modified():
 @pytest.mark.parametrize(
     ("volume", "match"),
     [
-        (np.zeros((4, 4)), r"volume must be 3D; got shape \(4, 4\)"),
-        (np.zeros((2, 2, 2, 2)), r"volume must be 3D; got shape \(2, 2, 2, 2\)"),
+        (np.zeros((4, 4)), r"volume must have at least 3 axes; got shape \(4, 4\)"),
+        (np.zeros((2, 0, 2, 2)), r"zero-length axis; got shape \(2, 0, 2, 2\)"),
         (np.zeros((4, 0, 4)), r"zero-length axis; got shape \(4, 0, 4\)"),
         (np.zeros((2, 2, 2), complex), r"got dtype complex128"),
         (np.array([["a"]]).reshape(1, 1, 1), r"got dtype <U1"),

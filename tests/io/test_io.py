@@ -1,0 +1,99 @@
+"""Lazy readers, the OME-Zarr pyramid writer, and napari's reader/writer contributions."""
+
+import numpy as np
+import pytest
+
+from napari_gridmip import occupancy_mipmap, read_array, write_mipmap
+
+
+@pytest.fixture
+def volume():
+    rng = np.random.default_rng(0)
+    return (rng.random((2, 19, 40, 33)) > 0.99).astype(np.uint16) * 300
+
+
+def test_readers_are_lazy_and_exact(tmp_path, volume):
+    import tifffile
+    import zarr
+
+    np.save(tmp_path / "v.npy", volume)
+    tifffile.imwrite(tmp_path / "v.tif", volume)
+    zarr.save_array(str(tmp_path / "v.zarr"), volume)
+    for name in ("v.npy", "v.tif", "v.zarr"):
+        lazy = read_array(tmp_path / name)
+        assert type(lazy).__module__.startswith("dask"), name
+        assert lazy.shape == volume.shape and lazy.dtype == volume.dtype
+        np.testing.assert_array_equal(lazy.compute(), volume)
+
+
+def test_write_mipmap_is_standard_ome_zarr(tmp_path, volume):
+    import dask.array as da
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Reader
+
+    out = write_mipmap(
+        da.from_array(volume, chunks=(1, 10, 20, 33)), tmp_path / "p.ome.zarr", threshold=100, scale=(2, 1, 0.5)
+    )
+    node = next(iter(Reader(parse_url(str(out)))()))
+    expected = occupancy_mipmap(volume, threshold=100)
+    assert len(node.data) == len(expected)
+    for level, reference in zip(node.data, expected):
+        np.testing.assert_array_equal(np.asarray(level), np.asarray(reference))
+    transforms = node.metadata["coordinateTransformations"]
+    for k, level in enumerate(transforms):
+        by_type = {t["type"]: t for t in level}
+        np.testing.assert_allclose(by_type["scale"]["scale"], [1, 2 * 2**k, 2**k, 0.5 * 2**k])
+        # a level-k voxel's centre sits (2**k - 1) / 2 level-0 voxels in: the widget's placement
+        np.testing.assert_allclose(
+            by_type["translation"]["translation"], [0, *(np.array([2, 1, 0.5]) * (2**k - 1) / 2)]
+        )
+    assert [axis["name"] for axis in node.metadata["axes"]] == ["t", "z", "y", "x"]
+    # level 0 reads back through read_array (OME-Zarr: level 0)
+    np.testing.assert_array_equal(read_array(out).compute(), np.asarray(expected[0]))
+
+
+def test_write_mipmap_leaves_nothing_behind_on_failure(tmp_path, volume):
+    def failing(graphs):
+        raise MemoryError("out of memory half-way")
+
+    with pytest.raises(MemoryError):
+        write_mipmap(volume, tmp_path / "p.ome.zarr", compute=failing)
+    assert list(tmp_path.iterdir()) == []
+    write_mipmap(volume, tmp_path / "p.ome.zarr")
+    with pytest.raises(ValueError, match="already exists"):
+        write_mipmap(volume, tmp_path / "p.ome.zarr")
+    write_mipmap(volume[:, :5], tmp_path / "p.ome.zarr", overwrite=True)
+    assert read_array(tmp_path / "p.ome.zarr").shape == (2, 5, 40, 33)
+    assert [p.name for p in tmp_path.iterdir()] == ["p.ome.zarr"]
+
+
+def test_bad_paths_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_array(tmp_path / "missing.npy")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match=r"expected a \.npy, \.tif/\.tiff file or a Zarr folder"):
+        read_array(tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match="folder .* does not exist"):
+        write_mipmap(np.zeros((2, 2, 2)), tmp_path / "no" / "p.zarr")
+
+
+def test_napari_reader_and_writer(tmp_path, volume):
+    from napari_gridmip.io._napari import get_reader, write_mipmap_layer
+
+    path = str(tmp_path / "saved.ome.zarr")
+    meta = {"scale": (1.0, 2.0, 1.0, 0.5), "metadata": {"gridmip_threshold": 100}}
+    assert write_mipmap_layer(path, volume, meta) == [path]
+    reader = get_reader(path)
+    assert reader is not None and get_reader(str(tmp_path)) is None
+    ((data, layer_meta, kind),) = reader(path)
+    assert kind == "image" and layer_meta["multiscale"]
+    np.testing.assert_allclose(layer_meta["scale"], [1, 2, 1, 0.5])
+    np.testing.assert_array_equal(np.asarray(data[0]), np.asarray(occupancy_mipmap(volume, threshold=100)[0]))
+
+
+def test_napari_opens_the_pyramid(make_napari_viewer, tmp_path, volume):
+    path = write_mipmap(volume[0], tmp_path / "p.ome.zarr", scale=(2, 1, 1))
+    viewer = make_napari_viewer()
+    (layer,) = viewer.open(str(path), plugin="napari-gridmip")
+    assert layer.multiscale and len(layer.data) == len(occupancy_mipmap(volume[0]))
+    np.testing.assert_allclose(layer.scale, [2, 1, 1])

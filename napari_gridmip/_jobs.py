@@ -120,7 +120,12 @@ def default_level(counts: Sequence[int], max_blocks: int = MAX_BLOCKS) -> int:
     return len(counts) - 1
 
 
-def occupancy_layer(name: str, level_data: np.ndarray, frame: Frame, level: int) -> LayerDataTuple:
+def as_labels(level: Any) -> Any:
+    """A bool level as Labels data (uint8): a view in memory, a lazy cast for a dask level."""
+    return level.view(np.uint8) if isinstance(level, np.ndarray) else level.astype(np.uint8)
+
+
+def occupancy_layer(name: str, level_data: Any, frame: Frame, level: int) -> LayerDataTuple:
     """The Labels layer that shows one level's occupied cells as translucent blocks."""
     colormap = {None: "transparent", 0: "transparent", 1: OCCUPANCY_COLOR}  # napari: a direct label colormap
     meta = {
@@ -130,7 +135,7 @@ def occupancy_layer(name: str, level_data: np.ndarray, frame: Frame, level: int)
         "metadata": {"gridmip_level": level},
         **level_placement(frame, level),
     }
-    return level_data.view(np.uint8), meta, "labels"
+    return as_labels(level_data), meta, "labels"
 
 
 def make_mipmap_job(request: MipmapRequest) -> Job:
@@ -138,17 +143,10 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
     _validate_3d(request.name, request.data)
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import mipmap_shapes, occupancy_mipmap
-
-        total = len(mipmap_shapes(tuple(request.data.shape))) + 1
-        progress(0, total)
-        device_levels = occupancy_mipmap(np.asarray(request.data), threshold=request.threshold)
-        levels, counts = [], []
-        for k, level in enumerate(device_levels):
-            progress(k + 1, total)
-            levels.append(np.asarray(level))  # views of JAX's buffers on the CPU
-            counts.append(int(np.count_nonzero(levels[-1])))
-        progress(total, total)
+        if is_lazy(request.data):
+            levels, counts = _lazy_levels(request, progress)
+        else:
+            levels, counts = _levels_in_memory(request, progress)
         shown = default_level(counts)
         layers: list[LayerDataTuple] = []
         if request.per_level:
@@ -166,6 +164,87 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
         return JobResult(layers, summary, {"levels": levels, "counts": counts, "level": shown})
 
     return Job(f"Occupancy mipmap of {request.name!r}", run)
+
+
+def is_lazy(data: Any) -> bool:
+    """A dask or Zarr array (napari's lazy layers): read block by block, never whole."""
+    return not isinstance(data, np.ndarray) and hasattr(data, "chunks") and not hasattr(data, "device")
+
+
+def _levels_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tuple[list, list[int]]:
+    """Threshold and reduce on the device; then fetch and count each level (one progress step each)."""
+    from napari_gridmip.core import mipmap_shapes, occupancy_mipmap
+
+    total = len(mipmap_shapes(tuple(request.data.shape))) + 1
+    progress(0, total)
+    device_levels = occupancy_mipmap(np.asarray(request.data), threshold=request.threshold)
+    levels, counts = [], []
+    for k, level in enumerate(device_levels):
+        progress(k + 1, total)
+        levels.append(np.asarray(level))  # views of JAX's buffers on the CPU
+        counts.append(int(np.count_nonzero(levels[-1])))
+    progress(total, total)
+    return levels, counts
+
+
+def _lazy_levels(request: MipmapRequest, progress: ProgressCallback) -> tuple[list, list[int]]:
+    """A dask/Zarr volume, block by block: levels 1 and up in memory (an eighth of the voxels, and less), level 0
+    left lazy as a NumPy-only threshold (napari reads its slices without JAX), and one progress step per task.
+
+    Memory stays at a few 2**7-voxel blocks plus the coarse levels; Cancel stops between tasks.
+    """
+    import dask
+    import dask.array as da
+
+    from napari_gridmip.core import occupancy_mipmap
+    from napari_gridmip.core.mipmap import threshold_block
+
+    volume = _as_dask(request.data)
+    levels = occupancy_mipmap(volume, threshold=request.threshold)
+    wanted = [*levels[1:], *(da.count_nonzero(level) for level in levels)]
+    with _DaskProgress(progress):
+        computed = dask.compute(*wanted, scheduler="threads")
+    coarse, counts = list(computed[: len(levels) - 1]), [int(c) for c in computed[len(levels) - 1 :]]
+    level0 = volume.map_blocks(threshold_block, request.threshold, dtype=bool)
+    return [level0, *coarse], counts
+
+
+def _as_dask(data: Any) -> Any:
+    """A dask view of a dask or Zarr array (its stored chunks), or of a NumPy array beside one."""
+    import dask.array as da
+
+    if hasattr(data, "dask"):
+        return data
+    return da.from_array(data, chunks=getattr(data, "chunks", "auto"))
+
+
+class _DaskProgress:
+    """Reports each finished dask task as ``progress(done, total)``; an exception from it stops the compute."""
+
+    def __init__(self, progress: ProgressCallback) -> None:
+        from dask.callbacks import Callback
+
+        outer = self
+
+        class _Callback(Callback):
+            def _start_state(self, dsk: Any, state: Any) -> None:
+                outer.total = len(state["ready"]) + len(state["waiting"]) + len(state["running"])
+                outer.done = 0
+                progress(0, outer.total)
+
+            def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+                outer.done += 1
+                progress(outer.done, outer.total)
+
+        self.total = self.done = 0
+        self._callback = _Callback()
+
+    def __enter__(self) -> _DaskProgress:
+        self._callback.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._callback.__exit__(*exc)
 
 
 def mipmap_summary(levels: Sequence[np.ndarray], counts: Sequence[int], shown: int) -> str:
@@ -209,13 +288,21 @@ def make_merge_job(request: MergeRequest) -> Job:
     def run(progress: ProgressCallback) -> JobResult:
         from napari_gridmip.core import merge_patches
 
-        progress(0, 3)
-        patches = np.asarray(request.patches)
-        progress(1, 3)
-        merged = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
-        progress(2, 3)
-        merged = np.asarray(merged)
-        progress(3, 3)
+        if is_lazy(request.patches):  # output chunk by output chunk, one progress step per task
+            import dask
+
+            patches = _as_dask(request.patches)
+            lazy = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
+            with _DaskProgress(progress):
+                (merged,) = dask.compute(lazy, scheduler="threads")
+        else:
+            progress(0, 3)
+            patches = np.asarray(request.patches)
+            progress(1, 3)
+            merged = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
+            progress(2, 3)
+            merged = np.asarray(merged)
+            progress(3, 3)
         meta: dict[str, Any] = {"name": f"{request.name} merged"}
         if is_colour(request.image_shape, d):
             # channels last with rgb=True: a colour picture, placed by its two pixel axes
@@ -317,7 +404,11 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
     def run(progress: ProgressCallback) -> JobResult:
         from napari_gridmip.core import find_displacement
 
-        img1, img2 = np.asarray(request.data1), np.asarray(request.data2)
+        lazy = is_lazy(request.data1) or is_lazy(request.data2)
+        if lazy:  # row band by row band, with a halo: the stacks are never loaded whole
+            img1, img2 = _as_dask(request.data1), _as_dask(request.data2)
+        else:
+            img1, img2 = np.asarray(request.data1), np.asarray(request.data2)
         search_steps = 100
         with_map = request.full_map
         total = 2 * search_steps if with_map else search_steps
@@ -325,12 +416,17 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
         def search_progress(done: int, steps: int) -> None:
             progress(round(search_steps * done / max(steps, 1)), total)
 
-        dy, dx, peak = (
-            np.asarray(r)
-            for r in find_displacement(
+        if lazy:
+            import dask
+
+            fields = find_displacement(img1, img2, window, subpixel=request.subpixel, dtype=request.dtype)
+            with _DaskProgress(search_progress):
+                dy, dx, peak = dask.compute(*fields, scheduler="threads")
+        else:
+            fields = find_displacement(
                 img1, img2, window, subpixel=request.subpixel, dtype=request.dtype, progress=search_progress
             )
-        )
+            dy, dx, peak = (np.asarray(r) for r in fields)
         full = None
         if with_map:
 
@@ -403,6 +499,14 @@ def full_map(
     rows, cols = img1.shape[-2] - 2 * m, img1.shape[-1] - 2 * n
     lead = img1.shape[:-3]
     nbytes = np.dtype(dtype).itemsize * math.prod(lead) * window[0] * window[1] * rows * cols
+    if hasattr(img1, "dask"):  # lazy stacks: band by band into the store, one progress step per task
+        import dask.array as da
+
+        graph = da.moveaxis(windowed_pearson(img1, img2, window, dtype=dtype), (-2, -1), (-4, -3))
+        path = os.path.join(map_dir or _temporary_folder(), "map.zarr")
+        with _DaskProgress(progress):
+            graph.to_zarr(path, overwrite=True)
+        return da.from_zarr(path)
     if nbytes <= EAGER_MAP_BYTES:
         full = np.asarray(windowed_pearson(img1, img2, window, dtype=dtype, progress=progress))
         return np.moveaxis(full, (-2, -1), (-4, -3))

@@ -15,9 +15,10 @@ class TraceCount:
 
     def __init__(self) -> None:
         self.count = 0
+        self.active = True
 
     def _listener(self, event: str, duration: float, **_: object) -> None:
-        if event == TRACE_EVENT:
+        if self.active and event == TRACE_EVENT:
             self.count += 1
 
 
@@ -31,4 +32,7 @@ def count_traces() -> Iterator[TraceCount]:
     try:
         yield counter
     finally:
-        jax.monitoring.unregister_event_duration_listener(counter._listener)
+        counter.active = False
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)  # JAX >= 0.4.36 or so
+        if unregister is not None:
+            unregister(counter._listener)

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 from magicgui.widgets import CheckBox, FloatSpinBox, SpinBox
 from napari.layers import Image, Labels
 
-from napari_gridmip._jobs import Job, JobResult, MipmapRequest, level_placement, make_mipmap_job, mipmap_summary
+from napari_gridmip._jobs import (
+    Job,
+    JobResult,
+    MipmapRequest,
+    as_labels,
+    level_placement,
+    make_mipmap_job,
+    mipmap_summary,
+)
 from napari_gridmip._placement import Frame
 from napari_gridmip._widgets._base import JobWidget, require_layer
 
@@ -88,7 +96,7 @@ class MipmapWidget(JobWidget):
             return
         levels, frame = self._shown["levels"], self._shown["frame"]
         placement = level_placement(frame, level)
-        layer.data = levels[level].view("uint8")
+        layer.data = as_labels(levels[level])
         layer.scale, layer.translate = placement["scale"], placement["translate"]
         layer.metadata["gridmip_level"] = level
         self.summary.value = mipmap_summary(levels, self._shown["counts"], level)

@@ -122,6 +122,14 @@ def _constant_occupancy(dtype: np.dtype, threshold: float) -> bool | None:
     return None
 
 
+def threshold_block(block: np.ndarray, threshold: float) -> np.ndarray:
+    """Level 0 of a NumPy block, in NumPy alone (no JAX): for lazy level-0 views that napari reads itself."""
+    constant = _constant_occupancy(block.dtype, threshold)
+    if constant is not None:
+        return np.full(block.shape, constant)
+    return _host_occupancy(block, threshold)
+
+
 def _host_occupancy(volume: np.ndarray, threshold: float) -> np.ndarray:
     """Level 0 of a NumPy volume, written once into an aligned buffer we own."""
     out = aligned_empty(volume.shape, np.bool_)

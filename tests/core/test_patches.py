@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from napari_gridmip import extract_patches, merge_patches
 from napari_gridmip.core._options import BLEND_MODES
+from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.patches import blend_window, patch_grid, patch_origins
 from tests.helpers import count_traces
 
@@ -179,7 +180,7 @@ def test_dtypes():
 
 def test_float64_is_kept_under_x64():
     image = np.random.default_rng(7).random((11, 12))
-    with jax.enable_x64(True):
+    with precision_scope(np.float64):  # x64 on, the way any JAX version spells it
         merged = merge_patches(extract_patches(image, (4, 4), (3, 3)), image.shape, (3, 3), blend="gaussian")
         assert merged.dtype == jnp.float64
         np.testing.assert_allclose(np.asarray(merged), image, rtol=1e-14)

@@ -171,3 +171,45 @@ def test_jobs_run_without_qt():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lazy_mipmap_job_reads_block_by_block():
+    import dask.array as da
+
+    volume = two_balls(96)
+    lazy = da.from_array(volume, chunks=(32, 48, 96))
+    steps = Steps()
+    result = make_mipmap_job(MipmapRequest("balls", lazy, plain_frame(3), threshold=0.5)).run(steps)
+    levels = result.details["levels"]
+    assert type(levels[0]).__module__.startswith("dask")  # level 0 stays lazy (NumPy-only threshold)
+    assert all(isinstance(level, np.ndarray) for level in levels[1:])
+    from napari_gridmip import occupancy_mipmap
+
+    expected = occupancy_mipmap(volume, threshold=0.5)
+    for level, reference in zip(levels, expected):
+        np.testing.assert_array_equal(np.asarray(level), np.asarray(reference))
+    assert result.details["counts"] == [int(np.count_nonzero(np.asarray(r))) for r in expected]
+    assert len(steps.seen) > 8 and steps.seen[-1][0] == steps.seen[-1][1]  # one step per task
+    with pytest.raises(KeyboardInterrupt):  # cancel stops between tasks
+        make_mipmap_job(MipmapRequest("balls", lazy, plain_frame(3), threshold=0.5)).run(Steps(stop_after=4))
+
+
+def test_lazy_merge_and_correlation_jobs(stacks, tmp_path):
+    import dask.array as da
+
+    rng = np.random.default_rng(1)
+    image = rng.random((3, 70, 60), dtype=np.float32)
+    patches = np.asarray(extract_patches(image, (16, 16), (12, 12)))
+    request = MergeRequest("t", da.from_array(patches), image.shape, (12, 12), "max", plain_frame(5), (2, 3, 4))
+    ((data, meta, _),) = make_merge_job(request).run(Steps()).layers
+    np.testing.assert_array_equal(data, np.moveaxis(image, 0, -1))
+
+    a, b = stacks
+    lazy_a = da.from_array(a, chunks=(5, 13, 36))
+    request = CorrelationRequest("a", "b", lazy_a, b, plain_frame(3), (5, 7), full_map=True, map_dir=str(tmp_path))
+    result = make_correlation_job(request).run(Steps())
+    by_name = {meta["name"]: data for data, meta, _ in result.layers}
+    dy, _, _ = find_displacement(a, b, (5, 7))
+    np.testing.assert_allclose(by_name["b dy"], np.asarray(dy), atol=1e-5)
+    full = np.moveaxis(np.asarray(windowed_pearson(a, b, (5, 7))), (-2, -1), (0, 1))
+    np.testing.assert_allclose(np.asarray(by_name["b correlation map"]), full, atol=1e-6)

@@ -154,3 +154,22 @@ def test_time_series_uses_the_time_point_shown(viewer_and_widget, wait_idle):
     occupancy = viewer.layers["series occupancy"]
     assert occupancy.data.shape == (4, 4, 4) and occupancy.data[3, 3, 3] == 1 and occupancy.data.sum() == 1
     np.testing.assert_allclose(occupancy.scale, [2.0, 2.0, 4.0])
+
+
+def test_lazy_layer_is_never_loaded_whole(viewer_and_widget, wait_idle):
+    import dask.array as da
+
+    viewer, widget = viewer_and_widget
+    rng = np.random.default_rng(3)
+    volume = rng.random((64, 80, 72)) > 0.999
+    lazy = da.from_array(volume, chunks=(32, 40, 36))
+    viewer.add_image(lazy, name="lazy", contrast_limits=(0, 1))
+    widget.run_button.native.click()
+    wait_idle(widget)
+    occupancy = viewer.layers["lazy occupancy"]
+    expected = reference_levels(volume, 0.0)
+    level = widget.level.value
+    np.testing.assert_array_equal(np.asarray(occupancy.data), expected[level])
+    widget.level.value = 0  # level 0 stays lazy: a NumPy threshold that napari reads slice by slice
+    assert type(occupancy.data).__module__.startswith("dask")
+    np.testing.assert_array_equal(np.asarray(occupancy.data).astype(bool), expected[0])

@@ -12,6 +12,23 @@ def volume():
     return (rng.random((2, 19, 40, 33)) > 0.99).astype(np.uint16) * 300
 
 
+def test_block_writer_on_a_volume_larger_than_a_block(tmp_path):
+    """Levels 0-2 written by the block tasks, 3-7 assembled from them, 8+ from level 7: all exact."""
+    import dask.array as da
+
+    rng = np.random.default_rng(6)
+    volume = rng.random((300, 140, 260), dtype=np.float32) > 0.99995
+    out = write_mipmap(da.from_array(volume, chunks=(100, 70, 130)), tmp_path / "big.ome.zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Reader
+
+    node = next(iter(Reader(parse_url(str(out)))()))
+    expected = occupancy_mipmap(volume)
+    assert len(node.data) == len(expected) == 10
+    for level, reference in zip(node.data, expected):
+        np.testing.assert_array_equal(np.asarray(level), np.asarray(reference))
+
+
 def test_readers_are_lazy_and_exact(tmp_path, volume):
     import tifffile
     import zarr
@@ -26,7 +43,8 @@ def test_readers_are_lazy_and_exact(tmp_path, volume):
         np.testing.assert_array_equal(lazy.compute(), volume)
 
 
-def test_write_mipmap_is_standard_ome_zarr(tmp_path, volume):
+@pytest.mark.parametrize("lazy", [True, False], ids=["dask", "in-memory"])
+def test_write_mipmap_is_standard_ome_zarr(tmp_path, volume, lazy):
     import dask.array as da
     from ome_zarr.io import parse_url
     from ome_zarr.reader import Reader
@@ -56,8 +74,10 @@ def test_write_mipmap_leaves_nothing_behind_on_failure(tmp_path, volume):
     def failing(graphs):
         raise MemoryError("out of memory half-way")
 
+    import dask.array as da
+
     with pytest.raises(MemoryError):
-        write_mipmap(volume, tmp_path / "p.ome.zarr", compute=failing)
+        write_mipmap(da.from_array(volume), tmp_path / "p.ome.zarr", compute=failing)
     assert list(tmp_path.iterdir()) == []
     write_mipmap(volume, tmp_path / "p.ome.zarr")
     with pytest.raises(ValueError, match="already exists"):

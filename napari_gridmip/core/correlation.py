@@ -110,24 +110,60 @@ def standardize(stack: jax.Array) -> jax.Array:
     return jnp.where(norm > 0, centred / safe, jnp.where(jnp.isnan(norm), jnp.nan, 0))
 
 
+UNROLL_FRAMES = 16  # sums over up to this many frames are unrolled; longer stacks loop over blocks of them
+
+
+def _sum_over_frames(k: int, term: Callable[[Any], jax.Array]) -> jax.Array:
+    """``sum(term(f) for f in range(k))``, unrolled for short stacks, a loop over blocks for long ones.
+
+    Unrolled multiply-adds with static slices are what XLA's CPU backend fuses
+    into fast vectorised loops (30x faster than a reduce), but the program, and
+    its compile time, grows with K: 60 s at K=1000 (issue 10). Beyond
+    ``UNROLL_FRAMES`` the frames go in blocks of that many through a
+    ``fori_loop`` (one compiled block whatever K), plus the unrolled remainder.
+    ``term`` takes a frame index (an int, or a traced int32 inside the loop).
+    """
+    if k <= UNROLL_FRAMES:
+        acc = term(0)
+        for f in range(1, k):
+            acc = acc + term(f)
+        return acc
+    blocks, rest = divmod(k, UNROLL_FRAMES)
+
+    def block(i, acc):
+        first = i * UNROLL_FRAMES
+        for f in range(UNROLL_FRAMES):
+            acc = acc + term(first + f)
+        return acc
+
+    acc = lax.fori_loop(0, blocks, block, jnp.zeros_like(term(0)))
+    for f in range(blocks * UNROLL_FRAMES, k):
+        acc = acc + term(f)
+    return acc
+
+
+def _frame(x: jax.Array, f: Any, axis: int = 0) -> jax.Array:
+    """Frame ``f`` of ``x`` along ``axis``: a static index, or a dynamic one inside the frame loop."""
+    if isinstance(f, int):
+        return lax.index_in_dim(x, f, axis, keepdims=False)
+    return lax.dynamic_index_in_dim(x, f, axis, keepdims=False)
+
+
 def _row_planes(z1_rows: jax.Array, z2c: jax.Array, wn: int) -> jax.Array:
     """Correlations at the ``wn`` column offsets of one row offset: ``(wn, T, N - 2n)``.
 
     ``z1_rows`` is ``(K, T, N)`` (img1's rows shifted by the row offset), ``z2c``
-    is ``(K, T, N - 2n)``. The sums over K and the column offsets are unrolled
-    into plain multiply-adds with static slices: XLA's CPU backend fuses those
-    into vectorised loops, where ``.sum(axis=0)`` is 30x slower and dynamic
-    column offsets are 3x slower. The row offsets stay a loop, which keeps the
-    program small (compiling all offsets unrolled takes minutes).
+    is ``(K, T, N - 2n)``. The sums over K (see :func:`_sum_over_frames`) and the
+    column offsets are plain multiply-adds with static slices: XLA's CPU backend
+    fuses those into vectorised loops, where ``.sum(axis=0)`` is 30x slower and
+    dynamic column offsets are 3x slower. The row offsets stay a loop, which
+    keeps the program small (compiling all offsets unrolled takes minutes).
     """
     cols = z2c.shape[-1]
-    planes = []
-    for b in range(wn):
-        acc = None
-        for k in range(z1_rows.shape[0]):
-            term = z1_rows[k, :, b : b + cols] * z2c[k]
-            acc = term if acc is None else acc + term
-        planes.append(acc)
+    k = z1_rows.shape[0]
+    planes = [
+        _sum_over_frames(k, lambda f, b=b: _frame(z1_rows, f)[:, b : b + cols] * _frame(z2c, f)) for b in range(wn)
+    ]
     return jnp.stack(planes)
 
 
@@ -208,10 +244,7 @@ def _neighbourhood(
     take = jax.vmap(jax.vmap(lambda r, c: lax.dynamic_slice(z1k, (item, r, c, zero), size)[0]))
     blocks = take(rows, cols)  # (T, N - 2n, 3 or 1, 3 or 1, K)
     z2k = jnp.moveaxis(z2c, 0, -1)
-    acc = None
-    for f in range(k):
-        term = blocks[..., f] * z2k[:, :, None, None, f]
-        acc = term if acc is None else acc + term
+    acc = _sum_over_frames(k, lambda f: _frame(blocks, f, -1) * _frame(z2k, f, -1)[:, :, None, None])
     # an axis of size 1 has no neighbours: repeat the centre (its sub-pixel step is forced to 0 later)
     return jnp.broadcast_to(acc, acc.shape[:2] + (3, 3)) if (wm == 1 or wn == 1) else acc
 

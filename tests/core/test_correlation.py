@@ -66,7 +66,15 @@ def well_conditioned(shape, seed=0):
     return rng.random(shape), rng.random(shape)
 
 
-CASES = [((6, 23, 19), (5, 3)), ((2, 7, 9), (1, 1)), ((4, 5, 8), (5, 1)), ((3, 9, 9), (9, 9)), ((10, 17, 30), (7, 15))]
+CASES = [
+    ((6, 23, 19), (5, 3)),
+    ((2, 7, 9), (1, 1)),
+    ((4, 5, 8), (5, 1)),
+    ((3, 9, 9), (9, 9)),
+    ((10, 17, 30), (7, 15)),
+    ((37, 12, 11), (3, 5)),  # long stacks: frames in a loop over blocks of 16, plus a remainder of 5
+    ((48, 9, 10), (3, 3)),  # no remainder
+]
 
 
 @pytest.mark.parametrize(("shape", "window"), CASES)
@@ -171,6 +179,32 @@ def test_peak_and_integer_offsets_match_the_full_map():
     np.testing.assert_array_equal(np.isnan(dy), edge)
     np.testing.assert_array_equal(dy[~edge], (a - 3)[~edge])
     np.testing.assert_array_equal(dx[~edge], (b - 2)[~edge])
+
+
+@pytest.mark.parametrize("frames", [16, 17, 50])
+def test_long_stacks_find_the_same_peaks(frames):
+    img1, img2 = well_conditioned((frames, 21, 19), seed=frames)
+    full = reference_map(img1, img2, (5, 5))
+    dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, (5, 5), subpixel="none", dtype=np.float64))
+    np.testing.assert_allclose(peak, full.reshape(full.shape[:2] + (-1,)).max(-1), atol=1e-12)
+
+
+def test_the_program_does_not_grow_with_the_stack():
+    """Compile time flat in K: the traced search is the same size for 40 and 1000 frames."""
+    from napari_gridmip.core import correlation
+
+    def program_size(frames):
+        z = jax.ShapeDtypeStruct((1, frames, 48, 48), jnp.float32)
+        zk = jax.ShapeDtypeStruct((1, 48, 48, frames), jnp.float32)
+        row0 = jax.ShapeDtypeStruct((), jnp.int32)
+        lowered = correlation._displacement_band.lower(
+            z, zk, z, row0, window=(9, 9), tile=16, band=40, method="hessian"
+        )
+        return len(lowered.as_text())
+
+    small, large = program_size(40), program_size(1000)
+    assert large < 1.05 * small, (small, large)
+    assert program_size(10) < small  # short stacks stay unrolled (the fast steady state)
 
 
 def test_hessian_matches_a_float64_numpy_implementation():

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
+
+import numpy as np
 
 # The event JAX records each time it traces a function into a jaxpr: a new trace
 # means a new compiled program (a cache hit records nothing).
@@ -36,3 +39,27 @@ def count_traces() -> Iterator[TraceCount]:
         unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)  # JAX >= 0.4.36 or so
         if unregister is not None:
             unregister(counter._listener)
+
+
+def two_balls(n: int = 64, radius: int = 4, dtype: type = np.float32) -> np.ndarray:
+    """The probe volume: two small balls of ones in opposite corners of an ``n``-cube of zeros."""
+    z, y, x = np.mgrid[:n, :n, :n]
+    volume = np.zeros((n, n, n), dtype)
+    for c in (radius + 1, n - radius - 2):
+        volume[(z - c) ** 2 + (y - c) ** 2 + (x - c) ** 2 <= radius**2] = 1
+    return volume
+
+
+def reference_levels(volume, threshold=0.0):
+    """Obviously right: level 0 by comparison, each coarser voxel an any() over its clipped block."""
+    # Python numbers compare exactly (NumPy would round the threshold to the volume's dtype first)
+    level = (np.asarray(volume).astype(object) > threshold).astype(bool)
+    levels = [level]
+    while any(n > 1 for n in level.shape):
+        shape = tuple((n + 1) // 2 for n in level.shape)
+        coarse = np.zeros(shape, dtype=bool)
+        for z, y, x in itertools.product(*map(range, shape)):
+            coarse[z, y, x] = level[2 * z : 2 * z + 2, 2 * y : 2 * y + 2, 2 * x : 2 * x + 2].any()
+        levels.append(coarse)
+        level = coarse
+    return levels

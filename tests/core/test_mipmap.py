@@ -1,7 +1,5 @@
 """occupancy_mipmap against a plain NumPy loop reference."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,22 +11,7 @@ from hypothesis.extra import numpy as hnp
 from napari_gridmip import mipmap_shapes, occupancy_mipmap
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.mipmap import halve_occupancy, occupancy_levels
-from tests.helpers import count_traces
-
-
-def reference_levels(volume, threshold=0.0):
-    """Obviously right: level 0 by comparison, each coarser voxel an any() over its clipped block."""
-    # Python numbers compare exactly (NumPy would round the threshold to the volume's dtype first)
-    level = (np.asarray(volume).astype(object) > threshold).astype(bool)
-    levels = [level]
-    while any(n > 1 for n in level.shape):
-        shape = tuple((n + 1) // 2 for n in level.shape)
-        coarse = np.zeros(shape, dtype=bool)
-        for z, y, x in itertools.product(*map(range, shape)):
-            coarse[z, y, x] = level[2 * z : 2 * z + 2, 2 * y : 2 * y + 2, 2 * x : 2 * x + 2].any()
-        levels.append(coarse)
-        level = coarse
-    return levels
+from tests.helpers import count_traces, reference_levels
 
 
 def assert_levels_equal(actual, expected):

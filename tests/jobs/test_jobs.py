@@ -18,6 +18,7 @@ from napari_gridmip._jobs import (
 )
 from napari_gridmip._placement import Frame
 from napari_gridmip.core import extract_patches, find_displacement, windowed_pearson
+from tests.helpers import two_balls
 
 
 def plain_frame(ndim, scale=None, translate=None):
@@ -42,14 +43,6 @@ class Steps:
         if self.stop_after is not None and len(self.seen) >= self.stop_after:
             raise KeyboardInterrupt("cancelled by the test")
         self.seen.append((done, total))
-
-
-def two_balls(n=64, radius=4):
-    z, y, x = np.mgrid[:n, :n, :n]
-    volume = np.zeros((n, n, n), np.float32)
-    for c in (radius + 1, n - radius - 2):
-        volume[(z - c) ** 2 + (y - c) ** 2 + (x - c) ** 2 <= radius**2] = 1
-    return volume
 
 
 def test_mipmap_job_shows_blocks_around_the_content():

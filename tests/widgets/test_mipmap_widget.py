@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
-from tests.core.test_mipmap import reference_levels
+from tests.helpers import reference_levels
 
 
 @pytest.fixture

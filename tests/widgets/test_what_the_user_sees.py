@@ -6,6 +6,7 @@ import pytest
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 from napari_gridmip._widgets.patches_widget import PatchesWidget
+from tests.helpers import two_balls
 
 WINDOW = (1400, 900)
 
@@ -30,17 +31,9 @@ def shown(make_napari_viewer, qtbot):
         qtbot.waitUntil(lambda w=widget: not w.runner.busy, timeout=120_000)
 
 
-def two_balls(n=64, radius=5):
-    z, y, x = np.mgrid[:n, :n, :n]
-    volume = np.zeros((n, n, n), np.uint8)
-    for c in (radius + 1, n - radius - 2):
-        volume[(z - c) ** 2 + (y - c) ** 2 + (x - c) ** 2 <= radius**2] = 1
-    return volume
-
-
 def test_mipmap_draws_blocks_around_the_balls_in_3d(shown, wait_idle, qtbot):
     viewer, widget = shown(MipmapWidget)
-    volume = viewer.add_image(two_balls(), name="balls")
+    volume = viewer.add_image(two_balls(radius=5, dtype=np.uint8), name="balls")
     widget.run_button.native.click()
     wait_idle(widget)
     volume.visible = False  # look at the occupancy blocks alone

@@ -94,9 +94,9 @@ def compile_cache_dir() -> os.PathLike:
 class MipmapRequest:
     """The inputs of an occupancy-mipmap run, captured on the GUI thread.
 
-    ``data`` is the 3D volume (a time point already selected for 4D+ layers);
-    ``frame`` is the transform of the 3D layer it comes from, restricted to its
-    last three axes.
+    ``data`` is the volume ``(..., Z, Y, X)``: one time point of a 4D+ layer
+    (then ``frame`` is the layer's transform restricted to its last three
+    axes), or all of them (one pyramid per leading index).
     """
 
     name: str
@@ -107,9 +107,11 @@ class MipmapRequest:
 
 
 def level_placement(frame: Frame, level: int) -> dict[str, Any]:
-    """Placement of mipmap level ``level``: each voxel covers a ``2**level`` block of the input."""
+    """Placement of mipmap level ``level``: each voxel covers a ``2**level`` block of the input's last three
+    axes; leading (time, channel) axes keep their steps."""
     factor = 2**level
-    return derived_placement(frame, step=factor, offset=(factor - 1) / 2)
+    lead = frame.ndim - 3
+    return derived_placement(frame, step=[1] * lead + [factor] * 3, offset=[0] * lead + [(factor - 1) / 2] * 3)
 
 
 def default_level(counts: Sequence[int], max_blocks: int = MAX_BLOCKS) -> int:
@@ -140,7 +142,7 @@ def occupancy_layer(name: str, level_data: Any, frame: Frame, level: int) -> Lay
 
 def make_mipmap_job(request: MipmapRequest) -> Job:
     """Threshold and reduce on the device; then fetch and count each level (one progress step each)."""
-    _validate_3d(request.name, request.data)
+    _validate_volume(request.name, request.data)
 
     def run(progress: ProgressCallback) -> JobResult:
         if is_lazy(request.data):
@@ -175,7 +177,7 @@ def _levels_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tup
     """Threshold and reduce on the device; then fetch and count each level (one progress step each)."""
     from napari_gridmip.core import mipmap_shapes, occupancy_mipmap
 
-    total = len(mipmap_shapes(tuple(request.data.shape))) + 1
+    total = len(mipmap_shapes(tuple(request.data.shape[-3:]))) + 1
     progress(0, total)
     device_levels = occupancy_mipmap(np.asarray(request.data), threshold=request.threshold)
     levels, counts = [], []
@@ -256,9 +258,9 @@ def mipmap_summary(levels: Sequence[np.ndarray], counts: Sequence[int], shown: i
     )
 
 
-def _validate_3d(name: str, data: Any) -> None:
-    if len(data.shape) != 3:
-        raise ValueError(f"layer {name!r} must be 3D (or a time point of a 4D+ layer); got shape {tuple(data.shape)}")
+def _validate_volume(name: str, data: Any) -> None:
+    if len(data.shape) < 3:
+        raise ValueError(f"layer {name!r} must be 3D, or a 4D+ stack of volumes; got shape {tuple(data.shape)}")
 
 
 # -- patches ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ class MipmapWidget(JobWidget):
     """Compute the occupancy pyramid of a 3D Image or Labels layer and show one level's cells as blocks."""
 
     settings_key = "mipmap"
-    persisted = ("threshold", "per_level")
+    persisted = ("threshold", "per_level", "all_time_points")
 
     def __init__(self, napari_viewer: napari.viewer.Viewer) -> None:
         super().__init__(napari_viewer)
@@ -43,6 +43,12 @@ class MipmapWidget(JobWidget):
             tooltip="A voxel is occupied when its value is greater than this; NaN is empty.",
         )
         self.per_level = CheckBox(name="per_level", text="Also add one image layer per level", value=False)
+        self.all_time_points = CheckBox(
+            name="all_time_points",
+            text="All time points (4D+ layers)",
+            value=False,
+            tooltip="Off: the time point the sliders show. On: one pyramid per time point (and channel).",
+        )
         self.level = SpinBox(
             name="level",
             label="Level shown",
@@ -52,15 +58,15 @@ class MipmapWidget(JobWidget):
             enabled=False,
             tooltip="Which level's occupied cells the occupancy layer shows (no recomputation)",
         )
-        self._finish([self.layer, self.threshold, self.per_level], [self.level])
+        self._finish([self.layer, self.threshold, self.all_time_points, self.per_level], [self.level])
         self.level.changed.connect(self._show_level)
         self._shown: dict[str, Any] = {}  # the last result: levels, counts, frame and its layer (weakly)
 
     def make_job(self) -> Job:
-        layer = require_layer(self.layer, "a 3D Image or Labels layer")
+        layer = require_layer(self.layer, "a 3D (or 4D+) Image or Labels layer")
         data = layer.data[0] if layer.multiscale else layer.data
         frame = Frame.of(layer)
-        if data.ndim > 3:
+        if data.ndim > 3 and not self.all_time_points.value:
             # a time series (or channels): the time point shown by the dims sliders, as a lazy view
             index = tuple(int(i) for i in self._viewer.dims.current_step[: data.ndim - 3])
             data = data[index]

@@ -173,3 +173,22 @@ def test_lazy_layer_is_never_loaded_whole(viewer_and_widget, wait_idle):
     widget.level.value = 0  # level 0 stays lazy: a NumPy threshold that napari reads slice by slice
     assert type(occupancy.data).__module__.startswith("dask")
     np.testing.assert_array_equal(np.asarray(occupancy.data).astype(bool), expected[0])
+
+
+def test_all_time_points_make_one_pyramid_each(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    series = np.zeros((3, 8, 8, 8), np.uint8)
+    series[0, 0, 0, 0] = series[2, 7, 7, 7] = 1
+    layer = viewer.add_image(series, name="series", scale=(5.0, 1.0, 1.0, 2.0), translate=(100.0, 0, 0, 0))
+    widget.all_time_points.value = True
+    widget.run_button.native.click()
+    wait_idle(widget)
+    occupancy = viewer.layers["series occupancy"]
+    assert occupancy.data.shape == (3, 4, 4, 4)  # level 1 of every time point
+    assert occupancy.data[0, 0, 0, 0] == 1 and occupancy.data[2, 3, 3, 3] == 1 and occupancy.data[1].sum() == 0
+    np.testing.assert_allclose(occupancy.scale, [5.0, 2.0, 2.0, 4.0])  # time keeps its step
+    # a level-1 cell covers its 2x2x2 block at the same time point
+    np.testing.assert_allclose(occupancy.data_to_world((2, 0, 0, 0)), layer.data_to_world((2, 0.5, 0.5, 0.5)))
+    widget.level.value = 3
+    assert occupancy.data.shape == (3, 1, 1, 1)
+    np.testing.assert_allclose(occupancy.scale, [5.0, 8.0, 8.0, 16.0])

@@ -64,16 +64,16 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     app = QApplication.instance() or QApplication([])
     cases = [
-        ("mipmap_3d", MipmapWidget, "occupancy", {}, 3),
-        ("mipmap_2d", MipmapWidget, "occupancy", {}, 2),
-        ("patches", PatchesWidget, "tiles", {"blend": "gaussian"}, 2),
-        ("correlation", CorrelationWidget, "speckle", {"window_rows": 15, "window_cols": 15}, 2),
+        ("mipmap_3d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 3),
+        ("mipmap_2d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 2),
+        ("patches", PatchesWidget, "Reassemble patches", "tiles", {"blend": "gaussian"}, 2),
+        ("correlation", CorrelationWidget, "Correlation map", "speckle", {"window_rows": 15, "window_cols": 15}, 2),
     ]
-    for name, widget_class, sample, fields, ndisplay in cases:
+    for name, widget_class, title, sample, fields, ndisplay in cases:
         viewer = napari.Viewer(title="napari-gridmip", show=True)
         viewer.window._qt_window.resize(*WINDOW)
         widget = widget_class(viewer)
-        viewer.window.add_dock_widget(widget, name=widget_class.__name__)
+        viewer.window.add_dock_widget(widget, name=title)  # the display name napari.yaml gives it
         viewer.open_sample("napari-gridmip", sample)
         for field, value in fields.items():
             getattr(widget, field).value = value

@@ -21,7 +21,7 @@ from typing import Any
 
 PLUGIN = "napari-gridmip"
 WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Correlation map"]  # display names in napari.yaml
-SAMPLE_KEYS = ["occupancy", "tiles", "speckle"]
+SAMPLE_KEYS = ["occupancy", "tiles", "speckle"]  # in WIDGET_NAMES' order: each sample is for that widget
 
 EXAMPLES = {
     "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5",
@@ -123,10 +123,15 @@ def open_viewer(args: argparse.Namespace) -> None:
     import napari
 
     viewer = napari.Viewer(title="napari-gridmip")
-    for widget_name in WIDGET_NAMES:
-        viewer.window.add_plugin_dock_widget(PLUGIN, widget_name)
+    # tabs, not a stack: three docks stacked need more height than a laptop screen has
+    docks = [viewer.window.add_plugin_dock_widget(PLUGIN, name, tabify=True)[0] for name in WIDGET_NAMES]
     if not args.no_sample:
         viewer.open_sample(PLUGIN, args.sample)
+    # the tab of the widget that takes the sample comes to the front once the window is up
+    front = docks[SAMPLE_KEYS.index(args.sample)] if not args.no_sample else docks[0]
+    from qtpy.QtCore import QTimer
+
+    QTimer.singleShot(0, front.raise_)
     napari.run()
 
 

@@ -80,6 +80,13 @@ def test_main_opens_napari_with_the_widgets_and_a_sample(make_napari_viewer, mon
     assert "astronaut tiles" in viewer.layers
     docked = " ".join(viewer.window.dock_widgets.keys())
     assert all(name in docked for name in __main__.WIDGET_NAMES), docked
+    # the three docks are tabs of one dock area, not a stack that needs a tall screen
+    from qtpy.QtWidgets import QDockWidget
+
+    qt_window = viewer.window._qt_window
+    ours = [d for d in qt_window.findChildren(QDockWidget) if "napari-gridmip" in d.windowTitle()]
+    assert len(ours) == 3
+    assert all(len(qt_window.tabifiedDockWidgets(dock)) == 2 for dock in ours)
 
 
 def test_widget_modules_load_without_jax():

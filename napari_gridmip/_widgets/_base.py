@@ -79,7 +79,7 @@ class JobWidget(Container):
         self.cancel_button = PushButton(text="Cancel", name="cancel")
         self.status = wrapping_label("status", "Status", "Ready")
         self.summary = wrapping_label("summary", "Result")
-        self.device = wrapping_label("device", "Device", "JAX device: shown after the first run")
+        self.device = wrapping_label("device", "Device", "known after the first run")
         self.runner = BackgroundRunner(
             run_button=self.run_button, cancel_button=self.cancel_button, status=self.status, viewer=viewer
         )

@@ -163,7 +163,7 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
             ]
         layers.append(occupancy_layer(request.name, levels[shown], request.frame, shown))
         summary = mipmap_summary(levels, counts, shown)
-        return JobResult(layers, summary, {"levels": levels, "counts": counts, "level": shown})
+        return JobResult(layers, summary, {"levels": levels, "counts": counts, "level": shown, "frame": request.frame})
 
     return Job(f"Occupancy mipmap of {request.name!r}", run)
 

@@ -78,7 +78,6 @@ class MipmapWidget(JobWidget):
             threshold=float(self.threshold.value),
             per_level=bool(self.per_level.value),
         )
-        self._pending_frame = frame
         return make_mipmap_job(request)
 
     def show_result(self, result: JobResult, added: list) -> None:
@@ -87,7 +86,7 @@ class MipmapWidget(JobWidget):
         self._shown = {
             "levels": levels,
             "counts": result.details["counts"],
-            "frame": self._pending_frame,
+            "frame": result.details["frame"],
             "layer": weakref.ref(occupancy),
         }
         with self.level.changed.blocked():

@@ -188,9 +188,10 @@ def run_merge(args: argparse.Namespace, compute: Any) -> None:
         raise UsageError(f"a patch stack with {d} tiled axes needs at least {2 * d} axes; got shape {patches.shape}")
     image_shape = args.image_shape
     if image_shape is None:
+        from napari_gridmip._jobs import infer_image_shape
+
         grid, patch = patches.shape[:d], patches.shape[patches.ndim - d :]
-        lead = patches.shape[d : patches.ndim - d]
-        image_shape = lead + tuple((g - 1) * s + p for g, p, s in zip(grid, patch, args.stride))
+        image_shape = infer_image_shape(grid, patches.shape[d : patches.ndim - d], patch, tuple(args.stride))
     merged = merge_patches(patches, image_shape, args.stride, blend=args.blend)
     write_array(merged, args.output, overwrite=args.overwrite, compute=compute)
 

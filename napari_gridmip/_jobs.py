@@ -279,6 +279,11 @@ class MergeRequest:
     placement_axes: tuple[int, ...]  # the patch layer's axes that the merged image keeps, in order
 
 
+def infer_image_shape(grid: tuple[int, ...], lead: tuple[int, ...], patch: tuple[int, ...], stride: tuple[int, ...]):
+    """The smallest image the grid covers with no flush patch: ``(g - 1) * s + p`` per tiled axis."""
+    return lead + tuple((g - 1) * s + p for g, p, s in zip(grid, patch, stride))
+
+
 def is_colour(image_shape: Sequence[int], tiled_axes: int) -> bool:
     """A merged 2D picture with a leading axis of 3 or 4 channels (RGB or RGBA)."""
     return tiled_axes == 2 and len(image_shape) == 3 and image_shape[0] in (3, 4)

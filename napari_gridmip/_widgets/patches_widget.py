@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from magicgui.widgets import ComboBox, LineEdit, SpinBox
 from napari.layers import Image
 
-from napari_gridmip._jobs import Job, MergeRequest, make_merge_job
+from napari_gridmip._jobs import Job, MergeRequest, infer_image_shape, make_merge_job
 from napari_gridmip._placement import Frame
 from napari_gridmip._widgets._base import JobWidget, require_layer
 from napari_gridmip.core._options import BLEND_MODES
@@ -20,11 +20,6 @@ if TYPE_CHECKING:
 GRID_FIRST = "grid axes first"
 FLAT_STACK = "flat stack of patches"
 TILING_KEY = "gridmip_tiling"  # layer.metadata entry that describes a patch stack (the tiles sample sets it)
-
-
-def infer_image_shape(grid: tuple[int, ...], lead: tuple[int, ...], patch: tuple[int, ...], stride: tuple[int, ...]):
-    """The smallest image the grid covers with no flush patch: ``(g - 1) * s + p`` per tiled axis."""
-    return lead + tuple((g - 1) * s + p for g, p, s in zip(grid, patch, stride))
 
 
 class PatchesWidget(JobWidget):

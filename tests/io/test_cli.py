@@ -106,3 +106,13 @@ def test_scheduler_address_runs_on_a_cluster(inputs, tmp_path):
     np.testing.assert_array_equal(read_array(tmp_path / "c.ome.zarr").compute(), np.asarray(levels[0]))
     done = run("mipmap", str(inputs / "vol.npy"), "d.ome.zarr", "--scheduler", "tcp://127.0.0.1:1", cwd=tmp_path)
     assert done.returncode == 2 and "cannot reach the scheduler" in done.stderr
+
+
+def test_merge_infers_the_image_shape(tmp_path):
+    from napari_gridmip import extract_patches
+
+    image = np.random.default_rng(1).random((2, 60, 44), dtype=np.float32)
+    np.save(tmp_path / "p.npy", np.asarray(extract_patches(image, (20, 11), (20, 11))))
+    done = run("merge", "p.npy", "m.npy", "--stride", "20", "11", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "m.npy"), image)

@@ -509,14 +509,13 @@ def full_map(
     if hasattr(img1, "dask"):  # lazy stacks: band by band into the store, one progress step per task
         import dask.array as da
 
-        graph = da.moveaxis(windowed_pearson(img1, img2, window, dtype=dtype), (-2, -1), (-4, -3))
+        graph = windowed_pearson(img1, img2, window, dtype=dtype, offsets_first=True)
         path = os.path.join(map_dir or _temporary_folder(), "map.zarr")
         with _DaskProgress(progress):
             graph.to_zarr(path, overwrite=True)
         return da.from_zarr(path)
     if nbytes <= EAGER_MAP_BYTES:
-        full = np.asarray(windowed_pearson(img1, img2, window, dtype=dtype, progress=progress))
-        return np.moveaxis(full, (-2, -1), (-4, -3))
+        return np.asarray(windowed_pearson(img1, img2, window, dtype=dtype, offsets_first=True, progress=progress))
     import dask.array as da
     import zarr
 
@@ -528,10 +527,9 @@ def full_map(
     for done, start in enumerate(starts):
         progress(done, len(starts))
         stop = min(start + MAP_BAND_ROWS, rows)
-        band = windowed_pearson(
-            img1[..., start : stop + 2 * m, :], img2[..., start : stop + 2 * m, :], window, dtype=dtype
-        )
-        store[..., start:stop, :] = np.moveaxis(np.asarray(band), (-2, -1), (-4, -3))
+        rows_in = slice(start, stop + 2 * m)
+        band = windowed_pearson(img1[..., rows_in, :], img2[..., rows_in, :], window, dtype=dtype, offsets_first=True)
+        store[..., start:stop, :] = np.asarray(band)
     progress(len(starts), len(starts))
     return da.from_zarr(store)
 

@@ -146,8 +146,11 @@ def _at_least(n: int, chunks: tuple[int, ...], minimum: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def windowed_pearson(img1: Any, img2: Any, window: tuple[int, int], dtype: np.dtype) -> Any:
-    """The full map of dask stacks as a dask array ``(..., M - 2m, N - 2n, wm, wn)``."""
+def windowed_pearson(
+    img1: Any, img2: Any, window: tuple[int, int], dtype: np.dtype, *, offsets_first: bool = False
+) -> Any:
+    """The full map of dask stacks as a dask array ``(..., M - 2m, N - 2n, wm, wn)``
+    (``(..., wm, wn, M - 2m, N - 2n)`` with ``offsets_first``)."""
     import dask.array as da
 
     ov1, ov2, (rows, cols) = _halo_blocks(img1, img2, window)
@@ -156,18 +159,14 @@ def windowed_pearson(img1: Any, img2: Any, window: tuple[int, int], dtype: np.dt
     def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         from napari_gridmip.core.correlation import windowed_pearson as in_memory
 
-        return np.asarray(in_memory(a, b, window, dtype=dtype))
+        return np.asarray(in_memory(a, b, window, dtype=dtype, offsets_first=offsets_first))
 
-    chunks = tuple(ov1.chunks[:lead]) + (rows, cols, (window[0],), (window[1],))
-    return da.map_blocks(
-        block,
-        ov1,
-        ov2,
-        dtype=dtype,
-        chunks=chunks,
-        drop_axis=[lead],
-        new_axis=[lead + 2, lead + 3],
-    )
+    offsets = ((window[0],), (window[1],))
+    if offsets_first:
+        chunks, new_axis = (*ov1.chunks[:lead], *offsets, rows, cols), [lead, lead + 1]
+    else:
+        chunks, new_axis = (*ov1.chunks[:lead], rows, cols, *offsets), [lead + 2, lead + 3]
+    return da.map_blocks(block, ov1, ov2, dtype=dtype, chunks=chunks, drop_axis=[lead], new_axis=new_axis)
 
 
 def find_displacement(img1: Any, img2: Any, window: tuple[int, int], subpixel: str, dtype: np.dtype) -> tuple:

@@ -134,6 +134,13 @@ def check_finite_scalar(name: str, value: Any) -> float:
     return out
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """A flag: True or False (NumPy's bool too); TypeError for anything else, such as ``"no"`` or 1."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def check_choice(name: str, value: str, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")

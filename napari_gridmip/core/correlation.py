@@ -45,6 +45,7 @@ from napari_gridmip.core._transfer import to_device
 __all__ = ["find_displacement", "windowed_pearson"]
 
 TILE_ROWS = 16  # rows per tile: big enough to amortise, small enough to stay in cache
+PIXELS_FIRST_TILE_ROWS = 8  # the pixels-first map transposes each tile: 12% faster in halves (issue 10)
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never a dispatch storm
 
 ProgressCallback = Callable[[int, int], None]
@@ -149,8 +150,8 @@ def _frame(x: jax.Array, f: Any, axis: int = 0) -> jax.Array:
     return lax.dynamic_index_in_dim(x, f, axis, keepdims=False)
 
 
-def _row_planes(z1_rows: jax.Array, z2c: jax.Array, wn: int) -> jax.Array:
-    """Correlations at the ``wn`` column offsets of one row offset: ``(wn, T, N - 2n)``.
+def _row_planes(z1_rows: jax.Array, z2c: jax.Array, wn: int) -> tuple[jax.Array, ...]:
+    """Correlations at the ``wn`` column offsets of one row offset: ``wn`` planes ``(T, N - 2n)``.
 
     ``z1_rows`` is ``(K, T, N)`` (img1's rows shifted by the row offset), ``z2c``
     is ``(K, T, N - 2n)``. The sums over K (see :func:`_sum_over_frames`) and the
@@ -161,10 +162,9 @@ def _row_planes(z1_rows: jax.Array, z2c: jax.Array, wn: int) -> jax.Array:
     """
     cols = z2c.shape[-1]
     k = z1_rows.shape[0]
-    planes = [
+    return tuple(
         _sum_over_frames(k, lambda f, b=b: _frame(z1_rows, f)[:, b : b + cols] * _frame(z2c, f)) for b in range(wn)
-    ]
-    return jnp.stack(planes)
+    )
 
 
 def _rows_of(z1: jax.Array, item: jax.Array, row: jax.Array, rows: int) -> jax.Array:
@@ -178,8 +178,48 @@ def _rows_of(z1: jax.Array, item: jax.Array, row: jax.Array, rows: int) -> jax.A
     return lax.dynamic_slice(z1, (item, zero, row, zero), (1, k, rows, n))[0]
 
 
+Planes = tuple[jax.Array, ...]
+
+
+def _each_row_offset(
+    z1: jax.Array,
+    item: jax.Array,
+    z2c: jax.Array,
+    row: jax.Array,
+    window: tuple[int, int],
+    acc: Any,
+    write: Callable[[Any, jax.Array, Planes], Any],
+) -> Any:
+    """Hand the planes of every row offset ``a`` of a tile to ``acc = write(acc, a, planes)``.
+
+    ``planes`` are the ``wn`` planes ``(T, N - 2n)`` of :func:`_row_planes`.
+    Both the rows of img1 and the planes reach their consumers through the
+    loop's carry, one step late: a value carried by a loop is a buffer of its
+    own, which XLA's CPU backend cannot fuse into the next operation. Fused,
+    the planes' sums ran inside the writes into the big output, unvectorised
+    and on one core (8x slower), and the rows' dynamic slice inside every
+    plane's sum (6x slower); ``benchmarks/bench_correlation.py``, issue 10.
+    At ``a = 0`` the carried planes are still empty: they are written at row
+    offset ``-1``, which the dynamic update clamps to 0, and overwritten one
+    step later.
+    """
+    wm, wn = window
+    rows, cols = z2c.shape[-2:]
+
+    def one_row_offset(a, carry):
+        a = a.astype(jnp.int32)  # the loop counts in int64 when x64 is on for a float64 call
+        acc, z1_rows, previous = carry
+        acc = write(acc, a - 1, previous)
+        # the rows for the next offset; at the last one, a clamped slice never used
+        return acc, _rows_of(z1, item, row + a + 1, rows), _row_planes(z1_rows, z2c, wn)
+
+    empty = tuple(jnp.zeros((rows, cols), z1.dtype) for _ in range(wn))
+    acc, _, last = lax.fori_loop(0, wm, one_row_offset, (acc, _rows_of(z1, item, row, rows), empty))
+    return write(acc, jnp.int32(wm - 1), last)
+
+
 def _map_tile(z1: jax.Array, item: jax.Array, z2c: jax.Array, row: jax.Array, window: tuple[int, int]) -> jax.Array:
-    """The map for the ``T`` output rows starting at ``row``: ``(T, N - 2n, wm, wn)``.
+    """The map for the ``T`` output rows starting at ``row``, pixels first: ``(T, N - 2n, wm, wn)``.
 
     ``z1`` is the whole standardised img1 ``(B, K, M, N)`` and ``item`` the batch
     item; ``z2c`` the tile of standardised img2 already offset by ``(m, n)``:
@@ -187,12 +227,14 @@ def _map_tile(z1: jax.Array, item: jax.Array, z2c: jax.Array, row: jax.Array, wi
     """
     wm, wn = window
     rows, cols = z2c.shape[-2:]
+    zero = jnp.int32(0)
 
-    def one_row_offset(a, planes):
-        z1_rows = _rows_of(z1, item, row + a, rows)
-        return lax.dynamic_update_slice_in_dim(planes, _row_planes(z1_rows, z2c, wn)[None], a, axis=0)
+    def write(planes, a, row_planes):
+        for b, plane in enumerate(row_planes):
+            planes = lax.dynamic_update_slice(planes, plane[None, None], (a, jnp.int32(b), zero, zero))
+        return planes
 
-    planes = lax.fori_loop(0, wm, one_row_offset, jnp.zeros((wm, wn, rows, cols), z1.dtype))
+    planes = _each_row_offset(z1, item, z2c, row, window, jnp.zeros((wm, wn, rows, cols), z1.dtype), write)
     # Offsets last: transposing (wm * wn, pixels / 8, 8) moves whole 8-pixel runs and
     # is twice as fast on XLA's CPU backend as the plain 4D (or 2D) transpose.
     pixels = rows * cols
@@ -278,15 +320,15 @@ def _row_plan(out_rows: int, tile: int = TILE_ROWS, max_bands: int = MAX_BANDS) 
     return tile, band, starts
 
 
-def _tiles_of_band(z1, z2, row0, *, window, tile, band, tile_fn, outputs, global_rows=False):
-    """Run ``tile_fn(z1, item, z2c, row)`` over every batch item and tile of the band at output row ``row0``.
+def _tiles_of_band(z1, z2, row0, *, window, tile, band, update, outputs):
+    """Run ``outputs = update(outputs, item, z2c, row, start)`` over every batch item and tile of a band.
 
-    ``z1``/``z2``: standardised ``(B, K, M, N)``. ``outputs`` (leading axis B) are
-    filled tile by tile along their next axis: the band's own arrays (length
-    ``band``) or, with ``global_rows``, whole-image arrays written in place at the
-    tile's row. The last tile of a band ends flush with it (recomputing a few
-    rows rather than changing shape). One loop over (item, tile): no vmap,
-    whose batched updates cost an extra pass over each tile.
+    ``z1``/``z2``: standardised ``(B, K, M, N)``; the band starts at output row
+    ``row0``. ``z2c`` is the tile of ``z2`` offset by ``(m, n)``: ``(K, T, N - 2n)``;
+    ``row`` the tile's first output row in the image and ``start`` in the band.
+    The last tile of a band ends flush with it (recomputing a few rows rather
+    than changing shape). One loop over (item, tile): no vmap, whose batched
+    updates cost an extra pass over each tile.
     """
     m, n = window[0] // 2, window[1] // 2
     cols = z2.shape[-1] - 2 * n
@@ -299,30 +341,52 @@ def _tiles_of_band(z1, z2, row0, *, window, tile, band, tile_fn, outputs, global
         start = jnp.minimum((step % tiles) * tile, band - tile).astype(jnp.int32)
         row = row0.astype(jnp.int32) + start
         z2c = lax.dynamic_slice(z2, (item, zero, row + m, jnp.int32(n)), (1, z2.shape[1], tile, cols))[0]
-        results = tile_fn(z1, item, z2c, row)
-        at = row if global_rows else start
-        return tuple(
-            lax.dynamic_update_slice(o, res[None], (item, at) + (zero,) * (o.ndim - 2)) for o, res in zip(outs, results)
-        )
+        return update(outs, item, z2c, row, start)
 
     return lax.fori_loop(0, z1.shape[0] * tiles, body, outputs)
 
 
-@partial(jax.jit, static_argnames=("window", "tile", "band"), donate_argnums=(0,))
-def _map_band(out, z1, z2, row0, *, window, tile, band):
-    """Write rows ``[row0, row0 + band)`` of the map into ``out`` (donated: updated in place)."""
-    (out,) = _tiles_of_band(
-        z1,
-        z2,
-        row0,
-        window=window,
-        tile=tile,
-        band=band,
-        tile_fn=lambda z1_, item, z2c, row: (_map_tile(z1_, item, z2c, row, window),),
-        outputs=(out,),
-        global_rows=True,
+def _put(out: jax.Array, value: jax.Array, at: tuple) -> jax.Array:
+    """``out`` with ``value`` written in place from ``at`` (start indices of the leading axes; 0 for the rest)."""
+    zero = jnp.int32(0)
+    return lax.dynamic_update_slice(out, value, tuple(at) + (zero,) * (out.ndim - len(at)))
+
+
+@partial(jax.jit, static_argnames=("window", "tile", "band", "offsets_first"), donate_argnums=(0,))
+def _map_band(out, z1, z2, row0, *, window, tile, band, offsets_first):
+    """Write rows ``[row0, row0 + band)`` of the map into ``out`` (donated: updated in place).
+
+    ``out`` is ``(B, M - 2m, N - 2n, wm, wn)``, or ``(B, wm, wn, M - 2m, N - 2n)``
+    with ``offsets_first``: then every plane goes straight to its place, with no
+    transpose (about 2x faster, ``benchmarks/bench_correlation.py``).
+    """
+
+    def pixels_first(outs, item, z2c, row, start):
+        # The tile is written one step late, from the loop's carry, so that its
+        # transpose runs in a fusion of its own: fused into the write it ran
+        # on one core (25% slower overall). The first step writes the empty
+        # carry where the first tile goes, which the second step overwrites.
+        out, previous, previous_item, previous_row = outs
+        out = _put(out, previous[None], (previous_item, previous_row))
+        return out, _map_tile(z1, item, z2c, row, window), item, row
+
+    def planes_first(outs, item, z2c, row, start):
+        def write(out, a, planes):
+            for b, plane in enumerate(planes):
+                out = _put(out, plane[None, None, None], (item, a, jnp.int32(b), row))
+            return out
+
+        return (_each_row_offset(z1, item, z2c, row, window, outs[0], write),)
+
+    if offsets_first:
+        (out,) = _tiles_of_band(z1, z2, row0, window=window, tile=tile, band=band, update=planes_first, outputs=(out,))
+        return out
+    empty = jnp.zeros((tile, out.shape[2]) + window, out.dtype)
+    start = (out, empty, jnp.int32(0), row0.astype(jnp.int32))
+    out, last, item, row = _tiles_of_band(
+        z1, z2, row0, window=window, tile=tile, band=band, update=pixels_first, outputs=start
     )
-    return out
+    return _put(out, last[None], (item, row))
 
 
 @partial(jax.jit, static_argnames=("window", "tile", "band", "method"))
@@ -331,16 +395,15 @@ def _displacement_band(z1, z1k, z2, row0, *, window, tile, band, method):
     batch, cols = z1.shape[0], z2.shape[-1] - 2 * (window[1] // 2)
     wn = window[1]
 
-    def tile_fn(z1_, item, z2c, row):
-        peak, flat = _peak_tile(z1_, item, z2c, row, window)
+    def update(outs, item, z2c, row, start):
+        peak, flat = _peak_tile(z1, item, z2c, row, window)
         hood = _neighbourhood(z1k, item, z2c, row, flat // wn, flat % wn, window)
         dy, dx = _displacement_from_peak(peak, flat, hood, window, method)
-        return dy, dx, jnp.where(jnp.isfinite(peak), peak, jnp.nan)
+        results = (dy, dx, jnp.where(jnp.isfinite(peak), peak, jnp.nan))
+        return tuple(_put(o, r[None], (item, start)) for o, r in zip(outs, results))
 
     empty = jnp.zeros((batch, band, cols), z1.dtype)
-    return _tiles_of_band(
-        z1, z2, row0, window=window, tile=tile, band=band, tile_fn=tile_fn, outputs=(empty, empty, empty)
-    )
+    return _tiles_of_band(z1, z2, row0, window=window, tile=tile, band=band, update=update, outputs=(empty,) * 3)
 
 
 @partial(jax.jit, static_argnames=("dtype",))
@@ -400,6 +463,7 @@ def windowed_pearson(
     window: Sequence[int],
     *,
     dtype: Any = None,
+    offsets_first: bool = False,
     progress: ProgressCallback | None = None,
 ) -> jax.Array:
     """The full windowed Pearson correlation map.
@@ -416,6 +480,11 @@ def windowed_pearson(
     dtype
         ``float32`` (default) or ``float64``. float64 computes in float64 (JAX's
         x64 switch is enabled for this call only).
+    offsets_first
+        If True, the offsets come before the pixels: ``(..., wm, wn, M - 2m, N - 2n)``,
+        each offset's correlations one contiguous image. About 2x faster (the
+        planes are written where they are computed, with no transpose) and what
+        an image viewer wants: a slider over the offsets.
     progress
         Optional ``progress(done, total)``, called between row bands; it may raise
         to stop the computation early.
@@ -425,7 +494,9 @@ def windowed_pearson(
     jax.Array, or dask.array.Array for dask inputs
         Shape ``(..., M - 2m, N - 2n, wm, wn)``, ``dtype``, values in [-1, 1];
         ``out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])``,
-        0 where either vector has zero variance. Dask stacks give a lazy dask
+        0 where either vector has zero variance. With ``offsets_first``, shape
+        ``(..., wm, wn, M - 2m, N - 2n)`` and ``out[..., a, b, i, j]`` the same
+        value, computed the same way. Dask stacks give a lazy dask
         array (nothing is computed by the call), each block read with the
         window's half-size as a halo and all K frames in one chunk; it equals
         the in-memory map exactly.
@@ -440,18 +511,21 @@ def windowed_pearson(
     """
     shape, window = _check_inputs(img1, img2, window)
     dtype = _check_dtypes(img1, img2, dtype)
+    offsets_first = _validate.check_bool("offsets_first", offsets_first)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core import _chunked
 
-        return _chunked.windowed_pearson(img1, img2, window, dtype)
+        return _chunked.windowed_pearson(img1, img2, window, dtype, offsets_first=offsets_first)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
-        out_rows, out_cols = shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2)
-        tile, band, starts = _row_plan(out_rows)
-        out = jnp.zeros((z1.shape[0], out_rows, out_cols) + window, dtype)
+        pixels = (shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2))
+        tile, band, starts = _row_plan(pixels[0], TILE_ROWS if offsets_first else PIXELS_FIRST_TILE_ROWS)
+        out = jnp.zeros((z1.shape[0],) + (window + pixels if offsets_first else pixels + window), dtype)
         for done, row0 in enumerate(starts):
             _report(progress, done, len(starts))
-            out = _map_band(out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band)
+            out = _map_band(
+                out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band, offsets_first=offsets_first
+            )
             _wait(out)  # so that progress means something, and cancel can stop between bands
         _report(progress, len(starts), len(starts))
         return _reshape_in_place(out, batch + out.shape[1:])

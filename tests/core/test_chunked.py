@@ -91,6 +91,17 @@ def test_correlation_batch_axes():
         np.testing.assert_allclose(got.compute(), np.asarray(reference), rtol=0, atol=4 * EPS32)
 
 
+def test_correlation_offsets_first_in_row_chunks():
+    """Offsets first, the lazy map keeps the input's row bands: (..., wm, wn, rows, cols), chunked along rows."""
+    rng = np.random.default_rng(7)
+    a, b = rng.random((2, 2, 6, 41, 30), dtype=np.float32)
+    lazy = windowed_pearson(da.from_array(a, chunks=(1, 6, 14, 30)), b, (5, 3), offsets_first=True)
+    assert lazy.shape == (2, 5, 3, 37, 28)
+    assert lazy.chunks == ((1, 1), (5,), (3,), (12, 14, 11), (28,))
+    reference = np.asarray(windowed_pearson(a, b, (5, 3), offsets_first=True))
+    np.testing.assert_allclose(lazy.compute(), reference, rtol=0, atol=2 * EPS32)
+
+
 @pytest.mark.parametrize("blend", ["mean", "gaussian", "hann", "max", "overwrite"])
 @pytest.mark.parametrize("chunk", [37, 64, 1024])
 def test_merge_equals_in_memory(blend, chunk):

@@ -77,22 +77,32 @@ CASES = [
 ]
 
 
+def offsets_first(full_map):
+    """A pixels-first map ``(..., rows, cols, wm, wn)`` with its offsets first: ``(..., wm, wn, rows, cols)``."""
+    return np.moveaxis(full_map, (-2, -1), (-4, -3))
+
+
+@pytest.mark.parametrize("planes", [False, True], ids=["pixels_first", "offsets_first"])
 @pytest.mark.parametrize(("shape", "window"), CASES)
-def test_float32_against_float64_loop(shape, window):
+def test_float32_against_float64_loop(shape, window, planes):
     img1, img2 = well_conditioned(shape)
-    out = windowed_pearson(img1.astype(np.float32), img2.astype(np.float32), window)
+    out = windowed_pearson(img1.astype(np.float32), img2.astype(np.float32), window, offsets_first=planes)
     assert out.dtype == jnp.float32
     expected = reference_map(img1, img2, window)
+    expected = offsets_first(expected) if planes else expected
     assert out.shape == expected.shape
     np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("planes", [False, True], ids=["pixels_first", "offsets_first"])
 @pytest.mark.parametrize(("shape", "window"), CASES)
-def test_float64_really_computes_in_float64(shape, window):
+def test_float64_really_computes_in_float64(shape, window, planes):
     img1, img2 = well_conditioned(shape, seed=1)
-    out = windowed_pearson(img1, img2, window, dtype=np.float64)
+    out = windowed_pearson(img1, img2, window, dtype=np.float64, offsets_first=planes)
     assert out.dtype == jnp.float64
-    np.testing.assert_allclose(np.asarray(out), reference_map(img1, img2, window), rtol=0, atol=1e-12)
+    expected = reference_map(img1, img2, window)
+    expected = offsets_first(expected) if planes else expected
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-12)
     # the user's global setting is untouched
     assert jnp.zeros(1).dtype == jnp.float32
     assert not jax.config.jax_enable_x64
@@ -130,6 +140,8 @@ def test_nan_poisons_only_the_pairs_that_use_it():
     nan = np.isnan(out)
     assert nan.sum() == 9  # img1 pixel (4, 4) sits in 9 windows, once each
     assert nan[3, 3, 1, 1] and nan[2, 2, 2, 2] and nan[4, 4, 0, 0]
+    planes = np.asarray(windowed_pearson(img1, img2, (3, 3), offsets_first=True))
+    np.testing.assert_array_equal(planes, offsets_first(out))  # NaN in the same places
     dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, (3, 3)))
     assert np.isfinite(peak).all()  # NaN offsets are skipped by the peak search
 
@@ -145,10 +157,13 @@ def test_batch_axes():
     rng = np.random.default_rng(6)
     img1, img2 = rng.random((2, 3, 5, 10, 9)), rng.random((2, 3, 5, 10, 9))
     out = np.asarray(windowed_pearson(img1, img2, (3, 5)))
+    planes = np.asarray(windowed_pearson(img1, img2, (3, 5), offsets_first=True))
     dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, (3, 5)))
-    assert out.shape == (2, 3, 8, 5, 3, 5) and dy.shape == (2, 3, 8, 5)
+    assert out.shape == (2, 3, 8, 5, 3, 5) and planes.shape == (2, 3, 3, 5, 8, 5) and dy.shape == (2, 3, 8, 5)
     for index in np.ndindex(2, 3):
-        np.testing.assert_allclose(out[index], reference_map(img1[index], img2[index], (3, 5)), atol=1e-5)
+        expected = reference_map(img1[index], img2[index], (3, 5))
+        np.testing.assert_allclose(out[index], expected, atol=1e-5)
+        np.testing.assert_allclose(planes[index], offsets_first(expected), atol=1e-5)
         one = [np.asarray(r) for r in find_displacement(img1[index], img2[index], (3, 5))]
         # the same computation compiled for another shape: equal to float32 rounding
         np.testing.assert_allclose(dy[index], one[0], atol=1e-6)
@@ -160,11 +175,13 @@ def test_with_and_without_jit(use_jit):
     img1, img2 = (x.astype(np.float32) for x in well_conditioned((5, 12, 13), seed=7))
 
     def both(a, b):
-        return windowed_pearson(a, b, (3, 5)), find_displacement(a, b, (3, 5))
+        planes = windowed_pearson(a, b, (3, 5), offsets_first=True)
+        return windowed_pearson(a, b, (3, 5)), planes, find_displacement(a, b, (3, 5))
 
     fn = jax.jit(both) if use_jit else both
-    full, (dy, dx, peak) = fn(jnp.asarray(img1), jnp.asarray(img2))
+    full, planes, (dy, dx, peak) = fn(jnp.asarray(img1), jnp.asarray(img2))
     np.testing.assert_allclose(np.asarray(full), reference_map(img1, img2, (3, 5)), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(planes), offsets_first(reference_map(img1, img2, (3, 5))), atol=1e-5)
     np.testing.assert_allclose(np.asarray(peak), np.asarray(full).max(axis=(-2, -1)), atol=1e-6)
 
 
@@ -311,6 +328,12 @@ def test_bad_input_raises(call, match):
         call()
 
 
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_offsets_first_must_be_a_bool(flag):
+    with pytest.raises(TypeError, match=r"offsets_first must be True or False; got"):
+        windowed_pearson(np.zeros((3, 8, 8)), np.zeros((3, 8, 8)), (3, 3), offsets_first=flag)
+
+
 def test_inputs_are_not_modified():
     img1, img2 = well_conditioned((4, 10, 10), seed=10)
     before = img1.copy(), img2.copy()
@@ -340,6 +363,9 @@ def test_property_float64_matches_definition(case):
     img1, img2, window = case
     out = np.asarray(windowed_pearson(img1, img2, window, dtype=np.float64))
     np.testing.assert_allclose(out, reference_map(img1, img2, window), rtol=0, atol=1e-12)
+    # the offsets-first layout holds the very same values: the same sums, in the same order
+    planes = np.asarray(windowed_pearson(img1, img2, window, dtype=np.float64, offsets_first=True))
+    np.testing.assert_array_equal(planes, offsets_first(out))
     dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, window, dtype=np.float64))
     np.testing.assert_allclose(peak, out.max(axis=(-2, -1)), atol=1e-12)
     assert dy.shape == out.shape[:2]

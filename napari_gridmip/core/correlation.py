@@ -596,7 +596,8 @@ def find_displacement(
         z1k = _k_last(z1)
         out_rows = shape[-2] - 2 * (window[0] // 2)
         tile, band, starts = _row_plan(out_rows)
-        refine_bands = len(refine_plan(out_rows)) if subpixel == "refine" else 0
+        out_shape = (out_rows, shape[-1] - 2 * (window[1] // 2))
+        refine_bands = len(refine_plan(out_shape, shape[-3], dtype)[1]) if subpixel == "refine" else 0
         total = len(starts) + refine_bands  # the search's bands, then the refinement's
         pieces = []
         for done, row0 in enumerate(starts):

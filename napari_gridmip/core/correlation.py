@@ -45,7 +45,10 @@ from napari_gridmip.core._transfer import to_device
 __all__ = ["find_displacement", "windowed_pearson"]
 
 TILE_ROWS = 16  # rows per tile: big enough to amortise, small enough to stay in cache
-PIXELS_FIRST_TILE_ROWS = 8  # the pixels-first map transposes each tile: 12% faster in halves (issue 10)
+# The pixels-first map transposes each tile: tiles of at most this many bytes stay in cache.
+# K=10, 900x900, 15x15 (benchmarks/bench_correlation.py): float32 tiles of 2 rows (1.6 MB) 0.63 s,
+# 8 rows 0.84 s, 16 rows 0.91 s; float64 1 or 2 rows 1.1 s, 8 rows 1.3 s.
+PIXELS_FIRST_TILE_BYTES = 2 * 2**20
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never a dispatch storm
 
 ProgressCallback = Callable[[int, int], None]
@@ -522,7 +525,9 @@ def windowed_pearson(
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         pixels = (shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2))
-        tile, band, starts = _row_plan(pixels[0], TILE_ROWS if offsets_first else PIXELS_FIRST_TILE_ROWS)
+        tile_bytes = math.prod(window) * pixels[1] * dtype.itemsize  # one row of the map
+        tile = TILE_ROWS if offsets_first else max(1, min(TILE_ROWS, PIXELS_FIRST_TILE_BYTES // tile_bytes))
+        tile, band, starts = _row_plan(pixels[0], tile)
         out = jnp.zeros((z1.shape[0],) + (window + pixels if offsets_first else pixels + window), dtype)
         for done, row0 in enumerate(starts):
             _report(progress, done, len(starts))

@@ -4,7 +4,8 @@
 
 For each widget: a 1400x900 window with the widget docked, its sample opened, Run
 clicked, and the window grabbed once the result is in. The occupancy mipmap is
-shown in 3D. Prints each image's size and how much of the window's width the
+shown in 3D; the correlation once more with its full 4D map (offsets first), on
+its own, at the offset nearest the median displacement. Prints each image's size and how much of the window's width the
 canvas kept; each PNG must stay under 300 KB.
 """
 
@@ -49,6 +50,18 @@ def shoot(viewer, name: str) -> None:
         sys.exit(f"{path} is over {MAX_BYTES} bytes")
 
 
+def show_map_at_median_offset(viewer) -> None:
+    """Only the 4D map (and the input under it), its offset sliders at the median displacement."""
+    (full,) = [layer for layer in viewer.layers if layer.name.endswith("correlation map")]
+    (dy,) = [layer for layer in viewer.layers if layer.name.endswith(" dy")]
+    (dx,) = [layer for layer in viewer.layers if layer.name.endswith(" dx")]
+    for layer in viewer.layers:
+        layer.visible = layer is full
+    offsets = (np.nanmedian(dy.data), np.nanmedian(dx.data))
+    for axis, offset in zip(range(full.ndim - 4, full.ndim - 2), offsets):
+        viewer.dims.set_point(axis, float(np.round(offset)))
+
+
 def main() -> None:
     import os
     import tempfile
@@ -63,11 +76,13 @@ def main() -> None:
     os.environ.setdefault("NAPARI_GRIDMIP_CONFIG_DIR", tempfile.mkdtemp())  # leave the user's settings alone
     OUT.mkdir(exist_ok=True)
     app = QApplication.instance() or QApplication([])
+    window = {"window_rows": 15, "window_cols": 15}
     cases = [
         ("mipmap_3d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 3),
         ("mipmap_2d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 2),
         ("patches", PatchesWidget, "Reassemble patches", "tiles", {"blend": "gaussian"}, 2),
-        ("correlation", CorrelationWidget, "Correlation map", "speckle", {"window_rows": 15, "window_cols": 15}, 2),
+        ("correlation", CorrelationWidget, "Correlation map", "speckle", window, 2),
+        ("correlation_map", CorrelationWidget, "Correlation map", "speckle", {**window, "full_map": True}, 2),
     ]
     for name, widget_class, title, sample, fields, ndisplay in cases:
         viewer = napari.Viewer(title="napari-gridmip", show=True)
@@ -80,6 +95,8 @@ def main() -> None:
         widget.run_button.native.click()
         wait_for(app, widget)
         viewer.dims.ndisplay = ndisplay
+        if name == "correlation_map":
+            show_map_at_median_offset(viewer)
         viewer.reset_view()
         if ndisplay == 3:
             camera = viewer.scene.camera if hasattr(viewer, "scene") else viewer.camera

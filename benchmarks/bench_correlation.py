@@ -29,60 +29,51 @@ def numba_kernels():
     import numba
     from numba import prange
 
+    @numba.njit(inline="always", cache=True)
+    def pair_pearson(img1, img2, y1, x1, y2, x2):
+        """Pearson over K of img1[:, y1, x1] and img2[:, y2, x2], from raw sums in one pass."""
+        k_frames = img1.shape[0]
+        s1 = 0.0
+        s2 = 0.0
+        s11 = 0.0
+        s22 = 0.0
+        s12 = 0.0
+        for k in range(k_frames):
+            x = img1[k, y1, x1]
+            y = img2[k, y2, x2]
+            s1 += x
+            s2 += y
+            s11 += x * x
+            s22 += y * y
+            s12 += x * y
+        cov = s12 - s1 * s2 / k_frames
+        den = np.sqrt((s11 - s1 * s1 / k_frames) * (s22 - s2 * s2 / k_frames))
+        return cov / den if den > 0 else 0.0
+
     @numba.njit(parallel=True, cache=True)
     def numba_pearson_map(img1, img2, wm, wn):
         """Like the question's loop: every pair's Pearson from raw sums, one output element at a time."""
-        k_frames, rows, cols = img1.shape
+        _, rows, cols = img1.shape
         m, n = wm // 2, wn // 2
         out = np.empty((rows - 2 * m, cols - 2 * n, wm, wn), dtype=img1.dtype)
         for i in prange(rows - 2 * m):
             for j in range(cols - 2 * n):
                 for a in range(wm):
                     for b in range(wn):
-                        s1 = 0.0
-                        s2 = 0.0
-                        s11 = 0.0
-                        s22 = 0.0
-                        s12 = 0.0
-                        for k in range(k_frames):
-                            x = img1[k, i + a, j + b]
-                            y = img2[k, i + m, j + n]
-                            s1 += x
-                            s2 += y
-                            s11 += x * x
-                            s22 += y * y
-                            s12 += x * y
-                        cov = s12 - s1 * s2 / k_frames
-                        den = np.sqrt((s11 - s1 * s1 / k_frames) * (s22 - s2 * s2 / k_frames))
-                        out[i, j, a, b] = cov / den if den > 0 else 0.0
+                        out[i, j, a, b] = pair_pearson(img1, img2, i + a, j + b, i + m, j + n)
         return out
 
     @numba.njit(parallel=True, cache=True)
     def numba_pearson_planes(img1, img2, wm, wn):
         """The same loop for the offsets-first layout ``(wm, wn, rows, cols)``: columns innermost."""
-        k_frames, rows, cols = img1.shape
+        _, rows, cols = img1.shape
         m, n = wm // 2, wn // 2
         out = np.empty((wm, wn, rows - 2 * m, cols - 2 * n), dtype=img1.dtype)
         for i in prange(rows - 2 * m):
             for a in range(wm):
                 for b in range(wn):
                     for j in range(cols - 2 * n):
-                        s1 = 0.0
-                        s2 = 0.0
-                        s11 = 0.0
-                        s22 = 0.0
-                        s12 = 0.0
-                        for k in range(k_frames):
-                            x = img1[k, i + a, j + b]
-                            y = img2[k, i + m, j + n]
-                            s1 += x
-                            s2 += y
-                            s11 += x * x
-                            s22 += y * y
-                            s12 += x * y
-                        cov = s12 - s1 * s2 / k_frames
-                        den = np.sqrt((s11 - s1 * s1 / k_frames) * (s22 - s2 * s2 / k_frames))
-                        out[a, b, i, j] = cov / den if den > 0 else 0.0
+                        out[a, b, i, j] = pair_pearson(img1, img2, i + a, j + b, i + m, j + n)
         return out
 
     @numba.njit(parallel=True, cache=True)

@@ -222,7 +222,7 @@ def main() -> None:
         measure(
             "find_displacement refine (ours)",
             lambda: find_displacement(img1, img2, window, subpixel="refine"),
-            repeats=1,
+            repeats=r,
         ),
         measure("Numba prange loop + argmax", lambda: numba_argmax(numba_map(img1, img2, w, w)), repeats=b),
     ]

@@ -367,7 +367,7 @@ def _map_band(out, z1, z2, row0, *, window, tile, band, offsets_first):
 
     ``out`` is ``(B, M - 2m, N - 2n, wm, wn)``, or ``(B, wm, wn, M - 2m, N - 2n)``
     with ``offsets_first``: then every plane goes straight to its place, with no
-    transpose (about 2x faster, ``benchmarks/bench_correlation.py``).
+    transpose (about 1.5x faster, ``benchmarks/bench_correlation.py``).
     """
 
     def pixels_first(outs, item, z2c, row, start):
@@ -491,7 +491,7 @@ def windowed_pearson(
         x64 switch is enabled for this call only).
     offsets_first
         If True, the offsets come before the pixels: ``(..., wm, wn, M - 2m, N - 2n)``,
-        each offset's correlations one contiguous image. About 2x faster (the
+        each offset's correlations one contiguous image. About 1.5x faster (the
         planes are written where they are computed, with no transpose) and what
         an image viewer wants: a slider over the offsets.
     progress

@@ -372,9 +372,10 @@ def _map_band(out, z1, z2, row0, *, window, tile, band, offsets_first):
 
     def pixels_first(outs, item, z2c, row, start):
         # The tile is written one step late, from the loop's carry, so that its
-        # transpose runs in a fusion of its own: fused into the write it ran
-        # on one core (25% slower overall). The first step writes the empty
-        # carry where the first tile goes, which the second step overwrites.
+        # transpose runs in a fusion of its own, not fused into the write (900x900,
+        # 15x15, one process: 0.64 s against 0.79 s float32, 1.12 against 1.21 s
+        # float64). The first step writes the empty carry where the first tile
+        # goes, which the second step overwrites.
         out, previous, previous_item, previous_row = outs
         out = _put(out, previous[None], (previous_item, previous_row))
         return out, _map_tile(z1, item, z2c, row, window), item, row

@@ -141,7 +141,8 @@ def occupancy_layer(name: str, level_data: Any, frame: Frame, level: int) -> Lay
 
 
 def make_mipmap_job(request: MipmapRequest) -> Job:
-    """Threshold and reduce on the device; then fetch and count each level (one progress step each)."""
+    """The levels (in memory or block by block), the Labels layer of the default level, and per-level images
+    if asked."""
     _validate_volume(request.name, request.data)
 
     def run(progress: ProgressCallback) -> JobResult:

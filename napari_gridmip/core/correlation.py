@@ -187,6 +187,34 @@ def _rows_of(z1: jax.Array, item: jax.Array, row: jax.Array, rows: int) -> jax.A
 Planes = tuple[jax.Array, ...]
 
 
+def _over_row_offsets(
+    z1: jax.Array,
+    item: jax.Array,
+    row: jax.Array,
+    rows: int,
+    wm: int,
+    step: Callable[[jax.Array, jax.Array, Any], Any],
+    acc: Any,
+) -> Any:
+    """``acc = step(a, z1_rows, acc)`` for every row offset ``a`` of a tile; ``z1_rows`` is ``(K, T, N)``.
+
+    img1's rows for offset ``a`` reach ``step`` through the loop's carry, sliced
+    one step ahead: a value carried by a loop is a buffer of its own, which
+    XLA's CPU backend cannot fuse into the next operation. Sliced inside the
+    sums, the rows' dynamic slice was fused into every plane's sum and cost its
+    vectorisation (6x slower sums; ``benchmarks/bench_correlation.py``, issue 10).
+    """
+
+    def one_row_offset(a, carry):
+        a = a.astype(jnp.int32)  # the loop counts in int64 when x64 is on for a float64 call
+        acc, z1_rows = carry
+        # the rows for the next offset; at the last one, a clamped slice never used
+        return step(a, z1_rows, acc), _rows_of(z1, item, row + a + 1, rows)
+
+    acc, _ = lax.fori_loop(0, wm, one_row_offset, (acc, _rows_of(z1, item, row, rows)))
+    return acc
+
+
 def _each_row_offset(
     z1: jax.Array,
     item: jax.Array,
@@ -198,29 +226,22 @@ def _each_row_offset(
 ) -> Any:
     """Hand the planes of every row offset ``a`` of a tile to ``acc = write(acc, a, planes)``.
 
-    ``planes`` are the ``wn`` planes ``(T, N - 2n)`` of :func:`_row_planes`.
-    Both the rows of img1 and the planes reach their consumers through the
-    loop's carry, one step late: a value carried by a loop is a buffer of its
-    own, which XLA's CPU backend cannot fuse into the next operation. Fused,
-    the planes' sums ran inside the writes into the big output, unvectorised
-    and on one core (8x slower), and the rows' dynamic slice inside every
-    plane's sum (6x slower); ``benchmarks/bench_correlation.py``, issue 10.
-    At ``a = 0`` the carried planes are still empty: they are written at row
-    offset ``-1``, which the dynamic update clamps to 0, and overwritten one
-    step later.
+    ``planes`` are the ``wn`` planes ``(T, N - 2n)`` of :func:`_row_planes`. They
+    reach ``write`` through the loop's carry too, one step late (see
+    :func:`_over_row_offsets`): fused into the writes into the big output, the
+    sums ran unvectorised and on one core (8x slower). At ``a = 0`` the carried
+    planes are still empty: they are written at row offset ``-1``, which the
+    dynamic update clamps to 0, and overwritten one step later.
     """
     wm, wn = window
     rows, cols = z2c.shape[-2:]
 
-    def one_row_offset(a, carry):
-        a = a.astype(jnp.int32)  # the loop counts in int64 when x64 is on for a float64 call
-        acc, z1_rows, previous = carry
-        acc = write(acc, a - 1, previous)
-        # the rows for the next offset; at the last one, a clamped slice never used
-        return acc, _rows_of(z1, item, row + a + 1, rows), _row_planes(z1_rows, z2c, wn)
+    def step(a, z1_rows, carry):
+        acc, previous = carry
+        return write(acc, a - 1, previous), _row_planes(z1_rows, z2c, wn)
 
     empty = tuple(jnp.zeros((rows, cols), z1.dtype) for _ in range(wn))
-    acc, _, last = lax.fori_loop(0, wm, one_row_offset, (acc, _rows_of(z1, item, row, rows), empty))
+    acc, last = _over_row_offsets(z1, item, row, rows, wm, step, (acc, empty))
     return write(acc, jnp.int32(wm - 1), last)
 
 
@@ -257,20 +278,17 @@ def _peak_tile(z1: jax.Array, item: jax.Array, z2c: jax.Array, row: jax.Array, w
     wm, wn = window
     rows, cols = z2c.shape[-2:]
 
-    def one_row_offset(a, carry):
-        best, index, z1_rows = carry
+    def step(a, z1_rows, carry):
+        best, index = carry
         planes = _row_planes(z1_rows, z2c, wn)
         for b in range(wn):
             better = planes[b] > best
             best = jnp.where(better, planes[b], best)
             index = jnp.where(better, a * wn + b, index)
-        # the next offset's rows come through the carry, a buffer of their own (see _each_row_offset):
-        # sliced inside the sums, they made the search 1.9x slower (benchmarks/bench_correlation.py)
-        return best, index, _rows_of(z1, item, row + a + 1, rows)
+        return best, index
 
     empty = (jnp.full((rows, cols), -jnp.inf, z1.dtype), jnp.zeros((rows, cols), jnp.int32))
-    best, index, _ = lax.fori_loop(0, wm, one_row_offset, (*empty, _rows_of(z1, item, row, rows)))
-    return best, index
+    return _over_row_offsets(z1, item, row, rows, wm, step, empty)
 
 
 def _neighbourhood(

@@ -28,6 +28,7 @@ CHILD = textwrap.dedent(
     import json, os, sys, time
     import numpy as np
     from napari_gridmip import _jobs, _sample_data
+    from napari_gridmip._jobs import correlation, mipmap, patches
     from napari_gridmip._placement import Frame
 
     kind, use_cache = sys.argv[1], sys.argv[2] == "1"
@@ -40,15 +41,16 @@ CHILD = textwrap.dedent(
         return Frame(n, np.ones(n), np.zeros(n), np.eye(n), np.zeros(n * (n - 1) // 2), np.eye(n + 1))
     if kind == "mipmap":
         volume = _sample_data.make_occupancy_volume()
-        job = _jobs.make_mipmap_job(_jobs.MipmapRequest("v", volume, frame(3), 0.0))
+        job = mipmap.make_mipmap_job(mipmap.MipmapRequest("v", volume, frame(3), 0.0))
     elif kind == "merge":
         patches, tiling = _sample_data.make_image_tiles()
-        job = _jobs.make_merge_job(_jobs.MergeRequest(
+        job = patches.make_merge_job(patches.MergeRequest(
             "t", patches, tiling["image_shape"], tiling["stride"], "gaussian", frame(5), (2, 3, 4)))
     else:
         window = int(kind.split("-")[1])
         img1, img2, _ = _sample_data.make_speckle_pair()
-        job = _jobs.make_correlation_job(_jobs.CorrelationRequest("a", "b", img1, img2, frame(3), (window, window)))
+        request = correlation.CorrelationRequest("a", "b", img1, img2, frame(3), (window, window))
+        job = correlation.make_correlation_job(request)
     times = []
     for _ in range(2):
         start = time.perf_counter()

@@ -188,7 +188,7 @@ def run_merge(args: argparse.Namespace, compute: Any) -> None:
         raise UsageError(f"a patch stack with {d} tiled axes needs at least {2 * d} axes; got shape {patches.shape}")
     image_shape = args.image_shape
     if image_shape is None:
-        from napari_gridmip._jobs import infer_image_shape
+        from napari_gridmip._jobs.patches import infer_image_shape
 
         grid, patch = patches.shape[:d], patches.shape[patches.ndim - d :]
         image_shape = infer_image_shape(grid, patches.shape[d : patches.ndim - d], patch, tuple(args.stride))

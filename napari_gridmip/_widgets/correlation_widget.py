@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from magicgui.widgets import CheckBox, ComboBox, FloatSpinBox, SpinBox
 from napari.layers import Image, Vectors
 
-from napari_gridmip._jobs import CorrelationRequest, Job, JobResult, make_correlation_job
+from napari_gridmip._jobs import Job, JobResult
+from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
 from napari_gridmip._placement import Frame
 from napari_gridmip._widgets._base import JobWidget, require_layer
 from napari_gridmip.core._options import PRECISIONS, SUBPIXEL_METHODS

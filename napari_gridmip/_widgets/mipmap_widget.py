@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 from magicgui.widgets import CheckBox, FloatSpinBox, SpinBox
 from napari.layers import Image, Labels
 
-from napari_gridmip._jobs import (
-    Job,
-    JobResult,
+from napari_gridmip._jobs import Job, JobResult
+from napari_gridmip._jobs.mipmap import (
     MipmapRequest,
     as_labels,
     level_placement,

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from magicgui.widgets import ComboBox, LineEdit, SpinBox
 from napari.layers import Image
 
-from napari_gridmip._jobs import Job, MergeRequest, infer_image_shape, make_merge_job
+from napari_gridmip._jobs import Job
+from napari_gridmip._jobs.patches import MergeRequest, infer_image_shape, make_merge_job
 from napari_gridmip._placement import Frame
 from napari_gridmip._widgets._base import JobWidget, require_layer
 from napari_gridmip.core._options import BLEND_MODES

@@ -1,5 +1,10 @@
 """Pure JAX kernels: no Qt, no napari, no layers.
 
+One subpackage per job (``occupancy``, ``patches``, ``correlation``), each
+with its kernels and, in its ``_chunked`` module, their block-by-block twins
+on dask arrays; the pieces they share (input checks, option lists, the scoped
+x64 switch, the host-to-device hand-over, peak fits) sit at this level.
+
 The kernels' modules (and so JAX) load when one of these names is first used,
 so that jax-free helpers such as ``core._validate`` import fast.
 """
@@ -8,12 +13,12 @@ import importlib
 
 # public name -> the module that defines it
 _API = {
-    "occupancy_mipmap": "mipmap",
-    "mipmap_shapes": "mipmap",
-    "extract_patches": "patches",
-    "merge_patches": "patches",
-    "windowed_pearson": "correlation",
-    "find_displacement": "correlation",
+    "occupancy_mipmap": "occupancy.pyramid",
+    "mipmap_shapes": "occupancy.pyramid",
+    "extract_patches": "patches.grid",
+    "merge_patches": "patches.grid",
+    "windowed_pearson": "correlation.maps",
+    "find_displacement": "correlation.maps",
 }
 
 __all__ = sorted(_API)

@@ -17,6 +17,34 @@ def is_dask(array: Any) -> bool:
     return type(array).__module__.split(".")[0] == "dask" and hasattr(array, "chunks")
 
 
+def as_array(name: str, value: Any) -> Any:
+    """The one rule every public function applies to its data arguments.
+
+    NumPy, JAX, dask and Zarr arrays (anything with ``shape``, ``dtype`` and
+    ``__array__``, or a dask array) pass through untouched; other array-likes
+    (nested lists and tuples of numbers, NumPy scalars, objects with
+    ``__array__``) become a NumPy array, never a view the caller could see
+    modified. Text, mappings, sets, None and other objects are a TypeError;
+    a ragged nested list is a ValueError.
+    """
+    if is_dask(value) or (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "__array__")):
+        return value
+    if value is None or isinstance(value, (str, bytes, dict, set, frozenset)) or not (
+        isinstance(value, (list, tuple, int, float, bool, np.generic)) or hasattr(value, "__array__")
+    ):
+        raise TypeError(
+            f"{name} must be an array (NumPy, JAX, dask or Zarr) or a nested list of numbers; "
+            f"got {type(value).__name__}"
+        )
+    try:
+        array = np.asarray(value)
+    except ValueError as error:  # ragged nesting
+        raise ValueError(f"{name} must be a rectangular nested list of numbers: {error}") from None
+    if array.dtype == object:
+        raise ValueError(f"{name} must be a rectangular nested list of numbers; got {type(value).__name__} of objects")
+    return array
+
+
 def dtype_of(array: Any) -> np.dtype:
     """The NumPy dtype of a NumPy, JAX or array-like object."""
     dtype = getattr(array, "dtype", None)

@@ -119,6 +119,7 @@ def write_mipmap(
 
     from napari_gridmip.core import _validate
 
+    volume = _validate.as_array("volume", volume)
     ndim = len(_validate.shape_of(volume))
     if ndim > 5:
         raise ValueError(f"volume must have at most 5 axes (t, c, z, y, x) for OME-Zarr; got {ndim}")
@@ -155,7 +156,7 @@ def _create_level(group: Any, k: int, shape: tuple[int, ...], chunks: tuple[int,
 
 def _write_levels_in_memory(volume: Any, group: Any, threshold: float) -> int:
     """The in-memory path: the whole pyramid from one compiled program, then each level stored."""
-    from napari_gridmip.core.mipmap import occupancy_mipmap
+    from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap
 
     levels = occupancy_mipmap(volume, threshold=threshold)
     lead = len(levels[0].shape) - 3
@@ -178,9 +179,9 @@ def _write_levels_by_block(volume: Any, group: Any, threshold: float, compute: C
     """
     import dask
 
-    from napari_gridmip.core import _chunked
-    from napari_gridmip.core.mipmap import mipmap_shapes
-    from napari_gridmip.core.mipmap import occupancy_mipmap as in_memory
+    from napari_gridmip.core.occupancy import _chunked
+    from napari_gridmip.core.occupancy.pyramid import mipmap_shapes
+    from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
 
     lead = volume.ndim - 3
     shapes = mipmap_shapes(volume.shape[-3:])

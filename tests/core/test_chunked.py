@@ -105,7 +105,7 @@ def test_correlation_offsets_first_in_row_chunks():
 @pytest.mark.parametrize("blend", ["mean", "gaussian", "hann", "max", "overwrite"])
 @pytest.mark.parametrize("chunk", [37, 64, 1024])
 def test_merge_equals_in_memory(blend, chunk):
-    from napari_gridmip.core import _chunked
+    from napari_gridmip.core.patches import _chunked
 
     rng = np.random.default_rng(4)
     image = rng.random((3, 250, 190), dtype=np.float32)

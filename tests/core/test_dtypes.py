@@ -268,3 +268,67 @@ def test_wide_integers_are_refused_or_exact():
 def test_empty_axes_are_refused_consistently(call):
     with pytest.raises(ValueError, match="zero-length axis"):
         call()
+
+
+# -- array-likes: one rule for every public function (core._validate.as_array) ----------------------
+
+
+def _volume_list():
+    volume = np.zeros((4, 5, 3), np.float32)
+    volume[1, 2, 0] = 1
+    return volume
+
+
+LIST_CALLS = {
+    "occupancy_mipmap": (lambda x: occupancy_mipmap(x, threshold=0.5), lambda: _volume_list()),
+    "extract_patches": (lambda x: extract_patches(x, (2, 2), (1, 1)), lambda: np.arange(20.0).reshape(4, 5)),
+    "merge_patches": (
+        lambda x: merge_patches(x, (4, 4), (2, 2)),
+        lambda: np.arange(16.0).reshape(2, 2, 2, 2),
+    ),
+    "windowed_pearson": (
+        lambda x: windowed_pearson(x, x, (3, 3)),
+        lambda: np.random.default_rng(0).random((3, 5, 6)),
+    ),
+    "find_displacement": (
+        lambda x: find_displacement(x, x, (3, 3)),
+        lambda: np.random.default_rng(0).random((3, 5, 6)),
+    ),
+}
+
+
+def _leaves(result):
+    if isinstance(result, (list, tuple)):
+        return [leaf for item in result for leaf in _leaves(item)]
+    return [np.asarray(result)]
+
+
+@pytest.mark.parametrize("function", sorted(LIST_CALLS))
+@pytest.mark.parametrize("kind", ["list", "tuple"])
+def test_nested_sequences_are_accepted_like_arrays(function, kind):
+    call, make = LIST_CALLS[function]
+    array = make()
+    nested = array.tolist() if kind == "list" else _as_tuples(array.tolist())
+    expected, got = _leaves(call(array)), _leaves(call(nested))
+    assert len(expected) == len(got)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(g, e)
+
+
+def _as_tuples(nested):
+    return tuple(_as_tuples(item) for item in nested) if isinstance(nested, list) else nested
+
+
+@pytest.mark.parametrize("function", sorted(LIST_CALLS))
+@pytest.mark.parametrize("bad", ["abc", None, {"a": 1}, {1, 2}, object()], ids=["str", "None", "dict", "set", "object"])
+def test_non_arrays_are_a_type_error_naming_the_argument(function, bad):
+    call, _ = LIST_CALLS[function]
+    with pytest.raises(TypeError, match=r"must be an array .* got (str|NoneType|dict|set|object)"):
+        call(bad)
+
+
+@pytest.mark.parametrize("function", sorted(LIST_CALLS))
+def test_ragged_lists_are_a_value_error(function):
+    call, _ = LIST_CALLS[function]
+    with pytest.raises(ValueError, match="rectangular nested list"):
+        call([[[1.0, 2.0], [3.0]], [[1.0, 2.0], [3.0, 4.0]]])

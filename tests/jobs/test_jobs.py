@@ -6,16 +6,10 @@ import sys
 import numpy as np
 import pytest
 
-from napari_gridmip import _jobs
-from napari_gridmip._jobs import (
-    CorrelationRequest,
-    MergeRequest,
-    MipmapRequest,
-    default_level,
-    make_correlation_job,
-    make_merge_job,
-    make_mipmap_job,
-)
+from napari_gridmip._jobs import correlation as correlation_jobs
+from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
+from napari_gridmip._jobs.mipmap import MipmapRequest, default_level, make_mipmap_job
+from napari_gridmip._jobs.patches import MergeRequest, make_merge_job
 from napari_gridmip._placement import Frame
 from napari_gridmip.core import extract_patches, find_displacement, windowed_pearson
 from tests.helpers import two_balls
@@ -130,8 +124,8 @@ def test_correlation_job_layers_read_together(stacks):
 def test_large_full_map_is_written_in_the_worker(stacks, monkeypatch, tmp_path):
     """A map over the eager limit goes to a Zarr store band by band: napari only reads the file later."""
     a, b = stacks
-    monkeypatch.setattr(_jobs, "EAGER_MAP_BYTES", 1000)
-    monkeypatch.setattr(_jobs, "MAP_BAND_ROWS", 8)
+    monkeypatch.setattr(correlation_jobs, "EAGER_MAP_BYTES", 1000)
+    monkeypatch.setattr(correlation_jobs, "MAP_BAND_ROWS", 8)
     request = CorrelationRequest("a", "b", a, b, plain_frame(3), (5, 3), full_map=True, map_dir=str(tmp_path))
     result = make_correlation_job(request).run(Steps())
     lazy = next(data for data, meta, _ in result.layers if meta["name"] == "b correlation map")
@@ -155,7 +149,7 @@ def test_frame_of_the_last_axes():
 def test_jobs_run_without_qt():
     code = (
         "import sys, numpy as np\n"
-        "from napari_gridmip._jobs import MipmapRequest, make_mipmap_job\n"
+        "from napari_gridmip._jobs.mipmap import MipmapRequest, make_mipmap_job\n"
         "from napari_gridmip._placement import Frame\n"
         "f = Frame(3, np.ones(3), np.zeros(3), np.eye(3), np.zeros(3), np.eye(4))\n"
         "make_mipmap_job(MipmapRequest('v', np.ones((4, 4, 4)), f, 0.5)).run(lambda d, t: None)\n"

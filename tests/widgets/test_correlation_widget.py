@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from napari_gridmip import _jobs
+from napari_gridmip._jobs import correlation as correlation_jobs
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip.core import find_displacement, windowed_pearson
 
@@ -73,7 +73,7 @@ def test_full_map_eager_and_lazy(viewer_and_widget, wait_idle, monkeypatch):
     np.testing.assert_allclose(eager.translate[:2], [-2, -1])  # slider value = row offset - m
 
     viewer.layers.remove(eager)
-    monkeypatch.setattr(_jobs, "EAGER_MAP_BYTES", 1000)
+    monkeypatch.setattr(correlation_jobs, "EAGER_MAP_BYTES", 1000)
     widget.run_button.native.click()
     wait_idle(widget)
     lazy_layer = viewer.layers["b correlation map"]

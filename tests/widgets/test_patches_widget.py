@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip._widgets.patches_widget import FLAT_STACK, PatchesWidget
-from napari_gridmip.core.patches import extract_patches
+from napari_gridmip.core.patches.grid import extract_patches
 
 
 @pytest.fixture

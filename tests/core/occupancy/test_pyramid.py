@@ -10,7 +10,7 @@ from hypothesis.extra import numpy as hnp
 
 from napari_gridmip import mipmap_shapes, occupancy_mipmap
 from napari_gridmip.core._precision import precision_scope
-from napari_gridmip.core.mipmap import halve_occupancy, occupancy_levels
+from napari_gridmip.core.occupancy.pyramid import halve_occupancy, occupancy_levels
 from tests.helpers import count_traces, reference_levels
 
 

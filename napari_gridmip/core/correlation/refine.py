@@ -131,6 +131,7 @@ def _refine_band(img1k, z2, dy, dx, row0, *, window, block):
     zero = jnp.int32(0)
 
     def one_item(item, carry):
+        item = item.astype(jnp.int32)  # the loop counts in int64 when x64 is on for a float64 call
         ry, rx = carry
         z = lax.dynamic_slice(z2[item], int32_indices(0, row0 + m, n), (k, block, out_cols))
         z = jnp.moveaxis(z, 0, -1)  # (block, No, K)

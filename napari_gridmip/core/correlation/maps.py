@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +40,8 @@ from napari_gridmip.core import _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
-from napari_gridmip.core._refine import refine_displacement, refine_plan
-from napari_gridmip.core._transfer import to_device
+from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
+from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
 
 __all__ = ["find_displacement", "windowed_pearson"]
 
@@ -55,6 +55,18 @@ PIXELS_FIRST_TILE_BYTES = 2 * 2**20
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never a dispatch storm
 
 ProgressCallback = Callable[[int, int], None]
+
+
+class Displacement(NamedTuple):
+    """What :func:`find_displacement` returns: three arrays of one shape, which unpack as ``dy, dx, peak``."""
+
+    dy: Any
+    """Row displacement (pixels): ``img1[y + dy, x + dx]`` matches ``img2[y, x]``; NaN where the peak is on
+    the window's edge."""
+    dx: Any
+    """Column displacement (pixels), NaN where ``dy`` is."""
+    peak: Any
+    """The correlation at the integer peak, in [-1, 1]: a confidence."""
 
 
 # -- validation -------------------------------------------------------------------
@@ -448,14 +460,37 @@ def _k_last(z: jax.Array) -> jax.Array:
 
 
 def _on_device(img: Any, dtype: np.dtype) -> jax.Array:
-    """A stack on the device. 64-bit data computed in float32 is converted by NumPy first: JAX would
-    narrow int64 to int32 (wrapping values above 2**31) before any float conversion."""
-    if is_wide(_validate.dtype_of(img)) and dtype == np.float32:
-        if isinstance(img, jax.Array):  # made under x64: convert while x64 is on, so nothing wraps
+    """A stack on the device, ready to be cast to the compute ``dtype`` without losing its variations.
+
+    Data wider than ``dtype`` (float64 computed in float32) has each pixel's
+    first frame subtracted in its own precision, in the same pass as the cast:
+    a Pearson correlation over K ignores a constant per pixel, and offset data
+    (1e4 plus noise of 1e-2) then keeps its noise instead of rounding it away
+    (``tests/core/correlation/test_maps.py``). 64-bit integers are converted
+    by NumPy: JAX would narrow int64 to int32 (wrapping values above 2**31)
+    before any float conversion; those that reach here fit float32 exactly.
+    """
+    source = _validate.dtype_of(img)
+    if is_wide(source) and dtype == np.float32:
+        if isinstance(img, jax.Array):  # made under x64: work while x64 is on, so nothing is narrowed
             with precision_scope(img.dtype):
+                if _validate.is_float(source):
+                    return _minus_first_frame(img)
                 return img.astype(np.float32)
-        img = np.asarray(img).astype(np.float32)
+        host = np.asarray(img)
+        buffer = aligned_empty(host.shape, np.float32)
+        if _validate.is_float(source):
+            # computed in float64 (the inputs' loop), rounded once into the float32 buffer
+            np.subtract(host, host[..., :1, :, :], out=buffer, casting="unsafe")
+        else:
+            np.copyto(buffer, host, casting="unsafe")
+        return owned_to_device(buffer)
     return to_device(img)
+
+
+@jax.jit
+def _minus_first_frame(img: jax.Array) -> jax.Array:
+    return (img - img[..., :1, :, :]).astype(jnp.float32)
 
 
 def _prepare(img1, img2, dtype):
@@ -537,11 +572,12 @@ def windowed_pearson(
         not real, or integers exceed ``dtype``'s exact range (the message says
         to pass ``dtype=np.float64``).
     """
+    img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
     shape, window = _check_inputs(img1, img2, window)
     dtype = _check_dtypes(img1, img2, dtype)
     offsets_first = _validate.check_bool("offsets_first", offsets_first)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
-        from napari_gridmip.core import _chunked
+        from napari_gridmip.core.correlation import _chunked
 
         return _chunked.windowed_pearson(img1, img2, window, dtype, offsets_first=offsets_first)
     with precision_scope(dtype):
@@ -569,7 +605,7 @@ def find_displacement(
     subpixel: str = "hessian",
     dtype: Any = None,
     progress: ProgressCallback | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+) -> Displacement:
     """The displacement field at the peak of every pixel's correlation map, without building the map.
 
     Parameters
@@ -587,8 +623,9 @@ def find_displacement(
 
     Returns
     -------
-    dy, dx, peak : jax.Array, or dask.array.Array for dask inputs
-        Each ``(..., M - 2m, N - 2n)``, ``dtype``; dask stacks give lazy dask
+    Displacement
+        A named tuple ``(dy, dx, peak)`` of jax.Arrays (dask arrays for dask
+        inputs), which unpacks as three arrays. Each ``(..., M - 2m, N - 2n)``, ``dtype``; dask stacks give lazy dask
         arrays computed block by block with a halo, equal to the in-memory ones. ``img1[y + dy, x + dx]``
         matches ``img2[y, x]`` for ``y = i + m``, ``x = j + n``. ``peak`` is the
         correlation at the integer peak (a confidence in [-1, 1]). Where the
@@ -611,13 +648,14 @@ def find_displacement(
     >>> round(float(np.nanmedian(dy)), 1), round(float(np.nanmedian(dx)), 1)
     (1.3, -0.7)
     """
+    img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
     shape, window = _check_inputs(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     dtype = _check_dtypes(img1, img2, dtype)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
-        from napari_gridmip.core import _chunked
+        from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.find_displacement(img1, img2, window, subpixel, dtype)
+        return Displacement(*_chunked.find_displacement(img1, img2, window, subpixel, dtype))
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         z1k = _k_last(z1)
@@ -648,4 +686,4 @@ def find_displacement(
                 raw1, z2, window, dy, dx, dtype=dtype, on_band=lambda done: _report(progress, len(starts) + done, total)
             )
         _report(progress, total, total)
-        return tuple(r.reshape(batch + r.shape[1:]) for r in (dy, dx, peak))
+        return Displacement(*(r.reshape(batch + r.shape[1:]) for r in (dy, dx, peak)))

@@ -186,12 +186,13 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     NumPy volume is thresholded on the host straight into a buffer that JAX's
     CPU backend aliases, so the volume crosses to the device once, as bools.
     """
+    volume = _validate.as_array("volume", volume)
     dtype = _validate.check_real("volume", volume)
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
     threshold = _validate.check_finite_scalar("threshold", threshold)
     if _validate.is_dask(volume):
-        from napari_gridmip.core import _chunked
+        from napari_gridmip.core.occupancy import _chunked
 
         return _chunked.occupancy_mipmap(volume, threshold)
     if len(shape) == 3:

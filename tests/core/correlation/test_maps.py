@@ -208,7 +208,7 @@ def test_long_stacks_find_the_same_peaks(frames):
 
 def test_the_program_does_not_grow_with_the_stack():
     """Compile time flat in K: the traced search is the same size for 40 and 1000 frames."""
-    from napari_gridmip.core import correlation
+    from napari_gridmip.core.correlation import maps as correlation
 
     def program_size(frames):
         z = jax.ShapeDtypeStruct((1, frames, 48, 48), jnp.float32)
@@ -369,3 +369,49 @@ def test_property_float64_matches_definition(case):
     dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, window, dtype=np.float64))
     np.testing.assert_allclose(peak, out.max(axis=(-2, -1)), atol=1e-12)
     assert dy.shape == out.shape[:2]
+
+
+# -- precision and dtypes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("planes", [False, True], ids=["pixels_first", "offsets_first"])
+def test_offset_data_keeps_its_variations_in_float32(planes):
+    """1e4 plus noise of 1e-2 (float64 data): float32 computes the float64 answer to 1e-4 (issue 15).
+
+    Rounding the data to float32 first would leave steps of 1e-3 against noise of 1e-2: off by 0.34.
+    """
+    rng = np.random.default_rng(3)
+    img1 = 1e4 + 1e-2 * rng.standard_normal((8, 20, 22))
+    img2 = 1e4 + 1e-2 * rng.standard_normal((8, 20, 22))
+    img2[:, 5:15, 5:15] = img1[:, 4:14, 6:16]  # a shifted copy: correlations near 1 there too
+    before = img1.copy()
+    exact = np.asarray(windowed_pearson(img1, img2, (5, 5), dtype=np.float64, offsets_first=planes))
+    fast = np.asarray(windowed_pearson(img1, img2, (5, 5), offsets_first=planes))
+    assert fast.dtype == np.float32
+    np.testing.assert_allclose(fast, exact, atol=1e-4, rtol=0)
+    np.testing.assert_array_equal(img1, before)  # the subtraction never writes into the input
+    field32, field64 = find_displacement(img1, img2, (5, 5)), find_displacement(img1, img2, (5, 5), dtype=np.float64)
+    np.testing.assert_allclose(np.asarray(field32.peak), np.asarray(field64.peak), atol=1e-4, rtol=0)
+    # JAX float64 arrays (made under x64) take the same route
+    with jax.enable_x64(True):
+        jax1, jax2 = jnp.asarray(img1), jnp.asarray(img2)
+    np.testing.assert_allclose(
+        np.asarray(windowed_pearson(jax1, jax2, (5, 5), offsets_first=planes)), exact, atol=1e-4, rtol=0
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("subpixel", ["hessian", "paraboloid", "refine", "none"])
+def test_every_subpixel_method_in_every_precision(subpixel, dtype):
+    """Each pair runs and returns the precision asked for (refine in float64 once raised a TypeError)."""
+    from scipy import ndimage
+
+    img2 = ndimage.gaussian_filter(np.random.default_rng(0).random((6, 24, 26)), (0, 1.5, 1.5))  # smooth peaks
+    img1 = np.roll(img2, (0, 1, -1), axis=(0, 1, 2))
+    field = find_displacement(img1, img2, (5, 5), subpixel=subpixel, dtype=dtype)
+    assert field._fields == ("dy", "dx", "peak")
+    for part in field:
+        assert part.dtype == dtype and part.shape == (20, 22)
+    inner = (slice(2, -2), slice(2, -2))  # away from the rows and columns that np.roll wrapped
+    assert abs(np.nanmedian(np.asarray(field.dy)[inner]) - 1) < 0.02
+    assert abs(np.nanmedian(np.asarray(field.dx)[inner]) + 1) < 0.02

@@ -152,6 +152,7 @@ def extract_patches(image: Any, patch_size: Sequence[int], stride: Sequence[int]
         the image has a zero-length axis, or its dtype is not a number
         (object, text).
     """
+    image = _validate.as_array("image", image)
     dtype = _validate.check_numeric("image", image)
     patch_size, stride = _check_tiling(_validate.shape_of(image), patch_size, stride)
     with precision_scope(dtype):  # 64-bit data stays 64-bit: patches are moved, never rounded
@@ -439,6 +440,7 @@ def merge_patches(
     sigma_scale = _validate.check_finite_scalar("sigma_scale", sigma_scale)
     if sigma_scale <= 0:
         raise ValueError(f"sigma_scale must be > 0; got {sigma_scale}")
+    patches = _validate.as_array("patches", patches)
     dtype = _validate.check_real("patches", patches)
     stride = _validate.int_tuple("stride", stride)
     d = len(stride)
@@ -460,7 +462,7 @@ def merge_patches(
         )
     compute, result = merge_dtypes(dtype, blend)
     if _validate.is_dask(patches):
-        from napari_gridmip.core import _chunked
+        from napari_gridmip.core.patches import _chunked
 
         return _chunked.merge_patches(
             patches, image_shape, stride, blend=blend, sigma_scale=float(sigma_scale), result_dtype=result

@@ -76,7 +76,7 @@ def make_image_tiles() -> tuple[np.ndarray, dict]:
     """
     from skimage import data  # bundled with scikit-image, which napari requires
 
-    from napari_gridmip.core.patches import patch_origins
+    from napari_gridmip.core.patches.grid import patch_origins
 
     image = np.ascontiguousarray(data.astronaut().transpose(2, 0, 1))  # (3, 512, 512)
     origins = [patch_origins(n, p, s) for n, p, s in zip(image.shape[1:], TILES_PATCH, TILES_STRIDE)]

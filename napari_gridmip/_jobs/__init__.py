@@ -1,0 +1,125 @@
+"""Qt-free jobs: what each widget computes, as plain data and functions.
+
+The model of the widget layer, in the manner of napari-animation's ``Animation``:
+
+1. On the GUI thread a widget captures a *request*: the arrays (never read
+   there), the input layer's transform (:class:`~napari_gridmip._placement.Frame`),
+   the names and the parameters. Capturing reads layers; nothing later does.
+2. ``make_*_job(request)`` turns it into a :class:`Job`: a description and a
+   callable ``run(progress) -> JobResult``, which the widget's runner calls in a
+   napari thread worker. JAX runs only there.
+3. The :class:`JobResult` holds napari layer-data tuples, in the order they are
+   added (bottom first), and a one-line summary. The runner adds the layers on
+   the GUI thread, all or none.
+
+``progress(done, total)`` may raise (the runner's Cancel does), which stops a
+job between steps; every job reports several steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+ProgressCallback = Callable[[int, int], None]
+LayerDataTuple = tuple[Any, dict, str]
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What a job hands back: layers to add (bottom first), a one-line summary and extra values for the widget."""
+
+    layers: list[LayerDataTuple]
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A description for the status line and activity dock, and the work itself."""
+
+    description: str
+    run: Callable[[ProgressCallback], JobResult]
+
+
+# -- JAX set-up, run in the worker -------------------------------------------------------
+
+
+def prepare_jax() -> str:
+    """Turn on JAX's persistent compilation cache (unless the user chose one) and name the device.
+
+    Runs in a worker before the first job: compiled programs then survive
+    napari restarts, so a second session skips the compile (docs/benchmarks.md,
+    "Compile once"). Returns e.g. ``'JAX device: cpu (cpu, 1 available)'``.
+    """
+    import jax
+
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR") and not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir()))
+        # JAX caches only programs that took over 1 s to compile by default; ours take 0.1-1 s each,
+        # and a first run compiles several (bench_first_run.py)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
+    device = jax.devices()[0]
+    return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"
+
+
+def compile_cache_dir() -> os.PathLike:
+    """Per-user cache folder for compiled programs (``NAPARI_GRIDMIP_CACHE_DIR`` overrides it)."""
+    from pathlib import Path
+
+    override = os.environ.get("NAPARI_GRIDMIP_CACHE_DIR")
+    if override:
+        return Path(override) / "jax"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("napari-gridmip")) / "jax"
+
+
+# -- shared by the jobs ---------------------------------------------------------------------
+
+
+def is_lazy(data: Any) -> bool:
+    """A dask or Zarr array (napari's lazy layers): read block by block, never whole."""
+    return not isinstance(data, np.ndarray) and hasattr(data, "chunks") and not hasattr(data, "device")
+
+
+def as_dask(data: Any) -> Any:
+    """A dask view of a dask or Zarr array (its stored chunks), or of a NumPy array beside one."""
+    import dask.array as da
+
+    if hasattr(data, "dask"):
+        return data
+    return da.from_array(data, chunks=getattr(data, "chunks", "auto"))
+
+
+class DaskProgress:
+    """Reports each finished dask task as ``progress(done, total)``; an exception from it stops the compute."""
+
+    def __init__(self, progress: ProgressCallback) -> None:
+        from dask.callbacks import Callback
+
+        outer = self
+
+        class _Callback(Callback):
+            def _start_state(self, dsk: Any, state: Any) -> None:
+                outer.total = len(state["ready"]) + len(state["waiting"]) + len(state["running"])
+                outer.done = 0
+                progress(0, outer.total)
+
+            def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+                outer.done += 1
+                progress(outer.done, outer.total)
+
+        self.total = self.done = 0
+        self._callback = _Callback()
+
+    def __enter__(self) -> DaskProgress:
+        self._callback.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._callback.__exit__(*exc)

@@ -1,0 +1,86 @@
+"""The merge job: a patch stack back into one image (in colour for 3- or 4-channel pictures)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from napari_gridmip._jobs import DaskProgress, Job, JobResult, ProgressCallback, as_dask, is_lazy
+from napari_gridmip._placement import Frame, derived_placement
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """The inputs of a merge: the patch stack reshaped to the grid-first layout, and the tiling."""
+
+    name: str
+    patches: Any  # (g_1, ..., g_d, *leading, p_1, ..., p_d), a view of the layer's data
+    image_shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    blend: str
+    frame: Frame
+    placement_axes: tuple[int, ...]  # the patch layer's axes that the merged image keeps, in order
+
+
+def infer_image_shape(grid: tuple[int, ...], lead: tuple[int, ...], patch: tuple[int, ...], stride: tuple[int, ...]):
+    """The smallest image the grid covers with no flush patch: ``(g - 1) * s + p`` per tiled axis."""
+    return lead + tuple((g - 1) * s + p for g, p, s in zip(grid, patch, stride))
+
+
+def is_colour(image_shape: Sequence[int], tiled_axes: int) -> bool:
+    """A merged 2D picture with a leading axis of 3 or 4 channels (RGB or RGBA)."""
+    return tiled_axes == 2 and len(image_shape) == 3 and image_shape[0] in (3, 4)
+
+
+def make_merge_job(request: MergeRequest) -> Job:
+    d = len(request.stride)
+
+    def run(progress: ProgressCallback) -> JobResult:
+        from napari_gridmip.core import merge_patches
+
+        if is_lazy(request.patches):  # output chunk by output chunk, one progress step per task
+            import dask
+
+            patches = as_dask(request.patches)
+            lazy = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
+            with DaskProgress(progress):
+                (merged,) = dask.compute(lazy, scheduler="threads")
+        else:
+            progress(0, 3)
+            patches = np.asarray(request.patches)
+            progress(1, 3)
+            merged = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
+            progress(2, 3)
+            merged = np.asarray(merged)
+            progress(3, 3)
+        meta: dict[str, Any] = {"name": f"{request.name} merged"}
+        if is_colour(request.image_shape, d):
+            # channels last with rgb=True: a colour picture, placed by its two pixel axes
+            merged = np.moveaxis(merged, 0, -1)
+            meta.update(derived_placement(request.frame, axes=request.placement_axes[1:]), rgb=True)
+            meta["contrast_limits"] = _rgb_limits(patches.dtype, merged)
+        else:
+            meta.update(derived_placement(request.frame, axes=request.placement_axes))
+        summary = f"merged {patches.shape} into {tuple(request.image_shape)} ({request.blend})"
+        return JobResult([(merged, meta, "image")], summary)
+
+    return Job(f"Reassembling {request.name!r} ({request.blend})", run)
+
+
+def _rgb_limits(source_dtype: np.dtype, merged: np.ndarray) -> tuple[float, float]:
+    """Integer pictures keep their dtype's full range (a blended uint8 image is float 0..255)."""
+    if np.issubdtype(source_dtype, np.integer):
+        info = np.iinfo(source_dtype)
+        return float(max(info.min, 0)), float(info.max)
+    finite = merged[np.isfinite(merged)]
+    return (
+        (0.0, 1.0)
+        if finite.size == 0 or (finite.min() >= 0 and finite.max() <= 1)
+        else (
+            float(finite.min()),
+            float(finite.max()),
+        )
+    )

@@ -1,0 +1,1 @@
+"""Windowed Pearson correlation, the displacement at its peaks and its sub-pixel refinement."""

@@ -1,0 +1,1 @@
+"""Images from patches: patch grids cut and merged back, and (on dask) the merge chunk by chunk."""

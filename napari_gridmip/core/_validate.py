@@ -29,8 +29,10 @@ def as_array(name: str, value: Any) -> Any:
     """
     if is_dask(value) or (hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "__array__")):
         return value
-    if value is None or isinstance(value, (str, bytes, dict, set, frozenset)) or not (
-        isinstance(value, (list, tuple, int, float, bool, np.generic)) or hasattr(value, "__array__")
+    if (
+        value is None
+        or isinstance(value, (str, bytes, dict, set, frozenset))
+        or not (isinstance(value, (list, tuple, int, float, bool, np.generic)) or hasattr(value, "__array__"))
     ):
         raise TypeError(
             f"{name} must be an array (NumPy, JAX, dask or Zarr) or a nested list of numbers; "

@@ -27,11 +27,14 @@ class Frame:
     shear: np.ndarray
     affine: np.ndarray
     units: tuple | None = None
+    axis_labels: tuple[str, ...] | None = None  # None: napari's defaults ("-3", "-2", "-1"), nothing to carry
 
     @classmethod
     def of(cls, layer: Any) -> Frame:
         """Copy ``layer``'s transform (call on the GUI thread)."""
         units = getattr(layer, "units", None)
+        labels = tuple(str(label) for label in getattr(layer, "axis_labels", ()) or ())
+        defaults = tuple(str(i) for i in range(-int(layer.ndim), 0))
         return cls(
             ndim=int(layer.ndim),
             scale=np.array(layer.scale, dtype=float),
@@ -40,6 +43,7 @@ class Frame:
             shear=np.array(layer.shear, dtype=float),
             affine=np.array(layer.affine.affine_matrix, dtype=float),
             units=None if units is None else tuple(units),
+            axis_labels=labels if labels and labels != defaults else None,
         )
 
     def last_axes(self, n: int) -> Frame:
@@ -57,6 +61,7 @@ class Frame:
             shear=shear[np.triu_indices(n, 1)],
             affine=affine,
             units=None if self.units is None else self.units[keep],
+            axis_labels=None if self.axis_labels is None else self.axis_labels[keep],
         )
 
 
@@ -101,6 +106,8 @@ def derived_placement(
         placement["affine"] = frame.affine
     if frame.units is not None:
         placement["units"] = tuple(np.asarray(frame.units, dtype=object)[axes])
+    if frame.axis_labels is not None:
+        placement["axis_labels"] = tuple(frame.axis_labels[a] for a in axes)
     return placement
 
 

@@ -10,7 +10,14 @@ The model of the widget layer, in the manner of napari-animation's ``Animation``
    napari thread worker. JAX runs only there.
 3. The :class:`JobResult` holds napari layer-data tuples, in the order they are
    added (bottom first), and a one-line summary. The runner adds the layers on
-   the GUI thread, all or none.
+   the GUI thread, all or none, or replaces the previous run's layers of the
+   same output.
+
+Every layer a job makes carries its provenance in ``metadata["napari_gridmip"]``
+(:func:`layer_tuples`): the public calls that made it (one
+:class:`~napari_gridmip._provenance.Call` record each), the input layers, the
+versions and the time, and its data as code over the calls' results, from
+which the widget's "Copy as Python" writes a script.
 
 ``progress(done, total)`` may raise (the runner's Cancel does), which stops a
 job between steps; every job reports several steps.
@@ -25,8 +32,41 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip._provenance import KEY, Call, Source, layer_provenance, now, versions
+
 ProgressCallback = Callable[[int, int], None]
 LayerDataTuple = tuple[Any, dict, str]
+
+# the layer settings a widget chooses and the user may change; a re-run replaces only those left as chosen
+DISPLAY_KEYS = ("colormap", "contrast_limits", "opacity", "visible", "blending", "rendering", "length", "edge_width")
+
+
+@dataclass(frozen=True)
+class Output:
+    """One result layer: napari's (data, keyword arguments, kind), which output of the widget it is (``role``),
+    and its data as Python code over the calls' results (``expression``, e.g. ``"levels[3]"``)."""
+
+    data: Any
+    meta: dict
+    kind: str
+    role: str
+    expression: str
+
+
+def layer_tuples(
+    outputs: list[Output], *, widget: str, sources: list[Source], calls: list[Call]
+) -> list[LayerDataTuple]:
+    """napari layer-data tuples, each with its provenance in ``metadata["napari_gridmip"]``."""
+    stamp = {**versions(), "time": now()}
+    tuples = []
+    for out in outputs:
+        meta = dict(out.meta)
+        provenance = layer_provenance(
+            widget=widget, role=out.role, sources=sources, calls=calls, expression=out.expression, stamp=stamp
+        )
+        meta["metadata"] = {**meta.get("metadata", {}), KEY: provenance}
+        tuples.append((out.data, meta, out.kind))
+    return tuples
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,21 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._jobs import DaskProgress, Job, JobResult, LayerDataTuple, ProgressCallback, as_dask, is_lazy
+from napari_gridmip._jobs import (
+    DaskProgress,
+    Job,
+    JobResult,
+    LayerDataTuple,
+    Output,
+    ProgressCallback,
+    as_dask,
+    is_lazy,
+    layer_tuples,
+)
 from napari_gridmip._placement import Frame, derived_placement
+from napari_gridmip._provenance import Call, Source
+
+WIDGET = "correlation"
 
 EAGER_MAP_BYTES = 512 * 2**20  # larger full correlation maps go to a temporary Zarr store, band by band
 MAP_BAND_ROWS = 64  # output rows per band of a full map written to disk
@@ -40,19 +53,6 @@ def output_placement(frame: Frame, window: tuple[int, int]) -> dict[str, Any]:
     axes = [a for a in range(ndim) if a != ndim - 3]  # every axis but K
     offset = [0.0] * (len(axes) - 2) + [window[0] // 2, window[1] // 2]
     return derived_placement(frame, axes=axes, offset=offset)
-
-
-def displacement_vectors(dy: np.ndarray, dx: np.ndarray, window: tuple[int, int], spacing: int) -> np.ndarray:
-    """napari Vectors data ``(P, 2, 2)`` on a grid of every ``spacing``-th output pixel, in img2's pixels.
-
-    Positions are img2 pixel coordinates ``(i + m, j + n)``; NaN displacements are left out.
-    """
-    m, n = window[0] // 2, window[1] // 2
-    i, j = np.meshgrid(np.arange(0, dy.shape[0], spacing), np.arange(0, dy.shape[1], spacing), indexing="ij")
-    vy, vx = dy[i, j], dx[i, j]
-    keep = np.isfinite(vy) & np.isfinite(vx)
-    positions = np.stack([i[keep] + m, j[keep] + n], axis=-1).astype(np.float32)
-    return np.stack([positions, np.stack([vy[keep], vx[keep]], axis=-1)], axis=1)
 
 
 def auto_vector_length(dy: np.ndarray, dx: np.ndarray, spacing: int) -> float:
@@ -119,31 +119,72 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
     return Job(f"Correlating {request.name1!r} with {request.name2!r}", run)
 
 
+def correlation_calls(request: CorrelationRequest) -> tuple[list[Source], list[Call]]:
+    """What the job computes, as public calls: the displacement field, and the full map if asked."""
+    sources = [Source("img1", layer=request.name1), Source("img2", layer=request.name2)]
+    options = {"subpixel": request.subpixel, "dtype": request.dtype}
+    calls = [Call("find_displacement", ("img1", "img2"), (tuple(request.window),), options, result="dy, dx, peak")]
+    if request.full_map:
+        kwargs = {"dtype": request.dtype, "offsets_first": True}
+        calls.append(Call("windowed_pearson", ("img1", "img2"), (tuple(request.window),), kwargs, result="planes"))
+    return sources, calls
+
+
+def map_for_display(planes: Any, batch: int) -> tuple[Any, str]:
+    """The offsets-first map ``(*batch, wm, wn, M', N')`` as ``(wm, wn, *batch, 1, M', N')``, and that as code.
+
+    The offsets come first, so their sliders are the map's own, and a length-1 axis stands where the
+    inputs have K, so that no slider of the map moves with the inputs' frame slider (napari lines axes
+    up from the last one). A view of NumPy or dask data.
+    """
+    if batch == 0:
+        return planes[:, :, None], "planes[:, :, None]"
+    moved = np.moveaxis(planes, (batch, batch + 1), (0, 1))[..., None, :, :]
+    return moved, f"np.moveaxis(planes, ({batch}, {batch + 1}), (0, 1))[..., None, :, :]"
+
+
 def _correlation_layers(request: CorrelationRequest, dy, dx, peak, full) -> list[LayerDataTuple]:
     """Bottom to top: peak (hidden), dx (hidden), dy, the 4D map, the vectors."""
     name, window = request.name2, request.window
     placement = output_placement(request.frame, window)
     limits = symmetric_limits(np.concatenate([dy.ravel(), dx.ravel()]))
     diverging = {"colormap": "coolwarm", "contrast_limits": limits, **placement}
-    layers: list[LayerDataTuple] = [
-        (
-            peak,
-            {"name": f"{name} peak", "colormap": "viridis", "contrast_limits": (0, 1), "visible": False, **placement},
-            "image",
-        ),
-        (dx, {"name": f"{name} dx", "visible": False, **diverging}, "image"),
-        (dy, {"name": f"{name} dy", **diverging}, "image"),
+    peak_style = {"colormap": "viridis", "contrast_limits": (0, 1), "visible": False}
+    outputs = [
+        Output(peak, {"name": f"{name} peak", **peak_style, **placement}, "image", "peak", "peak"),
+        Output(dx, {"name": f"{name} dx", "visible": False, **diverging}, "image", "dx", "dx"),
+        Output(dy, {"name": f"{name} dy", **diverging}, "image", "dy", "dy"),
     ]
     if full is not None:
         m, n = window[0] // 2, window[1] // 2
-        # axes (..., wm, wn, M - 2m, N - 2n): the offsets get unit steps from -m and -n
-        scale = np.concatenate([placement["scale"][:-2], [1.0, 1.0], placement["scale"][-2:]])
-        translate = np.concatenate([placement["translate"][:-2], [-m, -n], placement["translate"][-2:]])
-        meta = {"name": f"{name} correlation map", "scale": scale, "translate": translate}
-        layers.append((full, {**meta, "contrast_limits": (-1, 1), "colormap": "magma", "opacity": 0.8}, "image"))
+        batch = dy.ndim - 2
+        frame = request.frame
+        k_axis = frame.ndim - 3
+        frames = request.data2.shape[k_axis]
+        # (wm, wn, *batch, 1, M', N'): the offsets in unit steps from -m and -n; the length-1 K axis spans
+        # the inputs' K range, whatever frame their slider shows
+        k_scale = frames * frame.scale[k_axis]
+        k_translate = frame.translate[k_axis] + (frames - 1) / 2 * frame.scale[k_axis]
+        scale = np.concatenate([[1.0, 1.0], placement["scale"][:-2], [k_scale], placement["scale"][-2:]])
+        translate = np.concatenate([[-m, -n], placement["translate"][:-2], [k_translate], placement["translate"][-2:]])
+        labels = frame.axis_labels or tuple(str(i) for i in range(-frame.ndim, 0))
+        meta = {
+            "name": f"{name} correlation map",
+            "scale": scale,
+            "translate": translate,
+            "axis_labels": ("row offset", "column offset", *labels),
+            "contrast_limits": (-1, 1),
+            "colormap": "magma",
+            "opacity": 0.8,
+        }
+        shown, expression = map_for_display(full, batch)
+        outputs.append(Output(shown, meta, "image", "map", expression))
     if dy.ndim == 2:
+        from napari_gridmip.core import displacement_vectors
+
         length = request.vector_scale or auto_vector_length(dy, dx, request.spacing)
-        vectors = displacement_vectors(dy, dx, window, request.spacing)
+        origin = (window[0] // 2, window[1] // 2)
+        vectors = displacement_vectors(dy, dx, spacing=request.spacing, origin=origin)
         vector_placement = derived_placement(request.frame, axes=[request.frame.ndim - 2, request.frame.ndim - 1])
         meta = {
             "name": f"{name} displacement",
@@ -153,8 +194,10 @@ def _correlation_layers(request: CorrelationRequest, dy, dx, peak, full) -> list
             "metadata": {"gridmip_auto_length": length},
             **vector_placement,
         }
-        layers.append((vectors, meta, "vectors"))
-    return layers
+        expression = f"gm.displacement_vectors(dy, dx, spacing={request.spacing}, origin={origin})"
+        outputs.append(Output(vectors, meta, "vectors", "vectors", expression))
+    sources, calls = correlation_calls(request)
+    return layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
 
 
 def full_map(

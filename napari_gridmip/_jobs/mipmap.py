@@ -8,9 +8,20 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._jobs import DaskProgress, Job, JobResult, LayerDataTuple, ProgressCallback, as_dask, is_lazy
+from napari_gridmip._jobs import (
+    DaskProgress,
+    Job,
+    JobResult,
+    Output,
+    ProgressCallback,
+    as_dask,
+    is_lazy,
+    layer_tuples,
+)
 from napari_gridmip._placement import Frame, derived_placement
+from napari_gridmip._provenance import Call, Source
 
+WIDGET = "mipmap"
 MAX_BLOCKS = 4096  # the default level shown is the finest with at most this many occupied cells
 OCCUPANCY_COLOR = "cyan"
 
@@ -29,6 +40,7 @@ class MipmapRequest:
     frame: Frame
     threshold: float
     per_level: bool = False
+    index: str = ""  # how ``data`` comes from the layer's data, as code (e.g. "[3]" for time point 3)
 
 
 def level_placement(frame: Frame, level: int) -> dict[str, Any]:
@@ -52,7 +64,7 @@ def as_labels(level: Any) -> Any:
     return level.view(np.uint8) if isinstance(level, np.ndarray) else level.astype(np.uint8)
 
 
-def occupancy_layer(name: str, level_data: Any, frame: Frame, level: int) -> LayerDataTuple:
+def occupancy_output(name: str, level_data: Any, frame: Frame, level: int) -> Output:
     """The Labels layer that shows one level's occupied cells as translucent blocks."""
     colormap = {None: "transparent", 0: "transparent", 1: OCCUPANCY_COLOR}  # napari: a direct label colormap
     meta = {
@@ -62,7 +74,18 @@ def occupancy_layer(name: str, level_data: Any, frame: Frame, level: int) -> Lay
         "metadata": {"gridmip_level": level},
         **level_placement(frame, level),
     }
-    return as_labels(level_data), meta, "labels"
+    return Output(as_labels(level_data), meta, "labels", "occupancy", level_expression(level))
+
+
+def level_expression(level: int) -> str:
+    """The occupancy layer's data as code over the script's ``levels``."""
+    return f"levels[{level}]"
+
+
+def mipmap_call(request: MipmapRequest) -> tuple[list[Source], list[Call]]:
+    """What the job computes, as public calls: the pyramid of the layer's volume."""
+    sources = [Source("volume", layer=request.name, index=request.index)]
+    return sources, [Call("occupancy_mipmap", ("volume",), kwargs={"threshold": request.threshold}, result="levels")]
 
 
 def make_mipmap_job(request: MipmapRequest) -> Job:
@@ -76,18 +99,22 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
         else:
             levels, counts = _levels_in_memory(request, progress)
         shown = default_level(counts)
-        layers: list[LayerDataTuple] = []
+        outputs: list[Output] = []
         if request.per_level:
             common = {"contrast_limits": (0, 1), "colormap": "gray", "blending": "additive", "visible": False}
-            layers += [
-                (
+            outputs += [
+                Output(
                     level,
                     {"name": f"{request.name} mipmap level {k}", **common, **level_placement(request.frame, k)},
                     "image",
+                    f"level {k}",
+                    f"levels[{k}]",
                 )
                 for k, level in enumerate(levels)
             ]
-        layers.append(occupancy_layer(request.name, levels[shown], request.frame, shown))
+        outputs.append(occupancy_output(request.name, levels[shown], request.frame, shown))
+        sources, calls = mipmap_call(request)
+        layers = layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
         summary = mipmap_summary(levels, counts, shown)
         return JobResult(layers, summary, {"levels": levels, "counts": counts, "level": shown, "frame": request.frame})
 

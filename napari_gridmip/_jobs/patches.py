@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._jobs import DaskProgress, Job, JobResult, ProgressCallback, as_dask, is_lazy
+from napari_gridmip._jobs import DaskProgress, Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples
 from napari_gridmip._placement import Frame, derived_placement
+from napari_gridmip._provenance import Call, Source
+
+WIDGET = "patches"
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class MergeRequest:
     blend: str
     frame: Frame
     placement_axes: tuple[int, ...]  # the patch layer's axes that the merged image keeps, in order
+    index: str = ""  # how ``patches`` comes from the layer's data, as code (a flat stack's reshape)
 
 
 def infer_image_shape(grid: tuple[int, ...], lead: tuple[int, ...], patch: tuple[int, ...], stride: tuple[int, ...]):
@@ -57,15 +61,28 @@ def make_merge_job(request: MergeRequest) -> Job:
             merged = np.asarray(merged)
             progress(3, 3)
         meta: dict[str, Any] = {"name": f"{request.name} merged"}
+        expression = "merged"
         if is_colour(request.image_shape, d):
             # channels last with rgb=True: a colour picture, placed by its two pixel axes
             merged = np.moveaxis(merged, 0, -1)
+            expression = "np.moveaxis(np.asarray(merged), 0, -1)"
             meta.update(derived_placement(request.frame, axes=request.placement_axes[1:]), rgb=True)
             meta["contrast_limits"] = _rgb_limits(patches.dtype, merged)
         else:
             meta.update(derived_placement(request.frame, axes=request.placement_axes))
+        sources = [Source("patches", layer=request.name, index=request.index)]
+        call = Call(
+            "merge_patches",
+            ("patches",),
+            args=(tuple(request.image_shape), tuple(request.stride)),
+            kwargs={"blend": request.blend},
+            result="merged",
+        )
+        layers = layer_tuples(
+            [Output(merged, meta, "image", "merged", expression)], widget=WIDGET, sources=sources, calls=[call]
+        )
         summary = f"merged {patches.shape} into {tuple(request.image_shape)} ({request.blend})"
-        return JobResult([(merged, meta, "image")], summary)
+        return JobResult(layers, summary)
 
     return Job(f"Reassembling {request.name!r} ({request.blend})", run)
 

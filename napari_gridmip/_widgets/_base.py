@@ -10,10 +10,11 @@ undoes napari's connections, so no callback reaches a closed widget.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from magicgui.widgets import ComboBox, Container, Label, PushButton, Widget
+from magicgui.widgets import CheckBox, ComboBox, Container, Label, PushButton, Widget
 from qtpy.QtCore import QEvent, QObject
 
 from napari_gridmip import _settings
@@ -77,6 +78,19 @@ class JobWidget(Container):
         self._ready = False  # set once the fields exist (magicgui may reset choices while building)
         self.run_button = PushButton(text="Run", name="run")
         self.cancel_button = PushButton(text="Cancel", name="cancel")
+        self.keep_previous = CheckBox(
+            name="keep_previous",
+            text="Keep previous results",
+            value=False,
+            tooltip="Off: a re-run on the same input replaces its earlier result layers (same names and places, "
+            "your colormap and visibility kept). On: every run adds new layers.",
+        )
+        self.copy_button = PushButton(text="Copy as Python", name="copy_python", enabled=False)
+        self.copy_button.tooltip = (
+            "Put a short script on the clipboard that makes the last result again from its input layers "
+            "with the napari_gridmip functions"
+        )
+        self._results: list[weakref.ref] = []  # the layers the last run made or replaced
         self.status = wrapping_label("status", "Status", "Ready")
         self.summary = wrapping_label("summary", "Result")
         self.device = wrapping_label("device", "Device", "known after the first run")
@@ -85,10 +99,12 @@ class JobWidget(Container):
         )
         self.run_button.changed.connect(self.run)
         self.cancel_button.changed.connect(self.runner.cancel)
+        self.copy_button.changed.connect(self.copy_python)
         self._lifetime = _DockLifetime(self)
 
     def _finish(self, inputs: Sequence[Widget], outputs: Sequence[Widget] = ()) -> None:
-        self.extend([*inputs, self.run_button, self.cancel_button, self.status, *outputs, self.summary, self.device])
+        buttons = [self.keep_previous, self.run_button, self.cancel_button, self.status]
+        self.extend([*inputs, *buttons, *outputs, self.summary, self.device, self.copy_button])
         self._restore_settings()
         self._ready = True
         self.reset_choices()
@@ -141,12 +157,14 @@ class JobWidget(Container):
             self.runner._set_status(f"Failed: {error}")
             notify_error(str(error))
             return
-        self.runner.start(job, on_done=self._on_done)
+        self.runner.start(job, on_done=self._on_done, replace=not self.keep_previous.value)
 
     def make_job(self) -> Job:
         raise NotImplementedError
 
     def _on_done(self, result: JobResult, added: list) -> None:
+        self._results = [weakref.ref(layer) for layer in added]
+        self.copy_button.enabled = True
         self.summary.value = result.summary
         self.summary.tooltip = result.summary
         self.device.value = self.runner.device_text
@@ -154,6 +172,25 @@ class JobWidget(Container):
 
     def show_result(self, result: JobResult, added: list) -> None:
         """Hook: show what the job found beyond its layers (runs on the GUI thread after they are added)."""
+
+    def python_script(self) -> str:
+        """The script that reproduces the last result's layers still in the viewer (their provenance)."""
+        from napari_gridmip._provenance import script_from_layers
+
+        layers = [ref() for ref in self._results]
+        return script_from_layers([layer for layer in layers if layer is not None and layer in self._viewer.layers])
+
+    def copy_python(self) -> None:
+        """Put :meth:`python_script` on the clipboard."""
+        from qtpy.QtWidgets import QApplication
+
+        try:
+            text = self.python_script()
+        except ValueError as error:
+            notify_error(str(error))
+            return
+        QApplication.clipboard().setText(text)
+        self.runner._set_status("Copied a Python script to the clipboard", tooltip=text)
 
     def release(self) -> None:
         """Cancel the job and undo napari's connections to this widget (its dock was closed)."""

@@ -12,11 +12,13 @@ from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._jobs.mipmap import (
     MipmapRequest,
     as_labels,
+    level_expression,
     level_placement,
     make_mipmap_job,
     mipmap_summary,
 )
 from napari_gridmip._placement import Frame
+from napari_gridmip._provenance import KEY
 from napari_gridmip._widgets._base import JobWidget, require_layer
 
 if TYPE_CHECKING:
@@ -64,11 +66,13 @@ class MipmapWidget(JobWidget):
     def make_job(self) -> Job:
         layer = require_layer(self.layer, "a 3D (or 4D+) Image or Labels layer")
         data = layer.data[0] if layer.multiscale else layer.data
+        code = "[0]" if layer.multiscale else ""  # how the volume comes from the layer's data, for the script
         frame = Frame.of(layer)
         if data.ndim > 3 and not self.all_time_points.value:
             # a time series (or channels): the time point shown by the dims sliders, as a lazy view
             index = tuple(int(i) for i in self._viewer.dims.current_step[: data.ndim - 3])
             data = data[index]
+            code += f"[{', '.join(map(str, index))}]"
             frame = frame.last_axes(3)
         request = MipmapRequest(
             name=layer.name,
@@ -76,6 +80,7 @@ class MipmapWidget(JobWidget):
             frame=frame,
             threshold=float(self.threshold.value),
             per_level=bool(self.per_level.value),
+            index=code,
         )
         return make_mipmap_job(request)
 
@@ -102,5 +107,6 @@ class MipmapWidget(JobWidget):
         placement = level_placement(frame, level)
         layer.data = as_labels(levels[level])
         layer.scale, layer.translate = placement["scale"], placement["translate"]
-        layer.metadata["gridmip_level"] = level
+        provenance = dict(layer.metadata.get(KEY, {}), expression=level_expression(level))
+        layer.metadata = {**layer.metadata, "gridmip_level": level, KEY: provenance}
         self.summary.value = mipmap_summary(levels, self._shown["counts"], level)

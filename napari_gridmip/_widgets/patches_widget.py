@@ -112,6 +112,7 @@ class PatchesWidget(JobWidget):
         request = MergeRequest(
             name=layer.name,
             patches=data.reshape(tiling["patch_shape"]),  # a flat stack becomes a grid (a view, nothing loaded)
+            index="" if tiling["patch_shape"] == tuple(data.shape) else f".reshape{tuple(tiling['patch_shape'])}",
             image_shape=tiling["image_shape"],
             stride=tiling["stride"],
             blend=self.blend.value,

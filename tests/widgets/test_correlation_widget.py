@@ -67,10 +67,16 @@ def test_full_map_eager_and_lazy(viewer_and_widget, wait_idle, monkeypatch):
     widget.full_map.value = True
     widget.run_button.native.click()
     wait_idle(widget)
-    expected = np.moveaxis(np.asarray(windowed_pearson(a, b, (5, 3))), (-2, -1), (0, 1))
+    expected = np.moveaxis(np.asarray(windowed_pearson(a, b, (5, 3))), (-2, -1), (0, 1))[:, :, None]
     eager = viewer.layers["b correlation map"]
     np.testing.assert_allclose(np.asarray(eager.data), expected, atol=1e-6)
     np.testing.assert_allclose(eager.translate[:2], [-2, -1])  # slider value = row offset - m
+    # the offsets have sliders of their own; the map's length-1 K axis spans the stacks' K range, so the
+    # frame slider never moves the map
+    assert eager.axis_labels[:2] == ("row offset", "column offset")
+    assert eager.data.shape[2] == 1
+    for frame in range(a.shape[0]):  # every position of the frame slider shows the map's one plane
+        assert round(float(eager.world_to_data([0, 0, frame, 0, 0])[2])) == 0
 
     viewer.layers.remove(eager)
     monkeypatch.setattr(correlation_jobs, "EAGER_MAP_BYTES", 1000)

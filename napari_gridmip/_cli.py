@@ -169,12 +169,35 @@ def runner(address: str | None, *, quiet: bool) -> Iterator[Any]:
         yield compute
 
 
+def provenance(sources: list[Any], calls: list[Any], outputs: dict[str, str]) -> dict[str, Any]:
+    """The attributes a subcommand writes into its output: the same record as a layer's provenance."""
+    from napari_gridmip._provenance import KEY, file_provenance
+
+    return {KEY: file_provenance(sources, calls, outputs)}
+
+
+def _absolute(path: str) -> str:
+    import os
+
+    return os.path.abspath(path)
+
+
 def run_mipmap(args: argparse.Namespace, compute: Any) -> None:
+    from napari_gridmip._provenance import Call, Source
     from napari_gridmip.io import read_array, write_mipmap
 
     volume = read_array(args.input)
+    options = {"threshold": args.threshold, "scale": None if args.scale is None else tuple(args.scale)}
+    call = Call("write_mipmap", ("volume",), (_absolute(args.output),), options, result="path")
+    attributes = provenance([Source("volume", path=_absolute(args.input))], [call], {})
     write_mipmap(
-        volume, args.output, threshold=args.threshold, scale=args.scale, overwrite=args.overwrite, compute=compute
+        volume,
+        args.output,
+        threshold=args.threshold,
+        scale=args.scale,
+        overwrite=args.overwrite,
+        compute=compute,
+        attributes=attributes,
     )
 
 
@@ -193,7 +216,13 @@ def run_merge(args: argparse.Namespace, compute: Any) -> None:
         grid, patch = patches.shape[:d], patches.shape[patches.ndim - d :]
         image_shape = infer_image_shape(grid, patches.shape[d : patches.ndim - d], patch, tuple(args.stride))
     merged = merge_patches(patches, image_shape, args.stride, blend=args.blend)
-    write_array(merged, args.output, overwrite=args.overwrite, compute=compute)
+    from napari_gridmip._provenance import Call, Source
+
+    call = Call(
+        "merge_patches", ("patches",), (tuple(image_shape), tuple(args.stride)), {"blend": args.blend}, "merged"
+    )
+    attributes = provenance([Source("patches", path=_absolute(args.input))], [call], {"merged": "merged"})
+    write_array(merged, args.output, overwrite=args.overwrite, compute=compute, attributes=attributes)
 
 
 def run_correlate(args: argparse.Namespace, compute: Any) -> None:
@@ -201,13 +230,18 @@ def run_correlate(args: argparse.Namespace, compute: Any) -> None:
     import zarr
 
     from napari_gridmip import find_displacement
+    from napari_gridmip._provenance import Call, Source
     from napari_gridmip.io import read_array
     from napari_gridmip.io._write import atomic_path
 
     img1, img2 = read_array(args.img1), read_array(args.img2)
     dy, dx, peak = find_displacement(img1, img2, tuple(args.window), subpixel=args.subpixel, dtype=args.dtype)
+    sources = [Source("img1", path=_absolute(args.img1)), Source("img2", path=_absolute(args.img2))]
+    options = {"subpixel": args.subpixel, "dtype": args.dtype}
+    call = Call("find_displacement", ("img1", "img2"), (tuple(args.window),), options, result="dy, dx, peak")
+    attributes = provenance(sources, [call], {"dy": "dy", "dx": "dx", "peak": "peak"})
     with atomic_path(args.output, overwrite=args.overwrite) as temporary:
-        zarr.open_group(str(temporary), mode="w")
+        zarr.open_group(str(temporary), mode="w").attrs.update(attributes)
         writes = [
             da.to_zarr(array, str(temporary), component=name, compute=False)
             for name, array in (("dy", dy), ("dx", dx), ("peak", peak))

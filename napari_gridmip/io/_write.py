@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,7 @@ def write_mipmap(
     scale: Sequence[float] | None = None,
     overwrite: bool = False,
     compute: Callable[[Any], Any] | None = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the occupancy pyramid of ``volume`` as an OME-Zarr multiscale image.
 
@@ -102,6 +104,10 @@ def write_mipmap(
         How to run a dask graph (given a list of dask collections, returns
         their results); default ``dask.compute``. The command line passes one
         that shows a progress bar or runs on a ``dask.distributed`` cluster.
+    attributes
+        Extra JSON-able attributes for the image group, beside the NGFF
+        metadata (the command line stores its provenance there, under
+        ``"napari_gridmip"``).
 
     Returns
     -------
@@ -143,6 +149,8 @@ def write_mipmap(
         ]
         # the NGFF metadata from ome-zarr-py (explicit transforms: 2**k scales and half-block translations)
         write_multiscales_metadata(group, datasets, axes=axes, name="occupancy")
+        if attributes:
+            group.attrs.update(dict(attributes))
     return Path(path)
 
 
@@ -227,12 +235,19 @@ def _write_levels_by_block(volume: Any, group: Any, threshold: float, compute: C
 
 
 def write_array(
-    array: Any, path: str | os.PathLike, *, overwrite: bool = False, compute: Callable | None = None
+    array: Any,
+    path: str | os.PathLike,
+    *,
+    overwrite: bool = False,
+    compute: Callable | None = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write an array to ``.npy``, ``.tif``/``.tiff`` or a Zarr folder (by the suffix), never partially.
 
     Zarr is written block by block from a dask array; ``.npy`` and TIFF need
-    the whole array in memory.
+    the whole array in memory. ``attributes`` (JSON-able) go into the Zarr
+    array's attributes or, as JSON, the TIFF's ImageDescription; a ``.npy``
+    file has no place for them.
     """
     import dask
     import dask.array as da
@@ -245,6 +260,10 @@ def write_array(
         if suffix == ".zarr":
             lazy = array if hasattr(array, "dask") else da.from_array(np.asarray(array))
             (compute or dask.compute)([lazy.to_zarr(str(temporary), compute=False)])
+            if attributes:
+                import zarr
+
+                zarr.open_array(str(temporary), mode="r+").attrs.update(dict(attributes))
             return path
         data = np.asarray((compute or dask.compute)([array])[0] if hasattr(array, "dask") else array)
         if suffix == ".npy":
@@ -253,5 +272,6 @@ def write_array(
         else:
             import tifffile
 
-            tifffile.imwrite(temporary, data)
+            description = json.dumps(dict(attributes)) if attributes else None
+            tifffile.imwrite(temporary, data, description=description, metadata=None if description else {})
     return path

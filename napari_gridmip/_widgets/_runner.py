@@ -91,11 +91,12 @@ class BackgroundRunner:
         self._set_status(f"{job.description}...")
         self._pbar = napari_progress(total=0, desc=job.description)
 
-        def work() -> tuple[JobResult, str]:
+        def work() -> tuple[JobResult, str, list]:
             device = prepare_jax()
             result = job.run(self._report)
             self._check_cancel()
-            return result, device
+            # the layer models are made here too, so that the GUI thread only shows them
+            return result, device, layers_ready_to_show(result.layers)
 
         worker = create_worker(work, _start_thread=False, _ignore_errors=True)  # errors: _on_errored
         worker.returned.connect(lambda value: self._on_returned(value, on_done, replace))
@@ -133,8 +134,8 @@ class BackgroundRunner:
             self._pbar.n = done
             self._pbar.refresh()
 
-    def _on_returned(self, value: tuple[JobResult, str], on_done: Callable | None, replace: bool) -> None:
-        result, device = value
+    def _on_returned(self, value: tuple[JobResult, str, list], on_done: Callable | None, replace: bool) -> None:
+        result, device, new_layers = value
         self.device_text = device
         if self._cancel_requested:
             return
@@ -142,9 +143,6 @@ class BackgroundRunner:
         extent_before = _world_box(viewer)
         changes = LayerChanges(viewer)
         try:
-            from napari.layers import Layer
-
-            new_layers = [Layer.create(data, dict(meta), kind) for data, meta, kind in result.layers]
             added = changes.apply(new_layers, replace=replace)
             if on_done is not None:
                 on_done(result, added)
@@ -175,6 +173,25 @@ class BackgroundRunner:
             self._pbar = None
         self._run_button.enabled = True
         self._cancel_button.enabled = False
+
+
+def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:
+    """napari layer models for a job's layer-data tuples, made in the worker, with their first-use costs paid.
+
+    Making a layer computes its contrast limits and thumbnail, and the first Labels layer with a direct
+    colormap in a session has napari compile (numba) the colour lookup of its dtype: seconds on the GUI
+    thread otherwise (benchmarks/bench_gui_freeze.py, docs/benchmarks.md). The models hold no Qt objects;
+    the GUI thread adds them.
+    """
+    from napari.layers import Labels, Layer
+
+    layers = [Layer.create(data, dict(meta), kind) for data, meta, kind in layer_data]
+    for layer in layers:
+        if isinstance(layer, Labels):
+            # the lookups of the data's dtype and of int64, which napari's layer controls map on adding
+            for dtype in {np.dtype(layer.data.dtype), np.dtype(np.int64)}:
+                layer.colormap.map(np.zeros(1, dtype=dtype))
+    return layers
 
 
 class LayerChanges:
@@ -279,18 +296,33 @@ def _restore(layer: Any, state: dict[str, Any]) -> None:
 
 
 def _move_into(new: Any, old: Any) -> None:
-    """``old`` takes ``new``'s data, placement and provenance, and its display where the user kept ours."""
+    """``old`` takes ``new``'s data, placement and provenance, and its display where the user kept ours.
+
+    Only what differs is set: each setting napari is given refreshes the layer.
+    """
     chosen_before = old.metadata.get(KEY, {}).get("display", {})
     current = display_state(old)
     untouched = {key for key, value in chosen_before.items() if _same(current.get(key), value)}
     old.data = new.data
     for key in LayerChanges.PLACEMENT:
-        if hasattr(new, key):
+        if hasattr(new, key) and not _equal(getattr(old, key), getattr(new, key)):
             setattr(old, key, getattr(new, key))
+    chosen_now = display_state(new)
     for key in DISPLAY_KEYS:
-        if hasattr(new, key) and (key in untouched or key not in chosen_before):
+        if not hasattr(new, key) or (key in chosen_before and key not in untouched):
+            continue  # the user's own setting stays
+        if not _same(current.get(key), chosen_now.get(key)):
             setattr(old, key, getattr(new, key))
     old.metadata = dict(new.metadata)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        if hasattr(a, "affine_matrix"):
+            return bool(np.array_equal(a.affine_matrix, b.affine_matrix))
+        return bool(np.array_equal(np.asarray(a, dtype=object), np.asarray(b, dtype=object)))
+    except (TypeError, ValueError):
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:

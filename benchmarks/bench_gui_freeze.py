@@ -1,0 +1,172 @@
+"""How long the GUI thread stops answering while a widget runs and its layers are added, and where.
+
+    xvfb-run -a python benchmarks/bench_gui_freeze.py [--scenario all] [--threshold-ms 100]
+
+Each scenario runs in a fresh Python process (so "first run" means the session's first): a real napari
+viewer, the widget docked, its sample loaded, Run clicked through the button. A 5 ms QTimer on the GUI
+thread records when the event loop gets to run; the longest gap between two ticks is the freeze. A
+watchdog thread samples the GUI thread's Python stack (``sys._current_frames``) whenever it has not
+ticked for ``--threshold-ms``, so each long freeze comes with the code that held the thread.
+
+Scenarios: ``mipmap`` (first run), ``mipmap-per-level`` (first run with one image layer per level),
+``mipmap-second`` (a second run in the same session), ``patches``, ``correlation``, ``correlation-map``
+(with the 4D map).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+SCENARIOS = ["mipmap", "mipmap-per-level", "mipmap-second", "patches", "correlation", "correlation-map"]
+
+
+def child(scenario: str, threshold_ms: float) -> dict:
+    """Run one scenario in this process; return the freeze figures."""
+    import napari
+    from qtpy.QtCore import QTimer
+    from qtpy.QtWidgets import QApplication
+
+    viewer = napari.Viewer(show=True)
+    if scenario.startswith("mipmap"):
+        from napari_gridmip._widgets.mipmap_widget import MipmapWidget as Widget
+
+        sample = "occupancy"
+    elif scenario == "patches":
+        from napari_gridmip._widgets.patches_widget import PatchesWidget as Widget
+
+        sample = "tiles"
+    else:
+        from napari_gridmip._widgets.correlation_widget import CorrelationWidget as Widget
+
+        sample = "speckle"
+    widget = Widget(viewer)
+    viewer.window.add_dock_widget(widget)
+    viewer.open_sample("napari-gridmip", sample)
+    if scenario == "mipmap-per-level":
+        widget.per_level.value = True
+    if scenario == "correlation-map":
+        widget.full_map.value = True
+    app = QApplication.instance()
+    for _ in range(50):  # let the window settle before measuring
+        app.processEvents()
+        time.sleep(0.01)
+
+    ticks: list[float] = []
+    main = threading.main_thread().ident
+    samples: collections.Counter = collections.Counter()
+    kinds: collections.Counter = collections.Counter()
+    stop = threading.Event()
+
+    def watchdog() -> None:
+        while not stop.is_set():
+            time.sleep(0.005)
+            if ticks and (time.perf_counter() - ticks[-1]) * 1e3 > threshold_ms:
+                frame = sys._current_frames().get(main)
+                if frame is not None:
+                    stack = traceback.extract_stack(frame)[-80:]
+                    kinds[_kind(stack)] += 1
+                    samples["\n".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in stack)] += 1
+
+    timer = QTimer()
+    timer.setInterval(5)
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+
+    def run_once() -> tuple[float, float]:
+        ticks.clear()
+        timer.start()
+        start = time.perf_counter()
+        widget.run_button.native.click()
+        while widget.runner.busy:
+            app.processEvents()
+            time.sleep(0.001)
+        done = time.perf_counter()
+        settle = done + 1.0
+        while time.perf_counter() < settle:  # the first draw of the new layers
+            app.processEvents()
+            time.sleep(0.001)
+        timer.stop()
+        gaps = [b - a for a, b in zip([start, *ticks], ticks)]
+        return max(gaps) * 1e3, done - start
+
+    thread = threading.Thread(target=watchdog, daemon=True)
+    thread.start()
+    if scenario == "mipmap-second":
+        run_once()
+        samples.clear()
+        kinds.clear()
+    worst, total = run_once()
+    stop.set()
+    viewer.close()
+    return {
+        "scenario": scenario,
+        "worst_gap_ms": round(worst, 1),
+        "run_s": round(total, 2),
+        "stacks": [{"samples": n, "stack": s} for s, n in samples.most_common(3)],
+        "kinds_ms": {kind: 5 * n for kind, n in kinds.most_common()},
+    }
+
+
+def _kind(stack: list) -> str:
+    """What held the GUI thread, by the innermost library among the frames."""
+    names = [f.filename for f in stack]
+    entry = next((i for i, name in enumerate(names) if "numba" in name), None)
+    if entry is not None and entry > 0:
+        caller = stack[entry - 1]
+        return f"numba compile, from {caller.filename.split('site-packages/')[-1]}:{caller.lineno}"
+    for key, label in (
+        ("numba", "numba compile (napari's Labels colormap)"),
+        ("/jax/", "jax"),
+        ("vispy", "vispy (drawing, first visuals)"),
+        ("layer_controls", "napari layer controls"),
+        ("qt_dims", "napari dims sliders"),
+        ("napari_gridmip", "napari-gridmip"),
+        ("napari", "napari, other"),
+    ):
+        if any(key in name for name in names[::-1]):
+            return label
+    return "other (event loop, Qt, waiting for the GIL)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", default="all", choices=["all", *SCENARIOS])
+    parser.add_argument("--threshold-ms", type=float, default=100.0)
+    parser.add_argument("--stacks", action="store_true", help="print where the GUI thread was during long freezes")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.threshold_ms)))
+        return
+    scenarios = SCENARIOS if args.scenario == "all" else [args.scenario]
+    print("| scenario | longest GUI freeze (ms) | run (s) | GUI thread held by (ms) |\n|---|---:|---:|---|")
+    details = []
+    for scenario in scenarios:
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", scenario, "--threshold-ms", str(args.threshold_ms)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            print(f"| {scenario} | failed: {done.stderr.strip().splitlines()[-1:]} | |")
+            continue
+        result = json.loads(line[len("RESULT ") :])
+        held = ", ".join(f"{kind} {ms}" for kind, ms in result["kinds_ms"].items())
+        print(f"| {scenario} | {result['worst_gap_ms']:.0f} | {result['run_s']:.2f} | {held} |")
+        details.append(result)
+    if args.stacks:
+        for result in details:
+            for entry in result["stacks"]:
+                print(f"\n## {result['scenario']}: {entry['samples']} samples of 5 ms\n{entry['stack']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -145,7 +145,9 @@ def _overlap_pixels(name: str, value: Any, core: Sequence[int]) -> tuple[int, ..
     out = []
     for item, c in zip(items, core):
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, float, np.integer, np.floating)):
-            raise ValueError(f"{name} must be pixels (int >= 0) or a fraction of the tile (float in [0, 1)); got {value!r}")
+            raise ValueError(
+                f"{name} must be pixels (int >= 0) or a fraction of the tile (float in [0, 1)); got {value!r}"
+            )
         if isinstance(item, (int, np.integer)):
             if item < 0:
                 raise ValueError(f"{name} in pixels must be >= 0; got {value!r}")

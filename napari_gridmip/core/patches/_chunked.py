@@ -76,8 +76,6 @@ def merge_patches(
 
 # -- apply_tiled on a dask image ----------------------------------------------------
 
-TILED_BLOCK_PIXELS = 1 << 20  # about this many pixels of the tiled axes per output block (1024 x 1024, 101^3)
-
 
 def _group_ranges(count: int, per_group: int) -> list[tuple[int, int]]:
     return [(first, min(first + per_group, count)) for first in range(0, count, per_group)]
@@ -104,11 +102,30 @@ def _local(box: list[tuple[int, int]], origin: list[tuple[int, int]]) -> tuple[A
     return (Ellipsis, *(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(box, origin)))
 
 
-def apply_tiled(plan: Any, runner: Any, image: Any, batch: int, *, block_pixels: int = TILED_BLOCK_PIXELS) -> Any:
+def _tasks(prefix: str) -> Any:
+    """``task(label, fn, *args)``: a delayed call keyed ``prefix-label``, so that dask tokenizes nothing.
+
+    Tokenizing the closures and the plan would cloudpickle them for every task
+    (seconds for a few hundred tasks); one random prefix per call keeps keys unique.
+    """
+    import uuid
+
+    import dask
+
+    base = f"{prefix}-{uuid.uuid4().hex}"
+
+    def task(label: str, fn: Any, *args: Any) -> Any:
+        return dask.delayed(fn, name=f"{base}-{label}-fn", pure=True)(*args, dask_key_name=f"{base}-{label}")
+
+    return task
+
+
+def apply_tiled(plan: Any, runner: Any, image: Any, batch: int) -> Any:
     """The lazy twin of the in-memory run (validated and planned by the caller).
 
-    Windows are grouped, a few per axis (about ``block_pixels`` per group);
-    each output block is the pixels its group's windows own. ``"crop"``: one
+    Windows are grouped, as many per axis as fit the image's first chunk along
+    it (at least one), so output blocks follow the input's chunking; each
+    output block is the pixels its group's windows own. ``"crop"``: one
     task per block runs its windows and copies. Weighted blends: one task per
     group adds its windows' weighted outputs over their valid box (a little
     larger than the block), and each block sums the parts of those boxes that
@@ -118,17 +135,17 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int, *, block_pixels:
     pairs into a lookup table, and each block is its ids looked up; the label
     boxes are held until the table is made.
     """
-    import dask
     import dask.array as da
 
     from napari_gridmip.core.patches import tiled
 
+    task = _tasks("apply_tiled")
     d = len(plan.axes)
     out_shape, out_dtype = runner.probe(plan.lead + plan.window, image.dtype)
     tiled._check_output(plan, np.broadcast_to(np.zeros((), out_dtype), out_shape), None)
     lead_out = tuple(out_shape[: len(out_shape) - d])
-    side = max(1.0, block_pixels ** (1 / d))
-    per_group = [max(1, round(side / a.stride)) for a in plan.axes]
+    chunk_sides = [c[0] for c in image.chunks[len(image.chunks) - d :]]
+    per_group = [max(1, round(side / a.stride)) for a, side in zip(plan.axes, chunk_sides)]
     axis_groups = [_group_ranges(a.count, g) for a, g in zip(plan.axes, per_group)]
     groups = list(np.ndindex(*(len(g) for g in axis_groups)))
     ranges = {g: [axis_groups[k][i] for k, i in enumerate(g)] for g in groups}
@@ -144,13 +161,13 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int, *, block_pixels:
     def group_task(group: tuple[int, ...], region: list[tuple[int, int]]) -> Any:
         read = _box(plan.axes, ranges[group], "read")
         source = image[(Ellipsis, *(slice(lo, hi) for lo, hi in read))]
-        return dask.delayed(run, pure=True)(source, group, region)
+        return task(f"run-{group}-{region}", run, source, group, region)
 
     def shape_of(box: list[tuple[int, int]]) -> tuple[int, ...]:
         return lead_out + tuple(hi - lo for lo, hi in box)
 
     if plan.labels:
-        blocks = _label_blocks(plan, groups, owned, valid, group_task, shape_of, tiled.label_dtype(out_dtype))
+        blocks = _label_blocks(groups, owned, valid, group_task, shape_of, tiled.label_dtype(out_dtype), task)
     elif plan.blend == "crop":
         blocks = {
             g: da.from_delayed(group_task(g, owned[g]), shape=shape_of(owned[g]), dtype=out_dtype) for g in groups
@@ -172,8 +189,8 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int, *, block_pixels:
         for g in groups:
             others = [h for h in groups if h != g and _intersect(owned[g], valid[h]) is not None]
             parts = [(partials[h], valid[h]) for h in [g, *others]]
-            task = dask.delayed(combine, pure=True)(owned[g], parts)
-            blocks[g] = da.from_delayed(task, shape=shape_of(owned[g]), dtype=result)
+            summed = task(f"combine-{g}", combine, owned[g], parts)
+            blocks[g] = da.from_delayed(summed, shape=shape_of(owned[g]), dtype=result)
 
     def nest(prefix: tuple[int, ...]) -> Any:
         if len(prefix) == d:
@@ -183,9 +200,9 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int, *, block_pixels:
     return da.block(nest(()))
 
 
-def _label_blocks(plan, groups, owned, valid, group_task, shape_of, dtype) -> dict:
+def _label_blocks(groups, owned, valid, group_task, shape_of, dtype, task) -> dict:
     """Labels: per-group ids linked across groups by one lookup-table task (see :func:`apply_tiled`)."""
-    import dask
+    import dask.array as da
 
     from napari_gridmip.core.patches import tiled
 
@@ -209,9 +226,9 @@ def _label_blocks(plan, groups, owned, valid, group_task, shape_of, dtype) -> di
         for h in groups:
             shared = _intersect(valid[g], owned[h]) if h != g else None
             if shared is not None:
-                task = dask.delayed(pair, pure=True)(ids[g], ids[h], valid[g], valid[h], shared)
-                links.append((index[g], index[h], task))
-    seen = [dask.delayed(present, pure=True)(ids[g], labelled[g][1], owned[g], valid[g]) for g in groups]
+                pairs = task(f"pair-{g}-{h}", pair, ids[g], ids[h], valid[g], valid[h], shared)
+                links.append((index[g], index[h], pairs))
+    seen = [task(f"present-{g}", present, ids[g], labelled[g][1], owned[g], valid[g]) for g in groups]
 
     def tables(counts: list[int], pairs: list[np.ndarray], seen: list[np.ndarray]) -> list[np.ndarray]:
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -233,16 +250,14 @@ def _label_blocks(plan, groups, owned, valid, group_task, shape_of, dtype) -> di
         lut = np.where(alive, rank[root], 0)
         return [np.concatenate([[0], lut[offsets[i] + 1 : offsets[i + 1] + 1]]) for i in range(len(counts))]
 
-    luts = dask.delayed(tables, pure=True)(counts, [task for _, _, task in links], seen)
+    luts = task("tables", tables, counts, [pairs for _, _, pairs in links], seen)
 
     def relabel(a: np.ndarray, luts: list[np.ndarray], i: int, region, box) -> np.ndarray:
         return luts[i][a[_local(region, box)]].astype(dtype)
 
-    import dask.array as da
-
     return {
         g: da.from_delayed(
-            dask.delayed(relabel, pure=True)(ids[g], luts, index[g], owned[g], valid[g]),
+            task(f"relabel-{g}", relabel, ids[g], luts, index[g], owned[g], valid[g]),
             shape=shape_of(owned[g]),
             dtype=dtype,
         )

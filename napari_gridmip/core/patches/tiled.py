@@ -633,13 +633,15 @@ def apply_tiled(
         is one object across the tile's leading axes). Labels that two tiles
         give to one kept pixel are linked (union-find over the id pairs) and
         all are renumbered ``1..K``, first seen first. Needs ``overlap >= 1``.
-        Guarantee: when ``fn`` labels the connected components of a per-pixel
-        foreground that both tiles agree on in their shared kept pixels (for
-        example ``scipy.ndimage.label(x > t)``, with ``halo`` covering any
-        filter before the threshold), the tiled labels are the untiled
-        partition exactly. Objects are never split at a seam; for other
-        labellers (networks) two objects are merged when two tiles give one
-        pixel to both. ``blend`` is not used.
+        Guarantee: when ``fn`` labels the connected components (any
+        connectivity) of a per-pixel foreground, such as
+        ``scipy.ndimage.label(x > t)`` with ``halo=0``, the tiled labels are
+        the untiled partition exactly, whatever the objects' size. An object
+        is never split at a seam; two are merged when two tiles give one pixel
+        to both, so a labeller that filters first (and so connects pixels
+        through a halo where its filter is not exact) or a network may merge
+        objects: filter in a first tiled run, then label. ``blend`` is not
+        used.
     backend
         ``"auto"`` (default): ``fn`` runs as JAX when it can be traced with
         ``jax.jit`` (``jax.vmap`` of it, unless ``batched``) on one batch of

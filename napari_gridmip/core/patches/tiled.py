@@ -337,21 +337,41 @@ class _CropMerger(_Merger):
 
 
 class _WeightedMerger(_Merger):
-    """Each window's valid part added with its normalised weights; pixels one window alone sees are copied."""
+    """Each window's valid part added with its normalised weights; pixels one window alone sees are copied.
+
+    A piece of a window that no earlier window (of ``ranges``, in C order)
+    touches is written as ``y * w`` directly; later ones are added through a
+    scratch buffer, so no pass reads zeros and no temporary is allocated.
+    """
 
     def __init__(self, plan: _Plan, region, ranges) -> None:
         super().__init__(plan, region, ranges)
         self.compute = np.dtype(np.float32)  # set from fn's first output
         self.maps: dict[tuple, np.ndarray] = {}
-        self.pieces = [[self._axis_pieces(a, i) for i in range(a.count)] for a in plan.axes]
+        self.scratch: np.ndarray | None = None
+        self.pieces = [
+            [self._axis_pieces(a, i, first) for i in range(a.count)] for a, (first, _) in zip(plan.axes, self.ranges)
+        ]
 
     @staticmethod
-    def _axis_pieces(a: _Axis, i: int) -> list[tuple[int, int, Any]]:
+    def _axis_pieces(a: _Axis, i: int, first_window: int) -> list[tuple[int, int, Any]]:
+        """Window i's valid interval cut where the single cover starts and stops.
+
+        Tags: None (single cover) or ``(i, lo, hi, first)``, the weights'
+        slice and whether no earlier window of the range touches the piece.
+        """
         (v0, v1), (s0, s1) = (int(x) for x in a.valid[i]), (int(x) for x in a.single[i])
-        if s1 <= s0:
-            return [(v0, v1, (i, v0 - v0, v1 - v0))]
-        parts = [(v0, s0, (i, 0, s0 - v0)), (s0, s1, None), (s1, v1, (i, s1 - v0, v1 - v0))]
-        return [p for p in parts if p[1] > p[0]]
+        parts = [(v0, v1)] if s1 <= s0 else [(v0, s0), (s0, s1), (s1, v1)]
+        pieces = []
+        for lo, hi in parts:
+            if hi <= lo:
+                continue
+            if s0 <= lo and hi <= s1 and s1 > s0:
+                pieces.append((lo, hi, None))
+            else:
+                first = i == first_window or int(a.valid[i - 1][1]) <= lo
+                pieces.append((lo, hi, (i, lo - v0, hi - v0, first)))
+        return pieces
 
     def _map(self, tags: list) -> np.ndarray:
         """The n-D weights of one piece: the outer product of its axes' weights (1 along single axes)."""
@@ -362,11 +382,7 @@ class _WeightedMerger(_Merger):
         if m is None:
             m = np.ones(())
             for k, t in enumerate(tags):
-                axis = self.plan.axes[k]
-                if t is None:
-                    w = np.ones(1)  # a single-cover stretch: weight 1, broadcast
-                else:
-                    w = axis.weights[t[0]][t[1] : t[2]]
+                w = np.ones(1) if t is None else self.plan.axes[k].weights[t[0]][t[1] : t[2]]  # 1: broadcast
                 m = np.multiply.outer(m, w)
             m = m.astype(self.compute)
             self.maps[key] = m
@@ -377,12 +393,18 @@ class _WeightedMerger(_Merger):
         if self.out is None:
             self.compute = _weighted_compute(y.dtype)
             self._first(y, self.compute, zeros=True)
+            self.scratch = np.empty(y.size, self.compute)
         pieces = [self.pieces[k][i] for k, i in enumerate(index)]
         for out_box, win_box, tags in self._boxes(index, pieces):
+            target, source = self.out[out_box], y[win_box]
             if all(t is None for t in tags):
-                self.out[out_box] = y[win_box]
+                target[...] = source
+            elif all(t is None or t[3] for t in tags):
+                np.multiply(source, self._map(tags), out=target)
             else:
-                self.out[out_box] += y[win_box] * self._map(tags)
+                scratch = self.scratch[: target.size].reshape(target.shape)
+                np.multiply(source, self._map(tags), out=scratch)
+                target += scratch
 
     def result(self) -> np.ndarray:
         return self.out

@@ -237,6 +237,7 @@ class _JaxRunner:
 
         from napari_gridmip.core._precision import precision_scope
 
+        self.arguments = (fn, batched, shape, dtype, batch)
         self.shape, self.dtype, self.batch = shape, np.dtype(dtype), batch
         self.scope = lambda: precision_scope(self.dtype)
         self.program = jax.jit(fn if batched else jax.vmap(fn))
@@ -247,6 +248,9 @@ class _JaxRunner:
         if len(info.shape) < 1 or info.shape[0] != batch:
             raise ValueError(f"fn (batched) returned shape {tuple(info.shape)} for a batch of {batch} tiles")
         self.out_shape, self.out_dtype = tuple(info.shape[1:]), np.dtype(info.dtype)
+
+    def __reduce__(self):  # a dask.distributed worker builds (and traces) its own program
+        return (_JaxRunner, self.arguments)
 
     def __call__(self, tiles: list[np.ndarray]) -> np.ndarray:
         from napari_gridmip.core._transfer import aligned_empty, owned_to_device

@@ -480,3 +480,29 @@ def test_different_output_shapes_for_different_tiles():
 
     with pytest.raises(ValueError, match="for one tile and"):
         apply_tiled(fn, IMAGE, (10, 10), backend="numpy")
+
+
+@pytest.mark.slow
+def test_distributed_workers_give_the_local_results():
+    """Worker processes: the JAX runner is rebuilt on each worker; NumPy fns and labels travel as they are."""
+    import dask
+    import distributed
+
+    image = np.random.default_rng(22).random((2, 90, 70)).astype(np.float32)
+    lazy = da.from_array(image, chunks=(2, 30, 30))
+    graphs = {
+        "jax": apply_tiled(lambda t: jnp.tanh(t), lazy, (24, 24), overlap=4),
+        "numpy": apply_tiled(gaussian(1.0, "reflect", 2), lazy, (24, 24), halo=4),
+        "labels": apply_tiled(
+            label(), da.from_array(blobs((90, 70), 0.4, 1.5, 3), chunks=30), (20, 20), overlap=1, labels=True
+        ),
+    }
+    with dask.config.set(scheduler="sync"):
+        local = dask.compute(graphs)[0]
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        remote = client.compute(graphs, sync=True)
+    for name in graphs:
+        np.testing.assert_array_equal(np.asarray(remote[name]), np.asarray(local[name]))

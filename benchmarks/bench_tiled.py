@@ -3,7 +3,7 @@
     python benchmarks/bench_tiled.py [--quick] [--repeats 5]
 
 A (3, 4096, 4096) float32 image (MONAI: (1, 3, 4096, 4096)), 256 x 256 tiles,
-overlap 0.25 (a step of 192 pixels, 22 x 22 = 484 tiles; both use the same
+overlap 0.25 (a step of 192 pixels, 21 x 21 = 441 tiles; both use the same
 origins), Gaussian blend (sigma 0.125 x tile), 8 tiles per batch, and an
 identity predictor, so that only the tiling and the merging are timed. Rows:
 ours with a NumPy callable (called per tile), with a JAX function (one

@@ -674,7 +674,9 @@ def apply_tiled(
         tiles, and as a NumPy callable otherwise; ``"jax"`` or ``"numpy"``
         choose. JAX: one compiled program for ``batch_size`` tiles (the last
         batch padded with copies), traced once per call. NumPy: called on each
-        tile, or on each batch when ``batched``.
+        tile, or on each batch when ``batched``. A NumPy-style fn that also
+        traces (plain arithmetic) runs as JAX under "auto", with JAX's dtype
+        rules (float64 only for 64-bit images): pass "numpy" to keep NumPy's.
     batched
         ``fn`` takes a batch ``(B, *leading, *tile)`` and returns
         ``(B, *leading_out, *tile)`` (a NumPy fn gets the last batch short).

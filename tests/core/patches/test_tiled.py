@@ -148,6 +148,36 @@ def test_overlap_blends_like_a_loop_with_the_same_weights(shape, tile, halo, ove
         np.testing.assert_allclose(out, expected, rtol=4 * EPS32, atol=4 * EPS32)
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    data=st.data(),
+    shape=st.tuples(st.integers(1, 3), st.integers(3, 40), st.integers(3, 40)),
+    blend=st.sampled_from(["gaussian", "mean", "hann", "crop"]),
+)
+def test_any_geometry_blends_like_the_loop_in_memory_and_on_dask(data, shape, blend):
+    """Random tiles, halos and overlaps (up to heavy overlap, where three tiles share pixels), and dask chunks."""
+    tile, halo, overlap = [], [], []
+    for n in shape[1:]:
+        t = data.draw(st.integers(3, n + 3))
+        h = data.draw(st.integers(0, (t - 1) // 2))
+        o = data.draw(st.integers(0, max(t - 2 * h - 1, 0)))
+        tile.append(t), halo.append(h), overlap.append(o)
+    image = np.random.default_rng(shape[1] * 41 + shape[2]).random(shape).astype(np.float32)
+    out = apply_tiled(tile_dependent, image, tile, halo=halo, overlap=overlap, blend=blend)
+    exact = blend == "crop" or not any(overlap)  # no overlap anywhere: each pixel from its owner, whatever blend
+    expected = reference_tiled(tile_dependent, image, tile, halo, overlap, "crop" if exact else blend)
+    chunks = (shape[0], *(data.draw(st.integers(max(1, n // 4), n)) for n in shape[1:]))
+    lazy = apply_tiled(
+        tile_dependent, da.from_array(image, chunks=chunks), tile, halo=halo, overlap=overlap, blend=blend
+    )
+    if exact:
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(lazy.compute(), out)
+    else:
+        np.testing.assert_allclose(out, expected, rtol=8 * EPS32, atol=8 * EPS32)
+        np.testing.assert_allclose(lazy.compute(), out, rtol=4 * EPS32, atol=4 * EPS32)
+
+
 def test_sigma_scale_reaches_the_weights():
     image = np.random.default_rng(7).random((50, 50)).astype(np.float32)
     out = apply_tiled(tile_dependent, image, (20, 20), overlap=8, sigma_scale=0.3)

@@ -22,6 +22,7 @@ DATA_ARGUMENTS = {
     "mipmap_shapes": ("shape",),
     "extract_patches": ("image", "patch_size", "stride"),
     "merge_patches": ("patches", "image_shape", "stride"),
+    "apply_tiled": ("fn", "image", "tile"),
     "windowed_pearson": ("img1", "img2", "window"),
     "find_displacement": ("img1", "img2", "window"),
     "displacement_vectors": ("dy", "dx"),

@@ -15,3 +15,14 @@ SUBPIXEL_METHODS = ("hessian", "paraboloid", "refine", "none")
 
 PRECISIONS = ("float32", "float64")
 """``dtype=`` of the correlation functions, the default first."""
+
+TILED_BLENDS = ("gaussian", "mean", "hann", "crop")
+"""``apply_tiled(blend=...)``, the default first: three weighted means over the tiles' overlap (the
+windows of ``merge_patches``), or ``"crop"``, each pixel from the one tile that owns it (seams midway
+through the overlap, no arithmetic)."""
+
+TILED_BACKENDS = ("auto", "jax", "numpy")
+"""``apply_tiled(backend=...)``: how ``fn`` is run, the default first."""
+
+PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
+"""``apply_tiled(pad_mode=...)``: NumPy's ``np.pad`` modes for axes shorter than the tile."""

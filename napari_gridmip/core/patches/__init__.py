@@ -1,1 +1,2 @@
-"""Images from patches: patch grids cut and merged back, and (on dask) the merge chunk by chunk."""
+"""Images from patches: patch grids cut and merged back, any function run tile by tile (``tiled``), and (on
+dask) the same block by block."""

@@ -72,3 +72,194 @@ def merge_patches(
 
     # da.block joins the nested list along the last d axes
     return da.block(nest(()))
+
+
+# -- apply_tiled on a dask image ----------------------------------------------------
+
+
+def _group_ranges(count: int, per_group: int) -> list[tuple[int, int]]:
+    return [(first, min(first + per_group, count)) for first in range(0, count, per_group)]
+
+
+def _box(axes: Any, ranges: Any, kind: str) -> list[tuple[int, int]]:
+    """A group's box along every axis: ``"read"`` (its windows), ``"valid"`` or ``"owned"``."""
+    box = []
+    for a, (first, stop) in zip(axes, ranges):
+        if kind == "read":
+            box.append((int(a.starts[first]), int(a.starts[stop - 1]) + a.window))
+        else:
+            intervals = a.valid if kind == "valid" else a.owned
+            box.append((int(intervals[first][0]), int(intervals[stop - 1][1])))
+    return box
+
+
+def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+    box = [(max(a0, b0), min(a1, b1)) for (a0, a1), (b0, b1) in zip(a, b)]
+    return box if all(hi > lo for lo, hi in box) else None
+
+
+def _local(box: list[tuple[int, int]], origin: list[tuple[int, int]]) -> tuple[Any, ...]:
+    return (Ellipsis, *(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(box, origin)))
+
+
+def _tasks(prefix: str) -> Any:
+    """``task(label, fn, *args)``: a delayed call keyed ``prefix-label``, so that dask tokenizes nothing.
+
+    Tokenizing the closures and the plan would cloudpickle them for every task
+    (seconds for a few hundred tasks); one random prefix per call keeps keys unique.
+    """
+    import uuid
+
+    import dask
+
+    base = f"{prefix}-{uuid.uuid4().hex}"
+
+    def task(label: str, fn: Any, *args: Any) -> Any:
+        return dask.delayed(fn, name=f"{base}-{label}-fn", pure=True)(*args, dask_key_name=f"{base}-{label}")
+
+    return task
+
+
+def apply_tiled(plan: Any, runner: Any, image: Any, batch: int) -> Any:
+    """The lazy twin of the in-memory run (validated and planned by the caller).
+
+    Windows are grouped, as many per axis as fit the image's first chunk along
+    it (at least one), so output blocks follow the input's chunking; each
+    output block is the pixels its group's windows own. ``"crop"``: one
+    task per block runs its windows and copies. Weighted blends: one task per
+    group adds its windows' weighted outputs over their valid box (a little
+    larger than the block), and each block sums the parts of those boxes that
+    fall on it, its own group's first, then the others in C order. Labels: one
+    task per group labels its valid box (ids linked inside the group), small
+    tasks pair the ids that two groups give to one pixel, one task links all
+    pairs into a lookup table, and each block is its ids looked up; the label
+    boxes are held until the table is made.
+    """
+    import dask.array as da
+
+    from napari_gridmip.core.patches import tiled
+
+    task = _tasks("apply_tiled")
+    d = len(plan.axes)
+    out_shape, out_dtype = runner.probe(plan.lead + plan.window, image.dtype)
+    tiled._check_output(plan, np.broadcast_to(np.zeros((), out_dtype), out_shape), None)
+    lead_out = tuple(out_shape[: len(out_shape) - d])
+    chunk_sides = [c[0] for c in image.chunks[len(image.chunks) - d :]]
+    per_group = [max(1, round(side / a.stride)) for a, side in zip(plan.axes, chunk_sides)]
+    axis_groups = [_group_ranges(a.count, g) for a, g in zip(plan.axes, per_group)]
+    groups = list(np.ndindex(*(len(g) for g in axis_groups)))
+    ranges = {g: [axis_groups[k][i] for k, i in enumerate(g)] for g in groups}
+    owned = {g: _box(plan.axes, ranges[g], "owned") for g in groups}
+    valid = {g: _box(plan.axes, ranges[g], "valid") for g in groups}
+
+    def run(block: np.ndarray, group: tuple[int, ...], region: list[tuple[int, int]]) -> Any:
+        read = _box(plan.axes, ranges[group], "read")
+        merger = tiled.make_merger(plan, region, ranges[group])
+        tiled.run_windows(plan, runner, block, [lo for lo, _ in read], merger, batch)
+        return merger.result()
+
+    def group_task(group: tuple[int, ...], region: list[tuple[int, int]]) -> Any:
+        read = _box(plan.axes, ranges[group], "read")
+        source = image[(Ellipsis, *(slice(lo, hi) for lo, hi in read))]
+        return task(f"run-{group}-{region}", run, source, group, region)
+
+    def shape_of(box: list[tuple[int, int]]) -> tuple[int, ...]:
+        return lead_out + tuple(hi - lo for lo, hi in box)
+
+    if plan.labels:
+        blocks = _label_blocks(groups, owned, valid, group_task, shape_of, tiled.label_dtype(out_dtype), task)
+    elif plan.blend == "crop":
+        blocks = {
+            g: da.from_delayed(group_task(g, owned[g]), shape=shape_of(owned[g]), dtype=out_dtype) for g in groups
+        }
+    else:
+        compute = tiled._weighted_compute(np.dtype(out_dtype))
+        result = tiled.merge_dtypes(np.dtype(out_dtype), "mean")[1]
+        partials = {g: group_task(g, valid[g]) for g in groups}
+
+        def combine(region: list[tuple[int, int]], parts: list[tuple[np.ndarray, list[tuple[int, int]]]]) -> np.ndarray:
+            first, first_box = parts[0]
+            out = np.array(first[_local(region, first_box)], dtype=compute)
+            for part, box in parts[1:]:
+                overlap = _intersect(region, box)
+                out[_local(overlap, region)] += part[_local(overlap, box)]
+            return out.astype(result, copy=False)
+
+        blocks = {}
+        for g in groups:
+            others = [h for h in groups if h != g and _intersect(owned[g], valid[h]) is not None]
+            parts = [(partials[h], valid[h]) for h in [g, *others]]
+            summed = task(f"combine-{g}", combine, owned[g], parts)
+            blocks[g] = da.from_delayed(summed, shape=shape_of(owned[g]), dtype=result)
+
+    def nest(prefix: tuple[int, ...]) -> Any:
+        if len(prefix) == d:
+            return blocks[prefix]
+        return [nest((*prefix, i)) for i in range(len(axis_groups[len(prefix)]))]
+
+    return da.block(nest(()))
+
+
+def _label_blocks(groups, owned, valid, group_task, shape_of, dtype, task) -> dict:
+    """Labels: per-group ids linked across groups by one lookup-table task (see :func:`apply_tiled`)."""
+    import dask.array as da
+
+    from napari_gridmip.core.patches import tiled
+
+    labelled = {g: group_task(g, valid[g]) for g in groups}  # (ids over the valid box, count)
+    ids = {g: labelled[g][0] for g in groups}
+    counts = [labelled[g][1] for g in groups]
+    index = {g: i for i, g in enumerate(groups)}
+
+    def pair(a: np.ndarray, b: np.ndarray, box_a, box_b, shared) -> np.ndarray:
+        x, y = a[_local(shared, box_a)], b[_local(shared, box_b)]
+        both = (x > 0) & (y > 0)
+        return np.unique(np.stack([x[both], y[both]], axis=1).astype(np.int64), axis=0)
+
+    def present(a: np.ndarray, count: int, region, box) -> np.ndarray:
+        seen = np.bincount(a[_local(region, box)].ravel(), minlength=count + 1) > 0
+        seen[0] = False
+        return seen
+
+    links = []  # (group index of a, group index of b, delayed pairs)
+    for g in groups:
+        for h in groups:
+            shared = _intersect(valid[g], owned[h]) if h != g else None
+            if shared is not None:
+                pairs = task(f"pair-{g}-{h}", pair, ids[g], ids[h], valid[g], valid[h], shared)
+                links.append((index[g], index[h], pairs))
+    seen = [task(f"present-{g}", present, ids[g], labelled[g][1], owned[g], valid[g]) for g in groups]
+
+    def tables(counts: list[int], pairs: list[np.ndarray], seen: list[np.ndarray]) -> list[np.ndarray]:
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        n = int(offsets[-1]) + 1
+        glued = [p + [offsets[i], offsets[j]] for (i, j, _), p in zip(links, pairs) if len(p)]
+        if glued:
+            both = np.concatenate(glued)
+            root = tiled._components(n, both[:, 0], both[:, 1])
+        else:
+            root = np.arange(n)
+        alive = np.zeros(n, bool)
+        for i, s in enumerate(seen):
+            alive[offsets[i] + np.flatnonzero(s)] = True
+        rank = np.zeros(n, np.int64)
+        roots = np.unique(root[alive])
+        rank[roots] = np.arange(1, len(roots) + 1)
+        if len(roots) > np.iinfo(dtype).max:
+            raise ValueError(f"{len(roots)} labels do not fit fn's dtype {dtype}")
+        lut = np.where(alive, rank[root], 0)
+        return [np.concatenate([[0], lut[offsets[i] + 1 : offsets[i + 1] + 1]]) for i in range(len(counts))]
+
+    luts = task("tables", tables, counts, [pairs for _, _, pairs in links], seen)
+
+    def relabel(a: np.ndarray, luts: list[np.ndarray], i: int, region, box) -> np.ndarray:
+        return luts[i][a[_local(region, box)]].astype(dtype)
+
+    return {
+        g: da.from_delayed(
+            task(f"relabel-{g}", relabel, ids[g], luts, index[g], owned[g], valid[g]),
+            shape=shape_of(owned[g]),
+            dtype=dtype,
+        )
+        for g in groups
+    }

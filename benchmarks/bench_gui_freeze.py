@@ -72,7 +72,9 @@ def child(scenario: str, threshold_ms: float) -> dict:
                 if frame is not None:
                     stack = traceback.extract_stack(frame)[-80:]
                     kinds[_kind(stack)] += 1
-                    samples["\n".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in stack)] += 1
+                    samples[
+                        "\n".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in stack)
+                    ] += 1
 
     timer = QTimer()
     timer.setInterval(5)

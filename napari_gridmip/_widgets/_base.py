@@ -47,6 +47,9 @@ class _DockLifetime(QObject):
         self._docked = False
         owner.native.installEventFilter(self)
 
+    def on_destroyed(self, *_: object) -> None:
+        self._owner.release()
+
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
         kind = event.type()
         if kind == QEvent.Type.ParentChange:
@@ -101,6 +104,8 @@ class JobWidget(Container):
         self.cancel_button.changed.connect(self.runner.cancel)
         self.copy_button.changed.connect(self.copy_python)
         self._lifetime = _DockLifetime(self)
+        # closing the viewer deletes the dock without closing or re-parenting it: let go before Qt does
+        self.native.destroyed.connect(self._lifetime.on_destroyed)
 
     def _finish(self, inputs: Sequence[Widget], outputs: Sequence[Widget] = ()) -> None:
         buttons = [self.keep_previous, self.run_button, self.cancel_button, self.status]
@@ -197,7 +202,7 @@ class JobWidget(Container):
         if self.released:
             return
         self.released = True
-        self.runner.cancel()
+        self.runner.detach()
         events = self._viewer.layers.events
         for name in LAYER_EVENTS:
             getattr(events, name).disconnect(self.reset_choices)

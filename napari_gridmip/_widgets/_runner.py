@@ -61,6 +61,7 @@ class BackgroundRunner:
         self.device_text = ""  # the JAX device, known after the first run
         self._pbar: napari_progress | None = None
         self._cancel_requested = False
+        self._detached = False  # the widget is gone: its buttons and labels may be deleted already
         self._cancel_button.enabled = False
 
     @property
@@ -110,10 +111,19 @@ class BackgroundRunner:
         """Ask the running job to stop; whatever it returns afterwards is dropped."""
         if self.busy:
             self._cancel_requested = True
-            self._status.value = "Cancelling..."
-            self._cancel_button.enabled = False
+            if not self._detached:
+                self._status.value = "Cancelling..."
+                self._cancel_button.enabled = False
+
+    def detach(self) -> None:
+        """The widget was closed: cancel, and from now on touch none of its buttons and labels (Qt may have
+        deleted them while the worker finishes)."""
+        self.cancel()
+        self._detached = True
 
     def _set_status(self, text: str, *, tooltip: str | None = None) -> None:
+        if self._detached:
+            return
         self._status.value = text
         self._status.tooltip = tooltip or text
 
@@ -158,19 +168,22 @@ class BackgroundRunner:
 
     def _on_errored(self, error: BaseException) -> None:
         if isinstance(error, Cancelled):
-            self._status.value = "Cancelled"
-            notifications.show_info("Cancelled: no layer was added")
+            if not self._detached:  # a closed widget's job ends quietly
+                self._status.value = "Cancelled"
+                notifications.show_info("Cancelled: no layer was added")
             return
         self._set_status(f"Failed: {error}")
         notify_error(f"{type(error).__name__}: {error}")
 
     def _on_finished(self) -> None:
-        if self._cancel_requested and self._status.value.endswith("..."):
-            self._status.value = "Cancelled"
         self.worker = None
         if self._pbar is not None:
             self._pbar.close()
             self._pbar = None
+        if self._detached:
+            return
+        if self._cancel_requested and self._status.value.endswith("..."):
+            self._status.value = "Cancelled"
         self._run_button.enabled = True
         self._cancel_button.enabled = False
 

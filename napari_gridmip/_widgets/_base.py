@@ -119,8 +119,15 @@ class JobWidget(Container):
         """A layer chooser offering the viewer's layers of ``types``, newest first; long names never widen it."""
         from qtpy.QtWidgets import QComboBox
 
+        # magicgui keeps the choices function in a typing.Annotated type, which typing caches for the
+        # session: a closure over the widget would keep the widget (and its last result) alive
+        owner = weakref.ref(self)
+
         def choices(_widget: Any = None) -> list[tuple[str, Any]]:
-            return [(layer.name, layer) for layer in reversed(self._viewer.layers) if isinstance(layer, types)]
+            widget = owner()
+            if widget is None:
+                return []
+            return [(layer.name, layer) for layer in reversed(widget._viewer.layers) if isinstance(layer, types)]
 
         combo = ComboBox(name=name, label=label, choices=choices, nullable=nullable)
         combo.native.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)

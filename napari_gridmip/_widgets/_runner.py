@@ -60,6 +60,7 @@ class BackgroundRunner:
         self.worker: Any = None
         self.device_text = ""  # the JAX device, known after the first run
         self._pbar: napari_progress | None = None
+        self._holding: dict[str, Any] = {}
         self._cancel_requested = False
         self._detached = False  # the widget is gone: its buttons and labels may be deleted already
         self._cancel_button.enabled = False
@@ -92,15 +93,22 @@ class BackgroundRunner:
         self._set_status(f"{job.description}...")
         self._pbar = napari_progress(total=0, desc=job.description)
 
+        # napari keeps every worker it made (its task list) for the whole session: the worker must not
+        # keep the job (its input arrays), the widget or the result alive, so both go through this
+        # holder, emptied when the worker finishes (benchmarks/soak.py measured 10 MB a run otherwise)
+        holding = {"job": job, "on_done": on_done, "replace": replace, "runner": self}
+        self._holding = holding
+
         def work() -> tuple[JobResult, str, list]:
+            runner = holding["runner"]
             device = prepare_jax()
-            result = job.run(self._report)
-            self._check_cancel()
+            result = holding["job"].run(runner._report)
+            runner._check_cancel()
             # the layer models are made here too, so that the GUI thread only shows them
             return result, device, layers_ready_to_show(result.layers)
 
         worker = create_worker(work, _start_thread=False, _ignore_errors=True)  # errors: _on_errored
-        worker.returned.connect(lambda value: self._on_returned(value, on_done, replace))
+        worker.returned.connect(self._on_worker_returned)
         worker.errored.connect(self._on_errored)
         worker.finished.connect(self._on_finished)
         self.worker = worker
@@ -137,6 +145,9 @@ class BackgroundRunner:
         self._relay.progressed.emit(int(done), int(total))
 
     # -- GUI thread --------------------------------------------------------
+    def _on_worker_returned(self, value: tuple[JobResult, str, list]) -> None:
+        self._on_returned(value, self._holding.get("on_done"), self._holding.get("replace", True))
+
     def _on_progress(self, done: int, total: int) -> None:
         if self._pbar is not None:
             if self._pbar.total != total:
@@ -176,7 +187,18 @@ class BackgroundRunner:
         notify_error(f"{type(error).__name__}: {error}")
 
     def _on_finished(self) -> None:
-        self.worker = None
+        worker, self.worker = self.worker, None
+        self._holding.clear()
+        if worker is not None:
+            for signal, slot in (
+                (worker.returned, self._on_worker_returned),
+                (worker.errored, self._on_errored),
+                (worker.finished, self._on_finished),
+            ):
+                try:
+                    signal.disconnect(slot)
+                except (TypeError, RuntimeError):  # already gone
+                    pass
         if self._pbar is not None:
             self._pbar.close()
             self._pbar = None

@@ -11,6 +11,7 @@ from napari.layers import Image, Vectors
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
 from napari_gridmip._placement import Frame
+from napari_gridmip._provenance import KEY
 from napari_gridmip._widgets._base import JobWidget, require_layer
 from napari_gridmip.core._options import PRECISIONS, SUBPIXEL_METHODS
 
@@ -65,20 +66,31 @@ class CorrelationWidget(JobWidget):
     def _layers_changed(self) -> None:
         """Fill img1 and img2 while they are empty or the same layer; never override a choice the user made.
 
-        From the layers' roles (as the speckle sample sets them), else the two newest stacks.
+        From the layers' roles (as the speckle sample sets them), else the newest two stacks of one shape;
+        never this plugin's own results.
         """
         if self.img1.value is not None and self.img2.value is not None and self.img1.value is not self.img2.value:
             return
-        stacks = [layer for layer in reversed(self._viewer.layers) if isinstance(layer, Image) and layer.ndim >= 3]
+        stacks = [
+            layer
+            for layer in reversed(self._viewer.layers)
+            if isinstance(layer, Image) and layer.ndim >= 3 and KEY not in layer.metadata and not layer.rgb
+        ]
         by_role = {layer.metadata.get(ROLE_KEY): layer for layer in stacks}
         if "img1" in by_role and "img2" in by_role:
             self.img1.value, self.img2.value = by_role["img1"], by_role["img2"]
-        elif len(stacks) >= 2:
-            self.img1.value, self.img2.value = stacks[1], stacks[0]
+            return
+        for i, newer in enumerate(stacks):
+            older = next((layer for layer in stacks[i + 1 :] if layer.data.shape == newer.data.shape), None)
+            if older is not None:
+                self.img1.value, self.img2.value = older, newer
+                return
 
     def make_job(self) -> Job:
         layer1 = require_layer(self.img1, "img1, an Image layer of K frames")
         layer2 = require_layer(self.img2, "img2, an Image layer of K frames")
+        if layer1 is layer2:
+            raise ValueError(f"img1 and img2 are the same layer ({layer1.name!r}): choose the two stacks to compare")
         for layer in (layer1, layer2):
             if layer.multiscale or layer.rgb or layer.ndim < 3:
                 raise ValueError(f"layer {layer.name!r} must be a plain (K, M, N) stack; got shape {layer.data.shape}")

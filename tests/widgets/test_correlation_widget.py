@@ -97,6 +97,10 @@ def test_cancel_and_bad_input(viewer_and_widget, wait_idle, monkeypatch):
     rng = np.random.default_rng(1)
     viewer.add_image(rng.random((4, 40, 40)), name="a")
     viewer.add_image(rng.random((4, 40, 41)), name="b")
+    assert widget.img1.value is widget.img2.value  # no pair of one shape to pick: the user must choose
+    widget.run_button.native.click()
+    assert "the same layer" in shown[-1]
+    widget.img1.value, widget.img2.value = viewer.layers["a"], viewer.layers["b"]
     widget.run_button.native.click()
     wait_idle(widget)
     assert "same shape" in shown[-1] and "(4, 40, 41)" in shown[-1]

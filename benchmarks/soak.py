@@ -1,0 +1,271 @@
+"""Soak test: every widget, many times, in one viewer, with cancels, vanishing inputs and re-docking.
+
+    xvfb-run -a python benchmarks/soak.py [--iterations 30] [--seed 0]
+
+For each widget, ``--iterations`` times in one viewer: a run with random valid parameters, and at a
+random moment one of: wait for it, press Cancel, delete the input layer, or close the dock and dock a
+new widget. At the end a run is started and the viewer closed while it runs. Python's faulthandler is
+on (a crash prints the stacks of every thread). Reported: errors (notifications, uncaught exceptions),
+threads still running at the end, and resident memory growth over the loop (after a first warm-up
+round). Exit status 1 when a requirement fails: no error, no thread left, growth under 100 MB.
+
+``tests/widgets/test_soak.py`` runs a short version (a few iterations) in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import gc
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_GROWTH_MB = 100.0
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@dataclass
+class Report:
+    runs: int = 0
+    actions: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    threads_left: list[str] = field(default_factory=list)
+    rss_start_mb: float = 0.0
+    rss_end_mb: float = 0.0
+
+    @property
+    def growth_mb(self) -> float:
+        return self.rss_end_mb - self.rss_start_mb
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.threads_left and self.growth_mb < MAX_GROWTH_MB
+
+    def lines(self) -> list[str]:
+        return [
+            f"runs: {self.runs}; actions: {self.actions}",
+            f"errors: {len(self.errors)}" + "".join(f"\n  {e}" for e in self.errors[:10]),
+            f"threads left running: {self.threads_left or 'none'}",
+            f"resident memory: {self.rss_start_mb:.0f} MB after the first round, {self.rss_end_mb:.0f} MB after the "
+            f"second (the same runs again): "
+            f"growth {self.growth_mb:+.0f} MB (limit {MAX_GROWTH_MB:.0f})",
+        ]
+
+
+def _inputs(kind: str, rng: np.random.Generator, size: str) -> list[tuple[np.ndarray, str]]:
+    """Fresh input layers for one widget (small ones for the test suite's short run)."""
+    if kind == "mipmap":
+        n = 40 if size == "small" else 128
+        volume = np.zeros((n, n + 3, n - 5), np.float32)
+        for _ in range(6):
+            z, y, x = rng.integers(0, n - 8, 3)
+            volume[z : z + 6, y : y + 6, x : x + 6] = rng.random()
+        return [(volume, "soak volume")]
+    if kind == "patches":
+        from napari_gridmip import extract_patches
+
+        n = 96 if size == "small" else 512
+        image = rng.random((3, n, n)).astype(np.float32)
+        return [(np.asarray(extract_patches(image, (32, 32), (24, 24))), "soak tiles")]
+    from napari_gridmip._sample_data import make_speckle_pair
+
+    shape = (48, 48) if size == "small" else (192, 192)
+    img1, img2, _ = make_speckle_pair(frames=6, shape=shape, seed=int(rng.integers(100)))
+    return [(img1, "soak sample"), (img2, "soak reference")]
+
+
+def _randomise(kind: str, widget: Any, rng: np.random.Generator) -> None:
+    """Random valid parameters for one run."""
+    widget.keep_previous.value = bool(rng.random() < 0.2)
+    if kind == "mipmap":
+        widget.threshold.value = float(rng.uniform(0, 0.9))
+        widget.per_level.value = bool(rng.random() < 0.3)
+    elif kind == "patches":
+        widget.stride.value = "24, 24"
+        widget.blend.value = str(rng.choice(["mean", "gaussian", "hann", "max", "overwrite"]))
+    else:
+        w = int(rng.choice([3, 5, 7, 9]))
+        widget.window_rows.value = widget.window_cols.value = w
+        widget.subpixel.value = str(rng.choice(["hessian", "paraboloid", "refine", "none"]))
+        widget.precision.value = str(rng.choice(["float32", "float64"]))
+        widget.full_map.value = bool(rng.random() < 0.3)
+
+
+def _widget_class(kind: str) -> type:
+    if kind == "mipmap":
+        from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+
+        return MipmapWidget
+    if kind == "patches":
+        from napari_gridmip._widgets.patches_widget import PatchesWidget
+
+        return PatchesWidget
+    from napari_gridmip._widgets.correlation_widget import CorrelationWidget
+
+    return CorrelationWidget
+
+
+def _process(seconds: float) -> None:
+    from qtpy.QtWidgets import QApplication
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        QApplication.processEvents()
+        time.sleep(0.002)
+
+
+def _wait_idle(widget: Any, timeout: float = 120.0) -> None:
+    from qtpy.QtWidgets import QApplication
+
+    end = time.perf_counter() + timeout
+    while widget.runner.busy:
+        if time.perf_counter() > end:
+            raise TimeoutError(f"{type(widget).__name__} still busy after {timeout} s")
+        QApplication.processEvents()
+        time.sleep(0.002)
+
+
+def soak(
+    viewer: Any,
+    *,
+    iterations: int = 30,
+    seed: int = 0,
+    size: str = "large",
+    kinds: tuple[str, ...] = ("mipmap", "patches", "correlation"),
+    close_viewer: bool = True,
+) -> Report:
+    """Drive every widget ``iterations`` times in ``viewer``; see the module docstring."""
+    from napari.utils import notifications
+
+    from napari_gridmip._widgets import _runner
+
+    rng = np.random.default_rng(seed)
+    report = Report()
+    errors = report.errors
+    original_notify = _runner.notify_error
+    original_hook = sys.excepthook
+    original_thread_hook = threading.excepthook
+    _runner.notify_error = lambda text: (errors.append(f"notification: {text}"), original_notify(text))[-1]
+
+    def uncaught(kind: type, value: BaseException, tb: Any) -> None:
+        import traceback
+
+        frames = traceback.extract_tb(tb) if tb is not None else []
+        ours = [f for f in frames if "napari_gridmip" in f.filename]
+        where = (ours or frames or [None])[-1]
+        at = f" at {where.filename.split('site-packages/')[-1]}:{where.lineno} {where.name}" if where else ""
+        errors.append(f"uncaught {kind.__name__}: {value}{at}")
+
+    sys.excepthook = uncaught
+    threading.excepthook = lambda args: errors.append(
+        f"thread {args.thread}: {args.exc_type.__name__}: {args.exc_value}"
+    )
+    show_error = notifications.show_error
+    notifications.show_error = lambda text: (errors.append(f"notification: {text}"), show_error(text))[-1]
+    try:
+        # Two rounds of the same random sequence: the first compiles every program the parameters need
+        # (JAX keeps compiled programs, by design), the second shows what is left over by the runs.
+        for round_number in range(2):
+            rng = np.random.default_rng(seed)
+            if round_number == 1:
+                viewer.layers.clear()
+                gc.collect()
+                report.rss_start_mb = rss_mb()
+            for kind in kinds:
+                widget = _widget_class(kind)(viewer)
+                viewer.window.add_dock_widget(widget)
+                for i in range(iterations):
+                    if not any(name in viewer.layers for _, name in _inputs(kind, rng, "small")):
+                        for data, name in _inputs(kind, rng, size):
+                            viewer.add_image(data, name=name)
+                        widget.reset_choices()
+                    if kind == "patches":
+                        widget.layer.value = viewer.layers["soak tiles"]
+                    elif kind == "correlation":
+                        widget.img1.value = viewer.layers["soak sample"]
+                        widget.img2.value = viewer.layers["soak reference"]
+                    _randomise(kind, widget, rng)
+                    action = str(rng.choice(["wait", "cancel", "delete input", "re-dock"])) if i else "wait"
+                    report.actions[action] = report.actions.get(action, 0) + 1
+                    widget.run_button.native.click()
+                    report.runs += 1
+                    _process(float(rng.uniform(0, 0.3)))
+                    if action == "cancel":
+                        widget.cancel_button.native.click()
+                    elif action == "delete input":
+                        for _, name in _inputs(kind, rng, "small"):
+                            if name in viewer.layers:
+                                viewer.layers.remove(name)
+                    elif action == "re-dock":
+                        viewer.window.remove_dock_widget(widget.native)  # what the dock's close button does
+                        _wait_idle(widget)
+                        widget = _widget_class(kind)(viewer)
+                        viewer.window.add_dock_widget(widget)
+                        continue
+                    _wait_idle(widget)
+                    if len(viewer.layers) > 40:  # "keep previous results" piles layers up: start afresh
+                        viewer.layers.clear()
+                viewer.window.remove_dock_widget(widget.native)
+                del widget
+        gc.collect()
+        _process(0.5)
+        report.rss_end_mb = rss_mb()
+        if close_viewer:  # close the viewer while a job runs
+            last = _widget_class(kinds[-1])(viewer)
+            viewer.window.add_dock_widget(last)
+            for data, name in _inputs(kinds[-1], rng, size):
+                if name not in viewer.layers:
+                    viewer.add_image(data, name=name)
+            last.reset_choices()
+            if kinds[-1] == "correlation":
+                last.img1.value, last.img2.value = viewer.layers["soak sample"], viewer.layers["soak reference"]
+            last.run_button.native.click()
+            _process(0.05)
+            viewer.close()
+        from qtpy.QtCore import QThreadPool
+
+        QThreadPool.globalInstance().waitForDone(120_000)
+        _process(0.2)
+        report.threads_left = [
+            t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()
+        ]
+        if QThreadPool.globalInstance().activeThreadCount():
+            report.threads_left.append(f"{QThreadPool.globalInstance().activeThreadCount()} Qt pool thread(s)")
+    finally:
+        _runner.notify_error = original_notify
+        sys.excepthook = original_hook
+        threading.excepthook = original_thread_hook
+        notifications.show_error = show_error
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", choices=["small", "large"], default="large")
+    args = parser.parse_args()
+    faulthandler.enable()
+    import napari
+
+    viewer = napari.Viewer()
+    start = time.perf_counter()
+    report = soak(viewer, iterations=args.iterations, seed=args.seed, size=args.size)
+    print(f"soak: {args.iterations} iterations a widget, seed {args.seed}, {time.perf_counter() - start:.0f} s")
+    print("\n".join(report.lines()))
+    print("PASS" if report.ok else "FAIL")
+    sys.exit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

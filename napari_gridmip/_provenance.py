@@ -36,15 +36,23 @@ class Source:
     layer: str | None = None
     path: str | None = None
     index: str = ""
+    expression: str | None = None  # any other binding, as code (e.g. a function found by its import path)
 
     def code(self) -> str:
+        if self.expression is not None:
+            return f"{self.variable} = {self.expression}"
         if self.path is not None:
             return f"{self.variable} = gm.read_array({self.path!r}){self.index}"
         return f"{self.variable} = viewer.layers[{self.layer!r}].data{self.index}"
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"variable": self.variable}
-        out.update({"layer": self.layer} if self.path is None else {"path": self.path})
+        if self.expression is not None:
+            out["expression"] = self.expression
+        elif self.path is not None:
+            out["path"] = self.path
+        else:
+            out["layer"] = self.layer
         if self.index:
             out["index"] = self.index
         return out
@@ -119,7 +127,7 @@ def layer_provenance(
     return {
         "widget": widget,
         "role": role,
-        "inputs": {s.variable: s.layer for s in sources if s.layer is not None},
+        "inputs": {s.variable: s.layer for s in sources if s.layer is not None and s.expression is None},
         "sources": [s.record() for s in sources],
         "calls": [c.record() for c in calls],
         "expression": expression,
@@ -148,7 +156,7 @@ def python_script(sources: Sequence[Source], calls: Sequence[Call], outputs: Map
     from napari_gridmip._provenance import versions as _versions
 
     lines = [f'"""Made by napari-gridmip {_versions()["napari_gridmip"]}: reproduces {len(outputs)} result(s)."""']
-    uses_layers = any(s.path is None for s in sources)
+    uses_layers = any(s.layer is not None for s in sources)
     lines += ["import numpy as np", ""]
     if uses_layers:
         lines.insert(1, "import napari")

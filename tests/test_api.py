@@ -26,6 +26,7 @@ DATA_ARGUMENTS = {
     "windowed_pearson": ("img1", "img2", "window"),
     "find_displacement": ("img1", "img2", "window"),
     "displacement_vectors": ("dy", "dx"),
+    "filter_tiled": ("image", "tile"),
     "read_array": ("path",),
     "write_mipmap": ("volume", "path"),
 }

@@ -17,6 +17,7 @@ _API = {
     "mipmap_shapes": "occupancy.pyramid",
     "extract_patches": "patches.grid",
     "merge_patches": "patches.grid",
+    "filter_tiled": "patches.tiled_filters",
     "apply_tiled": "patches.tiled",
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",

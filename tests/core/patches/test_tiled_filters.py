@@ -131,3 +131,33 @@ def test_the_registry_does_not_import_jax():
         "f.TILED_FILTERS['gaussian'].build(2); assert 'jax' not in sys.modules, 'jax imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_filter_tiled_is_the_untiled_filter():
+    from scipy import ndimage
+
+    from napari_gridmip import filter_tiled
+
+    rng = np.random.default_rng(4)
+    image = rng.random((2, 97, 61)).astype(np.float32)
+    before = image.copy()
+    out = filter_tiled(image, (40, 32), name="gaussian", sigma=2.5, mode="nearest")
+    np.testing.assert_array_equal(out, ndimage.gaussian_filter(image, (0, 2.5, 2.5), mode="nearest"))
+    top = filter_tiled(image, (40, 32), name="white_tophat", size=5)
+    np.testing.assert_array_equal(top, ndimage.white_tophat(image, size=(1, 5, 5)))
+    labels = filter_tiled(image[0], (40, 32), name="connected_components", threshold=0.7)
+    expected, _ = ndimage.label(image[0] > 0.7)
+    assert same_partition(labels, expected)
+    np.testing.assert_array_equal(image, before)
+
+
+def test_filter_tiled_refuses_unknown_names_and_parameters():
+    from napari_gridmip import filter_tiled
+
+    image = np.zeros((20, 20))
+    with pytest.raises(ValueError, match="name must be one of"):
+        filter_tiled(image, (8, 8), name="sharpen")
+    with pytest.raises(ValueError, match="has no parameter"):
+        filter_tiled(image, (8, 8), name="gaussian", size=3)
+    with pytest.raises(TypeError, match="must be a number"):
+        filter_tiled(image, (8, 8), name="gaussian", sigma="2")

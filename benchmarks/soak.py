@@ -71,6 +71,9 @@ def _inputs(kind: str, rng: np.random.Generator, size: str) -> list[tuple[np.nda
             z, y, x = rng.integers(0, n - 8, 3)
             volume[z : z + 6, y : y + 6, x : x + 6] = rng.random()
         return [(volume, "soak volume")]
+    if kind == "tiled":
+        n = 120 if size == "small" else 1024
+        return [(rng.random((n, n + 7)).astype(np.float32), "soak image")]
     if kind == "patches":
         from napari_gridmip import extract_patches
 
@@ -90,6 +93,10 @@ def _randomise(kind: str, widget: Any, rng: np.random.Generator) -> None:
     if kind == "mipmap":
         widget.threshold.value = float(rng.uniform(0, 0.9))
         widget.per_level.value = bool(rng.random() < 0.3)
+    elif kind == "tiled":
+        widget.filter.value = str(rng.choice(["gaussian", "median", "white_tophat", "connected_components"]))
+        widget.tile.value = int(rng.choice([32, 64, 256]))
+        widget.overlap.value = int(rng.choice([0, 4]))
     elif kind == "patches":
         widget.stride.value = "24, 24"
         widget.blend.value = str(rng.choice(["mean", "gaussian", "hann", "max", "overwrite"]))
@@ -110,6 +117,10 @@ def _widget_class(kind: str) -> type:
         from napari_gridmip._widgets.patches_widget import PatchesWidget
 
         return PatchesWidget
+    if kind == "tiled":
+        from napari_gridmip._widgets.tiled_widget import TiledWidget
+
+        return TiledWidget
     from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 
     return CorrelationWidget
@@ -141,7 +152,7 @@ def soak(
     iterations: int = 30,
     seed: int = 0,
     size: str = "large",
-    kinds: tuple[str, ...] = ("mipmap", "patches", "correlation"),
+    kinds: tuple[str, ...] = ("mipmap", "patches", "tiled", "correlation"),
     close_viewer: bool = True,
 ) -> Report:
     """Drive every widget ``iterations`` times in ``viewer``; see the module docstring."""
@@ -191,6 +202,8 @@ def soak(
                         widget.reset_choices()
                     if kind == "patches":
                         widget.layer.value = viewer.layers["soak tiles"]
+                    elif kind == "tiled":
+                        widget.layer.value = viewer.layers["soak image"]
                     elif kind == "correlation":
                         widget.img1.value = viewer.layers["soak sample"]
                         widget.img2.value = viewer.layers["soak reference"]

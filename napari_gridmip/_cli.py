@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from typing import Any
 
 PLUGIN = "napari-gridmip"
-WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Correlation map"]  # display names in napari.yaml
-SAMPLE_KEYS = ["occupancy", "tiles", "speckle"]  # in WIDGET_NAMES' order: each sample is for that widget
+WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Process in tiles", "Correlation map"]  # napari.yaml's
+SAMPLE_WIDGETS = {"occupancy": "Occupancy mipmap", "tiles": "Reassemble patches", "speckle": "Correlation map"}
+SAMPLE_KEYS = list(SAMPLE_WIDGETS)  # each sample is for one widget, whose tab comes to the front
 
 EXAMPLES = {
     "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5",
@@ -128,7 +129,7 @@ def open_viewer(args: argparse.Namespace) -> None:
     if not args.no_sample:
         viewer.open_sample(PLUGIN, args.sample)
     # the tab of the widget that takes the sample comes to the front once the window is up
-    front = docks[SAMPLE_KEYS.index(args.sample)] if not args.no_sample else docks[0]
+    front = docks[WIDGET_NAMES.index(SAMPLE_WIDGETS[args.sample])] if not args.no_sample else docks[0]
     from qtpy.QtCore import QTimer
 
     QTimer.singleShot(0, front.raise_)

@@ -31,11 +31,9 @@ def test_manifest_validates_and_is_the_top_level_one():
     top_level = Path(napari_gridmip.__file__).parent.parent / "napari.yaml"
     if top_level.exists():  # a source checkout: the package sees the top-level manifest
         assert package_copy.read_text() == top_level.read_text()
-    assert {w.display_name for w in manifest.contributions.widgets} >= {
-        "Occupancy mipmap",
-        "Reassemble patches",
-        "Correlation map",
-    }
+    from napari_gridmip._cli import WIDGET_NAMES
+
+    assert {w.display_name for w in manifest.contributions.widgets} == set(WIDGET_NAMES)
     assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles", "speckle"}
 
 
@@ -53,7 +51,7 @@ def test_samples_open_in_a_viewer(make_napari_viewer):
     assert fractions[0] < fractions[2] < fractions[4] < 1.0
 
 
-@pytest.mark.parametrize("name", ["Occupancy mipmap", "Reassemble patches", "Correlation map"])
+@pytest.mark.parametrize("name", ["Occupancy mipmap", "Reassemble patches", "Process in tiles", "Correlation map"])
 def test_widgets_open_from_the_manifest(make_napari_viewer, name):
     viewer = make_napari_viewer()
     dock, widget = viewer.window.add_plugin_dock_widget("napari-gridmip", name)
@@ -80,13 +78,13 @@ def test_main_opens_napari_with_the_widgets_and_a_sample(make_napari_viewer, mon
     assert "astronaut tiles" in viewer.layers
     docked = " ".join(viewer.window.dock_widgets.keys())
     assert all(name in docked for name in __main__.WIDGET_NAMES), docked
-    # the three docks are tabs of one dock area, not a stack that needs a tall screen
+    # the docks are tabs of one dock area, not a stack that needs a tall screen
     from qtpy.QtWidgets import QDockWidget
 
     qt_window = viewer.window._qt_window
     ours = [d for d in qt_window.findChildren(QDockWidget) if "napari-gridmip" in d.windowTitle()]
-    assert len(ours) == 3
-    assert all(len(qt_window.tabifiedDockWidgets(dock)) == 2 for dock in ours)
+    assert len(ours) == len(__main__.WIDGET_NAMES)
+    assert all(len(qt_window.tabifiedDockWidgets(dock)) == len(ours) - 1 for dock in ours)
 
 
 def test_widget_modules_load_without_jax():
@@ -94,7 +92,9 @@ def test_widget_modules_load_without_jax():
     code = (
         "import sys\n"
         "import napari_gridmip._widgets.mipmap_widget, napari_gridmip._widgets.patches_widget\n"
-        "import napari_gridmip._widgets.correlation_widget, napari_gridmip._jobs\n"
+        "import napari_gridmip._widgets.correlation_widget, napari_gridmip._widgets.tiled_widget\n"
+        "import napari_gridmip._jobs.mipmap, napari_gridmip._jobs.patches, napari_gridmip._jobs.tiled\n"
+        "import napari_gridmip._jobs.correlation\n"
         "assert 'jax' not in sys.modules, 'jax imported at widget module load'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

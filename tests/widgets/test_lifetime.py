@@ -7,8 +7,9 @@ import pytest
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 from napari_gridmip._widgets.patches_widget import PatchesWidget
+from napari_gridmip._widgets.tiled_widget import TiledWidget
 
-WIDGETS = [MipmapWidget, PatchesWidget, CorrelationWidget]
+WIDGETS = [MipmapWidget, PatchesWidget, TiledWidget, CorrelationWidget]
 
 
 @pytest.mark.parametrize("widget_class", WIDGETS)

@@ -58,7 +58,8 @@ def show_map_at_median_offset(viewer) -> None:
     for layer in viewer.layers:
         layer.visible = layer is full
     offsets = (np.nanmedian(dy.data), np.nanmedian(dx.data))
-    for axis, offset in zip(range(full.ndim - 4, full.ndim - 2), offsets):
+    # the map is (wm, wn, 1, M', N'): its offsets are the first two axes, in pixels from -m and -n
+    for axis, offset in zip((0, 1), offsets):
         viewer.dims.set_point(axis, float(np.round(offset)))
 
 

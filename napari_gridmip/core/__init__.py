@@ -17,6 +17,9 @@ _API = {
     "mipmap_shapes": "occupancy.pyramid",
     "extract_patches": "patches.grid",
     "merge_patches": "patches.grid",
+    "grid_positions": "patches.stitch",
+    "register_tiles": "patches.stitch",
+    "fuse_tiles": "patches.fuse",
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",
 }

@@ -1,1 +1,2 @@
-"""Images from patches: patch grids cut and merged back, and (on dask) the merge chunk by chunk."""
+"""Images from patches and tiles: patch grids cut and merged back, mosaics registered and fused, and (on dask) merges
+and fusions chunk by chunk."""

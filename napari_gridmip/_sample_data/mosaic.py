@@ -111,9 +111,9 @@ def make_mosaic(
     nominal = grid_positions(grid_shape, tile_shape, overlap)
     margin = int(np.ceil(stage_error)) + 4
     errors = rng.uniform(-stage_error, stage_error, nominal.shape)
-    if not subpixel:
-        errors = np.round(errors)
     true = nominal + margin + errors
+    if not subpixel:
+        true = np.round(true)
     stage = nominal + margin
     extent = tuple(int(np.ceil(true[:, k].max())) + tile_shape[k] + margin for k in range(d))
     if picture is None:

@@ -67,6 +67,7 @@ MAX_REFINE_STEP = 1.5  # the refinement may move at most this far (px, per axis)
 WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accepted pair's weight
 PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
+BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
 NULL_PER_PAIR = 4  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 
@@ -98,11 +99,12 @@ def grid_indices(grid_shape: Sequence[int], order: str = "row-major") -> np.ndar
         return np.array([idx[::-1] for idx in itertools.product(*(range(g) for g in grid_shape[::-1]))], dtype=np.int64)
     out = np.array(list(itertools.product(*(range(g) for g in grid_shape))), dtype=np.int64)
     if order == "snake":
+        visit = out.copy()  # the position along each axis in visiting order, before any reversal
         for axis in range(1, len(grid_shape)):
-            # the number of passes made so far along the slower axes, flattened in the path's order
+            # the passes made so far along this axis: the slower axes' positions, flattened in visiting order
             passes = np.zeros(len(out), np.int64)
             for slower in range(axis):
-                passes = passes * grid_shape[slower] + out[:, slower]
+                passes = passes * grid_shape[slower] + visit[:, slower]
             flip = passes % 2 == 1
             out[flip, axis] = grid_shape[axis] - 1 - out[flip, axis]
     return out.reshape(-1, len(grid_shape))
@@ -237,17 +239,19 @@ def _overlapping_pairs(stage: np.ndarray, shape: tuple[int, ...]) -> tuple[np.nd
     return np.stack([i[keep], j[keep]], 1).reshape(-1, 2), delta[keep].reshape(-1, d)
 
 
-def _geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], reach: int) -> _Pairs:
+def _geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], reach: int, border: int) -> _Pairs:
     """Each pair's template box in tile j for offsets ``delta`` searched ``reach`` px around.
 
-    The template holds the pixels of tile j that stay inside tile i for every
-    shift within ``reach``: ``[max(0, reach - r), min(S, S - reach - r))`` per
-    axis for the rounded offset ``r``.
+    The template holds the pixels of tile j at least ``border`` px inside
+    both tiles for every shift within ``reach``:
+    ``[max(b, reach + b - r), min(S - b, S - reach - b - r))`` per axis for the
+    rounded offset ``r``. (The band-pass sees a truncated neighbourhood
+    within ``border`` of a tile's edge, which differs between the two tiles.)
     """
     size = np.asarray(shape)
     rounded = np.round(delta).astype(np.int64)
-    lo = np.maximum(0, reach - rounded)
-    hi = np.minimum(size, size - reach - rounded)
+    lo = np.maximum(border, reach + border - rounded)
+    hi = np.minimum(size - border, size - reach - border - rounded)
     return _Pairs(pairs, delta, rounded, lo, hi - lo, tuple(shape))
 
 
@@ -392,9 +396,9 @@ def _quadratic_nd(hood: jax.Array) -> jax.Array:
     return jnp.where(ok, step, one_d)
 
 
-def filter_halo(sigma: float) -> int:
-    """The halo a region needs for the band-pass of ``sigma`` (0: none)."""
-    return int(math.ceil(8 * sigma)) if sigma > 0 else 0
+def filter_halo(sigma: float, low_only: bool = False) -> int:
+    """The halo a region needs for the filter of ``sigma`` (4 standard deviations of its widest Gaussian; 0: none)."""
+    return int(math.ceil((4 if low_only else 8) * sigma)) if sigma > 0 else 0
 
 
 def _gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.ndarray:
@@ -410,8 +414,12 @@ def _gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.
     return np.fft.rfftn(kernel).astype(np.complex64)
 
 
-def _band_pass(raw: jax.Array, sigma: float) -> jax.Array:
+def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Array:
     """``G_sigma * f - G_2sigma * f`` by normalised convolution, 'valid' (the output is ``raw`` less its halo).
+
+    ``low_only``: ``G_sigma * f`` alone (the refinement's filter: it keeps the
+    coarse structure, which carries most of the signal, and removes the
+    finest detail, which cubic interpolation would resample worst).
 
     NaN in ``raw`` marks pixels without data (beyond the tile): each Gaussian
     averages the pixels that exist (``G * (f w) / G * w``), so a tile's border
@@ -423,7 +431,7 @@ def _band_pass(raw: jax.Array, sigma: float) -> jax.Array:
     f = jnp.where(have, raw, 0)
     if sigma <= 0:
         return f
-    halo = filter_halo(sigma)
+    halo = filter_halo(sigma, low_only)
     w = have.astype(raw.dtype)
     axes = tuple(range(1, raw.ndim + 1))  # the stacked f and w are not transformed along the stack
     spectra = jnp.fft.rfftn(jnp.stack([f, w]), axes=axes)
@@ -435,6 +443,8 @@ def _band_pass(raw: jax.Array, sigma: float) -> jax.Array:
         return smooth_f[crop], smooth_w[crop]
 
     f1, w1 = low(sigma)
+    if low_only:
+        return jnp.where(w1 > 1e-3, f1 / jnp.maximum(w1, 1e-3), 0)
     f2, w2 = low(2 * sigma)
     return jnp.where(w1 > 1e-3, f1 / jnp.maximum(w1, 1e-3) - f2 / jnp.maximum(w2, 1e-3), 0)
 
@@ -449,7 +459,8 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     Returns the shift (d,), the NCC at the integer peak, an inverse covariance
     (d, d) and flags (featureless, on the edge, refinement failed).
     """
-    search, template = _band_pass(search, sigma), _band_pass(template, sigma)
+    low_only = subpixel == "refine"  # the refinement pass: low-pass only (see _band_pass)
+    search, template = _band_pass(search, sigma, low_only), _band_pass(template, sigma, low_only)
     d = template.ndim
     reach = max_shift + MARGIN
     t_shape = template.shape
@@ -774,7 +785,7 @@ def register_tiles(
     reason = np.full(p, REASONS.index("overlap too small"), np.int64)
 
     # pass 1: the integer peak within max_shift of the stage offset, and its significance
-    coarse = _geometry(pairs, delta, shape, max_shift + MARGIN)
+    coarse = _geometry(pairs, delta, shape, max_shift + MARGIN, 0)
     groups = _groups(np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1)), coarse)
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
@@ -800,12 +811,15 @@ def register_tiles(
     info[:] = np.eye(d)
     significant = np.flatnonzero(reason == REASONS.index("accepted"))
     if subpixel == "refine" and len(significant):
-        fine = _geometry(pairs, delta + shift, shape, FINE_SHIFT + MARGIN)
+        fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
+        fine = _geometry(pairs, delta + shift, shape, FINE_SHIFT + MARGIN, fine_reader.halo)
         usable = significant[np.all(fine.extent[significant] >= 3, axis=1)]
         reason[np.setdiff1d(significant, usable)] = REASONS.index("refinement failed")
         for members in _groups(usable, fine):
             plan = _plan_group(members, fine, stage, FINE_SHIFT + MARGIN, seed, nulls=False)
-            out, _, done = _run_group(plan, members, fine, reader, FINE_SHIFT, "refine", sigma, progress, done, total)
+            out, _, done = _run_group(
+                plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total
+            )
             for slot, k in enumerate(members):
                 s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
                 if featureless or on_edge or failed or not np.all(np.isfinite(inv_cov)):
@@ -862,7 +876,7 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
     d = stage.shape[1]
     t_shape = _static_shape(np.stack([geometry.extent[k][_canonical(geometry, k)] for k in members]))
     per_pair = 16 * math.prod(t + 2 * reach for t in t_shape) * 4  # FFT work arrays, float32
-    batch = max(1, min(BATCH_BYTES // per_pair, 1 << math.ceil(math.log2(max(len(members), 1)))))
+    batch = max(1, min(BATCH_BYTES // per_pair, BATCH_PAIRS))
     samples: list[tuple[int, int, tuple[bool, ...]]] = []
     if nulls:
         flips = [f for f in itertools.product((False, True), repeat=d) if any(f)]

@@ -1,5 +1,7 @@
 """register_tiles and grid_positions on synthetic mosaics cut from known pictures, and the kernels against loops."""
 
+from functools import partial
+
 import dask.array as da
 import jax
 import jax.numpy as jnp
@@ -98,10 +100,8 @@ def test_pair_ncc_equals_the_loop(shape):
     expected = ncc_reference(template, search, reach)
     core = expected[tuple(slice(stitch.MARGIN, stitch.MARGIN + 2 * max_shift + 1) for _ in shape)]
     best = np.unravel_index(np.nanargmax(core), core.shape)
-    for jit in (False, True):
-        kernel = stitch._pair_kernel
-        options = {"max_shift": max_shift, "subpixel": "none", "sigma": 0.0}
-        run = jax.jit(lambda s, t, m: kernel(s, t, m, **options)) if jit else lambda s, t, m: kernel(s, t, m, **options)
+    kernel = partial(stitch._pair_kernel, max_shift=max_shift, subpixel="none", sigma=0.0)
+    for run in (kernel, jax.jit(kernel)):
         shift, peak, _, featureless, on_edge, _ = run(jnp.asarray(search), jnp.asarray(template), jnp.asarray(mask))
         np.testing.assert_array_equal(np.asarray(shift), np.array(best) - max_shift)
         assert tuple(np.asarray(shift).astype(int)) == true

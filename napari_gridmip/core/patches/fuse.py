@@ -73,8 +73,12 @@ def _tap_weights(phi: jax.Array, interpolation: str) -> jax.Array:
     return _keys(phi - jnp.asarray(_taps("cubic"), phi.dtype))
 
 
-def _fuse_tiles_into(canvas, weights, tiles, positions, valid, *, blend, interpolation, shape):
-    """Add ``tiles`` (k, C, *S) at ``positions`` (k, d), relative to the window's pixel 0, to its canvas.
+def _fuse_tiles_into(canvas, weights, tiles, base, frac, valid, *, blend, interpolation, shape):
+    """Add ``tiles`` (k, C, *S) at origins ``base + frac`` (k, d) relative to the window's pixel 0, to its canvas.
+
+    ``base`` is the integer part (int32), ``frac`` in ``[0, 1)`` the rest, computed
+    from the absolute positions: every window then resamples a tile with the
+    very same weights.
 
     ``canvas`` is ``(C, *W)``: weighted sums (``"linear"``, ``"mean"``), the
     running max or the last value; ``weights`` is ``(*W,)``: summed weights,
@@ -89,17 +93,17 @@ def _fuse_tiles_into(canvas, weights, tiles, positions, valid, *, blend, interpo
 
     def add(t, carry):
         canvas, weights = carry
-        tile, p, ok = tiles[t].astype(dtype), positions[t], valid[t]
-        if interpolation == "nearest":
-            p = jnp.round(p)
-        local = -p  # the tile coordinate of the window's pixel 0
-        start = jnp.clip(jnp.floor(p).astype(jnp.int32) - 1, 0, jnp.asarray(window) - jnp.asarray(block))
+        tile, origin, phase, ok = tiles[t].astype(dtype), base[t], frac[t], valid[t]
+        start = jnp.clip(origin - 1, 0, jnp.asarray(window, jnp.int32) - jnp.asarray(block, jnp.int32))
         values, inside, ramp = tile, jnp.asarray(ok), jnp.ones((), dtype)
         for axis in range(d):
-            u = local[axis] + (start[axis] + jnp.arange(block[axis])).astype(p.dtype)  # (B,) tile coordinates
-            base = jnp.floor(u)
-            w = _tap_weights((u - base)[0], interpolation)  # every output pixel of an axis has the same phase
-            index = base.astype(jnp.int32)[:, None] + jnp.asarray(taps, jnp.int32)[None, :]  # (B, taps)
+            whole = start[axis] + jnp.arange(block[axis], dtype=jnp.int32) - origin[axis]  # tile pixel, less frac
+            u = whole.astype(dtype) - phase[axis]  # (B,) tile coordinates of the block's pixels
+            shifted = phase[axis] > 0
+            # u = floor(u) + phi: the same phi = 1 - frac (or 0) for every pixel of the axis
+            floor_u = whole - shifted.astype(jnp.int32)
+            w = _tap_weights(jnp.where(shifted, 1 - phase[axis], 0), interpolation)
+            index = floor_u[:, None] + jnp.asarray(taps, jnp.int32)[None, :]  # (B, taps)
             used = w != 0  # (taps,): a tap of weight 0 needs no pixel (integer positions copy exactly)
             inside_axis = jnp.all(~used | ((index >= 0) & (index < shape[axis])), axis=1)
             gathered = jnp.take(values, jnp.clip(index, 0, shape[axis] - 1), axis=1 + axis)  # (..., B, taps, ...)
@@ -130,18 +134,18 @@ def _fuse_tiles_into(canvas, weights, tiles, positions, valid, *, blend, interpo
 
 
 @partial(jax.jit, static_argnames=("blend", "interpolation", "shape"), donate_argnums=(0, 1))
-def _fuse_step(canvas, weights, tiles, positions, valid, *, blend, interpolation, shape):
+def _fuse_step(canvas, weights, tiles, base, frac, valid, *, blend, interpolation, shape):
     options = {"blend": blend, "interpolation": interpolation, "shape": shape}
-    return _fuse_tiles_into(canvas, weights, tiles, positions, valid, **options)
+    return _fuse_tiles_into(canvas, weights, tiles, base, frac, valid, **options)
 
 
-@partial(jax.jit, static_argnames=("blend", "result", "fill"))
-def _finish(canvas, weights, *, blend, result, fill):
+@partial(jax.jit, static_argnames=("blend", "result"))
+def _finish(canvas, weights, fill, *, blend, result):
     if blend in ("linear", "mean"):
         out = canvas / jnp.where(weights > 0, weights, 1)
     else:
         out = canvas
-    return jnp.where(weights > 0, out, jnp.asarray(fill, out.dtype)).astype(result)
+    return jnp.where(weights > 0, out, fill.astype(out.dtype)).astype(result)
 
 
 def _empty(blend: str, channels: int, window: tuple[int, ...], dtype: np.dtype) -> tuple[jax.Array, jax.Array]:
@@ -173,8 +177,13 @@ def fuse_window(
     valid = np.ones(k, bool) if valid is None else valid
     if not isinstance(tiles, jax.Array):
         tiles = np.asarray(tiles)  # read once (a Zarr array would be read again by every call)
-    # positions relative to the window in float64 on the host; float32 after that keeps 1e-4 px
-    relative = (np.asarray(positions, np.float64) - np.asarray(window_origin, np.float64)).astype(compute)
+    # integer part relative to the window, and the fraction from the absolute position (the same in every window)
+    positions = np.asarray(positions, np.float64)
+    if interpolation == "nearest":
+        positions = np.round(positions)
+    whole = np.floor(positions)
+    base = (whole - np.asarray(window_origin)).astype(np.int32)
+    frac = (positions - whole).astype(compute)
     with precision_scope(compute):
         canvas, weights = _empty(blend, channels, window, compute)
         per_call = min(TILES_PER_CALL, 1 << max(0, math.ceil(math.log2(max(k, 1)))))
@@ -189,7 +198,8 @@ def fuse_window(
                 canvas,
                 weights,
                 jnp.asarray(tiles[index]),
-                jnp.asarray(relative[index]),
+                jnp.asarray(base[index]),
+                jnp.asarray(frac[index]),
                 jnp.asarray(ok),
                 blend=blend,
                 interpolation=interpolation,
@@ -197,7 +207,7 @@ def fuse_window(
             )
         if progress is not None:
             progress(calls, calls)
-        return _finish(canvas, weights, blend=blend, result=np.dtype(result).name, fill=float(fill))
+        return _finish(canvas, weights, jnp.asarray(fill, compute), blend=blend, result=np.dtype(result).name)
 
 
 def mosaic_frame(positions: np.ndarray, shape: tuple[int, ...], interpolation: str) -> tuple[np.ndarray, np.ndarray]:
@@ -240,7 +250,8 @@ def fuse_tiles(
         (default), ``"cubic"`` (Keys) or ``"nearest"`` (rounded positions,
         exact values). Integer positions copy values exactly with any of them.
     fill
-        The value of pixels no tile covers.
+        The value of pixels no tile covers (NaN allowed; an integer result
+        casts it).
     chunk
         Dask tiles: the output chunk along each spatial axis (channels whole).
     progress
@@ -271,7 +282,7 @@ def fuse_tiles(
 
     blend = _validate.check_choice("blend", blend, FUSE_BLENDS)
     interpolation = _validate.check_choice("interpolation", interpolation, FUSE_INTERPOLATIONS)
-    fill = _validate.check_finite_scalar("fill", fill)
+    fill = fill if isinstance(fill, float) and np.isnan(fill) else _validate.check_finite_scalar("fill", fill)
     chunk = _validate.int_tuple("chunk", [chunk])[0]
     tiles = _validate.as_array("tiles", tiles)
     stage, n, shape, has_channels = _check_tiles(tiles, positions)

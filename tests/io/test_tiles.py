@@ -47,7 +47,7 @@ def test_lazy(tmp_path):
 @pytest.mark.parametrize(
     ("names", "pattern", "message"),
     [
-        (["tile_0_0.tif", "tile_0_1.tif", "tile_1_1.tif"], "tile_{row}_{col}.tif", r"1 tile\(s\) missing .* tile_1_0.tif"),
+        (["tile_0_0.tif", "tile_0_1.tif", "tile_1_1.tif"], "tile_{row}_{col}.tif", r"1 tile\(s\) missing .*_1_0.tif"),
         (["img_0.tif", "img_2.tif"], "img_{index}.tif", "missing between index 0 and 2: img_1.tif"),
         ([], "tile_{row}_{col}.tif", "no file .* matches"),
         (["a_1.tif"], "a_{row}.tif", "needs both {row} and {col}"),

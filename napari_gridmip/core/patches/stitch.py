@@ -68,7 +68,7 @@ WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accep
 PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
-NULL_PER_PAIR = 4  # null (non-matching) samples per registered pair, at least
+NULL_PER_PAIR = 2  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 
 REASONS = (
@@ -868,10 +868,11 @@ class _Plan:
 def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
     """The static pair shape, the batch size and the null (non-matching) samples of one group of pairs.
 
-    Null samples: each template mirrored along every combination of axes
-    against its own search region, then templates against the search regions
-    of pairs far apart on the stage, drawn at random (``seed``), up to
-    ``max(MIN_NULL, NULL_PER_PAIR * pairs)`` in all.
+    Null samples: each template turned by 180 degrees (mirrored along every
+    axis) against its own search region, then templates against the search
+    regions of pairs far apart on the stage, drawn at random (``seed``), up to
+    ``max(MIN_NULL, NULL_PER_PAIR * pairs)`` in all; with a single pair, its
+    template mirrored along every combination of axes.
     """
     d = stage.shape[1]
     t_shape = _static_shape(np.stack([geometry.extent[k][_canonical(geometry, k)] for k in members]))
@@ -880,6 +881,8 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
     samples: list[tuple[int, int, tuple[bool, ...]]] = []
     if nulls:
         flips = [f for f in itertools.product((False, True), repeat=d) if any(f)]
+        if len(members) > 1:
+            flips = [(True,) * d]
         samples = [(k, k, f) for k in members for f in flips]
         wanted = max(MIN_NULL, NULL_PER_PAIR * len(members))
         rng = np.random.default_rng(seed)

@@ -745,10 +745,10 @@ def register_tiles(
     Examples
     --------
     >>> from napari_gridmip._sample_data.mosaic import make_mosaic
-    >>> sample = make_mosaic(grid_shape=(2, 3), tile_shape=(96, 96), overlap=0.25, seed=1)
-    >>> result = register_tiles(sample.tiles, sample.stage_positions, max_shift=10)
-    >>> bool(np.abs(result.positions - result.positions.mean(0) - (sample.true_positions
-    ...      - sample.true_positions.mean(0))).max() < 0.2)
+    >>> sample = make_mosaic(grid_shape=(2, 3), tile_shape=(160, 160), overlap=0.3, stage_error=6, seed=1)
+    >>> result = register_tiles(sample.tiles, sample.stage_positions, max_shift=12)
+    >>> error = result.positions - sample.true_positions  # up to one translation, the mean stage error
+    >>> bool(np.abs(error - error.mean(axis=0)).max() < 0.1)
     True
     """
     tiles = _validate.as_array("tiles", tiles)

@@ -302,3 +302,19 @@ def test_errors(kwargs, error, message):
     tiles, positions = arguments.pop("tiles"), arguments.pop("positions")
     with pytest.raises(error, match=message):
         register_tiles(tiles, positions, **arguments)
+
+
+def test_sample_tiles_are_cut_where_the_truth_says():
+    from skimage import data
+
+    picture = data.camera()
+    sample = make_mosaic(grid_shape=(2, 2), tile_shape=(100, 120), overlap=0.2, noise=0.0, picture=picture,
+                         subpixel=False, seed=8)  # fmt: skip
+    assert sample.tiles.shape == (4, 100, 120)
+    np.testing.assert_array_equal(sample.true_positions, np.round(sample.true_positions))
+    for tile, origin in zip(sample.tiles, sample.true_positions.astype(int)):
+        np.testing.assert_allclose(tile, sample.image[origin[0] : origin[0] + 100, origin[1] : origin[1] + 120])
+    stage_error = np.abs(sample.true_positions - sample.stage_positions)
+    assert stage_error.max() <= 8.5 and stage_error.max() > 1
+    with pytest.raises(ValueError, match="smaller than the mosaic needs"):
+        make_mosaic(grid_shape=(9, 9), tile_shape=(100, 100), picture=picture)

@@ -8,20 +8,24 @@ the stage's: ``shift = measured offset - (stage_j - stage_i)``.
 
 How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2stitch):
 
-1. Every pair whose stage footprints overlap is registered on its overlap:
-   tile ``j``'s part of the overlap (shrunk by the search radius, so that every
-   candidate shift compares the same pixels) is matched against tile ``i``'s
-   by masked normalised cross-correlation for every integer shift within
-   ``max_shift`` (FFTs, one compiled program per pair shape, pairs batched
-   and padded to static shapes). The integer peak is refined by a quadratic
-   fit, then by Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled
-   by Keys cubic convolution, which also gives each shift its covariance.
+1. Every pair whose stage footprints overlap is registered on its overlap,
+   both regions band-passed first (a difference of Gaussians by normalised
+   convolution: structure, not illumination; sharp peaks). Tile ``j``'s part
+   of the overlap, shrunk by the search radius so that every candidate shift
+   compares the same pixels, is matched against tile ``i``'s by normalised
+   cross-correlation for every integer shift within ``max_shift`` (FFTs; one
+   compiled program per pair shape, pairs batched and padded to static
+   shapes, horizontal pairs transposed into vertical ones).
 2. A peak counts only if it beats a threshold calibrated on the data: the
-   ``1 - false_positive_rate`` quantile of the peaks of pairs known not to
-   match (each template mirrored along every axis combination, and templates
-   permuted among pairs far apart on the stage), with a Gumbel law fitted to
-   them by moments. Featureless overlaps (zero variance), peaks at the edge of
-   the search and failed refinements are rejected too.
+   ``1 - false_positive_rate`` quantile of a Gumbel law fitted by moments to
+   the peaks of pairs known not to match (each template turned by 180
+   degrees against its own search region, and templates against the search
+   regions of pairs far apart on the stage), per pair shape. Featureless
+   overlaps (zero variance) and peaks on the edge of the search are rejected too.
+   Then a second pass refines each significant pair on its whole overlap at
+   the coarse offset (searched +-2 px, away from the tiles' borders, low-passed
+   only): Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled by Keys
+   cubic convolution, which also gives each shift its covariance.
 3. All accepted pairs are placed at once by weighted least squares (each pair
    weighted by the inverse covariance of its shift: a pair whose overlap has
    structure along one direction only constrains that direction only), so
@@ -60,7 +64,7 @@ __all__ = ["grid_positions", "register_tiles"]
 
 ProgressCallback = Callable[[int, int], None]
 
-FINE_SHIFT = 2  # the refinement pass searches this far around the coarse peak (px)
+FINE_SHIFT = 0  # the refinement pass starts at the coarse peak (within 0.5 px) and may move MAX_REFINE_STEP
 MARGIN = 3  # extra search beyond max_shift: the quadratic fit's neighbours, cubic taps and refinement room
 GN_ITERATIONS = 5  # Gauss-Newton steps of the refinement (converged to 1e-4 px after 3 on the tests' mosaics)
 MAX_REFINE_STEP = 1.5  # the refinement may move at most this far (px, per axis) from the integer peak
@@ -307,24 +311,26 @@ def _resample(f: jax.Array, position: jax.Array, out_shape: tuple[int, ...]) -> 
     """``g[x] = f(x + position)`` over ``out_shape`` by separable Keys cubic convolution, and its gradient.
 
     ``position`` (d,) is real; ``f`` must hold the taps (checked by the caller's margins).
+    Each axis is one pass: its 4 taps stacked, contracted with the value and
+    slope kernels at once, so that value and gradient share the passes.
     """
     d = len(out_shape)
     base = jnp.floor(position)
     phi = position - base
     start = tuple((base.astype(jnp.int32) - 1)[k] for k in range(d))
     block = lax.dynamic_slice(f, start, tuple(o + 3 for o in out_shape))
-    values = [_keys(phi[k] - _TAPS) for k in range(d)]
-    slopes = [_keys_derivative(phi[k] - _TAPS) for k in range(d)]
-
-    def separable(kernels):
-        out = block
-        for axis in range(d):
-            out = sum(kernels[axis][t] * lax.slice_in_dim(out, t, t + out_shape[axis], axis=axis) for t in range(4))
-        return out
-
-    value = separable(values)
-    gradient = [separable([slopes[k] if k == axis else values[k] for k in range(d)]) for axis in range(d)]
-    return value, gradient
+    # out[v] for v in 0..d: v = 0 the value, v = k + 1 the derivative along axis k
+    out = block[None]
+    for axis in range(d):
+        kernels = jnp.stack([_keys_derivative(phi[axis] - _TAPS), _keys(phi[axis] - _TAPS)])  # (slope, value)
+        # which kernel each output variant takes along this axis: the slope for the derivative along it
+        pick = jnp.asarray([0 if v == axis + 1 else 1 for v in range(d + 1)])
+        taps = jnp.stack([lax.slice_in_dim(out, t, t + out_shape[axis], axis=axis + 1) for t in range(4)], axis=1)
+        weights = kernels[pick]  # (d + 1, 4)
+        if out.shape[0] == 1:
+            taps = jnp.broadcast_to(taps, (d + 1, *taps.shape[1:]))
+        out = jnp.einsum("vt,vt...->v...", weights, taps)
+    return out[0], [out[k + 1] for k in range(d)]
 
 
 def _spd_solve(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -437,16 +443,14 @@ def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Arra
     spectra = jnp.fft.rfftn(jnp.stack([f, w]), axes=axes)
     crop = tuple(slice(halo, n - halo) for n in raw.shape)
 
-    def low(width):
-        kernel = _gaussian_spectrum(raw.shape, width, halo)
-        smooth_f, smooth_w = jnp.fft.irfftn(spectra * kernel, s=raw.shape, axes=axes)
-        return smooth_f[crop], smooth_w[crop]
-
-    f1, w1 = low(sigma)
-    if low_only:
-        return jnp.where(w1 > 1e-3, f1 / jnp.maximum(w1, 1e-3), 0)
-    f2, w2 = low(2 * sigma)
-    return jnp.where(w1 > 1e-3, f1 / jnp.maximum(w1, 1e-3) - f2 / jnp.maximum(w2, 1e-3), 0)
+    widths = (sigma,) if low_only else (sigma, 2 * sigma)
+    kernels = np.stack([_gaussian_spectrum(raw.shape, width, halo) for width in widths])[:, None]
+    # one inverse FFT for both Gaussians and both of f and w: (widths, 2, *raw)
+    smooth = jnp.fft.irfftn(spectra[None] * kernels, s=raw.shape, axes=tuple(a + 1 for a in axes))
+    smooth = smooth[(slice(None), slice(None), *crop)]
+    low = smooth[:, 0] / jnp.maximum(smooth[:, 1], 1e-3)
+    out = low[0] if low_only else low[0] - low[1]
+    return jnp.where(smooth[0, 1] > 1e-3, out, 0)
 
 
 def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma: float):
@@ -471,22 +475,21 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     f_mean = (search * valid_search).sum() / jnp.maximum(valid_search.sum(), 1)
     f_scale = jnp.sqrt((((search - f_mean) * valid_search) ** 2).sum() / jnp.maximum(valid_search.sum(), 1))
     f = jnp.where(valid_search > 0, (search - f_mean) / jnp.where(f_scale > 0, f_scale, 1), 0)
+    featureless = t_norm <= 1e-6 * jnp.sqrt(count)
+    if subpixel == "refine":  # the second pass: Gauss-Newton from the coarse offset, no map
+        zero = jnp.zeros(d, f.dtype)
+        shift, info, failed, ncc = _gauss_newton(f, t, mask, zero, zero, reach, t_shape)
+        return shift, jnp.where(featureless, jnp.nan, ncc), info, featureless, jnp.asarray(False), failed
     s_shape = f.shape
     axes = tuple(range(d))
 
-    def spectrum(x):
-        return jnp.fft.rfftn(jnp.pad(x, [(0, s - n) for s, n in zip(s_shape, x.shape)]), axes=axes)
-
-    ff, ff2 = jnp.fft.rfftn(f, axes=axes), jnp.fft.rfftn(f * f, axes=axes)
-    ft, fm = jnp.conj(spectrum(t)), jnp.conj(spectrum(mask))
-
-    def correlate(a, b):
-        return jnp.fft.irfftn(a * b, s=s_shape, axes=axes)
-
-    window = tuple(slice(0, 2 * reach + 1) for _ in range(d))
-    num = correlate(ft, ff)[window]
-    sum_f = correlate(fm, ff)[window]
-    sum_f2 = correlate(fm, ff2)[window]
+    stacked = tuple(a + 1 for a in axes)  # FFTs of stacks: one call for several arrays
+    ff, ff2 = jnp.fft.rfftn(jnp.stack([f, f * f]), axes=stacked)
+    pad = [(0, 0)] + [(0, s - n) for s, n in zip(s_shape, t_shape)]
+    ft, fm = jnp.conj(jnp.fft.rfftn(jnp.pad(jnp.stack([t, mask]), pad), axes=stacked))
+    products = jnp.stack([ft * ff, fm * ff, fm * ff2])
+    window = (slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
+    num, sum_f, sum_f2 = jnp.fft.irfftn(products, s=s_shape, axes=stacked)[window]
     var_f = jnp.maximum(sum_f2 - sum_f * sum_f / count, 0)
     denominator = t_norm * jnp.sqrt(var_f)
     # a window whose variance is rounding noise (1e-6 of the search's) is as featureless as a flat one
@@ -497,19 +500,14 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     flat = jnp.argmax(jnp.where(jnp.isnan(core), -jnp.inf, core))
     peak_index = jnp.stack(jnp.unravel_index(flat, core.shape)).astype(jnp.int32)
     peak = core.reshape(-1)[flat]
-    featureless = (t_norm <= 1e-6 * jnp.sqrt(count)) | ~jnp.isfinite(peak)
+    featureless = featureless | ~jnp.isfinite(peak)
     peak = jnp.where(featureless, jnp.nan, peak)
     on_edge = jnp.any((peak_index == 0) | (peak_index == 2 * max_shift))
     integer = peak_index - max_shift  # the shift s at the integer peak
     hood = lax.dynamic_slice(jnp.nan_to_num(ncc), tuple(peak_index[k] + MARGIN - 1 for k in range(d)), (3,) * d)
     quadratic = _quadratic_nd(hood)
     start = integer.astype(f.dtype) + (quadratic if subpixel != "none" else 0)
-    info = jnp.eye(d, dtype=f.dtype)
-    failed = jnp.asarray(False)
-    shift = start
-    if subpixel == "refine":
-        shift, info, failed = _gauss_newton(f, t, mask, start, integer, reach, t_shape)
-    return shift, peak, info, featureless, on_edge, failed
+    return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False)
 
 
 def _search_mask(mask: jax.Array, reach: int) -> jax.Array:
@@ -528,8 +526,8 @@ def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
     """Minimise ``sum(mask * (t - a f(x + reach + s) - b)**2)`` over ``(s, a, b)`` from ``s = start``.
 
     Returns the shift, its inverse covariance (the inverse of the shift block of
-    ``sigma^2 (J^T J)^-1``: the nuisance gain and offset profiled out) and
-    whether the refinement reached ``MAX_REFINE_STEP`` from the integer peak.
+    ``sigma^2 (J^T J)^-1``: the nuisance gain and offset profiled out), whether
+    the refinement reached ``MAX_REFINE_STEP`` from ``integer``, and the NCC at the shift.
     """
     d = len(t_shape)
     m = mask
@@ -550,20 +548,25 @@ def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
     def ridge(jtj):
         return jtj + 1e-7 * jnp.trace(jtj) * jnp.eye(d + 2, dtype=jtj.dtype)
 
-    def step(_, s):
-        jtj, jtr, _ = normal_equations(s)
+    def step(_, carry):
+        s, _, _ = carry
+        jtj, jtr, r = normal_equations(s)
         s = s + _spd_solve(ridge(jtj), jtr)[:d]
-        return jnp.clip(s, integer - MAX_REFINE_STEP, integer + MAX_REFINE_STEP)
+        return jnp.clip(s, integer - MAX_REFINE_STEP, integer + MAX_REFINE_STEP), jtj, r
 
-    s = lax.fori_loop(0, GN_ITERATIONS, step, start)
-    jtj, _, r = normal_equations(s)
+    # the information comes from the last step's normal equations (the step before it is below 1e-3 px)
+    empty = (jnp.zeros((d + 2, d + 2), t.dtype), jnp.zeros_like(t))
+    s, jtj, r = lax.fori_loop(0, GN_ITERATIONS, step, (start, *empty))
     # the residual variance, floored at 1e-4 of the template's (noise-free synthetic data would weigh infinitely)
     sigma2 = jnp.maximum((r * r).sum() / jnp.maximum(count - d - 2, 1), 1e-4 * (t * t).sum() / count)
     # the shift's information with gain and offset profiled out: the Schur complement of their block
     a = ridge(jtj)
     info = (a[:d, :d] - a[:d, d:] @ _spd_solve(a[d:, d:], a[d:, :d])) / sigma2
     failed = jnp.any(jnp.abs(s - integer) >= MAX_REFINE_STEP - 1e-6) | ~jnp.all(jnp.isfinite(s))
-    return s, info, failed
+    fit = t - r  # a g + b over the mask: its correlation with t is the NCC at s
+    fit = (fit - (fit * m).sum() / count) * m
+    ncc = (fit * t).sum() / jnp.maximum(jnp.sqrt((fit * fit).sum() * (t * t).sum()), 1e-30)
+    return s, info, failed, ncc
 
 
 @partial(jax.jit, static_argnames=("max_shift", "subpixel", "sigma"))
@@ -579,14 +582,12 @@ def _register_batch(search, template, mask, *, max_shift, subpixel, sigma):
 def _place(stage, i, j, offset, weight, prior):
     """Weighted least squares: ``sum_p (x_j - x_i - o_p)^T W_p (x_j - x_i - o_p) + prior * sum |x - stage|^2``."""
     n, d = stage.shape
-    eye = jnp.eye(d, dtype=stage.dtype)
     a = jnp.zeros((n, d, n, d), stage.dtype)
     a = a.at[i, :, i, :].add(weight).at[j, :, j, :].add(weight)
     a = a.at[i, :, j, :].add(-weight).at[j, :, i, :].add(-weight)
     a = a.reshape(n * d, n * d) + prior * jnp.eye(n * d, dtype=stage.dtype)
     wo = jnp.einsum("pab,pb->pa", weight, offset)
     b = jnp.zeros((n, d), stage.dtype).at[j].add(wo).at[i].add(-wo) + prior * stage
-    del eye
     return jnp.linalg.solve(a, b.reshape(-1)).reshape(n, d)
 
 

@@ -152,3 +152,20 @@ def test_errors(kwargs, error, message):
     tiles, positions = arguments.pop("tiles"), arguments.pop("positions")
     with pytest.raises(error, match=message):
         fuse_tiles(tiles, positions, **arguments)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int32, np.float16, np.float64])
+def test_dtypes(dtype):
+    """Order-based blends keep the dtype and the values; the linear blend follows merge_patches' policy."""
+    rng = np.random.default_rng(6)
+    tiles = (rng.random((3, 1, 7, 9)) * (1 if dtype == np.bool_ else 100)).astype(dtype)
+    positions = np.array([[0, 0], [3, 4], [-2, 6]], float)
+    exact = fuse_tiles(tiles, positions, blend="overwrite")
+    expected, _ = fuse_reference(tiles, positions, "overwrite")
+    assert np.asarray(exact.image).dtype == dtype
+    np.testing.assert_array_equal(np.asarray(exact.image), expected.astype(dtype))
+    linear = np.asarray(fuse_tiles(tiles, positions).image)
+    reference, _ = fuse_reference(tiles, positions, "linear")
+    wide = np.dtype(dtype) in (np.dtype(np.int32), np.dtype(np.float64))
+    assert linear.dtype == (np.float64 if wide else np.float16 if dtype == np.float16 else np.float32)
+    np.testing.assert_allclose(linear.astype(np.float64), reference, rtol=1e-3 if dtype == np.float16 else 1e-6)

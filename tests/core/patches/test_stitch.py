@@ -101,7 +101,8 @@ def test_pair_ncc_equals_the_loop(shape):
     core = expected[tuple(slice(stitch.MARGIN, stitch.MARGIN + 2 * max_shift + 1) for _ in shape)]
     best = np.unravel_index(np.nanargmax(core), core.shape)
     kernel = partial(stitch._pair_kernel, max_shift=max_shift, subpixel="none", sigma=0.0)
-    for run in (kernel, jax.jit(kernel)):
+    # without jit too in 2D (op by op is slow: the 3D kernel is checked jitted only)
+    for run in (kernel, jax.jit(kernel)) if len(shape) == 2 else (jax.jit(kernel),):
         shift, peak, _, featureless, on_edge, _ = run(jnp.asarray(search), jnp.asarray(template), jnp.asarray(mask))
         np.testing.assert_array_equal(np.asarray(shift), np.array(best) - max_shift)
         assert tuple(np.asarray(shift).astype(int)) == true
@@ -114,16 +115,19 @@ def test_pair_kernel_flags_featureless_and_edge():
     reach = max_shift + stitch.MARGIN
     search = np.random.default_rng(1).random(tuple(n + 2 * reach for n in shape)).astype(np.float32)
     mask = np.ones(shape, np.float32)
-    options = {"max_shift": max_shift, "subpixel": "refine", "sigma": 0.0}
-    flat = stitch._pair_kernel(jnp.asarray(search), jnp.full(shape, 3.0), jnp.asarray(mask), **options)
-    assert bool(flat[3]) and np.isnan(float(flat[1]))
+    options = {"max_shift": max_shift, "subpixel": "quadratic", "sigma": 0.0}
+    for subpixel in ("quadratic", "refine"):
+        kernel = jax.jit(partial(stitch._pair_kernel, **{**options, "subpixel": subpixel}))
+        flat = kernel(jnp.asarray(search), jnp.full(shape, 3.0), jnp.asarray(mask))
+        assert bool(flat[3]) and np.isnan(float(flat[1])), subpixel
     # the match lies beyond max_shift: the peak sits on the search's edge
     template = search[reach + max_shift + 1 :, reach : reach + shape[1]][: shape[0]]
     padded = np.zeros(shape, np.float32)
     padded[: template.shape[0]] = template
     edge_mask = np.zeros(shape, np.float32)
     edge_mask[: template.shape[0]] = 1
-    out = stitch._pair_kernel(jnp.asarray(search), jnp.asarray(padded), jnp.asarray(edge_mask), **options)
+    kernel = jax.jit(partial(stitch._pair_kernel, **options))
+    out = kernel(jnp.asarray(search), jnp.asarray(padded), jnp.asarray(edge_mask))
     assert bool(out[4])
 
 
@@ -258,11 +262,10 @@ def test_channels_and_dask(mosaic):
     np.testing.assert_array_equal(lazy.accepted, one.accepted)
 
 
-def test_progress_and_cancel(mosaic):
+def test_progress_and_cancel(mosaic, registered):
     calls = []
-    register_tiles(
-        mosaic.tiles[:6], mosaic.stage_positions[:6], max_shift=MAX_SHIFT, progress=lambda d, t: calls.append((d, t))
-    )
+    tiles, stage = mosaic.tiles, mosaic.stage_positions  # the fixture's programs, compiled already
+    register_tiles(tiles, stage, max_shift=MAX_SHIFT, progress=lambda done, total: calls.append((done, total)))
     assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] and len(calls) > 2
     assert all(t == calls[0][1] for _, t in calls)
 
@@ -271,7 +274,7 @@ def test_progress_and_cancel(mosaic):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        register_tiles(mosaic.tiles[:6], mosaic.stage_positions[:6], max_shift=MAX_SHIFT, progress=stop)
+        register_tiles(tiles, stage, max_shift=MAX_SHIFT, progress=stop)
 
 
 def test_inputs_are_not_modified_and_single_tiles_pass(mosaic):

@@ -312,6 +312,9 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
 
     step = np.asarray(tile_shape, float) * (1 - _overlap_fractions(args.overlap, d))
     stage = grid_index.astype(float) * step
+    from napari_gridmip._jobs import prepare_jax
+
+    prepare_jax()  # compiled programs kept in the per-user cache, as the widgets do: a second run skips the compile
     small = tiles.nbytes < 2 * 2**30  # read once into memory for the registration, which reads each overlap
     registration_tiles = tiles.compute() if small else tiles
 

@@ -72,7 +72,7 @@ WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accep
 PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
-NULL_PER_PAIR = 2  # null (non-matching) samples per registered pair, at least
+NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 
 REASONS = (
@@ -457,13 +457,16 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     """Register one pair: the NCC map over integer shifts within ``max_shift``, its peak, and the refinement.
 
     ``search`` and ``template`` come with a halo of :func:`filter_halo` pixels
-    (NaN where there is no data) and are band-passed first. Then ``search`` is
-    ``template.shape + 2 * (max_shift + MARGIN)``; the template's valid pixels
-    (``mask``) at shift ``s`` meet ``search[x + max_shift + MARGIN + s]``.
+    (NaN where there is no data: beyond the tile, or padding) and are
+    band-passed first. Then ``search`` is ``template.shape + 2 * (max_shift +
+    MARGIN)``; the template's valid pixels (``mask``) at shift ``s`` meet
+    ``search[x + max_shift + MARGIN + s]``, where ``search`` has data.
     Returns the shift (d,), the NCC at the integer peak, an inverse covariance
     (d, d) and flags (featureless, on the edge, refinement failed).
     """
     low_only = subpixel == "refine"  # the refinement pass: low-pass only (see _band_pass)
+    halo = filter_halo(sigma, low_only)
+    have = jnp.isfinite(search)[tuple(slice(halo, n - halo) for n in search.shape)].astype(search.dtype)
     search, template = _band_pass(search, sigma, low_only), _band_pass(template, sigma, low_only)
     d = template.ndim
     reach = max_shift + MARGIN
@@ -471,30 +474,37 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     count = jnp.maximum(mask.sum(), 1)
     t = jnp.where(mask > 0, template - (template * mask).sum() / count, 0)
     t_norm = jnp.sqrt((t * t).sum())
-    valid_search = _search_mask(mask, reach)
-    f_mean = (search * valid_search).sum() / jnp.maximum(valid_search.sum(), 1)
-    f_scale = jnp.sqrt((((search - f_mean) * valid_search) ** 2).sum() / jnp.maximum(valid_search.sum(), 1))
-    f = jnp.where(valid_search > 0, (search - f_mean) / jnp.where(f_scale > 0, f_scale, 1), 0)
+    t = t / jnp.where(t_norm > 0, t_norm, 1) * jnp.sqrt(count)  # unit variance: sums stay O(count) in float32
+    have_count = jnp.maximum(have.sum(), 1)
+    f_mean = (search * have).sum() / have_count
+    f_scale = jnp.sqrt((((search - f_mean) * have) ** 2).sum() / have_count)
+    f = jnp.where(have > 0, (search - f_mean) / jnp.where(f_scale > 0, f_scale, 1), 0)
     featureless = t_norm <= 1e-6 * jnp.sqrt(count)
     if subpixel == "refine":  # the second pass: Gauss-Newton from the coarse offset, no map
         zero = jnp.zeros(d, f.dtype)
         shift, info, failed, ncc = _gauss_newton(f, t, mask, zero, zero, reach, t_shape)
         return shift, jnp.where(featureless, jnp.nan, ncc), info, featureless, jnp.asarray(False), failed
+    # NCC over the pixels that both regions hold at each shift (masked NCC, Padfield 2012): the template may
+    # reach beyond tile i at some shifts, so that it can span the whole nominal overlap
     s_shape = f.shape
-    axes = tuple(range(d))
-
-    stacked = tuple(a + 1 for a in axes)  # FFTs of stacks: one call for several arrays
-    ff, ff2 = jnp.fft.rfftn(jnp.stack([f, f * f]), axes=stacked)
+    stacked = tuple(a + 1 for a in range(d))  # FFTs of stacks: one call for several arrays
+    searched = jnp.fft.rfftn(jnp.stack([f, f * f, have]), axes=stacked)
     pad = [(0, 0)] + [(0, s - n) for s, n in zip(s_shape, t_shape)]
-    ft, fm = jnp.conj(jnp.fft.rfftn(jnp.pad(jnp.stack([t, mask]), pad), axes=stacked))
-    products = jnp.stack([ft * ff, fm * ff, fm * ff2])
+    tm = t * mask
+    templated = jnp.conj(jnp.fft.rfftn(jnp.pad(jnp.stack([tm, tm * t, mask]), pad), axes=stacked))
+    ff, ff2, fv = searched
+    ft, ft2, fm = templated
+    products = jnp.stack([ft * ff, ft * fv, ft2 * fv, fm * fv, fm * ff, fm * ff2])
     window = (slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
-    num, sum_f, sum_f2 = jnp.fft.irfftn(products, s=s_shape, axes=stacked)[window]
-    var_f = jnp.maximum(sum_f2 - sum_f * sum_f / count, 0)
-    denominator = t_norm * jnp.sqrt(var_f)
-    # a window whose variance is rounding noise (1e-6 of the search's) is as featureless as a flat one
-    tiny = 1e-6 * count
-    ncc = jnp.where((denominator > 0) & (var_f > tiny), num / jnp.where(denominator > 0, denominator, 1), jnp.nan)
+    num, sum_t, sum_t2, n, sum_f, sum_f2 = jnp.fft.irfftn(products, s=s_shape, axes=stacked)[window]
+    n_safe = jnp.maximum(n, 1)
+    cov = num - sum_t * sum_f / n_safe
+    var_t = jnp.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
+    var_f = jnp.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
+    denominator = jnp.sqrt(var_t * var_f)
+    # at least half the template must overlap; a variance at rounding level (1e-6) is as flat as none
+    ok = (n > 0.5 * count - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
+    ncc = jnp.where(ok, cov / jnp.where(denominator > 0, denominator, 1), jnp.nan)
     inner = tuple(slice(MARGIN, MARGIN + 2 * max_shift + 1) for _ in range(d))
     core = ncc[inner]
     flat = jnp.argmax(jnp.where(jnp.isnan(core), -jnp.inf, core))
@@ -508,18 +518,6 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     quadratic = _quadratic_nd(hood)
     start = integer.astype(f.dtype) + (quadratic if subpixel != "none" else 0)
     return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False)
-
-
-def _search_mask(mask: jax.Array, reach: int) -> jax.Array:
-    """Where the search region holds data: the template's valid box grown by ``reach`` on every side."""
-    d = mask.ndim
-    extent = [mask.max(axis=tuple(k for k in range(d) if k != a)).sum() for a in range(d)]
-    shape = tuple(n + 2 * reach for n in mask.shape)
-    out = jnp.ones(shape, mask.dtype)
-    for a in range(d):
-        along = (jnp.arange(shape[a]) < extent[a] + 2 * reach).astype(mask.dtype)
-        out = out * along.reshape([-1 if k == a else 1 for k in range(d)])
-    return out
 
 
 def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
@@ -786,7 +784,7 @@ def register_tiles(
     reason = np.full(p, REASONS.index("overlap too small"), np.int64)
 
     # pass 1: the integer peak within max_shift of the stage offset, and its significance
-    coarse = _geometry(pairs, delta, shape, max_shift + MARGIN, 0)
+    coarse = _geometry(pairs, delta, shape, 0, 0)  # the whole nominal overlap: masked NCC handles the edges
     groups = _groups(np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1)), coarse)
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it

@@ -11,11 +11,13 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
 1. Every pair whose stage footprints overlap is registered on its overlap,
    both regions band-passed first (a difference of Gaussians by normalised
    convolution: structure, not illumination; sharp peaks). Tile ``j``'s part
-   of the overlap, shrunk by the search radius so that every candidate shift
-   compares the same pixels, is matched against tile ``i``'s by normalised
-   cross-correlation for every integer shift within ``max_shift`` (FFTs; one
-   compiled program per pair shape, pairs batched and padded to static
-   shapes, horizontal pairs transposed into vertical ones).
+   of the nominal overlap is matched against tile ``i`` by masked normalised
+   cross-correlation (over the pixels both hold at each shift, so the whole
+   overlap is used even when ``max_shift`` is close to its width; a shift
+   that keeps less than half of it is not a candidate) for every integer
+   shift within ``max_shift`` (FFTs; one compiled program per pair shape,
+   pairs batched and padded to static shapes, horizontal pairs transposed
+   into vertical ones).
 2. A peak counts only if it beats a threshold calibrated on the data: the
    ``1 - false_positive_rate`` quantile of a Gumbel law fitted by moments to
    the peaks of pairs known not to match (each template turned by 180
@@ -701,9 +703,10 @@ def register_tiles(
         median residual)`` pixels is rejected (the worst of its neighbourhood
         first) and the placement solved again.
     min_overlap
-        Pairs whose overlap, less the search margin ``max_shift + 3`` on the
-        sides that need it, is narrower than this along an axis are not
-        registered ("overlap too small").
+        Pairs whose nominal overlap (from the stage) is narrower than this
+        along an axis are not registered ("overlap too small"); those whose
+        overlap at the measured offset leaves fewer than 3 px for the
+        refinement (away from the tiles' borders) are "refinement failed".
     filter_sigma
         Both regions of a pair are band-passed before matching (a difference
         of Gaussians, ``sigma`` and ``2 sigma`` px, by normalised convolution so

@@ -4,6 +4,7 @@
     napari-gridmip mipmap IN OUT [--threshold T]     occupancy pyramid -> OME-Zarr
     napari-gridmip merge IN OUT --stride S [S ...]   patch stack -> image
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
+    napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
 
 Every subcommand reads lazily (dask), computes block by block with a progress
 bar, writes under a temporary name that is renamed when complete, and on bad
@@ -19,6 +20,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 PLUGIN = "napari-gridmip"
 WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Process in tiles", "Correlation map"]  # napari.yaml's
 SAMPLE_WIDGETS = {"occupancy": "Occupancy mipmap", "tiles": "Reassemble patches", "speckle": "Correlation map"}
@@ -28,6 +31,7 @@ EXAMPLES = {
     "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5",
     "merge": "napari-gridmip merge tiles.npy merged.tif --stride 100 100 --image-shape 3 512 512 --blend gaussian",
     "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine",
+    "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1",
 }
 
 
@@ -52,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", choices=SAMPLE_KEYS, default="occupancy", help="sample to open (default: %(default)s)"
     )
     parser.add_argument("--no-sample", action="store_true", help="open no sample")
-    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate}")
+    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate,stitch}")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(
@@ -89,7 +93,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     correlate.add_argument("--dtype", default="float32", choices=["float32", "float64"])
 
-    for sub in (mipmap, merge, correlate):
+    stitch = add(
+        "stitch",
+        "Register the tiles of a mosaic whose stage positions are only roughly known, and fuse them into one image.",
+    )
+    stitch.add_argument(
+        "tiles", metavar="TILES", help="a folder of TIFF tiles (with --pattern), or an array file (n, [C,] *tile)"
+    )
+    stitch.add_argument(
+        "output", metavar="OUT", help="the mosaic to write: .ome.zarr or .tif/.tiff (positions CSV beside it)"
+    )
+    stitch.add_argument("--grid", type=int, nargs="+", metavar="N", help="tiles along each axis: R C (or Z R C)")
+    stitch.add_argument("--overlap", type=float, required=True, help="nominal overlap, a fraction of the tile")
+    stitch.add_argument("--order", default="row-major", help="row-major, column-major or snake (default: row-major)")
+    stitch.add_argument("--max-shift", type=int, default=16, help="largest stage error searched, px (default: 16)")
+    stitch.add_argument("--pattern", help="tile file names, e.g. 'tile_{row}_{col}.tif' or 'img_{index:03}.tif'")
+    stitch.add_argument("--blend", default="linear", help="linear, mean, max or overwrite (default: linear)")
+    stitch.add_argument("--channel", type=int, help="the channel to register (default: the channels' mean)")
+
+    for sub in (mipmap, merge, correlate, stitch):
         sub.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler, e.g. tcp://host:8786")
         sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
         sub.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -250,4 +272,146 @@ def run_correlate(args: argparse.Namespace, compute: Any) -> None:
         compute(writes)
 
 
-RUNS = {"mipmap": run_mipmap, "merge": run_merge, "correlate": run_correlate}
+def positions_csv_path(output: str) -> Any:
+    """``mosaic.ome.zarr`` or ``mosaic.tif`` -> ``mosaic.positions.csv`` beside it."""
+    from pathlib import Path
+
+    path = Path(output)
+    name = path.name
+    for suffix in (".ome.zarr", ".zarr", ".tiff", ".tif"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return path.with_name(f"{name}.positions.csv")
+
+
+def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int, ...], list[str] | None]:
+    """The tiles (dask), each tile's grid index, the grid shape and the tiles' file names (for a folder)."""
+    from pathlib import Path
+
+    from napari_gridmip.core.patches.stitch import grid_indices
+    from napari_gridmip.io import read_array, read_tiles
+
+    source = Path(args.tiles)
+    names = None
+    if source.is_dir():
+        if not args.pattern:
+            raise UsageError(f"{args.tiles!r} is a folder: give --pattern, e.g. 'tile_{{row}}_{{col}}.tif'")
+        folder = read_tiles(source, args.pattern)
+        tiles, names = folder.tiles, [p.name for p in folder.paths]
+        if folder.grid_index is not None:
+            grid = tuple(int(g) for g in folder.grid_index.max(axis=0) + 1)
+            if args.grid and tuple(args.grid) != grid:
+                raise UsageError(f"--grid {' '.join(map(str, args.grid))} disagrees with the files' {grid} grid")
+            return tiles, folder.grid_index, grid, names
+    else:
+        if args.pattern:
+            raise UsageError(f"--pattern is for a folder of tiles; {args.tiles!r} is not a folder")
+        tiles = read_array(source)
+    if not args.grid:
+        raise UsageError("--grid is required (tiles along each axis, e.g. --grid 6 6)")
+    grid = tuple(args.grid)
+    if not 2 <= len(grid) <= 3:
+        raise UsageError(f"--grid takes 2 or 3 numbers (R C, or Z R C); got {len(grid)}")
+    if int(np.prod(grid)) != tiles.shape[0]:
+        count = int(np.prod(grid))
+        raise UsageError(f"--grid {' x '.join(map(str, grid))} needs {count} tiles; found {tiles.shape[0]}")
+    from napari_gridmip.core import _validate
+
+    order = _validate.check_choice("order", args.order, ("row-major", "column-major", "snake"))
+    return tiles, grid_indices(grid, order), grid, names
+
+
+def run_stitch(args: argparse.Namespace, compute: Any) -> None:
+    import dask.array as da
+
+    from napari_gridmip import fuse_tiles, register_tiles
+    from napari_gridmip.io._write import atomic_path
+
+    output = str(args.output)
+    lower = output.lower()
+    if not lower.endswith((".ome.zarr", ".tif", ".tiff")):
+        raise UsageError(f"{output!r}: the mosaic must end in .ome.zarr, .tif or .tiff")
+    csv_path = positions_csv_path(output)
+    for path in (output, csv_path):  # before any work
+        from pathlib import Path
+
+        if Path(path).exists() and not args.overwrite:
+            raise UsageError(f"{str(Path(path).absolute())!r} already exists (pass --overwrite to replace it)")
+    tiles, grid_index, grid, names = _stitch_inputs(args)
+    d = len(grid)
+    if tiles.ndim not in (d + 1, d + 2):
+        raise UsageError(f"a {d}D grid needs tiles (n, [C,] *tile) with {d} spatial axes; got shape {tiles.shape}")
+    tile_shape = tuple(int(s) for s in tiles.shape[tiles.ndim - d :])
+    from napari_gridmip.core.patches.stitch import _overlap_fractions
+
+    step = np.asarray(tile_shape, float) * (1 - _overlap_fractions(args.overlap, d))
+    stage = grid_index.astype(float) * step
+    from napari_gridmip._jobs import prepare_jax
+
+    prepare_jax()  # compiled programs kept in the per-user cache, as the widgets do: a second run skips the compile
+    small = tiles.nbytes < 2 * 2**30  # read once into memory for the registration, which reads each overlap
+    registration_tiles = tiles.compute() if small else tiles
+
+    def report(done: int, total: int) -> None:
+        if not args.quiet:
+            print(f"\rregistering tile pairs: {done}/{total}", end="\n" if done == total else "", file=sys.stderr)
+
+    result = register_tiles(registration_tiles, stage, max_shift=args.max_shift, channel=args.channel, progress=report)
+    if not args.quiet:
+        accepted, pairs = int(result.accepted.sum()), len(result.pairs)
+        print(f"{accepted} of {pairs} pairs used, median residual {result.median_residual:.3f} px, "
+              f"{int(result.placed_from_stage.sum())} tile(s) placed from the stage", file=sys.stderr)  # fmt: skip
+    mosaic = fuse_tiles(da.asarray(tiles), result.positions, blend=args.blend)
+    image, origin = mosaic.image, mosaic.origin
+    with atomic_path(output, overwrite=args.overwrite) as temporary:
+        if lower.endswith(".ome.zarr"):
+            _write_ome_zarr(image, origin, temporary, has_channels=tiles.ndim == d + 2, compute=compute)
+        else:
+            import tifffile
+
+            tifffile.imwrite(temporary, np.asarray(compute([image])[0]))
+        with atomic_path(csv_path, overwrite=args.overwrite) as csv_temporary:
+            _write_positions(csv_temporary, result, grid_index, origin, names)
+
+
+def _write_ome_zarr(image: Any, origin: np.ndarray, path: Any, *, has_channels: bool, compute: Any) -> None:
+    """One OME-Zarr image (level 0 only) whose translation puts pixel 0 at ``origin``."""
+    import dask.array as da
+    import zarr
+    from ome_zarr.writer import write_multiscales_metadata
+
+    lead = 1 if has_channels else 0
+    names = ("z", "y", "x")[3 - len(origin) :]
+    axes = [{"name": "c", "type": "channel"}] * lead + [{"name": n, "type": "space"} for n in names]
+    group = zarr.open_group(str(path), mode="w")
+    compute([da.to_zarr(image, str(path), component="0", compute=False)])
+    transforms = [
+        {"type": "scale", "scale": [1.0] * image.ndim},
+        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in origin]},
+    ]
+    datasets = [{"path": "0", "coordinateTransformations": transforms}]
+    write_multiscales_metadata(group, datasets, axes=axes, name="mosaic")
+
+
+def _write_positions(path: Any, result: Any, grid_index: np.ndarray, origin: np.ndarray, names: Any) -> None:
+    """One row per tile; origins in the mosaic's pixels (where the tile's pixel 0 lies in OUT)."""
+    import csv
+
+    d = result.positions.shape[1]
+    axes = ("z", "y", "x")[3 - d :]
+    grid_names = ("plane", "row", "col")[3 - d :]
+    header = ["tile", *[f"grid_{g}" for g in grid_names], *[f"stage_{a}" for a in axes]]
+    header += [*[f"refined_{a}" for a in axes], "placed_from_stage", "confidence"] + (["file"] if names else [])
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for t in range(len(result.positions)):
+            row = [t, *map(int, grid_index[t])]
+            row += [f"{v:.4f}" for v in result.stage_positions[t] - origin]
+            row += [f"{v:.4f}" for v in result.positions[t] - origin]
+            row += [int(result.placed_from_stage[t]), f"{result.tile_confidence[t]:.4f}"]
+            writer.writerow(row + ([names[t]] if names else []))
+
+
+RUNS = {"mipmap": run_mipmap, "merge": run_merge, "correlate": run_correlate, "stitch": run_stitch}

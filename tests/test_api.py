@@ -27,7 +27,11 @@ DATA_ARGUMENTS = {
     "find_displacement": ("img1", "img2", "window"),
     "displacement_vectors": ("dy", "dx"),
     "filter_tiled": ("image", "tile"),
+    "grid_positions": ("grid_shape", "tile_shape", "overlap"),
+    "register_tiles": ("tiles", "positions"),
+    "fuse_tiles": ("tiles", "positions"),
     "read_array": ("path",),
+    "read_tiles": ("folder", "pattern"),
     "write_mipmap": ("volume", "path"),
 }
 
@@ -36,7 +40,7 @@ FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name != "__version
 
 def test_the_api_is_exactly_these_functions():
     assert FUNCTIONS == sorted(DATA_ARGUMENTS)
-    assert sorted(core.__all__) == [f for f in FUNCTIONS if f not in ("read_array", "write_mipmap")]
+    assert sorted(core.__all__) == [f for f in FUNCTIONS if f not in ("read_array", "read_tiles", "write_mipmap")]
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

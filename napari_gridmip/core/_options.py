@@ -26,3 +26,14 @@ TILED_BACKENDS = ("auto", "jax", "numpy")
 
 PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
 """``apply_tiled(pad_mode=...)``: NumPy's ``np.pad`` modes for axes shorter than the tile."""
+GRID_ORDERS = ("row-major", "column-major", "snake")
+"""``grid_positions(order=...)``: the order in which a stage visits the grid, the default first."""
+
+FUSE_BLENDS = ("linear", "mean", "max", "overwrite")
+"""``fuse_tiles(blend=...)``: linear ramps towards tile edges (the default), equal weights, max, last tile wins."""
+
+FUSE_INTERPOLATIONS = ("linear", "cubic", "nearest")
+"""``fuse_tiles(interpolation=...)``: how a tile at a fractional position is resampled, the default first."""
+
+STITCH_SUBPIXEL = ("refine", "quadratic", "none")
+"""``register_tiles(subpixel=...)``: Gauss-Newton refinement, the quadratic fit it starts from, or integer shifts."""

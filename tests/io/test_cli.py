@@ -90,7 +90,7 @@ def test_existing_output_is_kept(inputs, tmp_path):
     assert done.returncode == 0 and read_array(tmp_path / "o.ome.zarr").shape == (30, 40, 50)
 
 
-@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate"])
+@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "stitch"])
 def test_help_has_an_example(command, tmp_path):
     done = run(command, "--help", cwd=tmp_path)
     assert done.returncode == 0 and "example:" in done.stdout and f"napari-gridmip {command} " in done.stdout
@@ -153,3 +153,97 @@ def test_outputs_carry_their_provenance(inputs, tmp_path):
     results = _replay(field.attrs["napari_gridmip"])["results"]
     for part in ("dy", "dx", "peak"):
         np.testing.assert_array_equal(np.asarray(results[part]), field[part][:])
+
+
+# -- stitch ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mosaic_folder(tmp_path_factory):
+    """A 2x3 mosaic (160 px tiles, 30% overlap, +-6 px stage errors) as TIFF files and as one .npy stack."""
+    import tifffile
+
+    from napari_gridmip._sample_data.mosaic import make_mosaic
+
+    folder = tmp_path_factory.mktemp("mosaic")
+    sample = make_mosaic(grid_shape=(2, 3), tile_shape=(160, 160), overlap=0.3, stage_error=6, seed=11)
+    tiles = (sample.tiles * 60000).clip(0, 65535).astype(np.uint16)
+    for t, (r, c) in enumerate(np.ndindex(2, 3)):
+        tifffile.imwrite(folder / f"tile_{r}_{c}.tif", tiles[t])
+    np.save(folder / "stack.npy", tiles)
+    return folder, sample, tiles
+
+
+def test_stitch_folder_to_ome_zarr_with_positions(mosaic_folder, tmp_path):
+    import csv
+
+    from napari_gridmip import fuse_tiles, grid_positions, register_tiles
+
+    folder, sample, tiles = mosaic_folder
+    args = ["--pattern", "tile_{row}_{col}.tif", "--overlap", "0.3", "--max-shift", "12"]
+    done = run("stitch", str(folder), "m.ome.zarr", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "registering tile pairs: " in done.stderr and "100% Completed" in done.stderr
+    stage = grid_positions((2, 3), (160, 160), 0.3)
+    result = register_tiles(tiles, stage, max_shift=12)
+    expected = fuse_tiles(tiles, result.positions)
+    image = read_array(tmp_path / "m.ome.zarr").compute()
+    np.testing.assert_allclose(image, np.asarray(expected.image), atol=1e-3)
+    with open(tmp_path / "m.positions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["file"] for r in rows] == [f"tile_{r}_{c}.tif" for r in range(2) for c in range(3)]
+    assert rows[4]["grid_row"] == "1" and rows[4]["grid_col"] == "1" and rows[4]["placed_from_stage"] == "0"
+    refined = np.array([[float(r["refined_y"]), float(r["refined_x"])] for r in rows])
+    np.testing.assert_allclose(refined, result.positions - expected.origin, atol=1e-3)
+    # the OME-Zarr translation puts the mosaic where the positions say
+    import zarr
+
+    attrs = zarr.open_group(str(tmp_path / "m.ome.zarr"), mode="r").attrs.asdict()
+    multiscales = attrs.get("ome", attrs)["multiscales"][0]
+    translation = multiscales["datasets"][0]["coordinateTransformations"][1]["translation"]
+    assert translation == [float(o) for o in expected.origin]
+
+
+@pytest.mark.slow  # another process compiling the registration: the folder test above covers the same path
+def test_stitch_array_file_to_tiff(mosaic_folder, tmp_path):
+    import tifffile
+
+    folder, _, tiles = mosaic_folder
+    done = run("stitch", str(folder / "stack.npy"), "m.tif", "--grid", "2", "3", "--overlap", "0.3",
+               "--max-shift", "12", "--blend", "max", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    image = tifffile.imread(tmp_path / "m.tif")
+    assert image.dtype == np.float32 and image.shape[0] > 270 and (tmp_path / "m.positions.csv").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{folder}", "o.ome.zarr", "--overlap", "0.1"], "give --pattern"),
+        (["{folder}/stack.npy", "o.ome.zarr", "--overlap", "0.1"], "--grid is required"),
+        (["{folder}/stack.npy", "o.ome.zarr", "--overlap", "0.1", "--grid", "2", "2"], "needs 4 tiles; found 6"),
+        (["{folder}/stack.npy", "o.png", "--overlap", "0.1", "--grid", "2", "3"], "must end in .ome.zarr, .tif"),
+        (["{folder}", "o.tif", "--overlap", "0.1", "--pattern", "tile_{{row}}.tif"], "needs both {row} and {col}"),
+        (["{folder}", "o.tif", "--overlap", "0.1", "--pattern", "x_{{row}}_{{col}}.tif"], "no file"),
+        (["{folder}", "o.tif", "--overlap", "0.1", "--pattern", "tile_{{row}}_{{col}}.tif", "--grid", "3", "3"],
+         "disagrees with the files' (2, 3) grid"),
+        (["{folder}/stack.npy", "o.tif", "--overlap", "1.5", "--grid", "2", "3"], "0 <= overlap < 1"),
+        (["{folder}/stack.npy", "o.tif", "--overlap", "0.1", "--grid", "2", "3", "--order", "zigzag"],
+         "order must be one of"),
+    ],
+)  # fmt: skip
+def test_stitch_bad_input_is_one_line(mosaic_folder, tmp_path, args, message):
+    folder = mosaic_folder[0]
+    done = run("stitch", *(a.format(folder=folder) for a in args), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stitch_keeps_an_existing_positions_file(mosaic_folder, tmp_path):
+    (tmp_path / "m.positions.csv").write_text("mine")
+    done = run("stitch", str(mosaic_folder[0] / "stack.npy"), "m.tif", "--grid", "2", "3", "--overlap", "0.3",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "already exists" in done.stderr
+    assert (tmp_path / "m.positions.csv").read_text() == "mine" and not (tmp_path / "m.tif").exists()

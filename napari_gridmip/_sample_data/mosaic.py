@@ -1,0 +1,168 @@
+"""A microscope-like mosaic: tiles cut from a known picture at known positions, with stage errors.
+
+The truth is known exactly: tile ``t`` is the picture sampled at
+``true_positions[t] + k`` (cubic spline interpolation for fractional
+positions), plus noise. The stage reports the regular grid instead
+(``stage_positions``, from :func:`~napari_gridmip.grid_positions`), off by up
+to ``stage_error`` pixels per axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+MOSAIC_GRID = (3, 4)
+MOSAIC_TILE = (192, 192)
+MOSAIC_OVERLAP = 0.15
+MOSAIC_ERROR = 8.0
+
+
+class MosaicSample(NamedTuple):
+    """What :func:`make_mosaic` returns."""
+
+    tiles: np.ndarray
+    """``(n, [C,] *tile_shape)`` float32 tiles in row-major grid order."""
+    true_positions: np.ndarray
+    """``(n, d)`` float64: where each tile really is (its pixel 0) in ``image``."""
+    stage_positions: np.ndarray
+    """``(n, d)`` float64: where the stage says it is (the regular grid, shifted to ``true``'s frame)."""
+    grid_shape: tuple[int, ...]
+    overlap: float
+    """The nominal overlap, a fraction of the tile."""
+    image: np.ndarray
+    """``([C,] *shape)`` float32: the picture the tiles were cut from, without noise."""
+    blank: np.ndarray
+    """``(n,)`` bool: tiles whose every overlap lies in the blank region (nothing to register on)."""
+
+
+def texture(shape: Sequence[int], seed: int = 0) -> np.ndarray:
+    """A fluorescence-like picture of any size and dimension: blobs and fibres at several scales, in [0, 1]."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(s) for s in shape)
+    out = np.zeros(shape, np.float64)
+    for sigma, weight in ((1.5, 0.5), (4.0, 1.0), (12.0, 1.0)):
+        layer = ndimage.gaussian_filter(rng.standard_normal(shape), sigma, mode="wrap")
+        out += weight * layer / layer.std()
+    out = np.exp(0.8 * out / out.std())  # positive, skewed like fluorescence
+    out -= out.min()
+    return (out / out.max()).astype(np.float32)
+
+
+def make_mosaic(
+    *,
+    grid_shape: Sequence[int] = MOSAIC_GRID,
+    tile_shape: Sequence[int] = MOSAIC_TILE,
+    overlap: float = MOSAIC_OVERLAP,
+    stage_error: float = MOSAIC_ERROR,
+    noise: float = 0.01,
+    blank_corner: bool = False,
+    channels: int | None = None,
+    picture: Any = None,
+    subpixel: bool = True,
+    seed: int = 0,
+) -> MosaicSample:
+    """Cut a mosaic out of a known picture, with stage errors and noise.
+
+    Parameters
+    ----------
+    grid_shape, tile_shape, overlap
+        The grid (2 or 3 axes), the tiles' spatial shape and the nominal
+        overlap (a fraction of the tile).
+    stage_error
+        True positions are the grid's plus independent uniform errors in
+        ``[-stage_error, stage_error]`` per axis (fractional unless ``subpixel``
+        is False).
+    noise
+        Standard deviation of the Gaussian noise added to each tile
+        independently, relative to the picture's range (0 to 1).
+    blank_corner
+        Blank out (set to the background, 0) the region around the last
+        tile, so that its overlaps hold nothing but noise: pairs there must
+        be rejected and the tile placed from the stage.
+    channels
+        None: tiles ``(n, *tile_shape)``. An integer C: ``(n, C, *tile_shape)``,
+        each channel its own texture.
+    picture
+        The picture to cut from (2D or 3D, at least the mosaic's size plus
+        ``2 * stage_error + 8``); default a generated texture (:func:`texture`).
+    subpixel
+        Fractional true positions (tiles resampled with a cubic spline), or
+        integer ones (tiles cut exactly).
+    seed
+        Seeds the positions, the noise and the texture.
+
+    Returns
+    -------
+    MosaicSample
+    """
+    from scipy import ndimage
+
+    from napari_gridmip.core.patches.stitch import grid_positions
+
+    grid_shape = tuple(int(g) for g in grid_shape)
+    tile_shape = tuple(int(t) for t in tile_shape)
+    d = len(tile_shape)
+    rng = np.random.default_rng(seed)
+    nominal = grid_positions(grid_shape, tile_shape, overlap)
+    margin = int(np.ceil(stage_error)) + 4
+    errors = rng.uniform(-stage_error, stage_error, nominal.shape)
+    true = nominal + margin + errors
+    if not subpixel:
+        true = np.round(true)
+    stage = nominal + margin
+    extent = tuple(int(np.ceil(true[:, k].max())) + tile_shape[k] + margin for k in range(d))
+    if picture is None:
+        layers = [texture(extent, seed=seed + 1 + c) for c in range(channels or 1)]
+        image = np.stack(layers) if channels else layers[0]
+    else:
+        image = np.asarray(picture, dtype=np.float32)
+        image = (image - image.min()) / max(float(np.ptp(image)), 1e-12)
+        if channels:
+            image = np.stack([image] * channels)
+        if any(n < e for n, e in zip(image.shape[-d:], extent)):
+            raise ValueError(f"picture of shape {image.shape} is smaller than the mosaic needs, {extent}")
+    blank = np.zeros(len(true), bool)
+    if blank_corner:
+        lo = np.floor(true[-1] - stage_error - 2).astype(int)
+        image = image.copy()
+        image[(Ellipsis, *(slice(max(int(a), 0), None) for a in lo))] = 0
+        blank[-1] = True
+    tiles = []
+    for origin in true:
+        base = np.floor(origin).astype(int) - 2
+        frac = origin - np.floor(origin)
+        box = tuple(slice(int(b), int(b) + t + 5) for b, t in zip(base, tile_shape))
+        crop = image[(Ellipsis, *box)].astype(np.float64)
+        if subpixel and np.any(frac > 0):
+            shift = (0,) * (crop.ndim - d) + tuple(-frac)
+            crop = ndimage.shift(crop, shift, order=3, mode="nearest")
+        tile = crop[(Ellipsis, *(slice(2, 2 + t) for t in tile_shape))]
+        tiles.append(tile + noise * rng.standard_normal(tile.shape))
+    return MosaicSample(
+        tiles=np.stack(tiles).astype(np.float32),
+        true_positions=true,
+        stage_positions=stage,
+        grid_shape=grid_shape,
+        overlap=float(overlap),
+        image=image.astype(np.float32),
+        blank=blank,
+    )
+
+
+def mosaic_sample() -> list[tuple]:
+    """File > Open Sample > Mosaic tiles: a 3x4 mosaic with stage errors; the truth rides in the metadata."""
+    sample = make_mosaic(blank_corner=True)
+    metadata = {
+        "gridmip_mosaic": {
+            "grid_shape": sample.grid_shape,
+            "overlap": sample.overlap,
+            "stage_positions": sample.stage_positions,
+            "true_positions": sample.true_positions,
+        }
+    }
+    return [(sample.tiles, {"name": "mosaic tiles", "colormap": "gray", "metadata": metadata}, "image")]

@@ -1,0 +1,1040 @@
+"""Registering mosaic tiles whose positions are only roughly known, and the stage grid they come from.
+
+Coordinates: a tile's *origin* is the scene coordinate of its pixel ``(0, ..., 0)``;
+its pixel ``k`` sits at ``origin + k``. Axes are the tiles' spatial axes in order
+(``(y, x)`` or ``(z, y, x)``). For a pair ``(i, j)`` the *offset* is
+``origin_j - origin_i``; the *shift* is how far the measured offset lies from
+the stage's: ``shift = measured offset - (stage_j - stage_i)``.
+
+How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2stitch):
+
+1. Every pair whose stage footprints overlap is registered on its overlap,
+   both regions band-passed first (a difference of Gaussians by normalised
+   convolution: structure, not illumination; sharp peaks). Tile ``j``'s part
+   of the nominal overlap is matched against tile ``i`` by masked normalised
+   cross-correlation (over the pixels both hold at each shift, so the whole
+   overlap is used even when ``max_shift`` is close to its width; a shift
+   that keeps less than half of it is not a candidate) for every integer
+   shift within ``max_shift`` (FFTs; one compiled program per pair shape,
+   pairs batched and padded to static shapes, horizontal pairs transposed
+   into vertical ones).
+2. A peak counts only if it beats a threshold calibrated on the data: the
+   ``1 - false_positive_rate`` quantile of a Gumbel law fitted by moments to
+   the peaks of pairs known not to match (each template turned by 180
+   degrees against its own search region, and templates against the search
+   regions of pairs far apart on the stage), per pair shape. Featureless
+   overlaps (zero variance) and peaks on the edge of the search are rejected too.
+   Then a second pass refines each significant pair on its whole overlap at
+   the coarse offset (searched +-2 px, away from the tiles' borders, low-passed
+   only): Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled by Keys
+   cubic convolution, which also gives each shift its covariance.
+3. All accepted pairs are placed at once by weighted least squares (each pair
+   weighted by the inverse covariance of its shift: a pair whose overlap has
+   structure along one direction only constrains that direction only), so
+   errors do not pile up along a spanning tree; then pairs whose residual
+   disagrees with the rest (above ``max(max_residual, 4 x median)``, the worst
+   pair of its neighbourhood) are rejected one neighbourhood at a time and the
+   placement solved again.
+4. Rejected and unregistered pairs still tie their tiles to the stage: they
+   enter the least squares with their stage offset and a weight 10^4 times
+   smaller than the median accepted pair, so a tile or a group of tiles with
+   no accepted pair keeps its stage position relative to its neighbours, and
+   groups linked by accepted pairs move rigidly. A 10^-8 pull towards the
+   stage fixes the mosaic's overall translation (its mean stays the stage's).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._options import GRID_ORDERS, STITCH_SUBPIXEL
+from napari_gridmip.core._peak import quadratic_peak
+from napari_gridmip.core._precision import precision_scope
+
+__all__ = ["grid_positions", "register_tiles"]
+
+ProgressCallback = Callable[[int, int], None]
+
+FINE_SHIFT = 0  # the refinement pass starts at the coarse peak (within 0.5 px) and may move MAX_REFINE_STEP
+MARGIN = 3  # extra search beyond max_shift: the quadratic fit's neighbours, cubic taps and refinement room
+GN_ITERATIONS = 5  # Gauss-Newton steps of the refinement (converged to 1e-4 px after 3 on the tests' mosaics)
+MAX_REFINE_STEP = 1.5  # the refinement may move at most this far (px, per axis) from the integer peak
+WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accepted pair's weight
+PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
+BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
+BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
+NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
+MIN_NULL = 64  # and at least this many per pair shape
+
+REASONS = (
+    "accepted",
+    "not significant",
+    "featureless",
+    "peak at max_shift",
+    "refinement failed",
+    "residual",
+    "overlap too small",
+)
+"""Why a pair was (not) used: ``TileRegistration.reason`` indexes this tuple."""
+
+
+# -- the stage grid ---------------------------------------------------------------------
+
+
+def grid_indices(grid_shape: Sequence[int], order: str = "row-major") -> np.ndarray:
+    """The grid index ``(n, d)`` of each tile in acquisition order.
+
+    ``"row-major"``: the last axis fastest (C order). ``"column-major"``: the
+    first axis fastest. ``"snake"``: row-major, with the direction of each
+    faster axis reversed on every other pass of the slower ones (boustrophedon),
+    as stages that do not fly back scan.
+    """
+    grid_shape = tuple(int(g) for g in grid_shape)
+    if order == "column-major":
+        return np.array([idx[::-1] for idx in itertools.product(*(range(g) for g in grid_shape[::-1]))], dtype=np.int64)
+    out = np.array(list(itertools.product(*(range(g) for g in grid_shape))), dtype=np.int64)
+    if order == "snake":
+        visit = out.copy()  # the position along each axis in visiting order, before any reversal
+        for axis in range(1, len(grid_shape)):
+            # the passes made so far along this axis: the slower axes' positions, flattened in visiting order
+            passes = np.zeros(len(out), np.int64)
+            for slower in range(axis):
+                passes = passes * grid_shape[slower] + visit[:, slower]
+            flip = passes % 2 == 1
+            out[flip, axis] = grid_shape[axis] - 1 - out[flip, axis]
+    return out.reshape(-1, len(grid_shape))
+
+
+def grid_positions(
+    grid_shape: Sequence[int], tile_shape: Sequence[int], overlap: Any, *, order: str = "row-major"
+) -> np.ndarray:
+    """Stage origins of a regular grid of tiles, in acquisition order.
+
+    Parameters
+    ----------
+    grid_shape
+        Tiles along each axis, ``(rows, cols)`` or ``(planes, rows, cols)``.
+    tile_shape
+        A tile's spatial shape, same length.
+    overlap
+        The overlap between neighbours as a *fraction* of the tile (``0 <= overlap < 1``),
+        one number for every axis or one per axis. The step between origins is
+        ``tile_shape * (1 - overlap)`` pixels, not rounded (stage positions are
+        fractional anyway). For an overlap in pixels ``p``, pass ``p / tile_shape``.
+    order
+        Acquisition order: ``"row-major"`` (the last axis fastest, default),
+        ``"column-major"`` (the first axis fastest) or ``"snake"`` (row-major,
+        every other row reversed).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n, d)`` float64 origins, ``n = prod(grid_shape)``: tile ``t`` (the
+        ``t``-th acquired) at grid index ``g`` has origin ``g * step``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes are not positive integers of one length (1 to 3), the
+        overlap is outside ``[0, 1)`` or ``order`` is unknown.
+
+    Examples
+    --------
+    >>> grid_positions((2, 2), (100, 100), 0.1, order="snake").tolist()
+    [[0.0, 0.0], [0.0, 90.0], [90.0, 90.0], [90.0, 0.0]]
+    """
+    grid_shape = _validate.int_tuple("grid_shape", grid_shape)
+    if not 1 <= len(grid_shape) <= 3:
+        raise ValueError(f"grid_shape must have 1 to 3 axes; got {grid_shape}")
+    tile_shape = _validate.int_tuple("tile_shape", tile_shape, len(grid_shape))
+    order = _validate.check_choice("order", order, GRID_ORDERS)
+    overlap = _overlap_fractions(overlap, len(grid_shape))
+    step = np.asarray(tile_shape, np.float64) * (1 - overlap)
+    return grid_indices(grid_shape, order).astype(np.float64) * step
+
+
+def _overlap_fractions(overlap: Any, d: int) -> np.ndarray:
+    values = [overlap] * d if np.ndim(overlap) == 0 else list(overlap)
+    if len(values) != d:
+        raise ValueError(f"overlap must be one fraction or {d}; got {overlap!r}")
+    out = np.array([_validate.check_finite_scalar("overlap", v) for v in values])
+    if np.any(out < 0) or np.any(out >= 1):
+        raise ValueError(f"overlap is a fraction of the tile, 0 <= overlap < 1; got {overlap!r}")
+    return out
+
+
+# -- the result -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TileRegistration:
+    """What :func:`register_tiles` returns (NumPy arrays; ``n`` tiles, ``p`` pairs, ``d`` axes)."""
+
+    positions: np.ndarray
+    """``(n, d)`` float64: the refined origins."""
+    stage_positions: np.ndarray
+    """``(n, d)`` float64: the origins given."""
+    pairs: np.ndarray
+    """``(p, 2)`` int: the tiles ``(i, j)``, ``i < j``, of every pair whose stage footprints overlap."""
+    shift: np.ndarray
+    """``(p, d)`` float64: measured offset minus stage offset (NaN where nothing was measured)."""
+    ncc: np.ndarray
+    """``(p,)`` float64: the pair's normalised cross-correlation at its integer peak, its confidence (NaN where
+    not measured)."""
+    threshold: np.ndarray
+    """``(p,)`` float64: the significance threshold its ``ncc`` had to reach (per pair shape)."""
+    accepted: np.ndarray
+    """``(p,)`` bool: used by the final placement."""
+    reason: np.ndarray
+    """``(p,)`` int: index into :data:`REASONS` ("accepted", "not significant", "featureless", ...)."""
+    residual: np.ndarray
+    """``(p,)`` float64: ``|placed offset - measured offset|`` in pixels (NaN where not measured)."""
+    placed_from_stage: np.ndarray
+    """``(n,)`` bool: tiles without an accepted pair, placed by their stage offsets to their neighbours."""
+    tile_confidence: np.ndarray
+    """``(n,)`` float64: the best ``ncc`` among a tile's accepted pairs (0 where none)."""
+    median_residual: float
+    """The median ``residual`` of the accepted pairs (px; NaN if none)."""
+
+    @property
+    def reasons(self) -> list[str]:
+        """``reason`` as text, pair by pair."""
+        return [REASONS[r] for r in self.reason]
+
+    @property
+    def rejected_pairs(self) -> np.ndarray:
+        """``(r, 2)``: the measured pairs that were not used."""
+        return self.pairs[~self.accepted]
+
+    @property
+    def tiles_from_stage(self) -> np.ndarray:
+        """Indices of the tiles placed from the stage."""
+        return np.flatnonzero(self.placed_from_stage)
+
+
+# -- pair geometry (NumPy: indices only) ------------------------------------------------
+
+
+@dataclass
+class _Pairs:
+    pairs: np.ndarray  # (p, 2)
+    delta: np.ndarray  # (p, d) stage offsets, float
+    rounded: np.ndarray  # (p, d) int
+    lo: np.ndarray  # (p, d) template start in tile j
+    extent: np.ndarray  # (p, d) template extent (may be <= 0)
+    shape: tuple[int, ...]  # the tiles' spatial shape
+
+
+def _overlapping_pairs(stage: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair ``(i, j)``, ``i < j``, whose footprints overlap, and its stage offset."""
+    n, d = stage.shape
+    i, j = np.triu_indices(n, 1)
+    delta = stage[j] - stage[i]
+    keep = np.all(np.abs(delta) < np.asarray(shape), axis=1)
+    return np.stack([i[keep], j[keep]], 1).reshape(-1, 2), delta[keep].reshape(-1, d)
+
+
+def _geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], reach: int, border: int) -> _Pairs:
+    """Each pair's template box in tile j for offsets ``delta`` searched ``reach`` px around.
+
+    The template holds the pixels of tile j at least ``border`` px inside
+    both tiles for every shift within ``reach``:
+    ``[max(b, reach + b - r), min(S - b, S - reach - b - r))`` per axis for the
+    rounded offset ``r``. (The band-pass sees a truncated neighbourhood
+    within ``border`` of a tile's edge, which differs between the two tiles.)
+    """
+    size = np.asarray(shape)
+    rounded = np.round(delta).astype(np.int64)
+    lo = np.maximum(border, reach + border - rounded)
+    hi = np.minimum(size - border, size - reach - border - rounded)
+    return _Pairs(pairs, delta, rounded, lo, hi - lo, tuple(shape))
+
+
+def _long_axes(geometry: _Pairs, k: int) -> tuple[bool, ...]:
+    return tuple(bool(e > s // 2) for e, s in zip(geometry.extent[k], geometry.shape))
+
+
+def _canonical(geometry: _Pairs, k: int) -> np.ndarray:
+    """The axis order that puts a pair's short axes first: a horizontal pair transposed is a vertical one."""
+    return np.argsort(_long_axes(geometry, k), kind="stable")
+
+
+def _groups(members: Sequence[int], geometry: _Pairs) -> list[list[int]]:
+    """Pairs grouped by how many axes their overlap is short along: at most ``d`` groups, one program each.
+
+    (In a 2D grid: the edge pairs, horizontal ones transposed, and the corner pairs.)
+    """
+    groups: dict[tuple, list[int]] = {}
+    for k in members:
+        groups.setdefault(tuple(sorted(_long_axes(geometry, k))), []).append(int(k))
+    return list(groups.values())
+
+
+def _static_shape(extents: np.ndarray) -> tuple[int, ...]:
+    """A pair shape for a group of templates: the largest extent per axis, rounded up to 8 (fewer compiles)."""
+    return tuple(int(8 * math.ceil(e / 8)) for e in extents.max(axis=0))
+
+
+# -- the pair kernel (JAX) ----------------------------------------------------------------
+
+
+def _keys(x: jax.Array) -> jax.Array:
+    """Keys' cubic convolution kernel (a = -0.5) at signed distances ``x``."""
+    a = -0.5
+    s = jnp.abs(x)
+    near = (a + 2) * s**3 - (a + 3) * s**2 + 1
+    far = a * s**3 - 5 * a * s**2 + 8 * a * s - 4 * a
+    return jnp.where(s <= 1, near, jnp.where(s < 2, far, 0.0))
+
+
+def _keys_derivative(x: jax.Array) -> jax.Array:
+    a = -0.5
+    s = jnp.abs(x)
+    near = 3 * (a + 2) * s**2 - 2 * (a + 3) * s
+    far = 3 * a * s**2 - 10 * a * s + 8 * a
+    return jnp.sign(x) * jnp.where(s <= 1, near, jnp.where(s < 2, far, 0.0))
+
+
+_TAPS = np.arange(-1, 3)  # the 4 taps of a cubic sample at q + phi: q - 1 .. q + 2
+
+
+def _resample(f: jax.Array, position: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, list[jax.Array]]:
+    """``g[x] = f(x + position)`` over ``out_shape`` by separable Keys cubic convolution, and its gradient.
+
+    ``position`` (d,) is real; ``f`` must hold the taps (checked by the caller's margins).
+    Each axis is one pass: its 4 taps stacked, contracted with the value and
+    slope kernels at once, so that value and gradient share the passes.
+    """
+    d = len(out_shape)
+    base = jnp.floor(position)
+    phi = position - base
+    start = tuple((base.astype(jnp.int32) - 1)[k] for k in range(d))
+    block = lax.dynamic_slice(f, start, tuple(o + 3 for o in out_shape))
+    # out[v] for v in 0..d: v = 0 the value, v = k + 1 the derivative along axis k
+    out = block[None]
+    for axis in range(d):
+        kernels = jnp.stack([_keys_derivative(phi[axis] - _TAPS), _keys(phi[axis] - _TAPS)])  # (slope, value)
+        # which kernel each output variant takes along this axis: the slope for the derivative along it
+        pick = jnp.asarray([0 if v == axis + 1 else 1 for v in range(d + 1)])
+        taps = jnp.stack([lax.slice_in_dim(out, t, t + out_shape[axis], axis=axis + 1) for t in range(4)], axis=1)
+        weights = kernels[pick]  # (d + 1, 4)
+        if out.shape[0] == 1:
+            taps = jnp.broadcast_to(taps, (d + 1, *taps.shape[1:]))
+        out = jnp.einsum("vt,vt...->v...", weights, taps)
+    return out[0], [out[k + 1] for k in range(d)]
+
+
+def _spd_solve(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a^-1 b`` for a small symmetric positive definite ``a`` (n <= 5), by an unrolled Cholesky factorisation.
+
+    XLA's batched LU and inverse take seconds to compile for 4x4 systems; this
+    is a few dozen scalar operations. ``b`` is ``(n,)`` or ``(n, m)``.
+    """
+    n = a.shape[0]
+    tiny = jnp.asarray(1e-30, a.dtype)
+    low = [[None] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            rest = a[i, j] - sum((low[i][k] * low[j][k] for k in range(j)), jnp.zeros((), a.dtype))
+            low[i][j] = jnp.sqrt(jnp.maximum(rest, tiny)) if i == j else rest / low[j][j]
+    y: list[Any] = []
+    for i in range(n):
+        y.append((b[i] - sum((low[i][k] * y[k] for k in range(i)), jnp.zeros_like(b[i]))) / low[i][i])
+    x: list[Any] = [None] * n
+    for i in reversed(range(n)):
+        x[i] = (y[i] - sum((low[k][i] * x[k] for k in range(i + 1, n)), jnp.zeros_like(b[i]))) / low[i][i]
+    return jnp.stack(x)
+
+
+def _leading_minors_positive(a: jax.Array) -> jax.Array:
+    """Sylvester's criterion for a symmetric ``a`` of size 1 to 3: positive definite."""
+    n = a.shape[0]
+    ok = a[0, 0] > 0
+    if n >= 2:
+        ok &= a[0, 0] * a[1, 1] - a[0, 1] * a[1, 0] > 0
+    if n >= 3:
+        ok &= jnp.linalg.det(a) > 0
+    return ok
+
+
+def _quadratic_nd(hood: jax.Array) -> jax.Array:
+    """The sub-pixel offset (d,) of the peak of a 3^d neighbourhood (centre = the integer peak)."""
+    d = hood.ndim
+    c = (1,) * d
+
+    def at(offsets):
+        return hood[tuple(ci + o for ci, o in zip(c, offsets))]
+
+    unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
+    grad = jnp.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit])
+    if d == 2:  # this package's 2D peak fit (Newton step, 1D fallbacks)
+        hyy = at((1, 0)) + at((-1, 0)) - 2 * hood[c]
+        hxx = at((0, 1)) + at((0, -1)) - 2 * hood[c]
+        hxy = (at((1, 1)) - at((1, -1)) - at((-1, 1)) + at((-1, -1))) / 4
+        return jnp.stack(quadratic_peak(grad[0], grad[1], hyy, hxx, hxy))
+    hess = []
+    for a in range(d):
+        row = []
+        for b in range(d):
+            if a == b:
+                row.append(at(unit[a]) + at(tuple(-v for v in unit[a])) - 2 * hood[c])
+            else:
+                pp = tuple(unit[a][k] + unit[b][k] for k in range(d))
+                pm = tuple(unit[a][k] - unit[b][k] for k in range(d))
+                row.append((at(pp) - at(pm) - at(tuple(-v for v in pm)) + at(tuple(-v for v in pp))) / 4)
+        hess.append(jnp.stack(row))
+    hess = jnp.stack(hess)
+    definite = _leading_minors_positive(-hess)  # the Hessian is negative definite: a maximum
+    step = _spd_solve(jnp.where(definite, -hess, jnp.eye(d, dtype=hess.dtype)), grad)
+    diag = jnp.diagonal(hess)
+    # a maximum within one pixel, else per-axis parabolas
+    ok = definite & jnp.all(jnp.abs(step) <= 1)
+    one_d = jnp.where(diag < 0, jnp.clip(-grad / jnp.where(diag < 0, diag, -1), -0.5, 0.5), 0.0)
+    return jnp.where(ok, step, one_d)
+
+
+def filter_halo(sigma: float, low_only: bool = False) -> int:
+    """The halo a region needs for the filter of ``sigma`` (4 standard deviations of its widest Gaussian; 0: none)."""
+    return int(math.ceil((4 if low_only else 8) * sigma)) if sigma > 0 else 0
+
+
+def _gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.ndarray:
+    """The real FFT of a normalised Gaussian (truncated at ``radius``) centred on pixel 0 of ``shape``, wrapped."""
+    x = np.arange(-radius, radius + 1, dtype=np.float64)
+    taps = np.exp(-0.5 * (x / sigma) ** 2)
+    taps /= taps.sum()
+    kernel = np.ones((1,) * len(shape))
+    for axis, n in enumerate(shape):
+        line = np.zeros(n)
+        line[np.arange(-radius, radius + 1) % n] += taps
+        kernel = kernel * line.reshape([-1 if k == axis else 1 for k in range(len(shape))])
+    return np.fft.rfftn(kernel).astype(np.complex64)
+
+
+def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Array:
+    """``G_sigma * f - G_2sigma * f`` by normalised convolution, 'valid' (the output is ``raw`` less its halo).
+
+    ``low_only``: ``G_sigma * f`` alone (the refinement's filter: it keeps the
+    coarse structure, which carries most of the signal, and removes the
+    finest detail, which cubic interpolation would resample worst).
+
+    NaN in ``raw`` marks pixels without data (beyond the tile): each Gaussian
+    averages the pixels that exist (``G * (f w) / G * w``), so a tile's border
+    gets no artificial structure. ``sigma = 0``: no filter, NaN read as 0.
+    The convolutions go through FFTs of the region (circular, but the halo
+    that is cropped holds all the wrapped pixels).
+    """
+    have = jnp.isfinite(raw)
+    f = jnp.where(have, raw, 0)
+    if sigma <= 0:
+        return f
+    halo = filter_halo(sigma, low_only)
+    w = have.astype(raw.dtype)
+    axes = tuple(range(1, raw.ndim + 1))  # the stacked f and w are not transformed along the stack
+    spectra = jnp.fft.rfftn(jnp.stack([f, w]), axes=axes)
+    crop = tuple(slice(halo, n - halo) for n in raw.shape)
+
+    widths = (sigma,) if low_only else (sigma, 2 * sigma)
+    kernels = np.stack([_gaussian_spectrum(raw.shape, width, halo) for width in widths])[:, None]
+    # one inverse FFT for both Gaussians and both of f and w: (widths, 2, *raw)
+    smooth = jnp.fft.irfftn(spectra[None] * kernels, s=raw.shape, axes=tuple(a + 1 for a in axes))
+    smooth = smooth[(slice(None), slice(None), *crop)]
+    low = smooth[:, 0] / jnp.maximum(smooth[:, 1], 1e-3)
+    out = low[0] if low_only else low[0] - low[1]
+    return jnp.where(smooth[0, 1] > 1e-3, out, 0)
+
+
+def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma: float):
+    """Register one pair: the NCC map over integer shifts within ``max_shift``, its peak, and the refinement.
+
+    ``search`` and ``template`` come with a halo of :func:`filter_halo` pixels
+    (NaN where there is no data: beyond the tile, or padding) and are
+    band-passed first. Then ``search`` is ``template.shape + 2 * (max_shift +
+    MARGIN)``; the template's valid pixels (``mask``) at shift ``s`` meet
+    ``search[x + max_shift + MARGIN + s]``, where ``search`` has data.
+    Returns the shift (d,), the NCC at the integer peak, an inverse covariance
+    (d, d) and flags (featureless, on the edge, refinement failed).
+    """
+    low_only = subpixel == "refine"  # the refinement pass: low-pass only (see _band_pass)
+    halo = filter_halo(sigma, low_only)
+    have = jnp.isfinite(search)[tuple(slice(halo, n - halo) for n in search.shape)].astype(search.dtype)
+    search, template = _band_pass(search, sigma, low_only), _band_pass(template, sigma, low_only)
+    d = template.ndim
+    reach = max_shift + MARGIN
+    t_shape = template.shape
+    count = jnp.maximum(mask.sum(), 1)
+    t = jnp.where(mask > 0, template - (template * mask).sum() / count, 0)
+    t_norm = jnp.sqrt((t * t).sum())
+    t = t / jnp.where(t_norm > 0, t_norm, 1) * jnp.sqrt(count)  # unit variance: sums stay O(count) in float32
+    have_count = jnp.maximum(have.sum(), 1)
+    f_mean = (search * have).sum() / have_count
+    f_scale = jnp.sqrt((((search - f_mean) * have) ** 2).sum() / have_count)
+    f = jnp.where(have > 0, (search - f_mean) / jnp.where(f_scale > 0, f_scale, 1), 0)
+    featureless = t_norm <= 1e-6 * jnp.sqrt(count)
+    if subpixel == "refine":  # the second pass: Gauss-Newton from the coarse offset, no map
+        zero = jnp.zeros(d, f.dtype)
+        shift, info, failed, ncc = _gauss_newton(f, t, mask, zero, zero, reach, t_shape)
+        return shift, jnp.where(featureless, jnp.nan, ncc), info, featureless, jnp.asarray(False), failed
+    # NCC over the pixels that both regions hold at each shift (masked NCC, Padfield 2012): the template may
+    # reach beyond tile i at some shifts, so that it can span the whole nominal overlap
+    s_shape = f.shape
+    stacked = tuple(a + 1 for a in range(d))  # FFTs of stacks: one call for several arrays
+    searched = jnp.fft.rfftn(jnp.stack([f, f * f, have]), axes=stacked)
+    pad = [(0, 0)] + [(0, s - n) for s, n in zip(s_shape, t_shape)]
+    tm = t * mask
+    templated = jnp.conj(jnp.fft.rfftn(jnp.pad(jnp.stack([tm, tm * t, mask]), pad), axes=stacked))
+    ff, ff2, fv = searched
+    ft, ft2, fm = templated
+    products = jnp.stack([ft * ff, ft * fv, ft2 * fv, fm * fv, fm * ff, fm * ff2])
+    window = (slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
+    num, sum_t, sum_t2, n, sum_f, sum_f2 = jnp.fft.irfftn(products, s=s_shape, axes=stacked)[window]
+    n_safe = jnp.maximum(n, 1)
+    cov = num - sum_t * sum_f / n_safe
+    var_t = jnp.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
+    var_f = jnp.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
+    denominator = jnp.sqrt(var_t * var_f)
+    # at least half the template must overlap; a variance at rounding level (1e-6) is as flat as none
+    ok = (n > 0.5 * count - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
+    ncc = jnp.where(ok, cov / jnp.where(denominator > 0, denominator, 1), jnp.nan)
+    inner = tuple(slice(MARGIN, MARGIN + 2 * max_shift + 1) for _ in range(d))
+    core = ncc[inner]
+    flat = jnp.argmax(jnp.where(jnp.isnan(core), -jnp.inf, core))
+    peak_index = jnp.stack(jnp.unravel_index(flat, core.shape)).astype(jnp.int32)
+    peak = core.reshape(-1)[flat]
+    featureless = featureless | ~jnp.isfinite(peak)
+    peak = jnp.where(featureless, jnp.nan, peak)
+    on_edge = jnp.any((peak_index == 0) | (peak_index == 2 * max_shift))
+    integer = peak_index - max_shift  # the shift s at the integer peak
+    hood = lax.dynamic_slice(jnp.nan_to_num(ncc), tuple(peak_index[k] + MARGIN - 1 for k in range(d)), (3,) * d)
+    quadratic = _quadratic_nd(hood)
+    start = integer.astype(f.dtype) + (quadratic if subpixel != "none" else 0)
+    return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False)
+
+
+def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
+    """Minimise ``sum(mask * (t - a f(x + reach + s) - b)**2)`` over ``(s, a, b)`` from ``s = start``.
+
+    Returns the shift, its inverse covariance (the inverse of the shift block of
+    ``sigma^2 (J^T J)^-1``: the nuisance gain and offset profiled out), whether
+    the refinement reached ``MAX_REFINE_STEP`` from ``integer``, and the NCC at the shift.
+    """
+    d = len(t_shape)
+    m = mask
+    count = jnp.maximum(m.sum(), 1)
+    t_mean = (t * m).sum() / count
+
+    def normal_equations(s):
+        g, grad = _resample(f, reach + s, t_shape)
+        gm = (g * m).sum() / count
+        gc = (g - gm) * m
+        a = (gc * t).sum() / jnp.maximum((gc * gc).sum(), 1e-30)
+        b = t_mean - a * gm
+        r = (t - a * g - b) * m
+        columns = jnp.stack([a * gk * m for gk in grad] + [g * m, m]).reshape(d + 2, -1)
+        jtj = columns @ columns.T
+        return jtj, columns @ r.reshape(-1), r
+
+    def ridge(jtj):
+        return jtj + 1e-7 * jnp.trace(jtj) * jnp.eye(d + 2, dtype=jtj.dtype)
+
+    def step(_, carry):
+        s, _, _ = carry
+        jtj, jtr, r = normal_equations(s)
+        s = s + _spd_solve(ridge(jtj), jtr)[:d]
+        return jnp.clip(s, integer - MAX_REFINE_STEP, integer + MAX_REFINE_STEP), jtj, r
+
+    # the information comes from the last step's normal equations (the step before it is below 1e-3 px)
+    empty = (jnp.zeros((d + 2, d + 2), t.dtype), jnp.zeros_like(t))
+    s, jtj, r = lax.fori_loop(0, GN_ITERATIONS, step, (start, *empty))
+    # the residual variance, floored at 1e-4 of the template's (noise-free synthetic data would weigh infinitely)
+    sigma2 = jnp.maximum((r * r).sum() / jnp.maximum(count - d - 2, 1), 1e-4 * (t * t).sum() / count)
+    # the shift's information with gain and offset profiled out: the Schur complement of their block
+    a = ridge(jtj)
+    info = (a[:d, :d] - a[:d, d:] @ _spd_solve(a[d:, d:], a[d:, :d])) / sigma2
+    failed = jnp.any(jnp.abs(s - integer) >= MAX_REFINE_STEP - 1e-6) | ~jnp.all(jnp.isfinite(s))
+    fit = t - r  # a g + b over the mask: its correlation with t is the NCC at s
+    fit = (fit - (fit * m).sum() / count) * m
+    ncc = (fit * t).sum() / jnp.maximum(jnp.sqrt((fit * fit).sum() * (t * t).sum()), 1e-30)
+    return s, info, failed, ncc
+
+
+@partial(jax.jit, static_argnames=("max_shift", "subpixel", "sigma"))
+def _register_batch(search, template, mask, *, max_shift, subpixel, sigma):
+    kernel = partial(_pair_kernel, max_shift=max_shift, subpixel=subpixel, sigma=sigma)
+    return jax.vmap(kernel)(search, template, mask)
+
+
+# -- the global placement (JAX, float64) ------------------------------------------------------
+
+
+@jax.jit
+def _place(stage, i, j, offset, weight, prior):
+    """Weighted least squares: ``sum_p (x_j - x_i - o_p)^T W_p (x_j - x_i - o_p) + prior * sum |x - stage|^2``."""
+    n, d = stage.shape
+    a = jnp.zeros((n, d, n, d), stage.dtype)
+    a = a.at[i, :, i, :].add(weight).at[j, :, j, :].add(weight)
+    a = a.at[i, :, j, :].add(-weight).at[j, :, i, :].add(-weight)
+    a = a.reshape(n * d, n * d) + prior * jnp.eye(n * d, dtype=stage.dtype)
+    wo = jnp.einsum("pab,pb->pa", weight, offset)
+    b = jnp.zeros((n, d), stage.dtype).at[j].add(wo).at[i].add(-wo) + prior * stage
+    return jnp.linalg.solve(a, b.reshape(-1)).reshape(n, d)
+
+
+# -- the public function --------------------------------------------------------------------
+
+
+def _check_tiles(tiles: Any, positions: Any) -> tuple[np.ndarray, int, tuple[int, ...], bool]:
+    """(stage positions float64, n, spatial shape, has a channel axis)."""
+    positions = _validate.as_array("positions", positions)
+    _validate.check_real("positions", positions)
+    pos = np.asarray(positions, dtype=np.float64)
+    if pos.ndim != 2 or pos.shape[1] not in (2, 3):
+        raise ValueError(f"positions must be (n, d) with d = 2 or 3 spatial axes; got shape {pos.shape}")
+    if not np.all(np.isfinite(pos)):
+        raise ValueError("positions must be finite; got NaN or infinity")
+    n, d = pos.shape
+    _validate.check_real("tiles", tiles)
+    shape = _validate.shape_of(tiles)
+    if len(shape) not in (d + 1, d + 2):
+        raise ValueError(
+            f"tiles must be (n, [C,] *shape) with {d} spatial axes (positions are {d}D); got shape {shape}"
+        )
+    if shape[0] != n:
+        raise ValueError(f"tiles hold {shape[0]} tiles but positions give {n} origins")
+    _validate.check_nonempty("tiles", shape)
+    return pos, n, tuple(int(s) for s in shape[len(shape) - d :]), len(shape) == d + 2
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
+
+
+class _TileReader:
+    """Regions of the registration channel of the tiles as float32 NumPy, each read once (dask reads only them)."""
+
+    def __init__(self, tiles: Any, channel: int | None, has_channels: bool, halo: int):
+        self.tiles, self.channel, self.has_channels, self.halo = tiles, channel, has_channels, halo
+        self.shape = tuple(int(n) for n in tiles.shape[1 + int(has_channels) :])
+        self.cache: dict[tuple, np.ndarray] = {}
+
+    def region(self, index: int, start: Sequence[int], extent: Sequence[int]) -> np.ndarray:
+        """The region ``[start - halo, start + extent + halo)`` of tile ``index``, float32, NaN beyond the tile.
+
+        Channels are averaged unless one was chosen.
+        """
+        key = (int(index), *map(int, start), *map(int, extent))
+        if key not in self.cache:
+            h = self.halo
+            lo = [max(int(s) - h, 0) for s in start]
+            hi = [min(int(s) + int(e) + h, n) for s, e, n in zip(start, extent, self.shape)]
+            spatial = tuple(slice(a, b) for a, b in zip(lo, hi))
+            if not self.has_channels:
+                data = np.asarray(self.tiles[(int(index), *spatial)], dtype=np.float32)
+            elif self.channel is not None:
+                data = np.asarray(self.tiles[(int(index), self.channel, *spatial)], dtype=np.float32)
+            else:
+                data = np.asarray(self.tiles[(int(index), slice(None), *spatial)], dtype=np.float32).mean(axis=0)
+            out = np.full(tuple(int(e) + 2 * h for e in extent), np.nan, np.float32)
+            out[tuple(slice(a - (int(s) - h), b - (int(s) - h)) for a, b, s in zip(lo, hi, start))] = data
+            self.cache[key] = out
+        return self.cache[key]
+
+
+def _padded(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    out = np.full(shape, np.nan, np.float32)
+    out[tuple(slice(0, n) for n in data.shape)] = data
+    return out
+
+
+def register_tiles(
+    tiles: Any,
+    positions: Any,
+    *,
+    max_shift: int = 16,
+    channel: int | None = None,
+    subpixel: str = "refine",
+    false_positive_rate: float = 0.01,
+    max_residual: float = 1.5,
+    min_overlap: int = 8,
+    filter_sigma: float = 1.0,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> TileRegistration:
+    """Refine roughly known tile origins by registering every overlapping pair and placing all at once.
+
+    Parameters
+    ----------
+    tiles
+        ``(n, [C,] *shape)``: ``n`` tiles of one spatial shape (2D or 3D),
+        with an optional channel axis; NumPy, JAX, dask or Zarr (only the
+        overlaps are read into memory, each tile once). Any real dtype.
+    positions
+        ``(n, d)``: the stage's origin of each tile in pixels, ``d = 2`` or 3
+        (the convention in this module's docstring), e.g. from
+        :func:`grid_positions`. Fractional values are fine.
+    max_shift
+        The largest stage error to search for, in pixels per axis (pairs are
+        searched within ``+-max_shift`` of their stage offset; a peak on that
+        boundary is rejected, since the truth may lie beyond).
+    channel
+        The channel registered when tiles have a channel axis; None (default)
+        registers the channels' mean.
+    subpixel
+        ``"refine"`` (default): Gauss-Newton on the overlap after the
+        quadratic fit (about 0.01 px on textured data); ``"quadratic"``: the
+        quadratic fit of the NCC peak only; ``"none"``: integer shifts.
+    false_positive_rate
+        The chance that a pair that does not match passes the significance
+        threshold (ASHLAR's ``alpha``); in ``(0, 0.5)``.
+    max_residual
+        After placement, a pair whose residual exceeds ``max(max_residual, 4 x
+        median residual)`` pixels is rejected (the worst of its neighbourhood
+        first) and the placement solved again.
+    min_overlap
+        Pairs whose nominal overlap (from the stage) is narrower than this
+        along an axis are not registered ("overlap too small"); those whose
+        overlap at the measured offset leaves fewer than 3 px for the
+        refinement (away from the tiles' borders) are "refinement failed".
+    filter_sigma
+        Both regions of a pair are band-passed before matching (a difference
+        of Gaussians, ``sigma`` and ``2 sigma`` px, by normalised convolution so
+        that tile borders add nothing): the NCC then follows structure, not
+        uneven illumination, and its peaks are sharp, so that the null peaks
+        stay low. 0: match the raw intensities.
+    seed
+        Seeds the choice of permuted null pairs (the result is deterministic).
+    progress
+        Optional ``progress(done, total)``, called between batches of pairs;
+        it may raise to stop.
+
+    Returns
+    -------
+    TileRegistration
+        ``positions`` (n, d) float64 refined origins; per pair (every pair
+        whose stage footprints overlap): ``pairs``, ``shift`` (measured offset
+        minus stage offset), ``ncc`` (confidence), ``threshold``, ``accepted``,
+        ``reason`` and ``residual``; per tile ``placed_from_stage`` and
+        ``tile_confidence``; and ``median_residual``.
+
+    Raises
+    ------
+    ValueError
+        If the shapes disagree (tiles and positions, 2 or 3 spatial axes), a
+        position is not finite, ``max_shift`` is not a positive integer,
+        ``channel`` is out of range, or an option is out of its range.
+    TypeError
+        If an argument has the wrong type.
+
+    References
+    ----------
+    ASHLAR (Muhlich et al., Bioinformatics 2022): permutation test for the
+    alignment threshold. MIST (Chalfoun et al., Sci. Rep. 2017) and m2stitch:
+    pairwise registration, then a maximum spanning tree, which this replaces
+    by least squares over all pairs.
+
+    Examples
+    --------
+    >>> from napari_gridmip._sample_data.mosaic import make_mosaic
+    >>> sample = make_mosaic(grid_shape=(2, 3), tile_shape=(160, 160), overlap=0.3, stage_error=6, seed=1)
+    >>> result = register_tiles(sample.tiles, sample.stage_positions, max_shift=12)
+    >>> error = result.positions - sample.true_positions  # up to one translation, the mean stage error
+    >>> bool(np.abs(error - error.mean(axis=0)).max() < 0.1)
+    True
+    """
+    tiles = _validate.as_array("tiles", tiles)
+    stage, n, shape, has_channels = _check_tiles(tiles, positions)
+    d = len(shape)
+    max_shift = _validate.int_tuple("max_shift", [max_shift])[0]
+    min_overlap = _validate.int_tuple("min_overlap", [min_overlap])[0]
+    seed = _validate.int_tuple("seed", [seed], minimum=0)[0]
+    subpixel = _validate.check_choice("subpixel", subpixel, STITCH_SUBPIXEL)
+    alpha = _validate.check_finite_scalar("false_positive_rate", false_positive_rate)
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"false_positive_rate must be in (0, 0.5); got {false_positive_rate!r}")
+    sigma = _validate.check_finite_scalar("filter_sigma", filter_sigma)
+    if sigma < 0:
+        raise ValueError(f"filter_sigma must be >= 0 pixels; got {filter_sigma!r}")
+    max_residual = _validate.check_finite_scalar("max_residual", max_residual)
+    if max_residual <= 0:
+        raise ValueError(f"max_residual must be > 0 pixels; got {max_residual!r}")
+    if channel is not None:
+        if not has_channels:
+            raise ValueError(f"channel={channel!r} given, but tiles of shape {tiles.shape} have no channel axis")
+        if isinstance(channel, bool) or not isinstance(channel, (int, np.integer)):
+            raise TypeError(f"channel must be an integer or None; got {channel!r}")
+        if not 0 <= channel < tiles.shape[1]:
+            raise ValueError(f"channel must be in [0, {tiles.shape[1]}); got {channel}")
+        channel = int(channel)
+    reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma))
+    pairs, delta = _overlapping_pairs(stage, shape)
+    p = len(pairs)
+    shift = np.full((p, d), np.nan)
+    ncc = np.full(p, np.nan)
+    threshold = np.full(p, np.nan)
+    info = np.zeros((p, d, d))
+    reason = np.full(p, REASONS.index("overlap too small"), np.int64)
+
+    # pass 1: the integer peak within max_shift of the stage offset, and its significance
+    coarse = _geometry(pairs, delta, shape, 0, 0)  # the whole nominal overlap: masked NCC handles the edges
+    groups = _groups(np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1)), coarse)
+    plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
+    # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
+    total = sum(plan.batches for plan in plans) * (2 if subpixel == "refine" else 1) + 1
+    done = 0
+    _report(progress, done, total)
+    first = "quadratic" if subpixel == "refine" else subpixel
+    for members, plan in zip(groups, plans):
+        out, nulls, done = _run_group(plan, members, coarse, reader, max_shift, first, sigma, progress, done, total)
+        group_threshold = _gumbel_quantile(nulls, 1 - alpha)
+        for slot, k in enumerate(members):
+            s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
+            ncc[k], threshold[k] = peak, group_threshold
+            shift[k] = s + coarse.rounded[k] - delta[k]
+            if featureless:
+                reason[k] = REASONS.index("featureless")
+            elif on_edge:
+                reason[k] = REASONS.index("peak at max_shift")
+            elif not peak >= group_threshold:
+                reason[k] = REASONS.index("not significant")
+            else:
+                reason[k] = REASONS.index("accepted")
+    info[:] = np.eye(d)
+    significant = np.flatnonzero(reason == REASONS.index("accepted"))
+    if subpixel == "refine" and len(significant):
+        fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
+        fine = _geometry(pairs, delta + shift, shape, FINE_SHIFT + MARGIN, fine_reader.halo)
+        usable = significant[np.all(fine.extent[significant] >= 3, axis=1)]
+        reason[np.setdiff1d(significant, usable)] = REASONS.index("refinement failed")
+        for members in _groups(usable, fine):
+            plan = _plan_group(members, fine, stage, FINE_SHIFT + MARGIN, seed, nulls=False)
+            out, _, done = _run_group(
+                plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total
+            )
+            for slot, k in enumerate(members):
+                s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
+                if featureless or on_edge or failed or not np.all(np.isfinite(inv_cov)):
+                    reason[k] = REASONS.index("refinement failed")
+                    continue
+                shift[k] = s + fine.rounded[k] - delta[k]
+                info[k] = inv_cov
+    geometry = coarse
+
+    accepted = reason == REASONS.index("accepted")
+    positions, residual = _placement(stage, geometry, shift, info, accepted, reason, max_residual)
+    _report(progress, total, total)
+    accepted = reason == REASONS.index("accepted")
+    placed_from_stage = np.ones(n, bool)
+    confidence = np.zeros(n)
+    for (i, j), ok, c in zip(geometry.pairs, accepted, ncc):
+        if ok:
+            placed_from_stage[[i, j]] = False
+            confidence[i], confidence[j] = max(confidence[i], c), max(confidence[j], c)
+    measured = np.isfinite(ncc)
+    residual = np.where(measured, residual, np.nan)
+    return TileRegistration(
+        positions=positions,
+        stage_positions=stage,
+        pairs=geometry.pairs,
+        shift=np.where(measured[:, None], shift, np.nan),
+        ncc=ncc,
+        threshold=threshold,
+        accepted=accepted,
+        reason=reason,
+        residual=residual,
+        placed_from_stage=placed_from_stage,
+        tile_confidence=confidence,
+        median_residual=float(np.median(residual[accepted])) if accepted.any() else float("nan"),
+    )
+
+
+@dataclass
+class _Plan:
+    t_shape: tuple[int, ...]
+    batch: int
+    batches: int
+    nulls: list[tuple[int, int, tuple[bool, ...]]]  # (template pair, search pair, flipped axes)
+
+
+def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
+    """The static pair shape, the batch size and the null (non-matching) samples of one group of pairs.
+
+    Null samples: each template turned by 180 degrees (mirrored along every
+    axis) against its own search region, then templates against the search
+    regions of pairs far apart on the stage, drawn at random (``seed``), up to
+    ``max(MIN_NULL, NULL_PER_PAIR * pairs)`` in all; with a single pair, its
+    template mirrored along every combination of axes.
+    """
+    d = stage.shape[1]
+    t_shape = _static_shape(np.stack([geometry.extent[k][_canonical(geometry, k)] for k in members]))
+    per_pair = 16 * math.prod(t + 2 * reach for t in t_shape) * 4  # FFT work arrays, float32
+    batch = max(1, min(BATCH_BYTES // per_pair, BATCH_PAIRS))
+    samples: list[tuple[int, int, tuple[bool, ...]]] = []
+    if nulls:
+        flips = [f for f in itertools.product((False, True), repeat=d) if any(f)]
+        if len(members) > 1:
+            flips = [(True,) * d]
+        samples = [(k, k, f) for k in members for f in flips]
+        wanted = max(MIN_NULL, NULL_PER_PAIR * len(members))
+        rng = np.random.default_rng(seed)
+        tries = 0
+        while len(members) > 1 and len(samples) < wanted and tries < 20 * wanted:
+            tries += 1
+            a, b = rng.choice(members, 2, replace=False)
+            if _far_apart(a, b, geometry, stage, reach):
+                samples.append((int(a), int(b), (False,) * d))
+    batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)
+    return _Plan(t_shape, batch, batches, samples)
+
+
+def _far_apart(a, b, geometry, stage, reach) -> bool:
+    """Whether pair ``a``'s template (in tile j_a) and pair ``b``'s search region (in tile i_b) can share content."""
+    ja, ib = geometry.pairs[a][1], geometry.pairs[b][0]
+    t_lo = stage[ja] + geometry.lo[a]
+    t_hi = t_lo + geometry.extent[a]
+    s_lo = stage[ib] + geometry.lo[b] + geometry.rounded[b] - reach
+    s_hi = s_lo + geometry.extent[b] + 2 * reach
+    margin = 2 * reach
+    return bool(np.any((t_hi + margin <= s_lo) | (s_hi + margin <= t_lo)))
+
+
+def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total):
+    """Register a group's pairs and its null samples in batches of one static shape (axes in canonical order).
+
+    Returns the pairs' results (shift and information in the tiles' axis
+    order), the null samples' peaks and the progress count.
+    """
+    reach = max_shift + MARGIN
+    t_shape = plan.t_shape
+    s_shape = tuple(t + 2 * reach for t in t_shape)
+    h = reader.halo
+    raw_t = tuple(n + 2 * h for n in t_shape)
+    raw_s = tuple(n + 2 * h for n in s_shape)
+
+    def template_of(k, flips=None, limit=None):
+        order = _canonical(geometry, k)
+        region = reader.region(geometry.pairs[k][1], geometry.lo[k], geometry.extent[k]).transpose(order)
+        extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
+        region = region[tuple(slice(0, int(e) + 2 * h) for e in extent)]
+        if flips is not None and any(flips):
+            region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
+        mask = np.zeros(t_shape, np.float32)
+        mask[tuple(slice(0, int(e)) for e in extent)] = 1
+        return _padded(region, raw_t), mask
+
+    def search_of(k):
+        start = geometry.lo[k] + geometry.rounded[k] - reach
+        region = reader.region(geometry.pairs[k][0], start, geometry.extent[k] + 2 * reach)
+        return _padded(region.transpose(_canonical(geometry, k)), raw_s)
+
+    def run(items):
+        nonlocal done
+        results = []
+        for first in range(0, len(items), plan.batch):
+            chunk = items[first : first + plan.batch]
+            searches, templates, masks = [], [], []
+            for item in chunk:
+                search, (template, mask) = item()
+                searches.append(search)
+                templates.append(template)
+                masks.append(mask)
+            while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
+                searches.append(np.zeros(raw_s, np.float32))
+                templates.append(np.zeros(raw_t, np.float32))
+                masks.append(np.zeros(t_shape, np.float32))
+            out = _register_batch(
+                jnp.asarray(np.stack(searches)),
+                jnp.asarray(np.stack(templates)),
+                jnp.asarray(np.stack(masks)),
+                max_shift=max_shift,
+                subpixel=subpixel,
+                sigma=sigma,
+            )
+            results.append([np.asarray(x)[: len(chunk)] for x in out])
+            done += 1
+            _report(progress, done, total)
+        return [np.concatenate([r[q] for r in results]) for q in range(6)]
+
+    out = run([lambda k=k: (search_of(k), template_of(k)) for k in members])
+    for slot, k in enumerate(members):  # back to the tiles' axis order
+        order = _canonical(geometry, k)
+        shift, info = out[0][slot].copy(), out[2][slot].copy()
+        out[0][slot][order] = shift
+        out[2][slot][np.ix_(order, order)] = info
+    nulls = np.zeros(0)
+    if plan.nulls:
+        items = [
+            lambda a=a, b=b, f=f: (search_of(b), template_of(a, f, limit=geometry.extent[b][_canonical(geometry, b)]))
+            for a, b, f in plan.nulls
+        ]
+        nulls = run(items)[1]
+    return out, nulls, done
+
+
+def _gumbel_quantile(samples: np.ndarray, q: float) -> float:
+    """The ``q`` quantile of a Gumbel law fitted by moments to the finite ``samples`` (maxima of correlations).
+
+    With fewer than 8 finite samples, a threshold that nothing passes by chance (0.5).
+    """
+    x = samples[np.isfinite(samples)]
+    if len(x) < 8:
+        return 0.5
+    beta = max(float(np.std(x)) * math.sqrt(6) / math.pi, 1e-6)
+    mu = float(np.mean(x)) - 0.5772156649 * beta
+    return float(min(mu - beta * math.log(-math.log(q)), 0.999))
+
+
+def _placement(stage, geometry, shift, info, accepted, reason, max_residual):
+    """Weighted least squares, then iterative rejection of pairs whose residual disagrees; updates ``reason``."""
+    n, d = stage.shape
+    p = len(geometry.pairs)
+    if p == 0:
+        return stage.copy(), np.zeros(0)
+    i, j = geometry.pairs[:, 0], geometry.pairs[:, 1]
+    measured = geometry.delta + np.nan_to_num(shift)
+    accepted = accepted.copy()
+    scale = float(np.median([np.trace(w) / d for w in info[accepted]])) if accepted.any() else 1.0
+    scale = scale if np.isfinite(scale) and scale > 0 else 1.0
+    strong = info / scale
+    weak = WEAK_WEIGHT * np.eye(d)
+    with precision_scope(np.float64):
+        while True:
+            weight = np.where(accepted[:, None, None], strong + weak, weak)
+            offset = np.where(accepted[:, None], measured, geometry.delta)
+            positions = np.asarray(
+                _place(
+                    jnp.asarray(stage),
+                    jnp.asarray(i),
+                    jnp.asarray(j),
+                    jnp.asarray(offset),
+                    jnp.asarray(weight),
+                    PRIOR_WEIGHT,
+                )  # fmt: skip
+            )
+            residual = np.linalg.norm(positions[j] - positions[i] - measured, axis=1)
+            if not accepted.any():
+                break
+            limit = max(max_residual, 4 * float(np.median(residual[accepted])))
+            bad = accepted & (residual > limit)
+            if not bad.any():
+                break
+            # reject the pairs that are the worst among the accepted pairs sharing a tile with them
+            worst_at = np.zeros(n)
+            for k in np.flatnonzero(accepted):
+                worst_at[i[k]] = max(worst_at[i[k]], residual[k])
+                worst_at[j[k]] = max(worst_at[j[k]], residual[k])
+            local = bad & (residual >= worst_at[i]) & (residual >= worst_at[j])
+            accepted &= ~local
+            reason[local] = REASONS.index("residual")
+    return positions, residual

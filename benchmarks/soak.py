@@ -126,12 +126,33 @@ def _widget_class(kind: str) -> type:
     return CorrelationWidget
 
 
+def _shared_pool_threads() -> set[threading.Thread]:
+    """Threads of dask's threaded scheduler pools: dask keeps them for the process's later computes by
+    design (``dask.threaded.default_pool``), so they are not threads a widget left behind."""
+    try:
+        import dask.threaded
+    except ImportError:
+        return set()
+    pools = [getattr(dask.threaded, "default_pool", None), *getattr(dask.threaded, "pools", {}).values()]
+    threads: set[threading.Thread] = set()
+    for pool in pools:
+        if isinstance(pool, dict):  # pools maps thread -> {num_workers: pool}
+            pools.extend(pool.values())
+            continue
+        threads.update(getattr(pool, "_threads", ()))
+    return threads
+
+
 def _process(seconds: float) -> None:
+    """Run the event loop for ``seconds``, deletions included (processEvents alone leaves the widgets that Qt
+    was asked to delete later, as napari does for a removed layer's controls, until the loop returns)."""
+    from qtpy.QtCore import QCoreApplication, QEvent
     from qtpy.QtWidgets import QApplication
 
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         QApplication.processEvents()
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
         time.sleep(0.002)
 
 
@@ -249,8 +270,11 @@ def soak(
 
         QThreadPool.globalInstance().waitForDone(120_000)
         _process(0.2)
+        shared = _shared_pool_threads()
         report.threads_left = [
-            t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()
+            t.name
+            for t in threading.enumerate()
+            if t is not threading.main_thread() and not t.daemon and t.is_alive() and t not in shared
         ]
         if QThreadPool.globalInstance().activeThreadCount():
             report.threads_left.append(f"{QThreadPool.globalInstance().activeThreadCount()} Qt pool thread(s)")

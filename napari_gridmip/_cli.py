@@ -23,9 +23,15 @@ from typing import Any
 import numpy as np
 
 PLUGIN = "napari-gridmip"
-WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Process in tiles", "Correlation map"]  # napari.yaml's
-SAMPLE_WIDGETS = {"occupancy": "Occupancy mipmap", "tiles": "Reassemble patches", "speckle": "Correlation map"}
-SAMPLE_KEYS = list(SAMPLE_WIDGETS)  # each sample is for one widget, whose tab comes to the front
+# display names in napari.yaml; each sample is for one widget, whose tab comes to the front
+WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Stitch tiles", "Process in tiles", "Correlation map"]
+SAMPLE_WIDGETS = {
+    "occupancy": "Occupancy mipmap",
+    "tiles": "Reassemble patches",
+    "mosaic": "Stitch tiles",
+    "speckle": "Correlation map",
+}
+SAMPLE_KEYS = list(SAMPLE_WIDGETS)
 
 EXAMPLES = {
     "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5",

@@ -46,6 +46,13 @@ class Frame:
             axis_labels=labels if labels and labels != defaults else None,
         )
 
+    @classmethod
+    def unit(cls, ndim: int) -> Frame:
+        """Unit pixels at the origin: the frame of data that comes from no layer (files)."""
+        return cls(
+            ndim, np.ones(ndim), np.zeros(ndim), np.eye(ndim), np.zeros(ndim * (ndim - 1) // 2), np.eye(ndim + 1)
+        )
+
     def last_axes(self, n: int) -> Frame:
         """The transform of the last ``n`` axes alone (e.g. one time point of a (T, Z, Y, X) layer)."""
         keep = slice(self.ndim - n, self.ndim)

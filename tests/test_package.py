@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+from napari_gridmip._cli import WIDGET_NAMES
+
 
 def test_import_pulls_in_no_gui():
     code = (
@@ -31,8 +33,6 @@ def test_manifest_validates_and_is_the_top_level_one():
     top_level = Path(napari_gridmip.__file__).parent.parent / "napari.yaml"
     if top_level.exists():  # a source checkout: the package sees the top-level manifest
         assert package_copy.read_text() == top_level.read_text()
-    from napari_gridmip._cli import WIDGET_NAMES
-
     assert {w.display_name for w in manifest.contributions.widgets} == set(WIDGET_NAMES)
     assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles", "speckle"}
 
@@ -51,7 +51,7 @@ def test_samples_open_in_a_viewer(make_napari_viewer):
     assert fractions[0] < fractions[2] < fractions[4] < 1.0
 
 
-@pytest.mark.parametrize("name", ["Occupancy mipmap", "Reassemble patches", "Process in tiles", "Correlation map"])
+@pytest.mark.parametrize("name", WIDGET_NAMES)
 def test_widgets_open_from_the_manifest(make_napari_viewer, name):
     viewer = make_napari_viewer()
     dock, widget = viewer.window.add_plugin_dock_widget("napari-gridmip", name)

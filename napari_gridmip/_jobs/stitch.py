@@ -1,0 +1,167 @@
+"""The stitching job: tiles at roughly known stage positions registered, placed, fused, and shown with the
+placement's confidence (tile outlines) and the pairs used or rejected (links between tile centres)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples
+from napari_gridmip._placement import Frame, derived_placement
+from napari_gridmip._provenance import Call, Source
+
+WIDGET = "stitch"
+ACCEPTED_COLOR = (0.2, 0.9, 0.3, 1.0)  # a used pair's link
+REJECTED_COLOR = (1.0, 0.25, 0.25, 1.0)  # a rejected pair's link
+STAGE_COLOR = (1.0, 0.25, 0.25, 1.0)  # the outline of a tile placed from the stage
+
+
+@dataclass(frozen=True)
+class StitchRequest:
+    """One stitching run, captured on the GUI thread.
+
+    ``tiles`` is ``(n, [C,] *shape)`` with ``d = len(grid_shape)`` spatial axes. The stage positions are
+    ``positions`` when the tiles came with them (``(n, d)`` pixels), else made by
+    :func:`~napari_gridmip.grid_positions` from the grid, the overlap and the acquisition order.
+    """
+
+    name: str
+    tiles: Any
+    frame: Frame  # the tile stack layer's transform (a folder's tiles: unit pixels)
+    grid_shape: tuple[int, ...]
+    overlap: float
+    order: str = "row-major"
+    positions: Any = None
+    max_shift: int = 16
+    blend: str = "linear"
+    source: Source | None = None  # how the tiles are read, for the script (a layer by default)
+    positions_code: str | None = None  # how the stage positions are read, for the script
+
+
+def _tile_geometry(request: StitchRequest) -> tuple[int, tuple[int, ...], int | None]:
+    """(d, the tiles' spatial shape, the channel axis of one tile or None)."""
+    d = len(request.grid_shape)
+    shape = tuple(int(n) for n in request.tiles.shape)
+    if len(shape) not in (d + 1, d + 2):
+        raise ValueError(
+            f"tiles {request.name!r} of shape {shape} do not fit a {d}D grid: expected (n, {'Z, ' if d == 3 else ''}"
+            f"Y, X) or with a channel axis after n"
+        )
+    n = int(np.prod(request.grid_shape))
+    if shape[0] != n and request.positions is None:
+        raise ValueError(f"a grid of {request.grid_shape} holds {n} tiles; {request.name!r} has {shape[0]}")
+    return d, shape[-d:], 0 if len(shape) == d + 2 else None
+
+
+def make_stitch_job(request: StitchRequest) -> Job:
+    d, tile_shape, channel = _tile_geometry(request)
+
+    def run(progress: ProgressCallback) -> JobResult:
+        from napari_gridmip import fuse_tiles, grid_positions, register_tiles
+
+        tiles = as_dask(request.tiles) if is_lazy(request.tiles) else np.asarray(request.tiles)
+        steps = 100  # registration 0..70, fusion 70..100
+
+        def stage(first: int, width: int):
+            return lambda done, total: progress(first + round(width * done / max(total, 1)), steps)
+
+        progress(0, steps)
+        calls = []
+        if request.positions is None:
+            stage_positions = grid_positions(request.grid_shape, tile_shape, request.overlap, order=request.order)
+            args = (tuple(request.grid_shape), tile_shape, request.overlap)
+            calls.append(Call("grid_positions", (), args, {"order": request.order}, "stage"))
+        else:
+            stage_positions = np.asarray(request.positions, dtype=float)
+        registration = register_tiles(
+            tiles, stage_positions, max_shift=request.max_shift, channel=channel, progress=stage(0, 70)
+        )
+        mosaic = fuse_tiles(tiles, registration.positions, blend=request.blend, progress=stage(70, 30))
+        image = np.asarray(mosaic.image)
+        progress(steps, steps)
+        options = {"max_shift": request.max_shift, "channel": channel}
+        calls.append(Call("register_tiles", ("tiles", "stage"), (), options, "registration"))
+        calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), {"blend": request.blend}, "mosaic"))
+        sources = [request.source or Source("tiles", layer=request.name)]
+        if request.positions is not None:
+            sources.append(Source("stage", expression=request.positions_code or repr(stage_positions.tolist())))
+        layers = layer_tuples(
+            _outputs(request, registration, mosaic, image, d, tile_shape, channel),
+            widget=WIDGET,
+            sources=sources,
+            calls=calls,
+        )
+        return JobResult(layers, stitch_summary(registration), {"registration": registration})
+
+    return Job(f"Stitching {request.name!r}", run)
+
+
+def stitch_summary(registration: Any) -> str:
+    """E.g. ``'17 of 17 pairs used; median residual 0.03 px; 1 tile placed from the stage'``."""
+    used, pairs = int(registration.accepted.sum()), len(registration.accepted)
+    stage = int(registration.placed_from_stage.sum())
+    residual = registration.median_residual
+    residual_text = f"{residual:.2g} px" if np.isfinite(residual) else "none"
+    plural = "s" if stage != 1 else ""
+    return f"{used} of {pairs} pairs used; median residual {residual_text}; {stage} tile{plural} placed from the stage"
+
+
+def _outputs(request, registration, mosaic, image, d, tile_shape, channel) -> list[Output]:
+    frame = request.frame
+    spatial = frame.last_axes(d)
+    origin = np.asarray(mosaic.origin, dtype=float)
+    if channel is None:
+        placement = derived_placement(spatial, offset=origin)
+    else:  # ([C,] *shape): the channel axis keeps a unit step
+        placement = derived_placement(frame.last_axes(d + 1), offset=np.concatenate([[0.0], origin]))
+    outputs = [
+        Output(image, {"name": f"{request.name} mosaic", **placement}, "image", "mosaic", "np.asarray(mosaic.image)")
+    ]
+    scene = derived_placement(spatial)  # shapes are drawn in the positions' frame (tile pixels)
+    positions = registration.positions
+    half = np.asarray(tile_shape, dtype=float) / 2
+    if d == 2:
+        corners = np.array([[0, 0], [tile_shape[0], 0], [tile_shape[0], tile_shape[1]], [0, tile_shape[1]]], float)
+        outlines = [p + corners for p in positions]
+        confidence, from_stage = registration.tile_confidence, registration.placed_from_stage
+        colors = [STAGE_COLOR if stage else _confidence_color(c) for stage, c in zip(from_stage, confidence)]
+        text = [f"{t}: {'stage' if stage else f'{c:.2f}'}" for t, (stage, c) in enumerate(zip(from_stage, confidence))]
+        meta = {
+            "name": f"{request.name} tile placement",
+            "shape_type": "rectangle",
+            "edge_color": colors,
+            "face_color": "transparent",
+            "edge_width": max(1.0, 0.006 * float(max(image.shape[-2:]))),
+            "features": {"tile": np.arange(len(positions)), "confidence": confidence, "label": text},
+            "text": {"string": "{label}", "size": 9, "color": "white"},
+            **scene,
+        }
+        expression = f"[p + np.array({corners.tolist()}) for p in registration.positions]"
+        outputs.append(Output(outlines, meta, "shapes", "outlines", expression))
+    if len(registration.pairs):
+        links = [np.stack([positions[i] + half, positions[j] + half]) for i, j in registration.pairs]
+        colors = [ACCEPTED_COLOR if ok else REJECTED_COLOR for ok in registration.accepted]
+        reasons = registration.reasons
+        meta = {
+            "name": f"{request.name} pairs",
+            "shape_type": "line",
+            "edge_color": colors,
+            "edge_width": max(1.0, 0.004 * float(max(image.shape[-2:]))),
+            "features": {"reason": reasons, "ncc": registration.ncc, "residual": registration.residual},
+            **scene,
+        }
+        centre = f"np.array({half.tolist()})"
+        expression = f"[np.stack([registration.positions[i], registration.positions[j]]) + {centre} for i, j in registration.pairs]"  # noqa: E501
+        outputs.append(Output(links, meta, "shapes", "pairs", expression))
+    return outputs
+
+
+def _confidence_color(confidence: float) -> tuple[float, float, float, float]:
+    """Viridis-like: dark blue (unsure) to yellow (sure), for a confidence (NCC) in [0, 1]."""
+    stops = np.array([[0.27, 0.0, 0.33], [0.13, 0.57, 0.55], [0.99, 0.91, 0.14]])
+    x = float(np.clip(confidence, 0, 1)) * 2
+    i = min(int(x), 1)
+    rgb = stops[i] + (stops[i + 1] - stops[i]) * (x - i)
+    return (*rgb.tolist(), 1.0)

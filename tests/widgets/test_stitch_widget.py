@@ -1,0 +1,90 @@
+"""The Stitch tiles widget in a real viewer, driven through its buttons."""
+
+import numpy as np
+import pytest
+from qtpy.QtWidgets import QApplication
+
+from napari_gridmip._provenance import KEY
+from napari_gridmip._widgets.stitch_widget import FROM_FOLDER, StitchWidget
+
+
+@pytest.fixture
+def viewer_and_widget(docked):
+    return docked(StitchWidget)
+
+
+def test_mosaic_sample_end_to_end(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "mosaic")
+    tiles = viewer.layers["mosaic tiles"]
+    truth = tiles.metadata["gridmip_mosaic"]
+    assert widget.layer.value is tiles
+    assert widget.grid_shape.value == ", ".join(map(str, truth["grid_shape"]))  # read from the sample
+    assert "metadata" in widget.stage_note.value  # its stage positions are used
+    before = np.array(tiles.data)
+    widget.run_button.native.click()
+    assert not widget.run_button.enabled
+    wait_idle(widget, timeout=600_000)
+    assert widget.status.value.startswith("Done"), widget.status.value
+
+    mosaic = viewer.layers["mosaic tiles mosaic"]
+    outlines = viewer.layers["mosaic tiles tile placement"]
+    pairs = viewer.layers["mosaic tiles pairs"]
+    registration_positions = np.array([shape[0] for shape in outlines.data])  # each rectangle's first corner
+    true = np.asarray(truth["true_positions"], float)
+    error = (registration_positions - registration_positions[0]) - (true - true[0])
+    placed = ~np.isin(
+        np.arange(len(true)), [int(t) for t, lbl in enumerate(outlines.features["label"]) if "stage" in lbl]
+    )
+    assert np.sqrt(np.mean(error[placed] ** 2)) < 0.2  # registered tiles land on the truth
+    assert "pairs used" in widget.summary.value and "median residual" in widget.summary.value
+    assert "placed from the stage" in widget.summary.value
+    # the blank corner's pairs are rejected and drawn as such
+    reasons = list(pairs.features["reason"])
+    assert any(r != "accepted" for r in reasons) and "accepted" in reasons
+    rejected = [i for i, r in enumerate(reasons) if r != "accepted"]
+    assert all(np.allclose(pairs.edge_color[i][:3], (1.0, 0.25, 0.25)) for i in rejected)
+    # the mosaic sits where the tiles are, in one frame with the outlines
+    names = [layer.name for layer in viewer.layers]
+    assert names.index(mosaic.name) < names.index(outlines.name) < names.index(pairs.name)
+    assert mosaic.data.ndim == 2 and mosaic.data.shape[0] > tiles.data.shape[1]
+    np.testing.assert_array_equal(tiles.data, before)
+    for layer in (mosaic, outlines, pairs):
+        functions = [call["function"] for call in layer.metadata[KEY]["calls"]]
+        assert functions[-2:] == ["napari_gridmip.register_tiles", "napari_gridmip.fuse_tiles"]
+
+    widget.copy_button.native.click()
+    namespace = {}
+    exec(QApplication.clipboard().text(), namespace)
+    np.testing.assert_allclose(namespace["results"][mosaic.name], mosaic.data, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(namespace["results"][outlines.name]), np.asarray(outlines.data), atol=1e-9)
+
+
+def test_folder_of_tiles_and_bad_input(viewer_and_widget, wait_idle, tmp_path, monkeypatch):
+    import tifffile
+
+    from napari_gridmip._sample_data.mosaic import make_mosaic
+
+    shown = []
+    monkeypatch.setattr("napari.utils.notifications.show_error", shown.append)
+    viewer, widget = viewer_and_widget
+    sample = make_mosaic(grid_shape=(2, 2), tile_shape=(96, 96), overlap=0.25, stage_error=0)
+    for t, (row, col) in enumerate(np.ndindex(2, 2)):
+        tifffile.imwrite(tmp_path / f"tile_{row}_{col}.tif", np.asarray(sample.tiles[t]))
+    widget.source.value = FROM_FOLDER
+    widget.folder.value = str(tmp_path)
+    widget.pattern.value = "tile_{row}_{col}.tif"
+    widget.overlap.value = 0.25
+    widget.max_shift.value = 4
+    widget.run_button.native.click()
+    wait_idle(widget, timeout=600_000)
+    assert widget.status.value.startswith("Done"), widget.status.value
+    assert "pairs used" in widget.summary.value and "0 tiles placed from the stage" in widget.summary.value
+    mosaic = [layer for layer in viewer.layers if layer.name.endswith("mosaic")]
+    assert len(mosaic) == 1 and mosaic[0].name == f"{tmp_path.name} mosaic"
+    # sub-pixel origins: the fused extent may round up by a pixel at each end
+    assert all(0 <= n - (2 * 96 - 24) <= 2 for n in mosaic[0].data.shape), mosaic[0].data.shape
+
+    widget.pattern.value = "img_{index:03}.tif"
+    widget.run_button.native.click()
+    assert "no file" in shown[-1].lower() or "match" in shown[-1].lower()

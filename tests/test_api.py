@@ -20,6 +20,8 @@ from napari_gridmip import core
 DATA_ARGUMENTS = {
     "occupancy_mipmap": ("volume",),
     "mipmap_shapes": ("shape",),
+    "max_mipmap": ("volume",),
+    "threshold_mipmap": ("max_levels",),
     "extract_patches": ("image", "patch_size", "stride"),
     "merge_patches": ("patches", "image_shape", "stride"),
     "windowed_pearson": ("img1", "img2", "window"),

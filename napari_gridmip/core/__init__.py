@@ -15,6 +15,8 @@ import importlib
 _API = {
     "occupancy_mipmap": "occupancy.pyramid",
     "mipmap_shapes": "occupancy.pyramid",
+    "max_mipmap": "occupancy.pyramid",
+    "threshold_mipmap": "occupancy.pyramid",
     "extract_patches": "patches.grid",
     "merge_patches": "patches.grid",
     "windowed_pearson": "correlation.maps",

@@ -1,0 +1,54 @@
+"""Obviously-right NumPy references for the occupancy job: loops over the definitions, no cleverness.
+
+Imported by the occupancy tests (never one test file from another).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from tests.helpers import reference_levels  # noqa: F401 - the any-pyramid reference, re-exported
+
+
+def block_max(block: np.ndarray):
+    """Maximum of a block with NaN ignored; NaN if every value is NaN (loops, Python comparisons)."""
+    values = [v for v in block.ravel().tolist() if not (isinstance(v, float) and math.isnan(v))]
+    if not values:
+        return np.nan
+    best = values[0]
+    for v in values[1:]:
+        if v > best:
+            best = v
+    return best
+
+
+def max_levels(volume: np.ndarray) -> list[np.ndarray]:
+    """Max pyramid: level 0 the volume, each coarser voxel the NaN-ignoring max of its clipped 2x2x2 block."""
+    volume = np.asarray(volume)
+    # floats through float64 (exact widening), so that tolist() gives Python floats for bfloat16 too
+    level = volume.astype(np.float64) if is_float(volume.dtype) else volume
+    levels = [volume]
+    while any(n > 1 for n in level.shape):
+        shape = tuple((n + 1) // 2 for n in level.shape)
+        coarse = np.zeros(shape, dtype=level.dtype)
+        for z, y, x in itertools.product(*map(range, shape)):
+            coarse[z, y, x] = block_max(level[2 * z : 2 * z + 2, 2 * y : 2 * y + 2, 2 * x : 2 * x + 2])
+        levels.append(coarse.astype(volume.dtype))  # exact: each value is one of the volume's
+        level = coarse
+    return levels
+
+
+def is_float(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def occupied(volume: np.ndarray, threshold: float) -> np.ndarray:
+    """``volume > threshold`` compared as real numbers (Python objects: no rounding of the threshold)."""
+    volume = np.asarray(volume)
+    if is_float(volume.dtype):
+        return volume.astype(np.float64) > float(threshold)  # float64 holds every narrower float exactly
+    return (volume.astype(object) > threshold).astype(bool)

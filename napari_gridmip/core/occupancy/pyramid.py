@@ -506,3 +506,37 @@ def threshold_mipmap(max_levels: Sequence[Any], *, threshold: float = 0.0) -> li
     scalar = _device_threshold(dtype, threshold)
     with precision_scope(scalar.dtype):
         return list(_compare_levels([jnp.asarray(level) for level in levels], jnp.asarray(scalar)))
+
+
+def check_pyramid(name: str, levels: Any, *, allow_dask: bool = True) -> list[Any]:
+    """Validate a bool occupancy pyramid of one 3D volume: all levels, level 0 first, with
+    :func:`mipmap_shapes`' shapes. Returns the levels as a list (arrays untouched)."""
+    if isinstance(levels, (str, bytes)) or not isinstance(levels, Sequence):
+        raise TypeError(
+            f"{name} must be a list of bool arrays (from occupancy_mipmap or threshold_mipmap); "
+            f"got {type(levels).__name__}"
+        )
+    if len(levels) == 0:
+        raise ValueError(f"{name} must hold at least one level; got an empty list")
+    out = [_validate.as_array(f"{name}[{k}]", level) for k, level in enumerate(levels)]
+    for k, level in enumerate(out):
+        dtype = _validate.dtype_of(level)
+        if dtype != np.bool_:
+            raise ValueError(
+                f"{name}[{k}] must be a bool occupancy level (from occupancy_mipmap or threshold_mipmap); "
+                f"got dtype {dtype}"
+            )
+        if not allow_dask and _validate.is_dask(level):
+            raise TypeError(f"{name}[{k}] is a dask array: compute the levels first (they are small next to the data)")
+    shape = _validate.shape_of(out[0])
+    if len(shape) != 3:
+        raise ValueError(
+            f"{name} must be the pyramid of one 3D volume; level 0 has shape {shape} "
+            "(index a stack's leading axes first, e.g. [level[t, c] for level in levels])"
+        )
+    _validate.check_nonempty(f"{name}[0]", shape)
+    expected = mipmap_shapes(shape)
+    got = [tuple(_validate.shape_of(level)) for level in out]
+    if got != expected:
+        raise ValueError(f"{name} must hold every level of a pyramid, shapes {expected}; got shapes {got}")
+    return out

@@ -52,3 +52,48 @@ def occupied(volume: np.ndarray, threshold: float) -> np.ndarray:
     if is_float(volume.dtype):
         return volume.astype(np.float64) > float(threshold)  # float64 holds every narrower float exactly
     return (volume.astype(object) > threshold).astype(bool)
+
+
+def bbox(level0: np.ndarray):
+    """(lo, hi) of the occupied voxels by a scan of level 0, or None."""
+    found = np.argwhere(np.asarray(level0))
+    if len(found) == 0:
+        return None
+    return tuple(int(v) for v in found.min(axis=0)), tuple(int(v) for v in found.max(axis=0) + 1)
+
+
+def box_is_empty(level0: np.ndarray, lo, hi) -> bool:
+    lo = [max(int(v), 0) for v in lo]
+    hi = [min(int(v), n) for v, n in zip(hi, level0.shape)]
+    if any(h <= low for low, h in zip(lo, hi)):
+        return True
+    return not np.asarray(level0)[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]].any()
+
+
+def straddling_occupied_cells(levels, lo, hi) -> int:
+    """Occupied cells of every level that meet the box ``[lo, hi)`` without lying inside it (loops)."""
+    shape = levels[0].shape
+    lo = [max(int(v), 0) for v in lo]
+    hi = [min(int(v), n) for v, n in zip(hi, shape)]
+    count = 0
+    for k, level in enumerate(levels):
+        level = np.asarray(level)
+        for cell in itertools.product(*map(range, level.shape)):
+            if not level[cell]:
+                continue
+            start = [c << k for c in cell]
+            end = [min((c + 1) << k, n) for c, n in zip(cell, shape)]
+            meets = all(s < h and e > low for s, e, low, h in zip(start, end, lo, hi))
+            inside = all(s >= low and e <= h for s, e, low, h in zip(start, end, lo, hi))
+            count += meets and not inside
+    return count
+
+
+def chunk_occupancy(level0: np.ndarray, bounds) -> np.ndarray:
+    """Loop over the chunks given by per-axis boundaries ``[0, b1, ..., n]``."""
+    level0 = np.asarray(level0)
+    out = np.zeros([len(b) - 1 for b in bounds], dtype=bool)
+    for index in itertools.product(*[range(len(b) - 1) for b in bounds]):
+        region = tuple(slice(b[i], b[i + 1]) for b, i in zip(bounds, index))
+        out[index] = level0[region].any()
+    return out

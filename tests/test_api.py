@@ -25,6 +25,8 @@ DATA_ARGUMENTS = {
     "occupied_bbox": ("levels",),
     "is_empty": ("levels", "lo", "hi"),
     "occupied_chunks": ("levels", "chunks"),
+    "pack_occupancy": ("level",),
+    "unpack_occupancy": ("bits", "shape"),
     "extract_patches": ("image", "patch_size", "stride"),
     "merge_patches": ("patches", "image_shape", "stride"),
     "windowed_pearson": ("img1", "img2", "window"),

@@ -20,6 +20,8 @@ _API = {
     "occupied_bbox": "occupancy.queries",
     "is_empty": "occupancy.queries",
     "occupied_chunks": "occupancy.queries",
+    "pack_occupancy": "occupancy.packing",
+    "unpack_occupancy": "occupancy.packing",
     "extract_patches": "patches.grid",
     "merge_patches": "patches.grid",
     "windowed_pearson": "correlation.maps",

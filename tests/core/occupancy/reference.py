@@ -97,3 +97,36 @@ def chunk_occupancy(level0: np.ndarray, bounds) -> np.ndarray:
         region = tuple(slice(b[i], b[i + 1]) for b, i in zip(bounds, index))
         out[index] = level0[region].any()
     return out
+
+
+def morton3d(x: int, y: int, z: int) -> int:
+    """instant-ngp's morton3D: the bits of x, y, z interleaved, x lowest."""
+    code = 0
+    for i in range(21):
+        code |= ((x >> i) & 1) << (3 * i) | ((y >> i) & 1) << (3 * i + 1) | ((z >> i) & 1) << (3 * i + 2)
+    return code
+
+
+def morton_pack(level: np.ndarray) -> np.ndarray:
+    """One byte per 2x2x2 block (cell (z, y, x) of it bit 4z + 2y + x), blocks sorted by morton3d(bx, by, bz)."""
+    level = np.asarray(level)
+    blocks = [(n + 1) // 2 for n in level.shape]
+    entries = []
+    for bz, by, bx in itertools.product(*map(range, blocks)):
+        byte = 0
+        for dz, dy, dx in itertools.product(range(2), repeat=3):
+            z, y, x = 2 * bz + dz, 2 * by + dy, 2 * bx + dx
+            if z < level.shape[0] and y < level.shape[1] and x < level.shape[2] and level[z, y, x]:
+                byte |= 1 << (4 * dz + 2 * dy + dx)
+        entries.append((morton3d(bx, by, bz), byte))
+    return np.array([byte for _, byte in sorted(entries)], dtype=np.uint8)
+
+
+def c_pack(level: np.ndarray) -> np.ndarray:
+    """Cell i of level.ravel() is bit i % 8 of byte i // 8 (loops)."""
+    flat = np.asarray(level).ravel()
+    out = np.zeros((flat.size + 7) // 8, dtype=np.uint8)
+    for i, bit in enumerate(flat):
+        if bit:
+            out[i // 8] |= 1 << (i % 8)
+    return out

@@ -27,6 +27,7 @@ DATA_ARGUMENTS = {
     "occupied_chunks": ("levels", "chunks"),
     "pack_occupancy": ("level",),
     "unpack_occupancy": ("bits", "shape"),
+    "traverse_occupied": ("levels", "origins", "directions"),
     "extract_patches": ("image", "patch_size", "stride"),
     "merge_patches": ("patches", "image_shape", "stride"),
     "windowed_pearson": ("img1", "img2", "window"),

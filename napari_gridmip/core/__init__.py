@@ -22,6 +22,7 @@ _API = {
     "occupied_chunks": "occupancy.queries",
     "pack_occupancy": "occupancy.packing",
     "unpack_occupancy": "occupancy.packing",
+    "traverse_occupied": "occupancy.traverse",
     "extract_patches": "patches.grid",
     "merge_patches": "patches.grid",
     "windowed_pearson": "correlation.maps",

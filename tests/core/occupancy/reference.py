@@ -130,3 +130,67 @@ def c_pack(level: np.ndarray) -> np.ndarray:
         if bit:
             out[i // 8] |= 1 << (i % 8)
     return out
+
+
+def flush(x, dtype):
+    """XLA's flush of subnormal results to zero, applied after each operation of the crossing-time formula."""
+    x = np.asarray(x, dtype)
+    return np.where(np.abs(x) < np.finfo(dtype).tiny, np.zeros_like(x), x)
+
+
+def crossing_times(o: float, d: float, planes: np.ndarray, dtype) -> np.ndarray:
+    """T(b) = (b - o) / d in ``dtype``, as the traversal computes it (inf where d == 0)."""
+    if d == 0:
+        return np.full(len(planes), np.inf, dtype)
+    return flush(flush(np.asarray(planes).astype(dtype) - dtype(o), dtype) / dtype(d), dtype)
+
+
+def ray_voxels(level0, origin, direction, t_near=0.0, t_far=np.inf, dtype=np.float32):
+    """Every occupied voxel a ray crosses, from the sorted crossing times of all planes of the grid.
+
+    The voxel along an axis during ``[s, e)`` is given by how many of that
+    axis's plane crossings lie at or before ``s``. Returns [(voxel, s, e)].
+    """
+    level0 = np.asarray(level0)
+    shape = level0.shape
+    o = flush(np.asarray(origin, dtype), dtype)
+    d = flush(np.asarray(direction, dtype), dtype)
+    t_near, t_far = flush(t_near, dtype)[()], flush(t_far, dtype)[()]
+    times = [crossing_times(o[a], d[a], np.arange(shape[a] + 1), dtype) for a in range(3)]
+    entry, leave = [], []
+    for a in range(3):
+        if d[a] != 0:
+            entry.append(min(times[a][0], times[a][-1]))
+            leave.append(max(times[a][0], times[a][-1]))
+        elif 0 <= o[a] < shape[a]:
+            entry.append(-np.inf)
+            leave.append(np.inf)
+        else:
+            return []
+    t0, t1 = max(max(entry), t_near), min(min(leave), t_far)
+    if not t0 < t1:
+        return []
+    inner = [t for a in range(3) if d[a] != 0 for t in times[a] if t0 < t < t1]
+    breaks = sorted(set([t0, t1] + inner))
+    out = []
+    for s, e in zip(breaks[:-1], breaks[1:]):
+        voxel = []
+        for a in range(3):
+            if d[a] > 0:
+                voxel.append(int(np.sum(times[a] <= s)) - 1)
+            elif d[a] < 0:
+                voxel.append(shape[a] - int(np.sum(times[a] <= s)))
+            else:
+                voxel.append(int(np.floor(o[a])))
+        if all(0 <= v < n for v, n in zip(voxel, shape)) and level0[tuple(voxel)]:
+            out.append((tuple(voxel), s, e))
+    return out
+
+
+def sampled_occupancy(level0, origin, direction, ts):
+    """Occupied(floor(o + t d)) at each sample ``t``, in float64 (an independent check of the intervals)."""
+    level0 = np.asarray(level0)
+    points = np.floor(np.asarray(origin, np.float64) + np.asarray(ts)[:, None] * np.asarray(direction, np.float64))
+    inside = np.all((points >= 0) & (points < np.array(level0.shape)), axis=1)
+    index = np.where(inside[:, None], points, 0).astype(int)
+    return inside & level0[index[:, 0], index[:, 1], index[:, 2]]

@@ -262,7 +262,7 @@ def ray_arguments(origins: Any, directions: Any, t_near: Any, t_far: Any, dtype:
         try:
             array = np.broadcast_to(array, batch).reshape(-1)
         except ValueError:
-            raise ValueError(f"{name} must be a number or have the rays' shape {batch}; got shape {array.shape}") from None
+            raise ValueError(f"{name} must be a number or have the rays' shape {batch}; got {array.shape}") from None
         bounds.append(array.astype(dtype))
     return flush_subnormals(o), flush_subnormals(d), flush_subnormals(bounds[0]), flush_subnormals(bounds[1]), batch
 
@@ -379,43 +379,59 @@ def traverse_occupied(
     o, d, near, far, _ = ray_arguments(origins, directions, t_near, t_far, dtype)
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     kind = _flat.index_dtype(shapes)
-    limit = _step_limit(shapes[0], len(levels), capacity)
-    n = o.shape[0]
     pieces = []  # (ray indices, voxels, starts, ends) of each pass's recorded voxels
-    lookups = np.zeros(n, np.int64)
+    lookups = np.zeros(o.shape[0], np.int64)
     with precision_scope(np.float64 if dtype == np.float64 or kind == np.int64 else np.float32):
         flat = _flat.flatten(levels)
-        for start, stop, size in _batches(n, batch_size):
-            rays = np.arange(start, stop)
-            args = [jnp.asarray(_pad(a[start:stop], size, v)) for a, v in ((o, -1), (d, 0), (near, 0), (far, 0))]
-            state, t_stop = _start(flat, *args)
-            ray_o, ray_d = args[0], args[1]
-            while True:
-                state, voxels, starts, ends = _record(flat, ray_o, ray_d, t_stop, state, limit, capacity=capacity)
-                state_host, voxels, starts, ends = jax.device_get((state, voxels, starts, ends))
-                count = state_host.count[: len(rays)]
-                keep = np.arange(capacity)[None, :] < count[:, None]
-                recorded = [a[: len(rays)][keep] for a in (voxels, starts, ends)]
-                pieces.append((np.repeat(rays, count), *recorded))
-                lookups[rays] += state_host.lookups[: len(rays)]
-                resume = (state_host.overflow | state_host.active)[: len(rays)]
-                if not resume.any():
-                    break
-                # continue the unfinished rays from where they stopped, in a batch of their own
-                index = np.nonzero(resume)[0]
-                rays = rays[index]
-                size = _flat.bucket(len(index), 256)
-                picked = jax.tree.map(lambda a: _pad(np.asarray(a)[index], size, 0), state_host)
-                picked = picked._replace(
-                    active=np.pad(np.ones(len(index), bool), (0, size - len(index))),
-                    overflow=np.zeros(size, bool),
-                    lookups=np.zeros(size, picked.lookups.dtype),
-                )
-                state = jax.tree.map(jnp.asarray, picked)
-                ray_o = jnp.asarray(_pad(np.asarray(ray_o)[index], size, -1))
-                ray_d = jnp.asarray(_pad(np.asarray(ray_d)[index], size, 0))
-                t_stop = jnp.asarray(_pad(np.asarray(t_stop)[index], size, 0))
+        for start, stop, size in _batches(o.shape[0], batch_size):
+            part = slice(start, stop)
+            recorded, steps = record_batch(flat, shapes, o[part], d[part], near[part], far[part], size, capacity)
+            pieces += [(rays + start, *rest) for rays, *rest in recorded]
+            lookups[start:stop] = steps
     return _pack(pieces, lookups, dtype, kind)
+
+
+def record_batch(flat, shapes, o, d, near, far, size, capacity):
+    """Every occupied voxel of a batch of rays (padded to ``size``), pass after pass until no ray is left.
+
+    Returns ([(ray indices within the batch, voxels, t_starts, t_ends) per pass], lookups per ray).
+    Call inside the ``precision_scope`` that ``flat`` was made in.
+    """
+    n = o.shape[0]
+    limit = _step_limit(shapes[0], len(shapes), capacity)
+    ray_o, ray_d = jnp.asarray(_pad(o, size, -1)), jnp.asarray(_pad(d, size, 0))
+    state, t_stop = _start(flat, ray_o, ray_d, jnp.asarray(_pad(near, size, 0)), jnp.asarray(_pad(far, size, 0)))
+    rays = np.arange(n)
+    pieces, lookups = [], np.zeros(n, np.int64)
+    while True:
+        state, voxels, starts, ends = jax.device_get(
+            _record(flat, ray_o, ray_d, t_stop, state, limit, capacity=capacity)
+        )
+        count = state.count[: len(rays)]
+        keep = np.arange(capacity)[None, :] < count[:, None]
+        pieces.append((np.repeat(rays, count), *[a[: len(rays)][keep] for a in (voxels, starts, ends)]))
+        lookups[rays] += state.lookups[: len(rays)]
+        resume = np.nonzero((state.overflow | state.active)[: len(rays)])[0]
+        if len(resume) == 0:
+            return pieces, lookups
+        # the unfinished rays go on from where they stopped, in a batch of their own
+        rays = rays[resume]
+        size = _flat.bucket(len(resume), 256)
+        state = _resumed(state, resume, size)
+        ray_o = jnp.asarray(_pad(np.asarray(ray_o)[resume], size, -1))
+        ray_d = jnp.asarray(_pad(np.asarray(ray_d)[resume], size, 0))
+        t_stop = jnp.asarray(_pad(np.asarray(t_stop)[resume], size, 0))
+
+
+def _resumed(state: RayState, index: np.ndarray, size: int) -> RayState:
+    """The states of rays ``index``, active again with nothing recorded yet, padded to ``size`` (inactive)."""
+    picked = RayState(*[_pad(np.asarray(a)[index], size, 0) for a in state])
+    active = np.zeros(size, bool)
+    active[: len(index)] = True
+    return jax.tree.map(
+        jnp.asarray,
+        picked._replace(active=active, overflow=np.zeros(size, bool), lookups=np.zeros_like(picked.lookups)),
+    )
 
 
 def _pack(pieces, lookups, dtype, kind) -> Traversal:

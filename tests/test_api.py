@@ -28,6 +28,8 @@ DATA_ARGUMENTS = {
     "pack_occupancy": ("level",),
     "unpack_occupancy": ("bits", "shape"),
     "traverse_occupied": ("levels", "origins", "directions"),
+    "orthographic_rays": ("center", "view", "up", "image_shape"),
+    "render_volume": ("volume", "levels", "origins", "directions"),
     "extract_patches": ("image", "patch_size", "stride"),
     "merge_patches": ("patches", "image_shape", "stride"),
     "windowed_pearson": ("img1", "img2", "window"),

@@ -23,6 +23,8 @@ _API = {
     "pack_occupancy": "occupancy.packing",
     "unpack_occupancy": "occupancy.packing",
     "traverse_occupied": "occupancy.traverse",
+    "orthographic_rays": "occupancy.render",
+    "render_volume": "occupancy.render",
     "extract_patches": "patches.grid",
     "merge_patches": "patches.grid",
     "windowed_pearson": "correlation.maps",

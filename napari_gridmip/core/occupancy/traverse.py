@@ -273,13 +273,19 @@ def _pad(array: np.ndarray, size: int, value: float) -> np.ndarray:
 
 
 MAX_BATCH = 16384
+MIN_BATCH = 1024  # small batches are padded to this: one compiled program serves them all
+
+
+def padded_size(n: int) -> int:
+    """Rays of a batch of ``n``, padded: ``MIN_BATCH`` or the next power of two (few distinct compiled programs)."""
+    return max(MIN_BATCH, _flat.bucket(n, 1))
 
 
 def _batches(n: int, batch_size: int):
-    """(start, stop, padded size) of each batch; sizes are powers of two (programs are shared)."""
-    size = min(_flat.bucket(n, 256), _flat.bucket(batch_size, 256))
-    for start in range(0, n, size):
-        yield start, min(start + size, n), size
+    """(start, stop, padded size) of each batch of at most ``batch_size`` rays."""
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        yield start, stop, padded_size(stop - start)
 
 
 def _step_limit(shape: tuple[int, ...], levels: int, capacity: int) -> int:
@@ -322,7 +328,7 @@ def traverse_occupied(
         in further passes from where it stopped, so nothing is ever dropped;
         only speed depends on it.
     batch_size
-        Rays per compiled program run (rounded to a power of two).
+        Rays per compiled program run (padded to a power of two, at least 1024).
 
     Returns
     -------
@@ -416,7 +422,7 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
             return pieces, lookups
         # the unfinished rays go on from where they stopped, in a batch of their own
         rays = rays[resume]
-        size = _flat.bucket(len(resume), 256)
+        size = padded_size(len(resume))
         state = _resumed(state, resume, size)
         ray_o = jnp.asarray(_pad(np.asarray(ray_o)[resume], size, -1))
         ray_d = jnp.asarray(_pad(np.asarray(ray_d)[resume], size, 0))

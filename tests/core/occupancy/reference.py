@@ -194,3 +194,12 @@ def sampled_occupancy(level0, origin, direction, ts):
     inside = np.all((points >= 0) & (points < np.array(level0.shape)), axis=1)
     index = np.where(inside[:, None], points, 0).astype(int)
     return inside & level0[index[:, 0], index[:, 1], index[:, 2]]
+
+
+def dense_mip(volume, origin, direction, t_near=-np.inf, t_far=np.inf, dtype=np.float32):
+    """The maximum over every voxel the ray crosses (occupied or not), or None if it crosses none."""
+    volume = np.asarray(volume)
+    crossed = ray_voxels(np.ones(volume.shape, bool), origin, direction, t_near, t_far, dtype)
+    if not crossed:
+        return None
+    return max(volume[v].astype(np.float64) for v, _, _ in crossed)

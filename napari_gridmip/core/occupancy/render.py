@@ -127,20 +127,24 @@ def orthographic_rays(center: Any, view: Any, up: Any, image_shape: Any, *, pixe
 # in memory: the volume is read inside the traversal
 
 
+def _initial_best(volume_dtype: np.dtype, batch: int) -> jax.Array:
+    """The running maximum before any voxel: the lowest float key, the integer minimum, or False."""
+    if _validate.is_float(volume_dtype):
+        key = _key_dtype(volume_dtype)
+        return jnp.full(batch, jnp.iinfo(key).min, key)
+    if volume_dtype == np.bool_:
+        return jnp.zeros(batch, bool)
+    return jnp.full(batch, jnp.iinfo(volume_dtype).min, volume_dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("mode", "use_threshold"))
-def _render_batch(flat, volume, o, d, t_near, t_far, threshold, limit, mode, use_threshold):
-    """One batch of rays, traversed and reduced in one program: (found, value or key, t of the first hit)."""
-    state, t_stop = traverse._start(flat, o, d, t_near, t_far)
+def _render_run(flat, volume, o, d, t_stop, state, carry, threshold, limit, keep, mode, use_threshold):
+    """Go on with a batch of rays, reading the volume at each occupied voxel: (state, (found, best, first)).
+
+    ``best`` holds float keys for float volumes (exact maxima; see ``float_key``).
+    """
     batch = o.shape[0]
     floats = _validate.is_float(np.dtype(volume.dtype))
-    if floats:
-        lowest = jnp.iinfo(_key_dtype(np.dtype(volume.dtype))).min
-        best = jnp.full(batch, lowest, _key_dtype(np.dtype(volume.dtype)))
-    elif volume.dtype == jnp.bool_:
-        best = jnp.zeros(batch, bool)
-    else:
-        best = jnp.full(batch, jnp.iinfo(volume.dtype).min, volume.dtype)
-    carry = (jnp.zeros(batch, bool), best, jnp.full(batch, jnp.nan, o.dtype))
 
     def consume(carry, emitted, records, new):
         found, best, first = carry
@@ -156,36 +160,47 @@ def _render_batch(flat, volume, o, d, t_near, t_far, threshold, limit, mode, use
         return (found | hit, best, first), hit
 
     capacity = jnp.iinfo(state.count.dtype).max  # nothing is recorded: no capacity to run out of
-    state, (found, best, first) = traverse.march(flat, o, d, t_stop, state, limit, capacity, consume, carry)
-    if floats and mode == "mip":
-        best = from_float_key(best, np.dtype(volume.dtype))
-    return found, best, first, jnp.any(state.active)
+    return traverse.march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry)
 
 
 def _in_memory(volume, flat, shapes, o, d, near, far, mode, threshold, batch_size, progress, dtype):
     n = o.shape[0]
-    # every ray finishes within this many steps (each move is preceded by at most one climb or descent)
+    vdtype = np.dtype(volume.dtype)
     limit = traverse._step_limit(shapes[0], len(shapes), 2 * sum(shapes[0]))
     device = to_device(volume)
     use_threshold = threshold is not None
-    scalar = jnp.asarray(_device_threshold(np.dtype(volume.dtype), threshold) if use_threshold else 0)
+    scalar = jnp.asarray(_device_threshold(vdtype, threshold) if use_threshold else 0)
     found = np.zeros(n, bool)
-    values = np.zeros(n, volume.dtype)
+    best = np.array(_initial_best(vdtype, n))  # a writable copy
     first = np.full(n, np.nan, dtype)
     for start, stop, size in traverse._batches(n, batch_size):
         part = slice(start, stop)
-        args = [
-            jnp.asarray(traverse._pad(a[part], size, v)) for a, v in ((o, -1), (d, 0), (near, 0), (far, 0))
-        ]  # padding rays miss the volume
-        f, v, t, unfinished = jax.device_get(
-            _render_batch(flat, device, *args, scalar, limit, mode=mode, use_threshold=use_threshold)
-        )
-        if unfinished:  # pragma: no cover - the step bound is a proof, this is its guard
-            raise RuntimeError("render_volume: a ray did not finish within its step bound (please report this)")
-        found[part], values[part], first[part] = f[: stop - start], v[: stop - start], t[: stop - start]
+        ray_o, ray_d = jnp.asarray(traverse._pad(o[part], size, -1)), jnp.asarray(traverse._pad(d[part], size, 0))
+        near_b, far_b = jnp.asarray(traverse._pad(near[part], size, 0)), jnp.asarray(traverse._pad(far[part], size, 0))
+        state, t_stop = traverse._start(flat, ray_o, ray_d, near_b, far_b)  # padding rays miss the volume
+        carry = (jnp.zeros(size, bool), _initial_best(vdtype, size), jnp.full(size, jnp.nan, dtype))
+        rays = np.arange(start, stop)
+        while True:
+            keep = jnp.asarray(traverse.keep_active(size), state.k.dtype)
+            state, carry = _render_run(flat, device, ray_o, ray_d, t_stop, state, carry, scalar, limit, keep,
+                                       mode=mode, use_threshold=use_threshold)  # fmt: skip
+            active, (f, b, t) = jax.device_get((state.active, carry))
+            left = active[: len(rays)]
+            done, ended = ~left, rays[~left]
+            found[ended], best[ended], first[ended] = (a[: len(rays)][done] for a in (f, b, t))
+            if not left.any():
+                break
+            # the rays still going continue in a smaller batch (see traverse.march)
+            index = np.nonzero(left)[0]
+            rays, size = rays[index], traverse.padded_size(len(index))
+            state = traverse.RayState(*traverse.compact(state, index, size, [0] * len(state)))
+            carry = tuple(traverse.compact(carry, index, size, (False, 0, np.nan)))
+            ray_o, ray_d, t_stop = traverse.compact((ray_o, ray_d, t_stop), index, size, (-1, 0, 0))
         if progress is not None:
             progress(stop, n)
-    return found, values, first
+    if mode == "mip" and _validate.is_float(vdtype):
+        best = np.array(from_float_key(jnp.asarray(best), vdtype))
+    return found, best, first
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -169,18 +169,21 @@ def step(flat: _flat.FlatPyramid, top, capacity, o, d, t_stop, s: RayState):
     return new, emit & s.active, (s.cell, s.t, jnp.minimum(t_exit, t_stop))
 
 
-def march(flat, o, d, t_stop, state, limit, capacity, consume, carry):
-    """Step a batch of rays until none is active or ``limit`` steps were taken.
+def march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry):
+    """Step a batch of rays until at most ``keep`` are active, or ``limit`` steps were taken.
 
     ``consume(carry, emitted, records, state) -> (carry, stop)`` takes each step's
     emitted voxels (a ``(B,)`` mask and records); ``stop`` ends rays (first hit).
+    Every lane of the batch is computed at every step, so the caller stops
+    early (``keep`` > 0) and goes on with the few rays left in a smaller batch:
+    the work then follows the rays' own steps, not the batch's longest ray.
     """
     top = _flat.top_level(flat)
     stepper = jax.vmap(functools.partial(step, flat, top, capacity))
 
     def cond(loop):
         i, state, _ = loop
-        return (i < limit) & jnp.any(state.active)
+        return (i < limit) & (jnp.sum(state.active, dtype=keep.dtype) > keep)
 
     def body(loop):
         i, state, carry = loop
@@ -199,8 +202,18 @@ def _start(flat, o, d, t_near, t_far):
     return jax.vmap(lambda o, d, a, b: start_state(flat.shapes[0], top, o, d, a, b, kind))(o, d, t_near, t_far)
 
 
+def keep_active(size: int) -> int:
+    """Rays left active at which a batch of ``size`` stops and the rest go on in a smaller batch."""
+    return size // 4 if size > MIN_BATCH else 0
+
+
+def compact(arrays, index: np.ndarray, size: int, fills):
+    """Rows ``index`` of each array, padded to ``size`` rows with its fill value, as JAX arrays."""
+    return [jnp.asarray(_pad(np.asarray(a)[index], size, fill)) for a, fill in zip(arrays, fills)]
+
+
 @functools.partial(jax.jit, static_argnames="capacity")
-def _record(flat, o, d, t_stop, state, limit, capacity):
+def _record(flat, o, d, t_stop, state, limit, keep, capacity):
     """One pass: each ray records up to ``capacity`` voxels; returns (state, voxels, t_in, t_out)."""
     batch = o.shape[0]
     kind = state.k.dtype
@@ -221,7 +234,7 @@ def _record(flat, o, d, t_stop, state, limit, capacity):
         return (voxels, starts, ends), jnp.zeros(batch, bool)
 
     state = state._replace(count=jnp.zeros_like(state.count))
-    state, (voxels, starts, ends) = march(flat, o, d, t_stop, state, limit, capacity, consume, buffers)
+    state, (voxels, starts, ends) = march(flat, o, d, t_stop, state, limit, keep, capacity, consume, buffers)
     return state, voxels, starts, ends
 
 
@@ -410,8 +423,9 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
     rays = np.arange(n)
     pieces, lookups = [], np.zeros(n, np.int64)
     while True:
+        keep = jnp.asarray(keep_active(size), state.k.dtype)
         state, voxels, starts, ends = jax.device_get(
-            _record(flat, ray_o, ray_d, t_stop, state, limit, capacity=capacity)
+            _record(flat, ray_o, ray_d, t_stop, state, limit, keep, capacity=capacity)
         )
         count = state.count[: len(rays)]
         keep = np.arange(capacity)[None, :] < count[:, None]
@@ -424,9 +438,7 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
         rays = rays[resume]
         size = padded_size(len(resume))
         state = _resumed(state, resume, size)
-        ray_o = jnp.asarray(_pad(np.asarray(ray_o)[resume], size, -1))
-        ray_d = jnp.asarray(_pad(np.asarray(ray_d)[resume], size, 0))
-        t_stop = jnp.asarray(_pad(np.asarray(t_stop)[resume], size, 0))
+        ray_o, ray_d, t_stop = compact((ray_o, ray_d, t_stop), resume, size, (-1, 0, 0))
 
 
 def _resumed(state: RayState, index: np.ndarray, size: int) -> RayState:

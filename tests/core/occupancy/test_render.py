@@ -200,3 +200,15 @@ def test_bad_input(kwargs, error, match):
     levels = occupancy_mipmap(np.zeros((4, 4, 4)))
     with pytest.raises(error, match=match):
         render_volume(volume, levels, np.zeros((2, 3)), np.ones((2, 3)), **arguments)
+
+
+def test_compacted_batches_give_the_same_image():
+    volume = blob_volume((24, 20, 28), seed=9)
+    levels = occupancy_mipmap(volume, threshold=0.5)
+    rays = camera_rays(volume.shape, 10)
+    rays = orthographic_rays(np.array(volume.shape) / 2, rays.directions[0, 0], (0, 1, 0), (50, 60), pixel_size=0.7)
+    for mode in ("mip", "first_hit"):
+        compacted = render_volume(volume, levels, *rays, mode=mode, batch_size=4096)
+        plain = render_volume(volume, levels, *rays, mode=mode, batch_size=1000)
+        np.testing.assert_array_equal(compacted, plain)
+        assert np.isfinite(compacted).sum() > 100

@@ -198,3 +198,20 @@ def test_bad_input(kwargs, error, match):
     levels, origins, directions = arguments.pop("levels"), arguments.pop("origins"), arguments.pop("directions")
     with pytest.raises(error, match=match):
         traverse_occupied(levels, origins, directions, **arguments)
+
+
+def test_compaction_gives_the_same_voxels():
+    """Batches above 1024 rays stop when 3/4 of their rays are done and go on with the rest in a smaller batch."""
+    shape = (30, 26, 34)
+    volume = sparse_volume(shape, 0.02, seed=15, blobs=6)
+    levels = occupancy_mipmap(volume)
+    origins, directions = awkward_rays(shape, 3000, seed=16)
+    compacted = traverse_occupied(levels, origins, directions, batch_size=4096)
+    plain = traverse_occupied(levels, origins, directions, batch_size=1000)  # batches of 1024 run to the end
+    for a, b in zip(compacted, plain):
+        np.testing.assert_array_equal(a, b)
+    assert len(compacted.t_starts) > 1000
+    pick = np.isin(compacted.ray_indices, np.arange(0, 3000, 97))
+    subset = traverse_occupied(levels, origins[::97], directions[::97])
+    np.testing.assert_array_equal(subset.voxels, compacted.voxels[pick])
+    assert_matches_reference(levels, origins[::97], directions[::97], subset)

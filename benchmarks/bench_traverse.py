@@ -145,11 +145,40 @@ def dense_sampling_mip(volume, occupied, origins, directions):
 
 
 def batched(fn, volume, occupied, origins, directions, batch=16384):
-    outs = [fn(volume, occupied, origins[i : i + batch], directions[i : i + batch]) for i in range(0, len(origins), batch)]
+    starts = range(0, len(origins), batch)
+    outs = [fn(volume, occupied, origins[i : i + batch], directions[i : i + batch]) for i in starts]
     return jnp.concatenate([o[0] for o in outs]), jnp.concatenate([o[1] for o in outs])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+
+
+def timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, repeats, hits, same, agree):
+    return [
+        measure(
+            "render_volume MIP (ours)",
+            lambda: render_volume(vol_dev, levels, origins, directions, fill=-np.inf),
+            repeats=repeats,
+        ),
+        measure(
+            "traverse_occupied (ours, packed list)",
+            lambda: traverse_occupied(levels, origins, directions, t_near=-np.inf),
+            repeats=repeats,
+            note=f"{len(hits.t_starts)} voxels",
+        ),
+        measure(
+            "flat DDA MIP (JAX)",
+            lambda: batched(flat_dda_mip, vol_dev, occ_dev, o_dev, d_dev),
+            repeats=repeats,
+            note=f"{same:.2%} of pixels equal to ours",
+        ),
+        measure(
+            "dense sampling MIP, 0.5 voxel (JAX)",
+            lambda: batched(dense_sampling_mip, vol_dev, occ_dev, o_dev, d_dev),
+            repeats=repeats,
+            note=f"{agree:.2%} of pixels equal to ours (samples miss voxel corners)",
+        ),
+    ]
 
 
 def main() -> None:
@@ -187,31 +216,7 @@ def main() -> None:
             steps_rows.append(
                 (label, ours_steps, float(np.asarray(flat_steps).mean()), float(np.asarray(dense_steps).mean()), agree)
             )
-            rows = [
-                measure(
-                    "render_volume MIP (ours)",
-                    lambda: render_volume(vol_dev, levels, origins, directions, fill=-np.inf),
-                    repeats=args.repeats,
-                ),
-                measure(
-                    "traverse_occupied (ours, packed list)",
-                    lambda: traverse_occupied(levels, origins, directions, t_near=-np.inf),
-                    repeats=args.repeats,
-                    note=f"{len(hits.t_starts)} voxels",
-                ),
-                measure(
-                    "flat DDA MIP (JAX)",
-                    lambda: batched(flat_dda_mip, vol_dev, occ_dev, o_dev, d_dev),
-                    repeats=args.repeats,
-                    note=f"{same:.2%} of pixels equal to ours",
-                ),
-                measure(
-                    "dense sampling MIP, 0.5 voxel (JAX)",
-                    lambda: batched(dense_sampling_mip, vol_dev, occ_dev, o_dev, d_dev),
-                    repeats=args.repeats,
-                    note=f"{agree:.2%} of pixels equal to ours (samples miss voxel corners)",
-                ),
-            ]
+            rows = timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, args.repeats, hits, same, agree)
             print(table(f"Wall time, {label}", rows, "render_volume MIP (ours)"))
             print()
 

@@ -69,19 +69,27 @@ class RayState(NamedTuple):
 # geometry: crossing times and the voxel a ray stands in, all from one formula
 
 
-def crossing(o: jax.Array, d: jax.Array, plane: jax.Array) -> jax.Array:
-    """``T(b) = (b - o) / d`` per axis (inf where ``d == 0``): the one formula every decision compares."""
-    safe = jnp.where(d == 0, jnp.ones_like(d), d)
-    return jnp.where(d == 0, jnp.inf, (plane.astype(o.dtype) - o) / safe)
+def reciprocal(d: jax.Array) -> jax.Array:
+    """``1 / d`` per axis, 0 where ``d == 0``."""
+    return jnp.where(d == 0, jnp.zeros_like(d), 1 / jnp.where(d == 0, jnp.ones_like(d), d))
 
 
-def locate(o: jax.Array, d: jax.Array, t: jax.Array, lo: jax.Array, hi: jax.Array) -> jax.Array:
+def crossing(o: jax.Array, inv: jax.Array, plane: jax.Array) -> jax.Array:
+    """``T(b) = (b - o) * (1 / d)`` per axis (inf where ``d == 0``): the one formula every decision compares.
+
+    (A multiplication by the reciprocal, computed once per ray, costs less than a
+    division in every step; exactness only needs one formula, used everywhere.)
+    """
+    return jnp.where(inv == 0, jnp.inf, (plane.astype(o.dtype) - o) * inv)
+
+
+def locate(o: jax.Array, d: jax.Array, inv: jax.Array, t: jax.Array, lo: jax.Array, hi: jax.Array) -> jax.Array:
     """The voxel index ``i`` per axis with ``T(i) <= t < T(i + 1)`` (``T(i+1) <= t < T(i)`` for ``d < 0``),
     clipped to ``[lo, hi]``; ``floor(o)`` where ``d == 0``."""
     kind = lo.dtype
     guess = jnp.floor(o + t * d)
     guess = jnp.clip(jnp.nan_to_num(guess), lo.astype(o.dtype) - 1, hi.astype(o.dtype) + 1).astype(kind)
-    below, above = crossing(o, d, guess), crossing(o, d, guess + 1)
+    below, above = crossing(o, inv, guess), crossing(o, inv, guess + 1)
     forward = jnp.where(below > t, guess - 1, jnp.where(above <= t, guess + 1, guess))
     backward = jnp.where(above > t, guess + 1, jnp.where(below <= t, guess - 1, guess))
     index = jnp.where(d > 0, forward, backward)
@@ -89,7 +97,7 @@ def locate(o: jax.Array, d: jax.Array, t: jax.Array, lo: jax.Array, hi: jax.Arra
     return jnp.clip(index, lo, hi)
 
 
-def exit_cell(o: jax.Array, d: jax.Array, cell: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
+def exit_cell(o: jax.Array, d: jax.Array, inv: jax.Array, cell: jax.Array, j: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Leave the level-``j`` cell around ``cell``: (exit time, the level-0 voxel entered there).
 
     Along the axes whose crossing time is the exit time (several at an edge or
@@ -100,27 +108,28 @@ def exit_cell(o: jax.Array, d: jax.Array, cell: jax.Array, j: jax.Array) -> tupl
     size = one << j
     base = (cell >> j) << j
     plane = jnp.where(d > 0, base + size, base)
-    times = crossing(o, d, plane)
+    times = crossing(o, inv, plane)
     t_exit = times.min()
     crossed = (times == t_exit) & (d != 0)
     stepped = jnp.where(d > 0, plane, plane - 1)
     lo = jnp.where(d > 0, cell, base)
     hi = jnp.where(d > 0, base + size - 1, cell)
-    located = locate(o, d, t_exit, lo, hi)
+    located = locate(o, d, inv, t_exit, lo, hi)
     return t_exit, jnp.where(crossed, stepped, jnp.where(d == 0, cell, located))
 
 
 def start_state(shape: jax.Array, top: jax.Array, o, d, t_near, t_far, kind) -> tuple[RayState, jax.Array]:
     """Clip a ray to the volume and ``[t_near, t_far)``: its first state and its stop time."""
     zero = jnp.zeros(3, kind)
-    t0, tn = crossing(o, d, zero), crossing(o, d, shape)
+    inv = reciprocal(d)
+    t0, tn = crossing(o, inv, zero), crossing(o, inv, shape)
     inside = (o >= 0) & (o < shape.astype(o.dtype))
     entry = jnp.where(d != 0, jnp.minimum(t0, tn), jnp.where(inside, -jnp.inf, jnp.inf))
     leave = jnp.where(d != 0, jnp.maximum(t0, tn), jnp.where(inside, jnp.inf, -jnp.inf))
     t_start = jnp.maximum(entry.max(), t_near)
     t_stop = jnp.minimum(leave.min(), t_far)
     active = t_start < t_stop
-    cell = locate(o, d, jnp.where(active, t_start, 0), zero, shape - 1)
+    cell = locate(o, d, inv, jnp.where(active, t_start, 0), zero, shape - 1)
     false = jnp.array(False)
     state = RayState(
         t_start,
@@ -136,19 +145,19 @@ def start_state(shape: jax.Array, top: jax.Array, o, d, t_near, t_far, kind) -> 
     return state, t_stop
 
 
-def step(flat: _flat.FlatPyramid, top, capacity, o, d, t_stop, s: RayState):
+def step(flat: _flat.FlatPyramid, top, capacity, o, d, inv, t_stop, s: RayState):
     """One lookup and what follows from it. Returns (state, emitted?, (voxel, t_in, t_out))."""
     kind = s.cell.dtype
     occupied = _flat.lookup(flat, s.k, s.cell >> s.k)
     up = s.mode == UP
     at_voxel = occupied & (s.k == 0) & ~up
-    overflow = at_voxel & (s.count >= capacity)
-    emit = at_voxel & ~overflow
-    descend = occupied & (s.k > 0) & ~up
-    climb = ~occupied & (up | ((s.mode == FRESH) & ~s.known)) & (s.k < top)
-    move = ~at_voxel & ~descend & ~climb | emit
+    overflow = at_voxel & (s.count >= capacity) & s.active
+    emit = at_voxel & ~overflow & s.active
+    descend = occupied & (s.k > 0) & ~up & s.active
+    climb = ~occupied & (up | ((s.mode == FRESH) & ~s.known)) & (s.k < top) & s.active
+    move = (~at_voxel & ~descend & ~climb & s.active) | emit  # an inactive ray changes nothing
     j = jnp.where(emit, 0, jnp.where(up & occupied, s.k - 1, s.k))  # jump out of the coarsest empty cell
-    t_exit, cell = exit_cell(o, d, s.cell, j)
+    t_exit, cell = exit_cell(o, d, inv, s.cell, j)
     parent = j + 1
     known = jnp.all((cell >> parent) == (s.cell >> parent)) & (j < top)
     outside = jnp.any((cell < 0) | (cell >= flat.shapes[0]))
@@ -160,13 +169,11 @@ def step(flat: _flat.FlatPyramid, top, capacity, o, d, t_stop, s: RayState):
         jnp.where(move, FRESH, jnp.where(descend, DOWN, jnp.where(climb, UP, s.mode))).astype(kind),
         jnp.where(move, known, s.known),
         s.active & ~overflow & ~finished,
-        overflow,
-        s.lookups + 1,
+        s.overflow | overflow,
+        s.lookups + s.active.astype(kind),
         s.count + emit.astype(kind),
     )
-    # inactive rays keep their state (the batch runs until its last ray is done)
-    new = jax.tree.map(lambda a, b: jnp.where(s.active, a, b), new, s)
-    return new, emit & s.active, (s.cell, s.t, jnp.minimum(t_exit, t_stop))
+    return new, emit, (s.cell, s.t, jnp.minimum(t_exit, t_stop))
 
 
 def march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry):
@@ -180,6 +187,7 @@ def march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry):
     """
     top = _flat.top_level(flat)
     stepper = jax.vmap(functools.partial(step, flat, top, capacity))
+    inv = jax.vmap(reciprocal)(d)
 
     def cond(loop):
         i, state, _ = loop
@@ -187,7 +195,7 @@ def march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry):
 
     def body(loop):
         i, state, carry = loop
-        new, emitted, records = stepper(o, d, t_stop, state)
+        new, emitted, records = stepper(o, d, inv, t_stop, state)
         carry, stop = consume(carry, emitted, records, new)
         return i + 1, new._replace(active=new.active & ~stop), carry
 
@@ -264,6 +272,8 @@ def ray_arguments(origins: Any, directions: Any, t_near: Any, t_far: Any, dtype:
     d = directions.reshape(-1, 3).astype(dtype)
     if not (np.all(np.isfinite(o)) and np.all(np.isfinite(d))):
         raise ValueError("origins and directions must be finite (a ray with NaN or inf has no path)")
+    if np.any(np.abs(d) > 1e30):
+        raise ValueError("directions must be at most 1e30 in magnitude (their reciprocals must stay normal floats)")
     bounds = []
     for name, value, default in (("t_near", t_near, -np.inf), ("t_far", t_far, np.inf)):
         value = default if value is None else value
@@ -352,7 +362,7 @@ def traverse_occupied(
         (int, ``(n, 3)``), and ``lookups`` (int64, one per ray: cells looked
         up). A ray's intervals ``[t_starts, t_ends)`` tile exactly the ``t``
         at which it is inside an occupied voxel, within ``[t_near, t_far)``:
-        the voxel along each axis changes where ``T_a(b) = (b - o_a) / d_a``
+        the voxel along each axis changes where ``T_a(b) = (b - o_a) * (1 / d_a)``
         (the crossing time of plane ``b``, in ``dtype``) is reached, and a ray
         crossing an edge or corner changes several at once.
 

@@ -139,10 +139,11 @@ def flush(x, dtype):
 
 
 def crossing_times(o: float, d: float, planes: np.ndarray, dtype) -> np.ndarray:
-    """T(b) = (b - o) / d in ``dtype``, as the traversal computes it (inf where d == 0)."""
+    """T(b) = (b - o) * (1 / d) in ``dtype``, as the traversal computes it (inf where d == 0)."""
     if d == 0:
         return np.full(len(planes), np.inf, dtype)
-    return flush(flush(np.asarray(planes).astype(dtype) - dtype(o), dtype) / dtype(d), dtype)
+    inverse = flush(dtype(1) / dtype(d), dtype)
+    return flush(flush(np.asarray(planes).astype(dtype) - dtype(o), dtype) * inverse, dtype)
 
 
 def ray_voxels(level0, origin, direction, t_near=0.0, t_far=np.inf, dtype=np.float32):

@@ -3,7 +3,8 @@
     python benchmarks/bench_render.py [--size 1024] [--chunk 64] [--image 1024] [--repeats 2] [--quick]
 
 1. A ``size``^3 uint16 volume is written to a Zarr array in a temporary folder
-   (chunks ``chunk``^3, zstd-compressed, empty chunks not stored): a few balls
+   (chunks ``chunk``^3, zstd-compressed, empty chunks not stored unless
+   ``--store-empty``): a few balls
    and thin shells of values 200-1000 on a background of 0, in a small share
    of the chunks. Its occupancy pyramid (threshold 100) is built once from
    the dask array (timed on its own row: it reads every chunk once, and the
@@ -49,13 +50,21 @@ class CountingArray:
         return part
 
 
-def make_volume(folder: Path, size: int, chunk: int, seed: int = 0):
-    """Balls and shells written region by region; chunks left at the fill value are not stored."""
+def make_volume(folder: Path, size: int, chunk: int, seed: int = 0, store_empty: bool = False):
+    """Balls and shells written region by region; chunks left at the fill value are stored only if ``store_empty``."""
     import zarr
 
     array = zarr.create_array(
-        str(folder / "volume.zarr"), shape=(size,) * 3, chunks=(chunk,) * 3, dtype=np.uint16, fill_value=0
+        str(folder / "volume.zarr"),
+        shape=(size,) * 3,
+        chunks=(chunk,) * 3,
+        dtype=np.uint16,
+        fill_value=0,
+        config={"write_empty_chunks": store_empty},
     )
+    if store_empty:  # every chunk on disk, as many writers leave them (compressed zeros)
+        for z in range(0, size, chunk):
+            array[z : z + chunk] = 0
     rng = np.random.default_rng(seed)
     for i in range(6):
         radius = rng.uniform(0.03, 0.07) * size
@@ -83,6 +92,9 @@ def main() -> None:
     parser.add_argument("--image", type=int, default=1024, help="pixels per image side (one ray each)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="256^3 in chunks of 32, 256^2 rays, 1 repeat")
+    parser.add_argument(
+        "--store-empty", action="store_true", help="store the empty chunks too (compressed zeros), as many writers do"
+    )
     args = parser.parse_args()
     if args.quick:
         args.size, args.chunk, args.image, args.repeats = 256, 32, 256, 1
@@ -92,7 +104,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        array = make_volume(folder, size, chunk)
+        array = make_volume(folder, size, chunk, store_empty=args.store_empty)
         total = (size // chunk + (size % chunk > 0)) ** 3
         print(f"{size}^3 uint16 Zarr volume in chunks of {chunk}^3: {total} chunks, {stored_chunks(folder)} stored\n")
         counting = CountingArray(array)

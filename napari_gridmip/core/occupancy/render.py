@@ -36,6 +36,7 @@ from napari_gridmip.core.occupancy.pyramid import (
 __all__ = ["orthographic_rays", "render_volume"]
 
 MODES = ("mip", "first_hit")
+RENDER_CAPACITY = 16  # voxels a ray records per pass on the dask path (more go on in further passes)
 
 
 class Rays(NamedTuple):
@@ -223,24 +224,30 @@ class _ChunkCache:
         return np.stack([np.searchsorted(b, voxels[:, a], side="right") - 1 for a, b in enumerate(self.bounds)], 1)
 
     def values(self, voxels: np.ndarray) -> np.ndarray:
+        """The volume's values at (n, 3) voxels, loading the chunks not yet held (all at once, in parallel)."""
         import dask
 
-        chunks = self.chunk_of(voxels)
-        ids, inverse = np.unique(chunks, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        missing = [tuple(int(i) for i in c) for c in ids if tuple(int(i) for i in c) not in self.blocks]
+        if len(voxels) == 0:
+            return np.empty(0, self.volume.dtype)
+        grid = tuple(len(b) - 1 for b in self.bounds)
+        ids = np.ravel_multi_index(tuple(self.chunk_of(voxels).T), grid)
+        order = np.argsort(ids, kind="stable")
+        ids_sorted = ids[order]
+        starts = np.flatnonzero(np.r_[True, ids_sorted[1:] != ids_sorted[:-1]])
+        chunks = [tuple(int(i) for i in np.unravel_index(ids_sorted[s], grid)) for s in starts]
+        missing = [c for c in chunks if c not in self.blocks]
         if missing:
             loaded = dask.compute(*[self.volume.blocks[c] for c in missing])
             self.reads += len(missing)
             for c, block in zip(missing, loaded):
                 self._keep(c, np.asarray(block))
         out = np.empty(len(voxels), self.volume.dtype)
-        for j, c in enumerate(ids):
-            key = tuple(int(i) for i in c)
-            block = self.blocks[key]
-            self.blocks.move_to_end(key)
-            mine = inverse == j
-            local = voxels[mine] - np.array([b[i] for b, i in zip(self.bounds, key)])
+        ends = np.r_[starts[1:], len(ids)]
+        for c, s, e in zip(chunks, starts, ends):
+            block = self.blocks[c]
+            self.blocks.move_to_end(c)
+            mine = order[s:e]
+            local = voxels[mine] - np.array([b[i] for b, i in zip(self.bounds, c)])
             out[mine] = block[local[:, 0], local[:, 1], local[:, 2]]
         return out
 
@@ -267,7 +274,7 @@ def _chunked(volume, flat, shapes, o, d, near, far, mode, threshold, batch_size,
     else:
         best = np.full(n, False if volume.dtype == np.bool_ else np.iinfo(volume.dtype).min, volume.dtype)
     first = np.full(n, np.nan, dtype)
-    capacity = 64
+    capacity = RENDER_CAPACITY
     for start, stop, size in traverse._batches(n, batch_size):
         part = slice(start, stop)
         pieces, _ = traverse.record_batch(flat, shapes, o[part], d[part], near[part], far[part], size, capacity)

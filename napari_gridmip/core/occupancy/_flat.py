@@ -22,6 +22,8 @@ class FlatPyramid(NamedTuple):
     words: jax.Array  # uint32 (n_words,)
     offsets: jax.Array  # (L,) first bit of each level
     shapes: jax.Array  # (L, 3) each level's shape
+    lo: jax.Array  # (3,) the occupied bounding box [lo, hi) (lo == hi == 0 when nothing is occupied)
+    hi: jax.Array
 
 
 def index_dtype(shapes: list[tuple[int, ...]]) -> np.dtype:
@@ -77,12 +79,25 @@ def flatten(levels: list[Any]) -> FlatPyramid:
     Packed by NumPy on the CPU backend (reading a JAX CPU array costs nothing),
     by a jitted program where the levels live on an accelerator.
     """
+    from napari_gridmip.core.occupancy.queries import bbox_of
+
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     offsets, table = layout(shapes)
     on_host = all(isinstance(level, np.ndarray) for level in levels) or jax.default_backend() == "cpu"
+    if on_host:
+        levels = [np.asarray(level) for level in levels]  # free for JAX arrays on the CPU backend
     words = _pack_host(levels) if on_host else _pack_all([jnp.asarray(level) for level in levels])
     words = jnp.pad(jnp.asarray(words), (0, bucket(words.shape[0]) - words.shape[0]))
-    return FlatPyramid(words, jnp.asarray(offsets), jnp.asarray(table))
+    box = bbox_of(levels)
+    lo, hi = (np.zeros(3), np.zeros(3)) if box is None else (box.lo, box.hi)
+    kind = offsets.dtype
+    return FlatPyramid(
+        words,
+        jnp.asarray(offsets),
+        jnp.asarray(table),
+        jnp.asarray(np.asarray(lo, kind)),
+        jnp.asarray(np.asarray(hi, kind)),
+    )
 
 
 def top_level(flat: FlatPyramid) -> jax.Array:

@@ -137,8 +137,15 @@ def occupied_bbox(levels: Sequence[Any]) -> BoundingBox | None:
     return BoundingBox(tuple(int(v) for v in lo), tuple(int(v) for v in hi))
 
 
+def bbox_of(levels: list[Any]) -> BoundingBox | None:
+    """:func:`occupied_bbox` of validated levels: on the device for JAX arrays off the CPU, else on the host."""
+    if all(isinstance(level, np.ndarray) for level in levels):
+        return _bbox_host(levels)  # a NumPy slab reduction costs less than a compiled program's launch
+    return occupied_bbox(levels)
+
+
 def _bbox_host(levels: list[Any]) -> BoundingBox | None:
-    """The same descent on sliceable arrays (dask, Zarr), one small read per slab."""
+    """The same descent on sliceable arrays (NumPy, dask, Zarr), one small read per slab."""
 
     def slab_any(level: Any, axis: int, index: int) -> bool:
         key = [slice(None)] * 3

@@ -118,18 +118,21 @@ def exit_cell(o: jax.Array, d: jax.Array, inv: jax.Array, cell: jax.Array, j: ja
     return t_exit, jnp.where(crossed, stepped, jnp.where(d == 0, cell, located))
 
 
-def start_state(shape: jax.Array, top: jax.Array, o, d, t_near, t_far, kind) -> tuple[RayState, jax.Array]:
-    """Clip a ray to the volume and ``[t_near, t_far)``: its first state and its stop time."""
-    zero = jnp.zeros(3, kind)
+def start_state(lo: jax.Array, hi: jax.Array, top: jax.Array, o, d, t_near, t_far, kind) -> tuple[RayState, jax.Array]:
+    """Clip a ray to the box ``[lo, hi)`` and ``[t_near, t_far)``: its first state and its stop time.
+
+    The box is the occupied bounding box: nothing outside it is occupied, so a
+    ray that misses it costs nothing and one that meets it starts where it enters.
+    """
     inv = reciprocal(d)
-    t0, tn = crossing(o, inv, zero), crossing(o, inv, shape)
-    inside = (o >= 0) & (o < shape.astype(o.dtype))
+    t0, tn = crossing(o, inv, lo), crossing(o, inv, hi)
+    inside = (o >= lo.astype(o.dtype)) & (o < hi.astype(o.dtype))
     entry = jnp.where(d != 0, jnp.minimum(t0, tn), jnp.where(inside, -jnp.inf, jnp.inf))
     leave = jnp.where(d != 0, jnp.maximum(t0, tn), jnp.where(inside, jnp.inf, -jnp.inf))
     t_start = jnp.maximum(entry.max(), t_near)
     t_stop = jnp.minimum(leave.min(), t_far)
     active = t_start < t_stop
-    cell = locate(o, d, inv, jnp.where(active, t_start, 0), zero, shape - 1)
+    cell = locate(o, d, inv, jnp.where(active, t_start, 0), lo, jnp.maximum(hi - 1, lo))
     false = jnp.array(False)
     state = RayState(
         t_start,
@@ -207,7 +210,7 @@ def march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry):
 def _start(flat, o, d, t_near, t_far):
     top = _flat.top_level(flat)
     kind = flat.offsets.dtype
-    return jax.vmap(lambda o, d, a, b: start_state(flat.shapes[0], top, o, d, a, b, kind))(o, d, t_near, t_far)
+    return jax.vmap(lambda o, d, a, b: start_state(flat.lo, flat.hi, top, o, d, a, b, kind))(o, d, t_near, t_far)
 
 
 def keep_active(size: int) -> int:

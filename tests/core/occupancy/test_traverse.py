@@ -148,14 +148,16 @@ def test_float64_and_a_single_ray_shape():
 
 
 def test_empty_space_is_skipped():
-    """An empty volume costs one lookup a ray; a single voxel far along a long ray costs a few dozen, not 500."""
+    """Rays are clipped to the occupied bounding box; inside it, a lone voxel far along a long ray costs a few
+    dozen lookups, not one per voxel."""
     levels = occupancy_mipmap(np.zeros((256, 40, 512), bool))
     origins = np.array([[128.5, 20.5, -1.0], [-1.0, -1.0, -1.0], [500.0, 0.0, 0.0]])
     directions = np.array([[0.0, 0.0, 1.0], [1.0, 0.1, 1.3], [1.0, 0.0, 0.0]])
     hits = traverse_occupied(levels, origins, directions)
-    assert len(hits.t_starts) == 0 and hits.lookups.tolist() == [1, 1, 0]  # the last ray misses the box
+    assert len(hits.t_starts) == 0 and hits.lookups.tolist() == [0, 0, 0]  # an empty volume has no box to enter
     volume = np.zeros((256, 40, 512), bool)
     volume[128, 20, 480] = True
+    volume[0, 0, 0] = True  # the box is the whole volume
     hits = traverse_occupied(occupancy_mipmap(volume), origins[:1], directions[:1])
     assert hits.voxels.tolist() == [[128, 20, 480]]
     assert hits.lookups[0] < 60

@@ -2,9 +2,9 @@
 
     python benchmarks/bench_traverse.py [--size 256] [--rays 256] [--repeats 3] [--quick]
 
-Volumes of ``size``^3 at 0.1%, 1% and 10% occupancy, made of a few solid blobs
-and thin spherical shells ("clustered"), and the same fractions as uniform
-random voxels. ``rays``^2 orthographic rays through the whole volume along an
+Volumes of ``size``^3 at 0.1%, 1% and 10% occupancy, made of three solid balls
+and three thin spherical shells spread through the volume ("clustered"), and the
+same fractions as uniform random voxels. ``rays``^2 orthographic rays through the whole volume along an
 oblique direction. The three methods compute the same thing, the maximum
 intensity projection of the occupied voxels (nearest voxel), all in JAX, one
 jitted program per batch, after a warm-up:
@@ -12,13 +12,14 @@ jitted program per batch, after a warm-up:
 - ours: ``render_volume`` (hierarchical DDA over the occupancy pyramid, the
   volume read inside the traversal); steps = cells looked up (``lookups``);
 - flat DDA: Amanatides-Woo over level 0 only, one voxel per step (tMax/tDelta
-  increments), the same MIP; steps = voxels of the path inside the volume;
+  increments), the same MIP; steps = voxels of the path inside the box;
 - dense sampling: a sample every 0.5 voxel along the path, nearest voxel,
   masked by level 0; steps = samples.
 
-``traverse_occupied`` (the packed list of every occupied voxel crossed, moved
-to the host) is timed too. Steps per ray are means over all rays (rays that
-miss the volume count 0 for everyone).
+All three clip the rays to the occupied bounding box first (ours finds it in
+the pyramid; the baselines are handed it). ``traverse_occupied`` (the packed
+list of every occupied voxel crossed, moved to the host) is timed too. Steps
+per ray are means over all rays (rays that miss the box count 0 for everyone).
 """
 
 from __future__ import annotations
@@ -35,28 +36,43 @@ from jax import lax
 sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine, measure, table  # noqa: E402
 
-from napari_gridmip import occupancy_mipmap, orthographic_rays, render_volume, traverse_occupied  # noqa: E402
+from napari_gridmip import (  # noqa: E402
+    occupancy_mipmap,
+    occupied_bbox,
+    orthographic_rays,
+    render_volume,
+    traverse_occupied,
+)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # volumes
 
 
 def clustered(size: int, fraction: float, seed: int = 0) -> np.ndarray:
-    """A few solid balls and thin spherical shells, grown until ``fraction`` of the voxels are occupied."""
+    """Three solid balls and three spherical shells 1.5 voxels thick, spread through the volume, all scaled
+    together (by bisection) until ``fraction`` of the voxels are occupied: clustered occupancy whose bounding
+    box is most of the volume at every fraction."""
     rng = np.random.default_rng(seed)
-    volume = np.zeros((size,) * 3, bool)
+    centres = rng.uniform(0.15, 0.85, (6, 3)) * size
     z, y, x = np.ogrid[:size, :size, :size]
-    target = fraction * volume.size
-    while volume.sum() < target:
-        centre = rng.uniform(0.15, 0.85, 3) * size
-        r2 = (z - centre[0]) ** 2 + (y - centre[1]) ** 2 + (x - centre[2]) ** 2
-        room = (target - volume.sum()) / volume.size
-        if rng.random() < 0.5:  # a ball
-            radius = min(0.12 * size, (room * volume.size * 3 / (4 * np.pi)) ** (1 / 3) + 1)
-            volume |= r2 <= radius**2
-        else:  # a shell 1.5 voxels thick
-            radius = min(0.3 * size, np.sqrt(room * volume.size / (4 * np.pi * 1.5)) + 2)
-            volume |= np.abs(np.sqrt(r2) - radius) < 0.75
+    distances = [np.sqrt((z - c[0]) ** 2 + (y - c[1]) ** 2 + (x - c[2]) ** 2) for c in centres]
+
+    def make(scale: float) -> np.ndarray:
+        volume = np.zeros((size,) * 3, bool)
+        for i, r in enumerate(distances):
+            if i % 2 == 0:
+                volume |= r <= 0.08 * size * scale
+            else:
+                volume |= np.abs(r - 0.15 * size * scale) < 0.75
+        return volume
+
+    low, high = 0.0, 4.0
+    for _ in range(20):
+        middle = (low + high) / 2
+        volume = make(middle)
+        if abs(volume.mean() / fraction - 1) < 0.05:
+            break
+        low, high = (middle, high) if volume.mean() < fraction else (low, middle)
     return volume
 
 
@@ -74,24 +90,24 @@ def values_for(occupied: np.ndarray, seed: int = 1) -> np.ndarray:
 # baselines, in JAX
 
 
-def _box(o, d, shape):
-    n = jnp.asarray(shape, o.dtype)
+def _box(o, d, lo, hi):
+    """The ray's interval inside the box [lo, hi) (the occupied bounding box: the baselines clip to it as we do)."""
+    lo, hi = lo.astype(o.dtype), hi.astype(o.dtype)
     safe = jnp.where(d == 0, 1.0, d)
-    t0, t1 = (0 - o) / safe, (n - o) / safe
-    inside = (o >= 0) & (o < n)
+    t0, t1 = (lo - o) / safe, (hi - o) / safe
+    inside = (o >= lo) & (o < hi)
     entry = jnp.where(d != 0, jnp.minimum(t0, t1), jnp.where(inside, -jnp.inf, jnp.inf)).max()
     leave = jnp.where(d != 0, jnp.maximum(t0, t1), jnp.where(inside, jnp.inf, -jnp.inf)).min()
     return entry, leave
 
 
 @jax.jit
-def flat_dda_mip(volume, occupied, origins, directions):
+def flat_dda_mip(volume, occupied, origins, directions, lo, hi):
     """Amanatides-Woo on level 0: per step, one voxel (look up, read if occupied), then the nearest plane."""
-    shape = volume.shape
-    limit = jnp.asarray(shape)
+    limit = jnp.asarray(volume.shape)
 
     def one(o, d):
-        entry, leave = _box(o, d, shape)
+        entry, leave = _box(o, d, lo, hi)
         active = entry < leave
         t = jnp.where(active, entry, 0.0)
         cell = jnp.clip(jnp.floor(o + t * d).astype(jnp.int32), 0, limit - 1)
@@ -122,11 +138,11 @@ def flat_dda_mip(volume, occupied, origins, directions):
 
 
 @jax.jit
-def dense_sampling_mip(volume, occupied, origins, directions):
+def dense_sampling_mip(volume, occupied, origins, directions, lo, hi):
     """A sample every 0.5 voxel (nearest voxel), all rays in step, masked by occupancy."""
     shape = volume.shape
     h = 0.5
-    entry, leave = jax.vmap(lambda o, d: _box(o, d, shape))(origins, directions)
+    entry, leave = jax.vmap(lambda o, d: _box(o, d, lo, hi))(origins, directions)
     active = entry < leave
     entry = jnp.where(active, entry, 0.0)
     leave = jnp.where(active, leave, 0.0)
@@ -144,16 +160,16 @@ def dense_sampling_mip(volume, occupied, origins, directions):
     return best, count
 
 
-def batched(fn, volume, occupied, origins, directions, batch=16384):
+def batched(fn, volume, occupied, origins, directions, box, batch=16384):
     starts = range(0, len(origins), batch)
-    outs = [fn(volume, occupied, origins[i : i + batch], directions[i : i + batch]) for i in starts]
+    outs = [fn(volume, occupied, origins[i : i + batch], directions[i : i + batch], *box) for i in starts]
     return jnp.concatenate([o[0] for o in outs]), jnp.concatenate([o[1] for o in outs])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, repeats, hits, same, agree):
+def timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, box, repeats, hits, same, agree):
     return [
         measure(
             "render_volume MIP (ours)",
@@ -168,13 +184,13 @@ def timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, repeats
         ),
         measure(
             "flat DDA MIP (JAX)",
-            lambda: batched(flat_dda_mip, vol_dev, occ_dev, o_dev, d_dev),
+            lambda: batched(flat_dda_mip, vol_dev, occ_dev, o_dev, d_dev, box),
             repeats=repeats,
             note=f"{same:.2%} of pixels equal to ours",
         ),
         measure(
             "dense sampling MIP, 0.5 voxel (JAX)",
-            lambda: batched(dense_sampling_mip, vol_dev, occ_dev, o_dev, d_dev),
+            lambda: batched(dense_sampling_mip, vol_dev, occ_dev, o_dev, d_dev, box),
             repeats=repeats,
             note=f"{agree:.2%} of pixels equal to ours (samples miss voxel corners)",
         ),
@@ -205,10 +221,12 @@ def main() -> None:
             volume = values_for(occupied)
             levels = occupancy_mipmap(volume, threshold=1.0)
             vol_dev, occ_dev = jnp.asarray(volume), jnp.asarray(occupied)
+            found = occupied_bbox(levels)
+            box = (jnp.asarray(found.lo), jnp.asarray(found.hi))
             ours = render_volume(vol_dev, levels, origins, directions, fill=-np.inf)
             hits = traverse_occupied(levels, origins, directions, t_near=-np.inf)
-            flat, flat_steps = batched(flat_dda_mip, vol_dev, occ_dev, o_dev, d_dev)
-            dense, dense_steps = batched(dense_sampling_mip, vol_dev, occ_dev, o_dev, d_dev)
+            flat, flat_steps = batched(flat_dda_mip, vol_dev, occ_dev, o_dev, d_dev, box)
+            dense, dense_steps = batched(dense_sampling_mip, vol_dev, occ_dev, o_dev, d_dev, box)
             same = float(np.mean(np.asarray(flat) == ours))  # the same image (float rounding may move a rare pixel)
             agree = float(np.mean(np.asarray(dense) == ours))
             label = f"{kind} {fraction:.1%} ({occupied.mean():.2%})"
@@ -216,7 +234,8 @@ def main() -> None:
             steps_rows.append(
                 (label, ours_steps, float(np.asarray(flat_steps).mean()), float(np.asarray(dense_steps).mean()), agree)
             )
-            rows = timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, args.repeats, hits, same, agree)
+            rows = timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, box, args.repeats, hits, same,
+                           agree)  # fmt: skip
             print(table(f"Wall time, {label}", rows, "render_volume MIP (ours)"))
             print()
 

@@ -24,6 +24,7 @@ class FlatPyramid(NamedTuple):
     shapes: jax.Array  # (L, 3) each level's shape
     lo: jax.Array  # (3,) the occupied bounding box [lo, hi) (lo == hi == 0 when nothing is occupied)
     hi: jax.Array
+    full: jax.Array  # the finest level whose every cell is occupied (the top, at least, when anything is)
 
 
 def index_dtype(shapes: list[tuple[int, ...]]) -> np.dtype:
@@ -90,6 +91,9 @@ def flatten(levels: list[Any]) -> FlatPyramid:
     words = jnp.pad(jnp.asarray(words), (0, bucket(words.shape[0]) - words.shape[0]))
     box = bbox_of(levels)
     lo, hi = (np.zeros(3), np.zeros(3)) if box is None else (box.lo, box.hi)
+    full = len(levels) - 1
+    while full > 0 and bool(np.asarray(levels[full - 1]).all()):  # the coarse levels are small
+        full -= 1
     kind = offsets.dtype
     return FlatPyramid(
         words,
@@ -97,6 +101,7 @@ def flatten(levels: list[Any]) -> FlatPyramid:
         jnp.asarray(table),
         jnp.asarray(np.asarray(lo, kind)),
         jnp.asarray(np.asarray(hi, kind)),
+        jnp.asarray(full, kind),
     )
 
 

@@ -33,7 +33,7 @@ from napari_gridmip.core.occupancy.pyramid import check_pyramid
 
 __all__ = ["traverse_occupied"]
 
-FRESH, UP, DOWN = 0, 1, 2  # what the next lookup is for: a new cell, a climb (level below empty), a descent
+FRESH, UP, DOWN = 0, 1, 2  # what the next lookup is for: a new cell, a climb (level below empty), a descent (see step)
 
 
 class Traversal(NamedTuple):
@@ -58,7 +58,7 @@ class RayState(NamedTuple):
     cell: jax.Array  # (3,) the level-0 voxel it stands in
     k: jax.Array  # the level of the next lookup
     mode: jax.Array  # FRESH, UP or DOWN
-    known: jax.Array  # FRESH: the level-(k+1) ancestor is known to be occupied
+    ceiling: jax.Array  # every ancestor above this level is known to be occupied: climbing stops there
     active: jax.Array
     overflow: jax.Array  # stopped at an occupied voxel with no room left to record it
     lookups: jax.Array
@@ -118,7 +118,7 @@ def exit_cell(o: jax.Array, d: jax.Array, inv: jax.Array, cell: jax.Array, j: ja
     return t_exit, jnp.where(crossed, stepped, jnp.where(d == 0, cell, located))
 
 
-def start_state(lo: jax.Array, hi: jax.Array, top: jax.Array, o, d, t_near, t_far, kind) -> tuple[RayState, jax.Array]:
+def start_state(lo: jax.Array, hi: jax.Array, full: jax.Array, o, d, t_near, t_far, kind) -> tuple[RayState, jax.Array]:
     """Clip a ray to the box ``[lo, hi)`` and ``[t_near, t_far)``: its first state and its stop time.
 
     The box is the occupied bounding box: nothing outside it is occupied, so a
@@ -134,12 +134,13 @@ def start_state(lo: jax.Array, hi: jax.Array, top: jax.Array, o, d, t_near, t_fa
     active = t_start < t_stop
     cell = locate(o, d, inv, jnp.where(active, t_start, 0), lo, jnp.maximum(hi - 1, lo))
     false = jnp.array(False)
+    start = jnp.maximum(full - 1, 0).astype(kind)  # every cell of level ``full`` is occupied: start below it
     state = RayState(
         t_start,
         cell,
-        top,
-        jnp.array(FRESH, kind),
-        false,
+        start,
+        jnp.array(DOWN, kind),
+        start,
         active,
         false,
         jnp.array(0, kind),
@@ -149,7 +150,20 @@ def start_state(lo: jax.Array, hi: jax.Array, top: jax.Array, o, d, t_near, t_fa
 
 
 def step(flat: _flat.FlatPyramid, top, capacity, o, d, inv, t_stop, s: RayState):
-    """One lookup and what follows from it. Returns (state, emitted?, (voxel, t_in, t_out))."""
+    """One lookup and what follows from it. Returns (state, emitted?, (voxel, t_in, t_out)).
+
+    The lookup at level ``k`` is for one of three things. FRESH: a cell not
+    seen yet; occupied, descend (or record the voxel at level 0); empty, climb
+    while below ``ceiling`` (every ancestor above it is known to be occupied),
+    else jump out of it. UP: climbing, the cell below known empty; occupied,
+    jump out of the one below; empty, climb on (or jump at the ceiling).
+    DOWN: descending, the parent known occupied; occupied, descend on;
+    empty, jump out of it. A jump or a recorded voxel moves the ray to the
+    next cell; the ancestors above the highest level whose ancestor changed
+    (``changed``) are the old ones, occupied, so the new ceiling is that level,
+    and the search restarts one level above the jump (next to the voxel after
+    a recorded one).
+    """
     kind = s.cell.dtype
     occupied = _flat.lookup(flat, s.k, s.cell >> s.k)
     up = s.mode == UP
@@ -157,20 +171,21 @@ def step(flat: _flat.FlatPyramid, top, capacity, o, d, inv, t_stop, s: RayState)
     overflow = at_voxel & (s.count >= capacity) & s.active
     emit = at_voxel & ~overflow & s.active
     descend = occupied & (s.k > 0) & ~up & s.active
-    climb = ~occupied & (up | ((s.mode == FRESH) & ~s.known)) & (s.k < top) & s.active
+    climb = ~occupied & (s.mode != DOWN) & (s.k < s.ceiling) & s.active
     move = (~at_voxel & ~descend & ~climb & s.active) | emit  # an inactive ray changes nothing
     j = jnp.where(emit, 0, jnp.where(up & occupied, s.k - 1, s.k))  # jump out of the coarsest empty cell
     t_exit, cell = exit_cell(o, d, inv, s.cell, j)
-    parent = j + 1
-    known = jnp.all((cell >> parent) == (s.cell >> parent)) & (j < top)
+    differ = (cell ^ s.cell).astype(jnp.int32)
+    changed = jnp.clip(jnp.max(jnp.where(differ > 0, 31 - lax.clz(differ), 0)), j, top).astype(kind)
+    restart = jnp.where(emit, 0, jnp.minimum(changed, j + 1))
     outside = jnp.any((cell < 0) | (cell >= flat.shapes[0]))
     finished = move & ((t_exit >= t_stop) | outside)
     new = RayState(
         jnp.where(move, t_exit, s.t),
         jnp.where(move, cell, s.cell),
-        jnp.where(move, j, jnp.where(descend, s.k - 1, jnp.where(climb, s.k + 1, s.k))),
+        jnp.where(move, restart, jnp.where(descend, s.k - 1, jnp.where(climb, s.k + 1, s.k))),
         jnp.where(move, FRESH, jnp.where(descend, DOWN, jnp.where(climb, UP, s.mode))).astype(kind),
-        jnp.where(move, known, s.known),
+        jnp.where(move, changed, s.ceiling),
         s.active & ~overflow & ~finished,
         s.overflow | overflow,
         s.lookups + s.active.astype(kind),
@@ -208,9 +223,8 @@ def march(flat, o, d, t_stop, state, limit, keep, capacity, consume, carry):
 
 @jax.jit
 def _start(flat, o, d, t_near, t_far):
-    top = _flat.top_level(flat)
     kind = flat.offsets.dtype
-    return jax.vmap(lambda o, d, a, b: start_state(flat.lo, flat.hi, top, o, d, a, b, kind))(o, d, t_near, t_far)
+    return jax.vmap(lambda o, d, a, b: start_state(flat.lo, flat.hi, flat.full, o, d, a, b, kind))(o, d, t_near, t_far)
 
 
 def keep_active(size: int) -> int:

@@ -29,7 +29,9 @@ DTYPES = [
     np.float32,
     np.float64,
 ]
-SHAPES = [(1, 1, 1), (1, 1, 2), (2, 1, 1), (3, 3, 3), (5, 2, 1), (7, 9, 3), (8, 8, 8), (16, 5, 11), (1, 17, 4)]
+SLOW = pytest.mark.slow
+SHAPES = [(1, 1, 1), (2, 1, 1), (5, 2, 1), (7, 9, 3), (16, 5, 11)]
+SHAPES += [pytest.param(s, marks=SLOW) for s in [(1, 1, 2), (3, 3, 3), (8, 8, 8), (1, 17, 4)]]
 
 
 def random_volume(shape, dtype, seed=0, nan_fraction=0.3):
@@ -141,7 +143,7 @@ def test_dask_is_lazy_and_equal(shape, chunks, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("as_jax", [False, True])
+@pytest.mark.parametrize("as_jax", [True, pytest.param(False, marks=SLOW)])
 def test_threshold_equals_occupancy_mipmap(dtype, as_jax):
     volume = random_volume((9, 7, 12), dtype, seed=4)
     levels = max_mipmap(volume)
@@ -215,11 +217,7 @@ volumes = hnp.arrays(
 )
 
 
-@settings(max_examples=60, deadline=None)
-@given(volume=volumes, thresholds=st.lists(st.floats(-300, 300, allow_nan=False), min_size=1, max_size=3))
-@example(volume=np.full((1, 1, 1), 1.0, np.float16), thresholds=[0.99999])
-@example(volume=np.zeros((1, 1, 1), np.float32), thresholds=[-4.862175747466944e-306])
-def test_property_threshold_of_max_is_occupancy(volume, thresholds):
+def check_threshold_of_max_is_occupancy(volume, thresholds):
     levels = max_mipmap(volume)
     assert_same_levels(levels, reference.max_levels(volume), volume.dtype)
     for t in thresholds:
@@ -227,6 +225,24 @@ def test_property_threshold_of_max_is_occupancy(volume, thresholds):
         for k, (g, w) in enumerate(zip(got, occupancy_mipmap(volume, threshold=t))):
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"t={t!r}, level {k}")
         np.testing.assert_array_equal(np.asarray(got[0]), reference.occupied(volume, t))
+
+
+thresholds = st.lists(st.floats(-300, 300, allow_nan=False), min_size=1, max_size=3)
+
+
+@settings(max_examples=20, deadline=None)  # each new shape and dtype compiles: a few dozen examples by default
+@given(volume=volumes, thresholds=thresholds)
+@example(volume=np.full((1, 1, 1), 1.0, np.float16), thresholds=[0.99999])
+@example(volume=np.zeros((1, 1, 1), np.float32), thresholds=[-4.862175747466944e-306])
+def test_property_threshold_of_max_is_occupancy(volume, thresholds):
+    check_threshold_of_max_is_occupancy(volume, thresholds)
+
+
+@SLOW
+@settings(max_examples=300, deadline=None)
+@given(volume=volumes, thresholds=thresholds)
+def test_property_threshold_of_max_is_occupancy_at_length(volume, thresholds):
+    check_threshold_of_max_is_occupancy(volume, thresholds)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: d.__name__)

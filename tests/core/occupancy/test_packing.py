@@ -62,7 +62,7 @@ def test_permutation_is_the_sorted_morton_order():
         np.testing.assert_array_equal(table, sorted(codes, key=codes.get))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     level=hnp.arrays(np.bool_, hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=12)),
     order=st.sampled_from(["c", "morton"]),

@@ -9,7 +9,9 @@ from napari_gridmip import is_empty, occupancy_mipmap, occupied_bbox, occupied_c
 from napari_gridmip.core.occupancy.queries import BoundingBox, empty_search
 from tests.core.occupancy import reference
 
-SHAPES = [(1, 1, 1), (1, 1, 9), (3, 1, 2), (7, 9, 3), (16, 5, 11), (33, 2, 17), (20, 31, 8)]
+SLOW = pytest.mark.slow
+SHAPES = [(1, 1, 1), (3, 1, 2), (16, 5, 11), (33, 2, 17)]
+SHAPES += [pytest.param(s, marks=SLOW) for s in [(1, 1, 9), (7, 9, 3), (20, 31, 8)]]
 
 
 def sparse(shape, count, seed):

@@ -1,7 +1,7 @@
 """``napari-gridmip``: the viewer, and batch subcommands for data larger than memory.
 
     napari-gridmip                                   napari with the widgets docked
-    napari-gridmip mipmap IN OUT [--threshold T]     occupancy pyramid -> OME-Zarr
+    napari-gridmip mipmap IN OUT [--threshold T] [--packed] [--bbox]   occupancy pyramid -> OME-Zarr
     napari-gridmip merge IN OUT --stride S [S ...]   patch stack -> image
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
@@ -34,7 +34,7 @@ SAMPLE_WIDGETS = {
 SAMPLE_KEYS = list(SAMPLE_WIDGETS)
 
 EXAMPLES = {
-    "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5",
+    "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5 --packed --bbox",
     "merge": "napari-gridmip merge tiles.npy merged.tif --stride 100 100 --image-shape 3 512 512 --blend gaussian",
     "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine",
     "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1",
@@ -81,6 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
     mipmap.add_argument("output", metavar="OUT", help="the OME-Zarr folder to create")
     mipmap.add_argument("--threshold", type=float, default=0.0, help="occupied where value > T (default: 0)")
     mipmap.add_argument("--scale", type=float, nargs=3, metavar=("SZ", "SY", "SX"), help="level 0's voxel size")
+    mipmap.add_argument(
+        "--packed",
+        action="store_true",
+        help="also write every level packed 8 cells a byte, in OUT/packed/s0, s1, ... (order and shape in attributes)",
+    )
+    mipmap.add_argument(
+        "--packed-order",
+        choices=["morton", "c"],
+        default="morton",
+        help="byte layout of --packed: Morton order of 2x2x2 blocks (instant-ngp's bitfield) or C order "
+        "(default: %(default)s)",
+    )
+    mipmap.add_argument(
+        "--bbox", action="store_true", help="print the bounding box of the occupied voxels (z, y, x; half-open)"
+    )
 
     merge = add("merge", "Reassemble a patch stack (grid axes first) into one image.")
     merge.add_argument("input", metavar="IN", help="patches (g1, ..., gd, *leading, p1, ..., pd)")
@@ -217,9 +232,11 @@ def run_mipmap(args: argparse.Namespace, compute: Any) -> None:
 
     volume = read_array(args.input)
     options = {"threshold": args.threshold, "scale": None if args.scale is None else tuple(args.scale)}
+    if args.packed:
+        options["packed"] = args.packed_order
     call = Call("write_mipmap", ("volume",), (_absolute(args.output),), options, result="path")
     attributes = provenance([Source("volume", path=_absolute(args.input))], [call], {})
-    write_mipmap(
+    out = write_mipmap(
         volume,
         args.output,
         threshold=args.threshold,
@@ -227,7 +244,32 @@ def run_mipmap(args: argparse.Namespace, compute: Any) -> None:
         overwrite=args.overwrite,
         compute=compute,
         attributes=attributes,
+        packed=args.packed_order if args.packed else None,
     )
+    if args.bbox:
+        print(bbox_line(out))
+
+
+def bbox_line(path: Any) -> str:
+    """The bounding box of the occupied voxels of a written pyramid (over every leading index), as one line.
+
+    Reads only the slabs that the top-down search needs, from the stored levels.
+    """
+    import dask.array as da
+    import zarr
+
+    from napari_gridmip import occupied_bbox
+
+    group = zarr.open_group(str(path), mode="r")
+    count = len(group.attrs["multiscales"][0]["datasets"]) if "multiscales" in group.attrs else None
+    if count is None:  # OME-Zarr 0.5 keeps the metadata under "ome"
+        count = len(group.attrs["ome"]["multiscales"][0]["datasets"])
+    levels = [da.from_zarr(group[f"s{k}"]) for k in range(count)]
+    lead = tuple(range(levels[0].ndim - 3))
+    box = occupied_bbox([level.any(axis=lead) if lead else level for level in levels])
+    if box is None:
+        return "occupied bounding box (z, y, x): none (no voxel above the threshold)"
+    return f"occupied bounding box (z, y, x): lo={box.lo} hi={box.hi} (half-open), shape {box.shape}"
 
 
 def run_merge(args: argparse.Namespace, compute: Any) -> None:

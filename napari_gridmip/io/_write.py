@@ -81,6 +81,7 @@ def write_mipmap(
     overwrite: bool = False,
     compute: Callable[[Any], Any] | None = None,
     attributes: Mapping[str, Any] | None = None,
+    packed: str | None = None,
 ) -> Path:
     """Write the occupancy pyramid of ``volume`` as an OME-Zarr multiscale image.
 
@@ -108,6 +109,17 @@ def write_mipmap(
         Extra JSON-able attributes for the image group, beside the NGFF
         metadata (the command line stores its provenance there, under
         ``"napari_gridmip"``).
+    packed
+        ``"morton"`` or ``"c"``: also write each level packed 8 cells to a
+        byte (:func:`~napari_gridmip.pack_occupancy`) in a ``packed`` group
+        inside the image: array ``packed/s{k}`` of uint8, shape ``(..., n)``
+        (one row of ``n`` bytes per leading index), with attributes ``order``
+        and ``shape`` (the level's ``(D, H, W)``), so that
+        ``unpack_occupancy(packed["s0"][...], shape, order=order)`` gives
+        level 0 back. The group's attributes say the same, with ``levels``
+        and a ``layout`` text. Default None: no packed levels. In C order
+        each level is packed in slabs of at most 2**26 cells; in Morton
+        order one 3D level is held in memory at a time.
 
     Returns
     -------
@@ -135,6 +147,8 @@ def write_mipmap(
     _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", _validate.shape_of(volume))
     threshold = _validate.check_finite_scalar("threshold", threshold)
+    if packed is not None:
+        _validate.check_choice("packed", packed, PACKED_ORDERS)
     axes = [{"name": name, "type": "time" if name == "t" else "channel"} for name in LEADING_AXES[: ndim - 3]]
     axes += [{"name": name, "type": "space"} for name in SPATIAL_AXES]
     with atomic_path(path, overwrite=overwrite) as temporary:
@@ -151,7 +165,49 @@ def write_mipmap(
         write_multiscales_metadata(group, datasets, axes=axes, name="occupancy")
         if attributes:
             group.attrs.update(dict(attributes))
+        if packed is not None:
+            write_packed_levels(group, count, packed)
     return Path(path)
+
+
+PACKED_ORDERS = ("morton", "c")
+PACKED_LAYOUT = {
+    "morton": "one byte per 2x2x2 block, cell (z, y, x) of the level its bit 4*(z%2) + 2*(y%2) + (x%2) (bit 0 the "
+    "least significant); bytes in Morton order of the blocks (z//2, y//2, x//2), bits interleaved ... z1 y1 x1 z0 y0 "
+    "x0, blocks outside the grid skipped (instant-ngp's bitfield for a cubic power-of-two grid)",
+    "c": "cell i of the level in C order is bit i % 8 (bit 0 the least significant) of byte i // 8 "
+    "(numpy.packbits(level.ravel(), bitorder='little'))",
+}
+SLAB_CELLS = 1 << 26  # C-order packing reads a level in z-slabs of at most this many cells
+
+
+def write_packed_levels(group: Any, count: int, order: str) -> None:
+    """The ``packed`` group: levels ``s0 .. s{count-1}`` of ``group`` packed in ``order``, read back level by level."""
+    import math
+
+    from napari_gridmip.core.occupancy.packing import pack_occupancy, packed_size
+
+    out = group.create_group("packed")
+    out.attrs.update({"order": order, "levels": count, "layout": PACKED_LAYOUT[order]})
+    for k in range(count):
+        level = group[f"s{k}"]
+        lead, (d, h, w) = tuple(level.shape[:-3]), tuple(level.shape[-3:])
+        size = packed_size((d, h, w), order)
+        array = out.create_array(
+            f"s{k}", shape=lead + (size,), chunks=(1,) * len(lead) + (min(size, 1 << 22),), dtype=np.uint8, fill_value=0
+        )
+        array.attrs.update({"order": order, "shape": [d, h, w]})
+        for index in np.ndindex(*lead):
+            if order == "morton":
+                array[index] = np.asarray(pack_occupancy(level[index], order="morton"))
+                continue
+            # C order: a slab of whole z-planes starting at a multiple of 8 cells packs on its own
+            step = 8 // math.gcd(h * w, 8)
+            rows = max(step, (SLAB_CELLS // (h * w)) // step * step)
+            for z in range(0, d, rows):
+                data = np.asarray(pack_occupancy(level[index + (slice(z, z + rows),)], order="c"))
+                start = z * h * w // 8
+                array[index + (slice(start, start + data.size),)] = data
 
 
 LEVEL_CHUNK = 128  # stored chunk of the levels written whole (a block's level 0 is 128^3)

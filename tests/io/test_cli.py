@@ -6,7 +6,14 @@ import sys
 import numpy as np
 import pytest
 
-from napari_gridmip import find_displacement, merge_patches, occupancy_mipmap, read_array
+from napari_gridmip import (
+    find_displacement,
+    merge_patches,
+    occupancy_mipmap,
+    occupied_bbox,
+    read_array,
+    unpack_occupancy,
+)
 
 
 def run(*args, cwd):
@@ -30,6 +37,7 @@ def inputs(tmp_path_factory):
     tifffile.imwrite(folder / "a.tif", a)
     tifffile.imwrite(folder / "b.tif", b)
     np.save(folder / "huge.npy", np.full((4, 12, 12), 2**40, np.int64) + np.arange(4)[:, None, None])
+    np.save(folder / "series.npy", (rng.random((2, 13, 9, 20)) > 0.995).astype(np.float32))
     return folder
 
 
@@ -66,6 +74,7 @@ def test_merge_and_correlate(inputs, tmp_path):
     [
         (["mipmap", "missing.npy", "o.zarr"], "does not exist"),
         (["mipmap"], "the following arguments are required"),
+        (["mipmap", "{inputs}/vol.npy", "o.zarr", "--packed", "--packed-order", "hilbert"], "invalid choice"),
         (["merge", "{inputs}/tiles.npy", "o.npy", "--stride", "100", "100", "--blend", "nope"], "blend must be one of"),
         (["merge", "{inputs}/tiles.npy", "o.txt", "--stride", "100", "100"], "must end in .npy, .tif, .tiff or .zarr"),
         (["correlate", "{inputs}/a.tif", "{inputs}/b.tif", "o.zarr", "--window", "8", "9"], "odd"),
@@ -247,3 +256,47 @@ def test_stitch_keeps_an_existing_positions_file(mosaic_folder, tmp_path):
                cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2 and "already exists" in done.stderr
     assert (tmp_path / "m.positions.csv").read_text() == "mine" and not (tmp_path / "m.tif").exists()
+@pytest.mark.parametrize("order", ["morton", "c"])
+def test_mipmap_packed_and_bbox(inputs, tmp_path, order):
+    import zarr
+
+    args = ["mipmap", str(inputs / "vol.npy"), "p.ome.zarr", "--threshold", "100", "--packed", "--packed-order", order]
+    done = run(*args, "--bbox", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    levels = occupancy_mipmap(np.load(inputs / "vol.npy"), threshold=100)
+    box = occupied_bbox(levels)
+    want = f"occupied bounding box (z, y, x): lo={box.lo} hi={box.hi} (half-open), shape {box.shape}"
+    assert done.stdout.strip() == want
+    group = zarr.open_group(str(tmp_path / "p.ome.zarr"), mode="r")
+    assert group["packed"].attrs["order"] == order and group["packed"].attrs["levels"] == len(levels)
+    for k, level in enumerate(levels):
+        stored = group[f"packed/s{k}"]
+        assert stored.dtype == np.uint8 and list(stored.attrs["shape"]) == list(level.shape)
+        back = unpack_occupancy(stored[...], tuple(stored.attrs["shape"]), order=stored.attrs["order"])
+        np.testing.assert_array_equal(np.asarray(back), np.asarray(level))
+    np.testing.assert_array_equal(read_array(tmp_path / "p.ome.zarr").compute(), np.asarray(levels[0]))  # still OME
+
+
+def test_mipmap_packed_with_leading_axes(inputs, tmp_path):
+    import zarr
+
+    done = run("mipmap", str(inputs / "series.npy"), "s.ome.zarr", "--packed", "--packed-order", "c", "--bbox",
+               "--quiet", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    series = np.load(inputs / "series.npy")
+    union = occupied_bbox(occupancy_mipmap(series.any(axis=0)))
+    assert f"lo={union.lo} hi={union.hi}" in done.stdout
+    group = zarr.open_group(str(tmp_path / "s.ome.zarr"), mode="r")
+    levels = occupancy_mipmap(series)
+    for k, level in enumerate(levels):
+        stored = group[f"packed/s{k}"]
+        for t in range(2):
+            back = unpack_occupancy(stored[t], level.shape[1:], order="c")
+            np.testing.assert_array_equal(np.asarray(back), np.asarray(level)[t])
+
+
+def test_mipmap_bbox_of_nothing(tmp_path):
+    np.save(tmp_path / "zeros.npy", np.zeros((5, 6, 7), np.uint8))
+    done = run("mipmap", "zeros.npy", "z.ome.zarr", "--bbox", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "occupied bounding box (z, y, x): none (no voxel above the threshold)"

@@ -1,4 +1,4 @@
-"""The occupancy pyramid of a dask volume: lazily, block by block, with the in-memory kernel inside each block.
+"""The occupancy and max pyramids of a dask volume: lazily, block by block, with the in-memory kernel inside each block.
 
 In the manner of dask-image: dask arrays in, dask arrays out, and nothing is
 computed by the call itself. Each task receives NumPy blocks and returns NumPy
@@ -11,6 +11,7 @@ for bit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,33 @@ BLOCK_LEVELS = 7  # mipmap blocks of up to 2**7 = 128 voxels a side: 2 MiB of ui
 def occupancy_mipmap(volume: Any, threshold: float) -> list[Any]:
     """Levels of a dask ``(..., D, H, W)`` volume as dask bool arrays (validated by the caller)."""
 
+    def levels_of(block: np.ndarray) -> list[Any]:
+        from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
+
+        return in_memory(block, threshold=threshold)
+
+    def coarse(level: np.ndarray) -> list[Any]:  # a bool level with threshold 0.5 is its own level 0
+        from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
+
+        return in_memory(level, threshold=0.5)
+
+    return _mipmap(volume, levels_of, coarse, np.dtype(bool))
+
+
+def max_mipmap(volume: Any) -> list[Any]:
+    """Max-pyramid levels of a dask ``(..., D, H, W)`` volume, in its dtype (validated by the caller)."""
+
+    def levels_of(block: np.ndarray) -> list[Any]:
+        from napari_gridmip.core.occupancy.pyramid import max_mipmap as in_memory
+
+        return in_memory(block)
+
+    return _mipmap(volume, levels_of, levels_of, volume.dtype)
+
+
+def _mipmap(volume: Any, levels_of: Callable, coarse: Callable, dtype: np.dtype) -> list[Any]:
+    """The pyramid of ``volume`` made block by block with ``levels_of`` (block -> its levels), and the
+    coarsest levels reduced from level ``b`` with ``coarse`` (level -> its levels)."""
     from napari_gridmip.core.occupancy.pyramid import mipmap_shapes
 
     lead = volume.ndim - 3
@@ -31,14 +59,16 @@ def occupancy_mipmap(volume: Any, threshold: float) -> list[Any]:
     spatial = [_aligned_chunks(n, chunks, size) for n, chunks in zip(volume.shape[-3:], volume.chunks[-3:])]
     volume = volume.rechunk(tuple((1,) * n for n in volume.shape[:lead]) + tuple(spatial))
 
-    packed = _packed_levels(volume, threshold, b + 1)
-    levels = [_unpack(packed, k, lead, [[_halved(c, k) for c in axis] for axis in spatial]) for k in range(b + 1)]
+    packed = _packed_levels(volume, levels_of, b + 1)
+    levels = [
+        _unpack(packed, k, lead, [[_halved(c, k) for c in axis] for axis in spatial], dtype) for k in range(b + 1)
+    ]
     if top > b:
-        levels += _coarse_levels(levels[b], lead, b, top)
+        levels += _coarse_levels(levels[b], coarse, lead, b, top, dtype)
     return levels
 
 
-def _packed_levels(volume: Any, threshold: float, count: int) -> Any:
+def _packed_levels(volume: Any, levels_of: Callable, count: int) -> Any:
     """One task per block of ``volume``: the block's first ``count`` levels, as a list in a 1-element object block.
 
     Every level of a block comes from one call of the in-memory kernel; the
@@ -46,9 +76,7 @@ def _packed_levels(volume: Any, threshold: float, count: int) -> Any:
     """
 
     def block_levels(block: np.ndarray) -> np.ndarray:
-        from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
-
-        levels = in_memory(np.asarray(block).reshape(block.shape[-3:]), threshold=threshold)
+        levels = levels_of(np.asarray(block).reshape(block.shape[-3:]))
         packed = np.empty((1,) * block.ndim, dtype=object)
         packed.flat[0] = [np.asarray(level) for level in levels[:count]]
         return packed
@@ -66,7 +94,7 @@ def _halved(n: int, k: int) -> int:
     return -(-n // 2**k)
 
 
-def _unpack(packed: Any, k: int, lead: int, spatial_chunks: list[list[int]]) -> Any:
+def _unpack(packed: Any, k: int, lead: int, spatial_chunks: list[list[int]], dtype: np.dtype) -> Any:
     """Level ``k`` out of the per-block lists of levels (a block smaller than ``2**k`` has reached (1, 1, 1))."""
     chunks = tuple(packed.chunks[:lead]) + tuple(tuple(axis) for axis in spatial_chunks)
 
@@ -75,15 +103,15 @@ def _unpack(packed: Any, k: int, lead: int, spatial_chunks: list[list[int]]) -> 
         level = levels[min(k, len(levels) - 1)]
         return level.reshape((1,) * lead + level.shape)
 
-    return packed.map_blocks(take, dtype=bool, chunks=chunks)
+    return packed.map_blocks(take, dtype=dtype, chunks=chunks)
 
 
-def _coarse_levels(level_b: Any, lead: int, b: int, top: int) -> list[Any]:
+def _coarse_levels(level_b: Any, coarse: Callable, lead: int, b: int, top: int, dtype: np.dtype) -> list[Any]:
     """Levels ``b + 1 .. top`` from level ``b``, which is small: one block per leading index."""
     whole = level_b.rechunk(tuple((1,) * n for n in level_b.shape[:lead]) + tuple((n,) for n in level_b.shape[lead:]))
-    packed = _packed_levels(whole, 0.5, top - b + 1)  # a bool level with threshold 0.5 is its own level 0
+    packed = _packed_levels(whole, coarse, top - b + 1)
     out = []
     for k in range(b + 1, top + 1):
         spatial = [[_halved(n, k - b)] for n in level_b.shape[lead:]]
-        out.append(_unpack(packed, k - b, lead, spatial))
+        out.append(_unpack(packed, k - b, lead, spatial, dtype))
     return out

@@ -24,6 +24,10 @@ DATA_ARGUMENTS = {
     "merge_patches": ("patches", "image_shape", "stride"),
     "windowed_pearson": ("img1", "img2", "window"),
     "find_displacement": ("img1", "img2", "window"),
+    "integrate_gradient": ("gy", "gx"),
+    "phase_from_displacement": ("dy", "dx"),
+    "strain_field": ("dy", "dx"),
+    "local_correlation_image": ("movie",),
     "read_array": ("path",),
     "write_mipmap": ("volume", "path"),
 }

@@ -19,6 +19,10 @@ _API = {
     "merge_patches": "patches.grid",
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",
+    "integrate_gradient": "correlation.fields",
+    "phase_from_displacement": "correlation.fields",
+    "strain_field": "correlation.fields",
+    "local_correlation_image": "correlation.timeseries",
 }
 
 __all__ = sorted(_API)

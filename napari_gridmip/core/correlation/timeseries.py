@@ -1,0 +1,331 @@
+"""Summary images of a movie: the local correlation image of calcium imaging (CaImAn's ``Cn``).
+
+For a movie ``(..., T, Y, X)``, each pixel's value is the mean, over its
+in-image neighbours (8 or 4), of the Pearson correlation over time between
+the pixel and the neighbour, as CaImAn's ``local_correlations`` defines it:
+a pixel inside a cell flickers with its neighbours and scores near 1, a
+pixel of noise near 0.
+
+The movie is read once, in chunks of frames. Each chunk's moments (per pixel:
+its mean; per pixel and per neighbour offset: the centred sums of squares and
+products) are computed on the device in the compute dtype, after subtracting
+a reference frame (the movie's first) in the input's own precision; the
+chunks' moments are merged on the host in float64 (Chan, Golub and LeVeque's
+pairwise update), so memory holds one chunk and a few images of sums, and
+long movies lose no precision to running sums. ``corr(p, q) = corr(q, p)``:
+the 8 neighbours cost 4 offsets, (0, 1), (1, 0), (1, 1) and (1, -1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
+from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+
+__all__ = ["local_correlation_image"]
+
+NEIGHBOURS = (8, 4)
+# (row, column) offsets whose correlations make each neighbourhood; each serves both pixels of a pair
+OFFSETS = {4: ((0, 1), (1, 0)), 8: ((0, 1), (1, 0), (1, 1), (1, -1))}
+CHUNK_BYTES = 64 * 2**20  # default chunk: this many bytes of compute-dtype frames
+UNROLL_FRAMES = 8  # products of this many frames per step of the loop over a chunk
+
+ProgressCallback = Callable[[int, int], None]
+
+
+# -- moments of one chunk -----------------------------------------------------------------------
+
+
+def _pair(a: jax.Array | np.ndarray, offset: tuple[int, int]) -> tuple[Any, Any]:
+    """The two views of ``a`` (``(..., Y, X)``) whose elementwise pairs are the pixels ``p`` and ``p + offset``."""
+    dy, dx = offset
+    rows, cols = a.shape[-2:]
+    first = a[..., : rows - dy, max(0, -dx) : cols - max(0, dx)]
+    second = a[..., dy:, max(0, dx) : cols - max(0, -dx)]
+    return first, second
+
+
+def _frame_terms(d: jax.Array, offsets: tuple) -> tuple[jax.Array, ...]:
+    """One centred frame's contributions: its square, then its product with each offset's neighbour."""
+    return (d * d, *(a * b for a, b in (_pair(d, o) for o in offsets)))
+
+
+@partial(jax.jit, static_argnames=("offsets",))
+def _chunk_moments(x: jax.Array, count: jax.Array, *, offsets: tuple) -> tuple[jax.Array, ...]:
+    """The moments of a chunk ``x`` ``(B, F, Y, X)`` whose first ``count`` frames are real (the rest padding).
+
+    Returns the per-pixel mean over those frames, then the centred sums of
+    squares and of each offset's products (``(B, Y, X)`` and smaller).
+    Centring on the chunk's own mean keeps the float32 sums exact to a few ulp
+    whatever the movie's offset; the products over frames run as unrolled
+    multiply-adds in a loop over blocks of frames (XLA's CPU backend fuses
+    those into one vectorised pass; a reduce over the frame axis is many
+    times slower).
+    """
+    frames = x.shape[1]
+    real = (jnp.arange(frames) < count).astype(x.dtype)
+    n = jnp.maximum(count, 1).astype(x.dtype)
+    mean = jnp.einsum("f,bfyx->byx", real, x, precision=lax.Precision.HIGHEST) / n
+
+    def term(f):
+        frame = lax.dynamic_index_in_dim(x, f, 1, keepdims=False) if not isinstance(f, int) else x[:, f]
+        weight = lax.dynamic_index_in_dim(real, f, 0, keepdims=False) if not isinstance(f, int) else real[f]
+        return _frame_terms((frame - mean) * weight, offsets)
+
+    def add(acc, f):
+        return tuple(a + b for a, b in zip(acc, term(f)))
+
+    blocks, rest = divmod(frames, UNROLL_FRAMES)
+
+    def block(i, acc):
+        first = i * UNROLL_FRAMES
+        for f in range(UNROLL_FRAMES):
+            acc = add(acc, first + f)
+        return acc
+
+    acc = tuple(jnp.zeros_like(t) for t in _frame_terms(mean, offsets))
+    if blocks:
+        acc = lax.fori_loop(0, blocks, block, acc)
+    for f in range(blocks * UNROLL_FRAMES, frames):
+        acc = add(acc, f)
+    return (mean, *acc)
+
+
+class _Moments:
+    """The movie's moments so far, in float64, merged chunk by chunk (and mergeable with each other)."""
+
+    def __init__(self, shape: tuple[int, int, int], offsets: tuple):
+        self.offsets = offsets
+        self.n = 0
+        self.s1 = np.zeros(shape)  # sum of x - reference
+        self.s2 = np.zeros(shape)  # sum of (x - reference)^2
+        self.cross = [np.zeros(_pair(self.s1, o)[0].shape) for o in offsets]  # sum of products per offset
+
+    def add(self, count: int, moments: tuple) -> None:
+        mean, centred_squares, *centred_cross = (np.asarray(m, np.float64) for m in moments)
+        self.n += count
+        self.s1 += count * mean
+        self.s2 += centred_squares + count * mean * mean
+        for total, centred, offset in zip(self.cross, centred_cross, self.offsets):
+            a, b = _pair(mean, offset)
+            total += centred + count * a * b
+
+    def packed(self) -> np.ndarray:
+        """``(2 + offsets, B, Y, X)``: the sums, the cross sums zero-padded to the image (dask reduces these)."""
+        out = np.zeros((2 + len(self.offsets),) + self.s1.shape)
+        out[0], out[1] = self.s1, self.s2
+        for k, (total, offset) in enumerate(zip(self.cross, self.offsets)):
+            _pair(out[2 + k], offset)[0][...] = total
+        return out
+
+    @classmethod
+    def unpacked(cls, packed: np.ndarray, n: int, offsets: tuple) -> _Moments:
+        moments = cls(packed.shape[1:], offsets)
+        moments.n = n
+        moments.s1, moments.s2 = packed[0], packed[1]
+        moments.cross = [np.array(_pair(packed[2 + k], o)[0]) for k, o in enumerate(offsets)]
+        return moments
+
+    def image(self) -> np.ndarray:
+        """The local correlation image ``(B, Y, X)``, float64."""
+        n = max(self.n, 1)
+        variance = np.maximum(self.s2 - self.s1 * self.s1 / n, 0)
+        std = np.sqrt(variance)
+        total = np.zeros_like(self.s1)
+        neighbours = np.zeros_like(self.s1)
+        for cross, offset in zip(self.cross, self.offsets):
+            s1_p, s1_q = _pair(self.s1, offset)
+            std_p, std_q = _pair(std, offset)
+            scale = std_p * std_q
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = np.where(scale > 0, (cross - s1_p * s1_q / n) / np.where(scale > 0, scale, 1), 0)
+            r = np.clip(r, -1, 1)  # rounding; NaN stays NaN
+            for view in _pair(total, offset):
+                view += r
+            for view in _pair(neighbours, offset):
+                view += 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(neighbours > 0, total / np.where(neighbours > 0, neighbours, 1), np.nan)
+
+
+# -- feeding chunks -------------------------------------------------------------------------------
+
+
+def _work_dtype(source: np.dtype) -> np.dtype:
+    """The precision of ``movie - reference``: the input's own for floats (a float32 difference is correctly
+    rounded), int64 for integers and bools (exact)."""
+    if source == np.bool_ or np.issubdtype(source, np.integer):
+        return np.dtype(np.int64)
+    if source.itemsize < 4 or source.name == "bfloat16":
+        return np.dtype(np.float32)  # their differences are exact in float32
+    return source
+
+
+def host_chunk(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype) -> np.ndarray:
+    """``chunk - reference`` ``(B, n, Y, X)``, computed in the input's precision, rounded once into a ``dtype``
+    buffer of ``frames`` frames (zeros after the ``n`` real ones) that JAX's CPU backend aliases."""
+    batch, count, rows, cols = chunk.shape
+    buffer = aligned_empty((batch, frames, rows, cols), dtype)
+    if chunk.dtype == np.bool_:
+        chunk, reference = chunk.view(np.uint8), reference.view(np.uint8)
+    work = _work_dtype(np.dtype(chunk.dtype))
+    np.subtract(chunk, reference[:, None], out=buffer[:, :count], dtype=work, casting="unsafe")
+    buffer[:, count:] = 0
+    return buffer
+
+
+def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple):
+    """The moments of a NumPy chunk ``(B, n, Y, X)`` (``n <= frames``), padded to ``frames`` frames."""
+    buffer = host_chunk(chunk, reference, frames, dtype)
+    with precision_scope(dtype):
+        return _chunk_moments(owned_to_device(buffer), jnp.int32(chunk.shape[1]), offsets=offsets)
+
+
+@partial(jax.jit, static_argnames=("frames", "dtype"))
+def _device_chunk(movie: jax.Array, reference: jax.Array, start: jax.Array, *, frames: int, dtype: Any) -> jax.Array:
+    """Frames ``[start, start + frames)`` of a JAX movie ``(B, T, Y, X)`` minus the reference, as ``dtype``.
+
+    One shape for every chunk: the last one is sliced from earlier (a dynamic slice is clamped),
+    rolled so that its new frames come first, and the rest zeroed, as the host chunks are padded.
+    """
+    total = movie.shape[1]
+    first = jnp.minimum(start, total - frames)
+    block = jnp.roll(lax.dynamic_slice_in_dim(movie, first, frames, axis=1), first - start, axis=1)
+    work = _work_dtype(np.dtype(movie.dtype))
+    block = (block.astype(work) - reference[:, None].astype(work)).astype(dtype)
+    fresh = jnp.arange(frames) < total - start
+    return jnp.where(fresh[None, :, None, None], block, 0)
+
+
+def default_chunk_frames(batch: int, rows: int, cols: int, dtype: np.dtype) -> int:
+    """As many frames as make ``CHUNK_BYTES`` of ``dtype`` (at least one)."""
+    return max(1, CHUNK_BYTES // (batch * rows * cols * np.dtype(dtype).itemsize))
+
+
+# -- public API --------------------------------------------------------------------------------
+
+
+def local_correlation_image(
+    movie: Any,
+    *,
+    neighbours: int = 8,
+    dtype: Any = None,
+    chunk_frames: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> Any:
+    """The local correlation image of a movie (CaImAn's ``local_correlations``).
+
+    Parameters
+    ----------
+    movie
+        ``(..., T, Y, X)``: T frames of Y x X pixels, any leading batch axes
+        (each movie on its own); bool, integer or real float; NumPy, JAX, Zarr
+        or dask. NaN in a pixel makes its value, and its neighbours', NaN.
+    neighbours
+        8 (default: the 3x3 neighbourhood) or 4 (the pixels sharing a side).
+    dtype
+        ``float32`` (default) or ``float64``: the precision of each chunk's
+        sums (the merge across chunks is always float64).
+    chunk_frames
+        Frames per chunk; default as many as make 64 MiB of ``dtype``. A dask
+        movie keeps its own chunks along T when each is under 256 MiB.
+    progress
+        Optional ``progress(done, total)``, called after each chunk of frames
+        (``total`` chunks); it may raise to stop the computation. For a dask
+        movie it is called from the task that finished the chunk, in this
+        process's threads (pass None on a distributed cluster).
+
+    Returns
+    -------
+    jax.Array, or dask.array.Array for dask inputs
+        ``(..., Y, X)``, ``dtype``: each pixel's Pearson correlation over the
+        T frames with each of its in-image neighbours, averaged over the
+        neighbours it has (a corner pixel has 3 of 8, an edge pixel 5; with 4
+        neighbours, 2 and 3). A pair with a constant pixel (zero variance)
+        correlates as 0 and still counts, as in CaImAn's FFT variant; a
+        one-pixel image, with no neighbours, gives NaN. Values lie in
+        [-1, 1]. A dask movie gives a lazy dask array: one task per chunk of
+        frames (whole images), a tree sum of the chunks' float64 moments, and
+        a last task for the image, so memory holds a few chunks, never the
+        movie.
+
+    Raises
+    ------
+    ValueError
+        If ``movie`` has fewer than 3 axes or a zero-length axis, its dtype is
+        not real, ``neighbours`` is not 8 or 4, or ``chunk_frames`` is not a
+        positive integer.
+    TypeError
+        If ``movie`` is not an array.
+
+    References
+    ----------
+    A. Giovannucci et al., "CaImAn an open source tool for scalable calcium
+    imaging data analysis", eLife 8, e38173 (2019); ``caiman.summary_images``.
+    T. F. Chan, G. H. Golub and R. J. LeVeque, "Algorithms for computing the
+    sample variance: analysis and recommendations", Am. Stat. 37(3), 242-247
+    (1983).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> movie = rng.normal(size=(200, 16, 16))
+    >>> movie[:, 4:8, 4:8] += 3 * rng.normal(size=(200, 1, 1))  # a cell flickering as one
+    >>> image = np.asarray(local_correlation_image(movie))
+    >>> bool(image[5, 5] > 0.8 and abs(image[12, 12]) < 0.2)
+    True
+    """
+    movie = _validate.as_array("movie", movie)
+    _validate.check_real("movie", movie)
+    shape = _validate.check_ndim("movie", movie, min_ndim=3)
+    _validate.check_nonempty("movie", shape)
+    if isinstance(neighbours, (bool, np.bool_)) or neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours must be 8 or 4; got {neighbours!r}")
+    dtype = compute_dtype(dtype)
+    if chunk_frames is not None:
+        (chunk_frames,) = _validate.int_tuple("chunk_frames", [chunk_frames])
+    offsets = OFFSETS[int(neighbours)]
+    lead, (frames_total, rows, cols) = shape[:-3], shape[-3:]
+    if _validate.is_dask(movie):
+        from napari_gridmip.core.correlation import _chunked
+
+        return _chunked.local_correlation_image(movie, offsets, dtype, chunk_frames, progress)
+    batch = math.prod(lead)
+    chunk_frames = min(chunk_frames or default_chunk_frames(batch, rows, cols, dtype), frames_total)
+    starts = list(range(0, frames_total, chunk_frames))
+    moments = _Moments((batch, rows, cols), offsets)
+    if isinstance(movie, jax.Array):
+        with precision_scope(movie.dtype if is_wide(movie.dtype) else dtype):
+            flat = movie.reshape((batch, frames_total, rows, cols))
+            reference = flat[:, 0]
+            for done, start in enumerate(starts):
+                block = _device_chunk(flat, reference, jnp.int32(start), frames=chunk_frames, dtype=dtype.name)
+                count = min(chunk_frames, frames_total - start)
+                moments.add(count, _chunk_moments(block, jnp.int32(count), offsets=offsets))
+                _report(progress, done + 1, len(starts))
+    else:
+        reference = np.asarray(movie[..., 0, :, :]).reshape(batch, rows, cols)
+        for done, start in enumerate(starts):
+            chunk = np.asarray(movie[..., start : start + chunk_frames, :, :])
+            chunk = chunk.reshape(batch, chunk.shape[-3], rows, cols)
+            moments.add(chunk.shape[1], chunk_moments_of_host(chunk, reference, chunk_frames, dtype, offsets))
+            _report(progress, done + 1, len(starts))
+    image = moments.image().reshape(lead + (rows, cols))
+    with precision_scope(dtype):
+        return jnp.asarray(image.astype(dtype))
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)

@@ -19,7 +19,7 @@ displacement ``(dy, dx)`` is :func:`~napari_gridmip.find_displacement`'s:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -98,6 +98,13 @@ def _as_compute(array: Any, dtype: np.dtype) -> jax.Array:
     if isinstance(array, jax.Array):  # tracers included
         return array.astype(dtype)
     return to_device(np.asarray(array).astype(dtype, copy=False))
+
+
+def _any_unknown(*arrays: jax.Array) -> bool | None:
+    """Whether any value is NaN or infinite; None when the arrays are being traced (a caller's jit)."""
+    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+        return None
+    return not bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays])))
 
 
 def _flat(array: jax.Array) -> jax.Array:
@@ -283,7 +290,16 @@ def _membrane_fill(z: jax.Array, free: jax.Array, tolerance: float) -> jax.Array
     return jnp.where(free, filled, z)
 
 
-def _least_squares(gy: jax.Array, gx: jax.Array, sampling: str, tolerance: float) -> jax.Array:
+def _choose(holes: bool | None, plain: Callable, with_holes: Callable, known: Any, operand: Any) -> Any:
+    """``with_holes(operand)`` or ``plain(operand)``: decided by the caller (``holes`` True or False, from the
+    data it holds; the programs stay small) or, under a caller's jit (None), by ``known`` on the device."""
+    if holes is None:
+        all_known = jnp.all(jnp.stack([jnp.all(k) for k in known]))
+        return lax.cond(all_known, plain, with_holes, operand)
+    return with_holes(operand) if holes else plain(operand)
+
+
+def _least_squares(gy: jax.Array, gx: jax.Array, sampling: str, tolerance: float, holes: bool | None) -> jax.Array:
     """The least-squares surface of ``(B, M, N)`` slopes per pixel, NaN slopes left out and filled."""
     rows, cols = gy.shape[-2:]
     solver = _LeastSquares(rows, cols, np.dtype(gy.dtype), sampling)
@@ -300,8 +316,7 @@ def _least_squares(gy: jax.Array, gx: jax.Array, sampling: str, tolerance: float
         z = _membrane_fill(z, _known_edges_at(weights) == 0, tolerance)  # pixels with no known slope
         return z - jnp.mean(z, axis=(-2, -1), keepdims=True)
 
-    all_known = jnp.all(jnp.stack([jnp.all(k) for k in known]))
-    return lax.cond(all_known, lambda s: s, with_holes, start)
+    return _choose(holes, lambda s: s, with_holes, known, start)
 
 
 def _central_differences(z: jax.Array, axis: int) -> jax.Array:
@@ -318,33 +333,34 @@ def _central_differences(z: jax.Array, axis: int) -> jax.Array:
     return (before + after) / 2
 
 
-@partial(jax.jit, static_argnames=("method", "sampling", "mirror", "spacing"))
-def _integrate(gy, gx, *, method, sampling, mirror, spacing):
-    """The surface of ``(B, M, N)`` gradients (already of the compute dtype)."""
+@partial(jax.jit, static_argnames=("method", "sampling", "mirror", "holes"))
+def _integrate(gy, gx, spacing, *, method, sampling, mirror, holes):
+    """The surface of ``(B, M, N)`` gradients (already of the compute dtype); ``spacing`` a ``(2,)`` array;
+    ``holes``: whether any slope is NaN or infinite (None: not known on the host)."""
     rows, cols = gy.shape[-2:]
     dtype = np.dtype(gy.dtype)
     tolerance = FILL_TOLERANCE_64 if dtype == np.float64 else FILL_TOLERANCE
     gy, gx = gy * spacing[0], gx * spacing[1]  # slopes per pixel
+    finite_y, finite_x = jnp.isfinite(gy), jnp.isfinite(gx)
     if method == "least-squares":
-        z = _least_squares(gy, gx, sampling, tolerance)
+        z = _least_squares(gy, gx, sampling, tolerance, holes)
     else:
         solver = _FrankotChellappa(rows, cols, dtype, mirror)
-        finite_y, finite_x = jnp.isfinite(gy), jnp.isfinite(gx)
 
         def filled(slopes):  # unknown samples: the slopes of the least-squares surface, holes filled
             gy, gx = slopes
-            z = _least_squares(gy, gx, "centred", tolerance)
-            return jnp.where(finite_y, gy, _central_differences(z, -2)), jnp.where(
-                finite_x, gx, _central_differences(z, -1)
+            z = _least_squares(gy, gx, "centred", tolerance, True)
+            return (
+                jnp.where(finite_y, gy, _central_differences(z, -2)),
+                jnp.where(finite_x, gx, _central_differences(z, -1)),
             )
 
-        all_known = jnp.all(finite_y) & jnp.all(finite_x)
-        gy, gx = lax.cond(all_known, lambda s: s, filled, (gy, gx))
+        gy, gx = _choose(holes, lambda s: s, filled, (finite_y, finite_x), (gy, gx))
         z = solver.unweighted(solver.slopes_transposed((gy, gx)))
     # nothing known at all: no surface (a single pixel has no edges, and its surface is 0)
-    if rows * cols > 1:
-        finite = jnp.isfinite(gy) | jnp.isfinite(gx)
-        z = jnp.where(jnp.any(finite, axis=(-2, -1), keepdims=True), z, jnp.nan)
+    if rows * cols > 1 and holes is not False:
+        anything = jnp.any(finite_y | finite_x, axis=(-2, -1), keepdims=True)
+        z = jnp.where(anything, z, jnp.nan)
     return z
 
 
@@ -417,8 +433,8 @@ def _window_moments(g: jax.Array, half: int, axis: int, degree: int) -> tuple[ja
     return tuple(out)
 
 
-@partial(jax.jit, static_argnames=("window", "kind", "spacing"))
-def _strain(dy, dx, *, window, kind, spacing):
+@partial(jax.jit, static_argnames=("window", "kind"))
+def _strain(dy, dx, spacing, *, window, kind):
     """``(exx, eyy, exy)`` of ``(B, M, N)`` displacements (already of the compute dtype)."""
     half_y, half_x = window[0] // 2, window[1] // 2
     valid = jnp.isfinite(dy) & jnp.isfinite(dx)
@@ -583,8 +599,9 @@ def integrate_gradient(
         return _chunked.integrate_gradient(gy, gx, dtype, options)
     shape = _validate.shape_of(gy)
     with precision_scope(dtype):
-        z = _integrate(_flat(_as_compute(gy, dtype)), _flat(_as_compute(gx, dtype)), **options)
-        return z.reshape(shape)
+        gy, gx = _flat(_as_compute(gy, dtype)), _flat(_as_compute(gx, dtype))
+        spacing = jnp.asarray(options.pop("spacing"), dtype)
+        return _integrate(gy, gx, spacing, holes=_any_unknown(gy, gx), **options).reshape(shape)
 
 
 def phase_from_displacement(
@@ -761,5 +778,6 @@ def strain_field(
 
         return Strain(*_chunked.strain_field(dy, dx, dtype, options))
     with precision_scope(dtype):
-        parts = _strain(_flat(_as_compute(dy, dtype)), _flat(_as_compute(dx, dtype)), **options)
+        spacing = jnp.asarray(options.pop("spacing"), dtype)
+        parts = _strain(_flat(_as_compute(dy, dtype)), _flat(_as_compute(dx, dtype)), spacing, **options)
         return Strain(*(p.reshape(shape) for p in parts))

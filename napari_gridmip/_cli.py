@@ -4,6 +4,7 @@
     napari-gridmip mipmap IN OUT [--threshold T]     occupancy pyramid -> OME-Zarr
     napari-gridmip merge IN OUT --stride S [S ...]   patch stack -> image
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
+    napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
 
 Every subcommand reads lazily (dask), computes block by block with a progress
 bar, writes under a temporary name that is renamed when complete, and on bad
@@ -27,6 +28,7 @@ EXAMPLES = {
     "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5",
     "merge": "napari-gridmip merge tiles.npy merged.tif --stride 100 100 --image-shape 3 512 512 --blend gaussian",
     "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine",
+    "corrimage": "napari-gridmip corrimage movie.tif correlation.tif --neighbours 8",
 }
 
 
@@ -51,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", choices=SAMPLE_KEYS, default="occupancy", help="sample to open (default: %(default)s)"
     )
     parser.add_argument("--no-sample", action="store_true", help="open no sample")
-    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate}")
+    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate,corrimage}")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(
@@ -88,7 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     correlate.add_argument("--dtype", default="float32", choices=["float32", "float64"])
 
-    for sub in (mipmap, merge, correlate):
+    corrimage = add("corrimage", "The local correlation image of a movie (CaImAn's correlation image, Cn).")
+    corrimage.add_argument("movie", metavar="MOVIE", help="the movie (..., T, Y, X): .npy, .tif/.tiff or Zarr")
+    corrimage.add_argument("output", metavar="OUT", help="the image to write (..., Y, X): .npy, .tif/.tiff or .zarr")
+    corrimage.add_argument(
+        "--neighbours", type=int, choices=[8, 4], default=8, help="8 (3x3) or 4 (sides) neighbours (default: 8)"
+    )
+    corrimage.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    corrimage.add_argument("--chunk-frames", type=int, help="frames per task (default: the movie's chunks)")
+
+    for sub in (mipmap, merge, correlate, corrimage):
         sub.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler, e.g. tcp://host:8786")
         sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
         sub.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -215,4 +226,15 @@ def run_correlate(args: argparse.Namespace, compute: Any) -> None:
         compute(writes)
 
 
-RUNS = {"mipmap": run_mipmap, "merge": run_merge, "correlate": run_correlate}
+def run_corrimage(args: argparse.Namespace, compute: Any) -> None:
+    from napari_gridmip import local_correlation_image
+    from napari_gridmip.io import read_array, write_array
+
+    movie = read_array(args.movie)
+    image = local_correlation_image(
+        movie, neighbours=args.neighbours, dtype=args.dtype, chunk_frames=args.chunk_frames
+    )  # lazy: the frames are read chunk by chunk while OUT is written
+    write_array(image, args.output, overwrite=args.overwrite, compute=compute)
+
+
+RUNS = {"mipmap": run_mipmap, "merge": run_merge, "correlate": run_correlate, "corrimage": run_corrimage}

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from napari_gridmip import find_displacement, merge_patches, occupancy_mipmap, read_array
+from napari_gridmip import find_displacement, local_correlation_image, merge_patches, occupancy_mipmap, read_array
 
 
 def run(*args, cwd):
@@ -30,6 +30,10 @@ def inputs(tmp_path_factory):
     tifffile.imwrite(folder / "a.tif", a)
     tifffile.imwrite(folder / "b.tif", b)
     np.save(folder / "huge.npy", np.full((4, 12, 12), 2**40, np.int64) + np.arange(4)[:, None, None])
+    from napari_gridmip._sample_data.calcium import make_calcium_movie
+
+    tifffile.imwrite(folder / "movie.tif", make_calcium_movie(frames=60, shape=(40, 48), cells=6).movie)
+    np.save(folder / "image.npy", np.zeros((40, 48), np.float32))
     return folder
 
 
@@ -69,6 +73,9 @@ def test_merge_and_correlate(inputs, tmp_path):
         (["merge", "{inputs}/tiles.npy", "o.npy", "--stride", "100", "100", "--blend", "nope"], "blend must be one of"),
         (["merge", "{inputs}/tiles.npy", "o.txt", "--stride", "100", "100"], "must end in .npy, .tif, .tiff or .zarr"),
         (["correlate", "{inputs}/a.tif", "{inputs}/b.tif", "o.zarr", "--window", "8", "9"], "odd"),
+        (["corrimage", "{inputs}/image.npy", "o.npy"], "movie must have at least 3 axes"),
+        (["corrimage", "{inputs}/movie.tif", "o.npy", "--neighbours", "6"], "invalid choice"),
+        (["corrimage", "{inputs}/movie.tif", "o.png"], "must end in .npy, .tif, .tiff or .zarr"),
         # found only while computing, half-way: still one line, and no partial output
         (["correlate", "{inputs}/huge.npy", "{inputs}/huge.npy", "o.zarr", "--window", "3", "3"], "dtype=np.float64"),
     ],
@@ -90,7 +97,7 @@ def test_existing_output_is_kept(inputs, tmp_path):
     assert done.returncode == 0 and read_array(tmp_path / "o.ome.zarr").shape == (30, 40, 50)
 
 
-@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate"])
+@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "corrimage"])
 def test_help_has_an_example(command, tmp_path):
     done = run(command, "--help", cwd=tmp_path)
     assert done.returncode == 0 and "example:" in done.stdout and f"napari-gridmip {command} " in done.stdout
@@ -116,3 +123,20 @@ def test_merge_infers_the_image_shape(tmp_path):
     done = run("merge", "p.npy", "m.npy", "--stride", "20", "11", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "m.npy"), image)
+
+
+def test_corrimage(inputs, tmp_path):
+    import tifffile
+
+    movie = tifffile.imread(inputs / "movie.tif")
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.npy", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "100% Completed" in done.stderr  # the progress bar
+    np.testing.assert_allclose(np.load(tmp_path / "cn.npy"), np.asarray(local_correlation_image(movie)), atol=1e-6)
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", "--neighbours", "4", "--chunk-frames", "16",
+               "--quiet", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    expected = np.asarray(local_correlation_image(movie, neighbours=4))
+    np.testing.assert_allclose(read_array(tmp_path / "cn.zarr").compute(), expected, atol=1e-6)
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.npy", cwd=tmp_path)
+    assert done.returncode == 2 and "already exists" in done.stderr

@@ -179,8 +179,8 @@ class _Moments:
             s1_p, s1_q = _pair(self.s1, offset)
             std_p, std_q = _pair(std, offset)
             scale = std_p * std_q
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = np.where(scale > 0, (cross - s1_p * s1_q / n) / np.where(scale > 0, scale, 1), 0)
+            with np.errstate(invalid="ignore", divide="ignore"):  # NaN (from NaN frames) stays NaN
+                r = np.where(scale == 0, 0, (cross - s1_p * s1_q / n) / np.where(scale == 0, 1, scale))
             r = np.clip(r, -1, 1)  # rounding; NaN stays NaN
             for view in _pair(total, offset):
                 view += r

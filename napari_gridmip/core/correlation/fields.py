@@ -382,12 +382,8 @@ def _window_moments(g: jax.Array, half: int, axis: int, degree: int) -> tuple[ja
 
     Direct sums of the window's static slices, which XLA fuses into one
     vectorised loop per moment: ``degree + 1`` multiply-adds per sample and
-    window offset, so the cost grows with the window's side (the 2D sums are
-    two such passes, never a loop over the window's area). Runs of 1, 2, 4,
-    ... samples joined by their binary digits (``log2`` of the width in steps)
-    were tried: as one expression XLA recomputed every run in each of its
-    users (no faster than these sums); as a loop over the levels, 10x slower
-    for windows up to 31 (``docs/fields.md``).
+    window offset (the 2D sums are two such passes, never a loop over the
+    window's area). Wider windows go through :func:`_runs_pass` instead.
     """
     pad = [(0, 0)] * g.ndim
     pad[axis] = (half, half)
@@ -402,56 +398,143 @@ def _window_moments(g: jax.Array, half: int, axis: int, degree: int) -> tuple[ja
     return tuple(out)
 
 
-@partial(jax.jit, static_argnames=("window", "kind"))
-def _strain(dy, dx, spacing, *, window, kind):
-    """``(exx, eyy, exy)`` of ``(B, M, N)`` displacements (already of the compute dtype)."""
-    half_y, half_x = window[0] // 2, window[1] // 2
+@jax.jit
+def _strain_inputs(dy: jax.Array, dx: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The pixels that take part (both values finite) and the stack ``(3, B, M, N)``: their mask, then
+    ``u = dx`` and ``v = dy`` minus their mean (a constant changes no slope, and without it the sums
+    would lose digits to the field's offset), 0 where left out."""
     valid = jnp.isfinite(dy) & jnp.isfinite(dx)
     w = valid.astype(dy.dtype)
+    count = jnp.maximum(jnp.sum(w, axis=(-2, -1), keepdims=True), 1)
 
-    def centred(field):  # a constant changes no slope; without it the sums lose digits to the field's offset
-        mean = jnp.sum(jnp.where(valid, field, 0), axis=(-2, -1), keepdims=True) / jnp.maximum(
-            jnp.sum(w, axis=(-2, -1), keepdims=True), 1
-        )
+    def centred(field):
+        mean = jnp.sum(jnp.where(valid, field, 0), axis=(-2, -1), keepdims=True) / count
         return jnp.where(valid, field - mean, 0)
 
-    u, v = centred(dx), centred(dy)
-    # along x: the mask's moments 0..2, each field's 0..1; then along y on each of those
-    wx = _window_moments(w, half_x, -1, 2)
-    ux = _window_moments(u, half_x, -1, 1)
-    vx = _window_moments(v, half_x, -1, 1)
-    s00, s10, s20 = _window_moments(wx[0], half_y, -2, 2)  # s_pq: sum of w * a^p * b^q (a along y, b along x)
-    s01, s11 = _window_moments(wx[1], half_y, -2, 1)
-    (s02,) = _window_moments(wx[2], half_y, -2, 0)
+    return valid, jnp.stack([w, centred(dx), centred(dy)])
 
-    def field_sums(fx):
-        f00, f10 = _window_moments(fx[0], half_y, -2, 1)
-        (f01,) = _window_moments(fx[1], half_y, -2, 0)
-        return f00, f10, f01
 
+@partial(jax.jit, static_argnames=("half", "axis"))
+def _direct_pass(stack: jax.Array, *, half: int, axis: int) -> tuple[jax.Array, ...]:
+    """Window moments 0..2 along ``axis`` of every image of a stack, by direct sums, each returned whole."""
+    return _window_moments(stack, half, axis, 2)
+
+
+@partial(jax.jit, static_argnames=("half", "axis"))
+def _padded(g: jax.Array, *, half: int, axis: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The run of one sample: ``(g, 0, 0)``, zero-padded by ``half`` at both ends along ``axis``."""
+    pad = [(0, 0)] * g.ndim
+    pad[axis] = (half, half)
+    g = jnp.pad(g, pad)
+    return g, jnp.zeros_like(g), jnp.zeros_like(g)
+
+
+@partial(jax.jit, static_argnames=("width", "axis"))
+def _prepend(first: tuple, second: tuple, *, width: int, axis: int) -> tuple:
+    """Sums over a run of ``width`` samples followed by the run ``second`` (read ``width`` samples on), as one
+    run: each run ``(sum g, sum k g, sum k^2 g)``, ``k`` counted from its start, one value per start."""
+    a0, a1, a2 = first
+    b0, b1, b2 = (_ahead(b, width, axis) for b in second)
+    return a0 + b0, a1 + b1 + width * b0, a2 + b2 + (2 * width) * b1 + (width * width) * b0
+
+
+@partial(jax.jit, static_argnames=("half", "axis"))
+def _centred(run: tuple, *, half: int, axis: int) -> tuple[jax.Array, ...]:
+    s0, s1, s2 = (lax.slice_in_dim(x, 0, x.shape[axis] - 2 * half, axis=axis) for x in run)
+    return s0, s1 - half * s0, s2 - (2 * half) * s1 + (half * half) * s0
+
+
+def _ahead(a: jax.Array, shift: int, axis: int) -> jax.Array:
+    """``a[p + shift]`` along ``axis`` at every ``p`` (0 past the end): the same shape as ``a``."""
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, shift)
+    return lax.slice_in_dim(jnp.pad(a, pad), shift, shift + a.shape[axis], axis=axis)
+
+
+def _runs_pass(stack: jax.Array, *, half: int, axis: int) -> tuple[jax.Array, ...]:
+    """Window moments 0..2 along ``axis`` from runs of 1, 2, 4, ... samples: ``log2`` of the width in steps.
+
+    The run of ``2^k`` samples (the join of two of ``2^(k-1)``) is put in front of what the window
+    has so far wherever the width has binary digit ``k``. One compiled step per join (a dozen for
+    a 63-wide window), so that each run is materialised once: in one program XLA fused the runs
+    into their users and recomputed them there, twice more work per level.
+    """
+    width = 2 * half + 1
+    run = _padded(stack, half=half, axis=axis)
+    acc = None
+    size = 1
+    while size <= width:
+        if width & size:
+            acc = run if acc is None else _prepend(run, acc, width=size, axis=axis)
+        if size * 2 <= width:
+            run = _prepend(run, run, width=size, axis=axis)
+        size *= 2
+    return _centred(acc, half=half, axis=axis)
+
+
+# Window sizes up to this: direct sums; wider: runs, whose cost grows with log2 of the size. Direct sums were
+# faster up to 63 (7 images of 1024^2 along y: 0.26 s at 15, 1.6 s at 63, against 1.6 s and 2.2 s for runs).
+DIRECT_WINDOW = 63
+
+
+def _moments_pass(stack: jax.Array, *, half: int, axis: int) -> tuple[jax.Array, ...]:
+    """Window moments 0..2 along ``axis`` of every image of a stack (direct sums, or runs for wide windows)."""
+    if 2 * half + 1 <= DIRECT_WINDOW:
+        return _direct_pass(stack, half=half, axis=axis)
+    return _runs_pass(stack, half=half, axis=axis)
+
+
+@partial(jax.jit, static_argnames=("kind",))
+def _strain_from_sums(valid, along_y, spacing, *, kind):
+    """``(exx, eyy, exy)`` from the 2D window sums ``along_y[q][k]``: moment ``q`` along y of input ``k``,
+    the inputs being, along x, the mask's moments 0, 1, 2 and each field's moments 0 and 1."""
+    m0, m1, m2 = along_y
+    s00, s10, s20 = m0[0], m1[0], m2[0]  # s_pq: the sum of w a^p b^q (a the row offset, b the column offset)
+    s01, s11, s02 = m0[1], m1[1], m0[2]
+    u_sums, v_sums = (m0[3], m1[3], m0[4]), (m0[5], m1[5], m0[6])  # the fields': f00, f10, f01
     n = jnp.where(s00 > 0, s00, 1)
     cyy, cxx, cxy = s20 - s10 * s10 / n, s02 - s01 * s01 / n, s11 - s10 * s01 / n  # about the centroid
     det = cyy * cxx - cxy * cxy
     ok = valid & (s00 >= 3) & (det > COLLINEAR * jnp.abs(cyy * cxx))
     safe = jnp.where(ok, det, 1)
 
-    def gradient(fx):
-        f00, f10, f01 = field_sums(fx)
-        fy, fxx = f10 - s10 * f00 / n, f01 - s01 * f00 / n
-        d_dy = (cxx * fy - cxy * fxx) / safe / spacing[0]
-        d_dx = (cyy * fxx - cxy * fy) / safe / spacing[1]
-        return d_dy, d_dx
+    def gradient(sums):
+        f00, f10, f01 = sums
+        fy, fx = f10 - s10 * f00 / n, f01 - s01 * f00 / n
+        return (cxx * fy - cxy * fx) / safe / spacing[0], (cyy * fx - cxy * fy) / safe / spacing[1]
 
-    uy, ux_ = gradient(ux)  # u = dx: du/dy, du/dx
-    vy, vx_ = gradient(vx)  # v = dy: dv/dy, dv/dx
+    uy, ux = gradient(u_sums)  # u = dx: du/dy, du/dx
+    vy, vx = gradient(v_sums)  # v = dy: dv/dy, dv/dx
     if kind == "small":
-        exx, eyy, exy = ux_, vy, (uy + vx_) / 2
+        exx, eyy, exy = ux, vy, (uy + vx) / 2
     else:  # Green-Lagrange: E = (F^T F - I) / 2, F = I + grad(u)
-        exx = ux_ + (ux_ * ux_ + vx_ * vx_) / 2
+        exx = ux + (ux * ux + vx * vx) / 2
         eyy = vy + (uy * uy + vy * vy) / 2
-        exy = (uy + vx_ + ux_ * uy + vx_ * vy) / 2
-    nan = jnp.array(jnp.nan, dy.dtype)
+        exy = (uy + vx + ux * uy + vx * vy) / 2
+    nan = jnp.array(jnp.nan, exx.dtype)
     return tuple(jnp.where(ok, e, nan) for e in (exx, eyy, exy))
+
+
+def _strain(dy, dx, spacing, *, window, kind):
+    """``(exx, eyy, exy)`` of ``(B, M, N)`` displacements (already of the compute dtype).
+
+    Compiled steps: the inputs, the window sums along x (mask and fields stacked), along y (of
+    the seven of those the fits use), and the fits. As one program, XLA fused every window sum
+    into each of its many users and recomputed it there: a 63-wide window took 16 s on 1024^2,
+    10x the time of these steps. (Inside a caller's jit the steps become one program again:
+    the same results, slower for wide windows.)
+    """
+    valid, stack = _strain_inputs(dy, dx)
+    x0, x1, x2 = _moments_pass(stack, half=window[1] // 2, axis=-1)  # moment q along x of (w, u, v)
+    # the mask's moments 0..2 along x, then u's and v's 0 and 1
+    inputs = _gather_inputs(x0, x1, x2)
+    along_y = _moments_pass(inputs, half=window[0] // 2, axis=-2)
+    return _strain_from_sums(valid, along_y, spacing, kind=kind)
+
+
+@jax.jit
+def _gather_inputs(x0: jax.Array, x1: jax.Array, x2: jax.Array) -> jax.Array:
+    return jnp.stack([x0[0], x1[0], x2[0], x0[1], x1[1], x0[2], x1[2]])
 
 
 # -- public API -------------------------------------------------------------------------------

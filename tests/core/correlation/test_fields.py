@@ -306,10 +306,16 @@ def test_phase_from_displacement_follows_the_speckle_tracking_formula():
 
 @pytest.mark.parametrize(
     ("shape", "window", "kind"),
-    [(SMALL, (3, 3), "small"), ((7, 5), (5, 3), "green-lagrange"), ((4, 13), (7, 9), "small")],
+    [
+        (SMALL, (3, 3), "small"),
+        ((7, 5), (5, 3), "green-lagrange"),
+        ((4, 13), (7, 9), "small"),
+        (SMALL, (65, 5), "small"),
+    ],
 )
 def test_strain_equals_a_plane_fit_loop(shape, window, kind):
-    """Awkward shapes, windows wider than the image, NaN at an edge and inside."""
+    """Awkward shapes, windows wider than the image (65: the runs of 1, 2, 4, ... samples rather than direct
+    sums), NaN at an edge and inside."""
     rng = np.random.default_rng(shape[0] * 7 + window[1])
     dy, dx = rng.normal(size=shape), rng.normal(size=shape)
     dy[1, 2] = np.nan

@@ -130,38 +130,85 @@ def padded_frames(frames: int) -> int:
     return -(-frames // UNROLL_FRAMES) * UNROLL_FRAMES
 
 
+@partial(jax.jit, static_argnames=("offsets",), donate_argnums=(0,))
+def _merge(totals: tuple, count: jax.Array, moments: tuple, *, offsets: tuple) -> tuple:
+    """Add a chunk of ``count`` frames to the float64 ``totals`` (donated: updated in place), from its centre
+    ``m`` and its sums of ``a = x - m`` (Chan et al.'s update): ``sum x = n m + sum a``,
+    ``sum x^2 = sum a^2 + m (2 sum a + n m)``, ``sum x_p x_q = sum a_p a_q + m_p (n m_q + sum a_q) + m_q sum a_p``.
+    """
+    s1, s2, *cross = totals
+    mean, deviation, squares, *centred = (m.astype(jnp.float64) for m in moments)
+    scaled = count * mean + deviation  # the chunk's sum of x
+    out = [s1 + scaled, s2 + squares + mean * (scaled + deviation)]
+    for total, products, offset in zip(cross, centred, offsets):
+        m_p, m_q = _pair(mean, offset)
+        a_p, a_q = _pair(deviation, offset)
+        out.append(total + products + m_p * (count * m_q + a_q) + m_q * a_p)
+    return tuple(out)
+
+
+def _at_pair(values: Any, offset: tuple[int, int], xp: Any = jnp) -> tuple[Any, Any]:
+    """``values`` (one per pair of pixels ``p``, ``p + offset``) zero-padded to the image twice: at ``p``,
+    and at ``p + offset``."""
+    dy, dx = offset
+    lead = [(0, 0)] * (values.ndim - 2)
+    at_first = xp.pad(values, lead + [(0, dy), (max(0, -dx), max(0, dx))])
+    at_second = xp.pad(values, lead + [(dy, 0), (max(0, dx), max(0, -dx))])
+    return at_first, at_second
+
+
+def _neighbour_counts(shape: tuple[int, int], offsets: tuple) -> np.ndarray:
+    """How many of the neighbours each pixel has inside the image (NumPy, once per shape)."""
+    counts = np.zeros(shape)
+    for offset in offsets:
+        ones = np.ones(_pair(counts, offset)[0].shape)
+        for padded in _at_pair(ones, offset, np):
+            counts += padded
+    return counts
+
+
+@partial(jax.jit, static_argnames=("offsets",))
+def _image(totals: tuple, n: jax.Array, neighbours: jax.Array, *, offsets: tuple) -> jax.Array:
+    """The local correlation image ``(B, Y, X)`` from the float64 totals of ``n`` frames."""
+    s1, s2, *cross = totals
+    std = jnp.sqrt(jnp.maximum(s2 - s1 * s1 / n, 0))
+    total = jnp.zeros_like(s1)
+    for products, offset in zip(cross, offsets):
+        s1_p, s1_q = _pair(s1, offset)
+        std_p, std_q = _pair(std, offset)
+        scale = std_p * std_q
+        # 0 for a pair with a constant pixel; NaN (from NaN frames) stays NaN; clipped for rounding
+        r = jnp.clip(jnp.where(scale == 0, 0, (products - s1_p * s1_q / n) / jnp.where(scale == 0, 1, scale)), -1, 1)
+        for padded in _at_pair(r, offset):
+            total = total + padded
+    return jnp.where(neighbours > 0, total / jnp.where(neighbours > 0, neighbours, 1), jnp.nan)
+
+
 class _Moments:
-    """The movie's moments so far, in float64, merged chunk by chunk (and mergeable with each other)."""
+    """The movie's moments so far, in float64 on the device, merged chunk by chunk."""
 
     def __init__(self, shape: tuple[int, int, int], offsets: tuple):
         self.offsets = offsets
         self.n = 0
-        self.s1 = np.zeros(shape)  # sum of x - reference
-        self.s2 = np.zeros(shape)  # sum of (x - reference)^2
-        self.cross = [np.zeros(_pair(self.s1, o)[0].shape) for o in offsets]  # sum of products per offset
+        with precision_scope(np.float64):
+            # sum of x - reference, of its square, and of the products with each offset's neighbour
+            shapes = [shape, shape, *(_pair(np.empty(shape, bool), o)[0].shape for o in offsets)]
+            self.totals = tuple(jnp.zeros(s, jnp.float64) for s in shapes)  # distinct buffers: they are donated
 
     def add(self, count: int, moments: tuple) -> None:
-        """Merge a chunk of ``count`` frames, from its mean ``m`` and its sums of ``a = x - m`` (Chan et al.'s
-        update, in float64): ``sum x = n m + sum a``, ``sum x_p x_q = sum a_p a_q + m_p sum a_q + m_q sum a_p
-        + n m_p m_q``."""
-        mean, deviation, centred_squares, *centred_cross = (np.asarray(m) for m in moments)
-        mean = mean.astype(np.float64)
+        """Merge a chunk of ``count`` frames (see :func:`_merge`)."""
         self.n += count
-        scaled = count * mean + deviation  # sum of x; and, below, each pixel's m * (n m + 2 sum a)
-        self.s1 += scaled
-        self.s2 += centred_squares
-        self.s2 += mean * (scaled + deviation)
-        for total, centred, offset in zip(self.cross, centred_cross, self.offsets):
-            m_p, m_q = _pair(mean, offset)
-            a_p, a_q = _pair(deviation, offset)
-            total += centred
-            total += m_p * (count * m_q + a_q) + m_q * a_p
+        with precision_scope(np.float64):
+            self.totals = _merge(self.totals, jnp.float64(count), moments, offsets=self.offsets)
 
     def packed(self) -> np.ndarray:
-        """``(2 + offsets, B, Y, X)``: the sums, the cross sums zero-padded to the image (dask reduces these)."""
-        out = np.zeros((2 + len(self.offsets),) + self.s1.shape)
-        out[0], out[1] = self.s1, self.s2
-        for k, (total, offset) in enumerate(zip(self.cross, self.offsets)):
+        """``(2 + offsets, B, Y, X)`` NumPy float64: the sums, the cross sums zero-padded to the image (dask
+        sums these over the chunks)."""
+        with precision_scope(np.float64):
+            s1, s2, *cross = (np.asarray(t) for t in self.totals)
+        out = np.zeros((2 + len(self.offsets),) + s1.shape)
+        out[0], out[1] = s1, s2
+        for k, (total, offset) in enumerate(zip(cross, self.offsets)):
             _pair(out[2 + k], offset)[0][...] = total
         return out
 
@@ -169,30 +216,16 @@ class _Moments:
     def unpacked(cls, packed: np.ndarray, n: int, offsets: tuple) -> _Moments:
         moments = cls(packed.shape[1:], offsets)
         moments.n = n
-        moments.s1, moments.s2 = packed[0], packed[1]
-        moments.cross = [np.array(_pair(packed[2 + k], o)[0]) for k, o in enumerate(offsets)]
+        with precision_scope(np.float64):
+            parts = [packed[0], packed[1], *(_pair(packed[2 + k], o)[0] for k, o in enumerate(offsets))]
+            moments.totals = tuple(jnp.asarray(np.ascontiguousarray(p)) for p in parts)
         return moments
 
     def image(self) -> np.ndarray:
-        """The local correlation image ``(B, Y, X)``, float64."""
-        n = max(self.n, 1)
-        variance = np.maximum(self.s2 - self.s1 * self.s1 / n, 0)
-        std = np.sqrt(variance)
-        total = np.zeros_like(self.s1)
-        neighbours = np.zeros_like(self.s1)
-        for cross, offset in zip(self.cross, self.offsets):
-            s1_p, s1_q = _pair(self.s1, offset)
-            std_p, std_q = _pair(std, offset)
-            scale = std_p * std_q
-            with np.errstate(invalid="ignore", divide="ignore"):  # NaN (from NaN frames) stays NaN
-                r = np.where(scale == 0, 0, (cross - s1_p * s1_q / n) / np.where(scale == 0, 1, scale))
-            r = np.clip(r, -1, 1)  # rounding; NaN stays NaN
-            for view in _pair(total, offset):
-                view += r
-            for view in _pair(neighbours, offset):
-                view += 1
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(neighbours > 0, total / np.where(neighbours > 0, neighbours, 1), np.nan)
+        """The local correlation image ``(B, Y, X)``, NumPy float64."""
+        with precision_scope(np.float64):
+            counts = jnp.asarray(_neighbour_counts(self.totals[0].shape[-2:], self.offsets))
+            return np.asarray(_image(self.totals, jnp.float64(max(self.n, 1)), counts, offsets=self.offsets))
 
 
 # -- feeding chunks -------------------------------------------------------------------------------

@@ -129,14 +129,11 @@ def test_corrimage(inputs, tmp_path):
     import tifffile
 
     movie = tifffile.imread(inputs / "movie.tif")
-    done = run("corrimage", str(inputs / "movie.tif"), "cn.npy", cwd=tmp_path)
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", "--neighbours", "4", "--chunk-frames", "16",
+               cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "100% Completed" in done.stderr  # the progress bar
-    np.testing.assert_allclose(np.load(tmp_path / "cn.npy"), np.asarray(local_correlation_image(movie)), atol=1e-6)
-    done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", "--neighbours", "4", "--chunk-frames", "16",
-               "--quiet", cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0 and done.stderr == "", done.stderr
     expected = np.asarray(local_correlation_image(movie, neighbours=4))
     np.testing.assert_allclose(read_array(tmp_path / "cn.zarr").compute(), expected, atol=1e-6)
-    done = run("corrimage", str(inputs / "movie.tif"), "cn.npy", cwd=tmp_path)
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", cwd=tmp_path)
     assert done.returncode == 2 and "already exists" in done.stderr

@@ -41,7 +41,7 @@ SHAPE = (9, 11)  # most cases share this frame shape (and so their compiled prog
 
 
 @pytest.mark.parametrize("neighbours", [8, 4])
-@pytest.mark.parametrize("chunk_frames", [None, 5, 8, 37])
+@pytest.mark.parametrize("chunk_frames", [None, 5])  # one chunk; chunks of 5 padded to 8, the last one short
 def test_against_the_definition(neighbours, chunk_frames):
     movie = flickering()
     expected = ref.local_correlation_image(movie, neighbours)
@@ -69,7 +69,7 @@ def test_equals_caiman_fft_formula_and_constant_pixels_count_as_zero():
 
 @pytest.mark.parametrize(
     ("shape", "neighbours"),
-    [((1, 1, 1), 8), ((1, 3, 4), 8), ((2, 1, 7), 8), ((5, 6, 1), 4), ((3, 2, 2), 4), ((12, 1, 1), 4)],
+    [((1, 1, 1), 8), ((1, 3, 4), 8), ((2, 1, 7), 8), ((5, 6, 1), 4)],
 )
 def test_awkward_shapes(shape, neighbours):
     movie = np.random.default_rng(sum(shape)).normal(size=shape)

@@ -5,6 +5,7 @@
     napari-gridmip merge IN OUT --stride S [S ...]   patch stack -> image
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
+    napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
 
 Every subcommand reads lazily (dask), computes block by block with a progress
 bar, writes under a temporary name that is renamed when complete, and on bad
@@ -38,6 +39,7 @@ EXAMPLES = {
     "merge": "napari-gridmip merge tiles.npy merged.tif --stride 100 100 --image-shape 3 512 512 --blend gaussian",
     "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine",
     "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1",
+    "corrimage": "napari-gridmip corrimage movie.tif correlation.tif --neighbours 8",
 }
 
 
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", choices=SAMPLE_KEYS, default="occupancy", help="sample to open (default: %(default)s)"
     )
     parser.add_argument("--no-sample", action="store_true", help="open no sample")
-    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate,stitch}")
+    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate,stitch,corrimage}")
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(
@@ -132,7 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     stitch.add_argument("--blend", default="linear", help="linear, mean, max or overwrite (default: linear)")
     stitch.add_argument("--channel", type=int, help="the channel to register (default: the channels' mean)")
 
-    for sub in (mipmap, merge, correlate, stitch):
+    corrimage = add("corrimage", "The local correlation image of a movie (CaImAn's correlation image, Cn).")
+    corrimage.add_argument("movie", metavar="MOVIE", help="the movie (..., T, Y, X): .npy, .tif/.tiff or Zarr")
+    corrimage.add_argument("output", metavar="OUT", help="the image to write (..., Y, X): .npy, .tif/.tiff or .zarr")
+    corrimage.add_argument(
+        "--neighbours", type=int, choices=[8, 4], default=8, help="8 (3x3) or 4 (sides) neighbours (default: 8)"
+    )
+    corrimage.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    corrimage.add_argument("--chunk-frames", type=int, help="frames per task (default: the movie's chunks)")
+
+    for sub in (mipmap, merge, correlate, stitch, corrimage):
         sub.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler, e.g. tcp://host:8786")
         sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
         sub.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -462,4 +473,21 @@ def _write_positions(path: Any, result: Any, grid_index: np.ndarray, origin: np.
             writer.writerow(row + ([names[t]] if names else []))
 
 
-RUNS = {"mipmap": run_mipmap, "merge": run_merge, "correlate": run_correlate, "stitch": run_stitch}
+def run_corrimage(args: argparse.Namespace, compute: Any) -> None:
+    from napari_gridmip import local_correlation_image
+    from napari_gridmip.io import read_array, write_array
+
+    movie = read_array(args.movie)
+    image = local_correlation_image(
+        movie, neighbours=args.neighbours, dtype=args.dtype, chunk_frames=args.chunk_frames
+    )  # lazy: the frames are read chunk by chunk while OUT is written
+    write_array(image, args.output, overwrite=args.overwrite, compute=compute)
+
+
+RUNS = {
+    "mipmap": run_mipmap,
+    "merge": run_merge,
+    "correlate": run_correlate,
+    "stitch": run_stitch,
+    "corrimage": run_corrimage,
+}

@@ -35,6 +35,10 @@ _API = {
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",
     "displacement_vectors": "correlation.vectors",
+    "integrate_gradient": "correlation.fields",
+    "phase_from_displacement": "correlation.fields",
+    "strain_field": "correlation.fields",
+    "local_correlation_image": "correlation.timeseries",
 }
 
 __all__ = sorted(_API)

@@ -8,6 +8,7 @@ import pytest
 
 from napari_gridmip import (
     find_displacement,
+    local_correlation_image,
     merge_patches,
     occupancy_mipmap,
     occupied_bbox,
@@ -38,6 +39,10 @@ def inputs(tmp_path_factory):
     tifffile.imwrite(folder / "b.tif", b)
     np.save(folder / "huge.npy", np.full((4, 12, 12), 2**40, np.int64) + np.arange(4)[:, None, None])
     np.save(folder / "series.npy", (rng.random((2, 13, 9, 20)) > 0.995).astype(np.float32))
+    from napari_gridmip._sample_data.calcium import make_calcium_movie
+
+    tifffile.imwrite(folder / "movie.tif", make_calcium_movie(frames=60, shape=(40, 48), cells=6).movie)
+    np.save(folder / "image.npy", np.zeros((40, 48), np.float32))
     return folder
 
 
@@ -78,6 +83,9 @@ def test_merge_and_correlate(inputs, tmp_path):
         (["merge", "{inputs}/tiles.npy", "o.npy", "--stride", "100", "100", "--blend", "nope"], "blend must be one of"),
         (["merge", "{inputs}/tiles.npy", "o.txt", "--stride", "100", "100"], "must end in .npy, .tif, .tiff or .zarr"),
         (["correlate", "{inputs}/a.tif", "{inputs}/b.tif", "o.zarr", "--window", "8", "9"], "odd"),
+        (["corrimage", "{inputs}/image.npy", "o.npy"], "movie must have at least 3 axes"),
+        (["corrimage", "{inputs}/movie.tif", "o.npy", "--neighbours", "6"], "invalid choice"),
+        (["corrimage", "{inputs}/movie.tif", "o.png"], "must end in .npy, .tif, .tiff or .zarr"),
         # found only while computing, half-way: still one line, and no partial output
         (["correlate", "{inputs}/huge.npy", "{inputs}/huge.npy", "o.zarr", "--window", "3", "3"], "dtype=np.float64"),
     ],
@@ -100,6 +108,7 @@ def test_existing_output_is_kept(inputs, tmp_path):
 
 
 @pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "stitch"])
+@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "corrimage"])
 def test_help_has_an_example(command, tmp_path):
     done = run(command, "--help", cwd=tmp_path)
     assert done.returncode == 0 and "example:" in done.stdout and f"napari-gridmip {command} " in done.stdout
@@ -256,6 +265,8 @@ def test_stitch_keeps_an_existing_positions_file(mosaic_folder, tmp_path):
                cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2 and "already exists" in done.stderr
     assert (tmp_path / "m.positions.csv").read_text() == "mine" and not (tmp_path / "m.tif").exists()
+
+
 @pytest.mark.parametrize("order", ["morton", "c"])
 def test_mipmap_packed_and_bbox(inputs, tmp_path, order):
     import zarr
@@ -300,3 +311,17 @@ def test_mipmap_bbox_of_nothing(tmp_path):
     done = run("mipmap", "zeros.npy", "z.ome.zarr", "--bbox", "--quiet", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "occupied bounding box (z, y, x): none (no voxel above the threshold)"
+
+
+def test_corrimage(inputs, tmp_path):
+    import tifffile
+
+    movie = tifffile.imread(inputs / "movie.tif")
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", "--neighbours", "4", "--chunk-frames", "16",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "100% Completed" in done.stderr  # the progress bar
+    expected = np.asarray(local_correlation_image(movie, neighbours=4))
+    np.testing.assert_allclose(read_array(tmp_path / "cn.zarr").compute(), expected, atol=1e-6)
+    done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", cwd=tmp_path)
+    assert done.returncode == 2 and "already exists" in done.stderr

@@ -94,3 +94,131 @@ def find_displacement(img1: Any, img2: Any, window: tuple[int, int], subpixel: s
     # one task per block computes all three; each output is a view of the stacked block
     stacked = da.map_blocks(block, ov1, ov2, dtype=dtype, chunks=chunks, drop_axis=[lead], new_axis=[0])
     return stacked[0], stacked[1], stacked[2]
+
+
+# -- fields (correlation/fields.py): integrate_gradient and strain_field on dask arrays ---------------------
+#
+# Kept in a section of their own: the correlation maps above are another helper's.
+
+
+def _whole_images(array: Any) -> Any:
+    """``array`` as a dask array whose blocks hold whole images (the last two axes unsplit)."""
+    import dask.array as da
+
+    array = da.asarray(array)
+    return array.rechunk(array.chunks[:-2] + ((array.shape[-2],), (array.shape[-1],)))
+
+
+def integrate_gradient(gy: Any, gx: Any, dtype: np.dtype, options: dict) -> Any:
+    """The surface of dask gradients: lazily, one task per block of whole images (a Poisson solve is global)."""
+    import dask.array as da
+
+    gy = _whole_images(gy)
+    gx = _whole_images(gx).rechunk(gy.chunks)
+
+    def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        from napari_gridmip.core.correlation.fields import integrate_gradient as in_memory
+
+        return np.asarray(in_memory(a, b, dtype=dtype, **options))
+
+    return da.map_blocks(block, gy, gx, dtype=dtype, meta=np.empty((0,) * gy.ndim, dtype))
+
+
+def strain_field(dy: Any, dx: Any, dtype: np.dtype, options: dict) -> tuple:
+    """``(exx, eyy, exy)`` of dask displacements: lazily, block by block with the half-window as a halo.
+
+    The blocks' outer edges are the image's (``boundary="none"``): the kernel treats what lies
+    beyond a block as outside the image, which is right there and, inside, covered by the halo.
+    """
+    import dask.array as da
+
+    half = (options["window"][0] // 2, options["window"][1] // 2)
+    dy = da.asarray(dy)
+    chunks = list(dy.chunks)
+    for axis, h in zip((-2, -1), half):
+        chunks[axis] = _at_least(dy.shape[axis], chunks[axis], h + 1)
+    dy = dy.rechunk(tuple(chunks))
+    dx = da.asarray(dx).rechunk(dy.chunks)
+
+    def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        from napari_gridmip.core.correlation.fields import strain_field as in_memory
+
+        return np.stack([np.asarray(part) for part in in_memory(a, b, dtype=dtype, **options)])
+
+    depth = {dy.ndim - 2: half[0], dy.ndim - 1: half[1]}
+    ov_y = da.overlap.overlap(dy, depth=depth, boundary="none")
+    ov_x = da.overlap.overlap(dx, depth=depth, boundary="none")
+    stacked = da.map_blocks(block, ov_y, ov_x, dtype=dtype, new_axis=[0], chunks=((3,), *ov_y.chunks))
+    trimmed = da.overlap.trim_internal(stacked, {0: 0, **{k + 1: v for k, v in depth.items()}}, boundary="none")
+    return trimmed[0], trimmed[1], trimmed[2]
+
+
+# -- timeseries (correlation/timeseries.py): the local correlation image of a dask movie -------------------
+
+
+def local_correlation_image(
+    movie: Any, offsets: tuple, dtype: np.dtype, chunk_frames: int | None, progress: Any
+) -> Any:
+    """The local correlation image of a dask movie ``(..., T, Y, X)``, lazily.
+
+    One task per chunk of frames (whole images, the batch axes one item at a time) computes its
+    float64 moments relative to the movie's first frame; dask's tree sum merges them and a last
+    task turns them into the image. Memory: a few chunks and a few images of sums.
+    """
+    import threading
+
+    import dask.array as da
+
+    from napari_gridmip.core.correlation import timeseries
+
+    movie = da.asarray(movie)
+    lead = movie.ndim - 3
+    frames_total, rows, cols = movie.shape[-3:]
+    t_chunks: Any = movie.chunks[-3]
+    if chunk_frames is not None:
+        t_chunks = min(chunk_frames, frames_total)
+    elif max(t_chunks) * rows * cols * dtype.itemsize > 4 * timeseries.CHUNK_BYTES:  # one item's frames
+        t_chunks = min(timeseries.default_chunk_frames(1, rows, cols, dtype), frames_total)
+    movie = movie.rechunk(tuple((1,) * n for n in movie.shape[:lead]) + (t_chunks, (rows,), (cols,)))
+    frames = max(movie.chunks[-3])
+    reference = movie[..., 0, :, :]
+    n_parts = 2 + len(offsets)
+    total = len(movie.chunks[-3])
+    lock = threading.Lock()
+    finished = [0]
+
+    def block(chunk: np.ndarray, first: np.ndarray) -> np.ndarray:
+        count = chunk.shape[-3]
+        chunk = chunk.reshape(1, count, rows, cols)
+        moments = timeseries._Moments((1, rows, cols), offsets)
+        moments.add(
+            count, timeseries.chunk_moments_of_host(chunk, first.reshape(1, rows, cols), frames, dtype, offsets)
+        )
+        if progress is not None:
+            with lock:
+                finished[0] += 1
+                done = finished[0]
+            progress(done, total)
+        return moments.packed().reshape((n_parts,) + (1,) * lead + (1, rows, cols))
+
+    index = tuple(f"b{k}" for k in range(lead))
+    parts = da.blockwise(
+        block,
+        ("p", *index, "t", "y", "x"),
+        movie,
+        (*index, "t", "y", "x"),
+        reference,
+        (*index, "y", "x"),
+        new_axes={"p": n_parts},
+        adjust_chunks={"t": 1},
+        dtype=np.float64,
+        meta=np.empty((0,) * (movie.ndim + 1)),
+    )
+    summed = parts.sum(axis=1 + lead)  # (parts, ..., Y, X), a tree reduction over the chunks
+
+    def image(packed: np.ndarray) -> np.ndarray:
+        flat = packed.reshape(n_parts, 1, rows, cols)
+        moments = timeseries._Moments.unpacked(flat, frames_total, offsets)
+        return moments.image().reshape(packed.shape[1:]).astype(dtype)
+
+    return da.map_blocks(image, summed, dtype=dtype, drop_axis=[0], chunks=summed.chunks[1:])

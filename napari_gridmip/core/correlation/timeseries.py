@@ -1,0 +1,434 @@
+"""Summary images of a movie: the local correlation image of calcium imaging (CaImAn's ``Cn``).
+
+For a movie ``(..., T, Y, X)``, each pixel's value is the mean, over its
+in-image neighbours (8 or 4), of the Pearson correlation over time between
+the pixel and the neighbour, as CaImAn's ``local_correlations`` defines it:
+a pixel inside a cell flickers with its neighbours and scores near 1, a
+pixel of noise near 0.
+
+The movie is read once, in chunks of frames. Each chunk's moments (per pixel,
+and per pixel and neighbour offset: sums of squares and products, centred on
+the chunk's own data) are computed on the device in the compute dtype, after
+subtracting a reference frame (the movie's first) in the input's own
+precision; the chunks' moments are merged on the host in float64 (Chan, Golub
+and LeVeque's pairwise update), so memory holds two chunks (one computed,
+the next being read) and a few images of sums, and long movies lose no
+precision to running sums. ``corr(p, q) = corr(q, p)``:
+the 8 neighbours cost 4 offsets, (0, 1), (1, 0), (1, 1) and (1, -1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
+from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+
+__all__ = ["local_correlation_image"]
+
+NEIGHBOURS = (8, 4)
+# (row, column) offsets whose correlations make each neighbourhood; each serves both pixels of a pair
+OFFSETS = {4: ((0, 1), (1, 0)), 8: ((0, 1), (1, 0), (1, 1), (1, -1))}
+ALIGNMENT = 64  # bytes: a host buffer so aligned is aliased by JAX's CPU backend, not copied
+CHUNK_BYTES = 64 * 2**20  # default chunk: this many bytes of compute-dtype frames
+UNROLL_FRAMES = 8  # frames per step of the loop over a chunk (see _chunk_moments)
+
+ProgressCallback = Callable[[int, int], None]
+
+
+# -- moments of one chunk -----------------------------------------------------------------------
+
+
+def _pair(a: jax.Array | np.ndarray, offset: tuple[int, int]) -> tuple[Any, Any]:
+    """The two views of ``a`` (``(..., Y, X)``) whose elementwise pairs are the pixels ``p`` and ``p + offset``."""
+    dy, dx = offset
+    rows, cols = a.shape[-2:]
+    first = a[..., : rows - dy, max(0, -dx) : cols - max(0, dx)]
+    second = a[..., dy:, max(0, dx) : cols - max(0, -dx)]
+    return first, second
+
+
+def _neighbour(d: jax.Array, offset: tuple[int, int]) -> jax.Array:
+    """``d[..., y + dy, x + dx]`` at every pixel (0 where that lies outside): the same shape as ``d``."""
+    dy, dx = offset
+    rows, cols = d.shape[-2:]
+    padded = jnp.pad(d, [(0, 0)] * (d.ndim - 2) + [(0, dy), (max(0, -dx), max(0, dx))])
+    first_col = max(0, -dx) + dx
+    return padded[..., dy : dy + rows, first_col : first_col + cols]
+
+
+def _frame_terms(d: jax.Array, offsets: tuple) -> tuple[jax.Array, ...]:
+    """One centred frame's contributions, all image-shaped: its square, its product with each offset's
+    neighbour (0 where the neighbour is outside), and itself; packed two to a complex number.
+
+    XLA's CPU backend runs each of these sums as a loop of its own, each reading the frames again:
+    packing the real sums in pairs into complex ones makes 3 loops of 6 sums (8 neighbours), 1.3x
+    faster; image-shaped products (not cropped to each offset's pairs) keep the loops vectorised
+    (cropped ones ran 3x slower).
+    """
+    terms = [d * d, *(d * _neighbour(d, o) for o in offsets), d]
+    packed = [lax.complex(terms[k], terms[k + 1]) for k in range(0, len(terms) - 1, 2)]
+    return (*packed, terms[-1]) if len(terms) % 2 else tuple(packed)
+
+
+def _unpack(packed: tuple[jax.Array, ...], count: int) -> list[jax.Array]:
+    """The ``count`` real sums of :func:`_frame_terms`'s packing."""
+    out = []
+    for p in packed:
+        out.extend([p.real, p.imag] if jnp.iscomplexobj(p) else [p])
+    return out[:count]
+
+
+@partial(jax.jit, static_argnames=("offsets",))
+def _chunk_moments(x: jax.Array, reference: jax.Array, count: jax.Array, *, offsets: tuple) -> tuple[jax.Array, ...]:
+    """The moments of ``x - reference`` for a chunk ``x`` ``(B, F, Y, X)`` whose first ``count`` frames are real.
+
+    ``reference`` is ``(B, Y, X)`` (zeros when the host already subtracted it). Returns a
+    per-pixel centre ``m`` (the mean of the first block of real frames), the sums over the
+    real frames of ``a**2`` and of each offset's products ``a_p a_q`` (cropped to the pairs
+    inside the image: ``(B, Y, X)`` and smaller), where ``a = x - reference - m``, and the sum
+    of ``a`` itself, with which the merge is exact whatever ``m``. Centring on the chunk's own
+    data keeps the float32 sums exact to a few ulp whatever the movie's offset. The sums over
+    frames run as multiply-adds unrolled over ``UNROLL_FRAMES`` frames in a loop over blocks
+    of them (``F`` is a multiple): XLA's CPU backend makes one vectorised loop per sum of
+    those; reductions over the frame axis ran 5x slower (512 x 512 frames), blocks of 16
+    frames 2x slower.
+    """
+    frames = x.shape[1]
+    real = (jnp.arange(frames) < count).astype(x.dtype)
+    # the centre: the mean of the first block (any centre near the data keeps the sums exact, and the
+    # deviation sum makes the merge exact for any; the whole chunk's mean cost one more pass, 8% more time)
+    leading = real[:UNROLL_FRAMES]
+    n = jnp.maximum(jnp.sum(leading), 1)
+    mean = jnp.einsum("f,bfyx->byx", leading, x[:, :UNROLL_FRAMES], precision=lax.Precision.HIGHEST) / n - reference
+
+    def block(i, acc):
+        start = i * UNROLL_FRAMES
+        frames_of_block = lax.dynamic_slice_in_dim(x, start, UNROLL_FRAMES, axis=1)
+        weights = lax.dynamic_slice_in_dim(real, start, UNROLL_FRAMES)
+        for f in range(UNROLL_FRAMES):
+            d = ((frames_of_block[:, f] - reference) - mean) * weights[f]
+            acc = tuple(a + t for a, t in zip(acc, _frame_terms(d, offsets)))
+        return acc
+
+    acc = tuple(jnp.zeros_like(t) for t in _frame_terms(mean, offsets))
+    squares, *cross, deviation = _unpack(lax.fori_loop(0, frames // UNROLL_FRAMES, block, acc), 2 + len(offsets))
+    return (mean, deviation, squares, *(_pair(c, o)[0] for c, o in zip(cross, offsets)))
+
+
+def padded_frames(frames: int) -> int:
+    """A chunk's frames rounded up to a whole number of :data:`UNROLL_FRAMES` blocks."""
+    return -(-frames // UNROLL_FRAMES) * UNROLL_FRAMES
+
+
+@partial(jax.jit, static_argnames=("offsets",), donate_argnums=(0,))
+def _merge(totals: tuple, count: jax.Array, moments: tuple, *, offsets: tuple) -> tuple:
+    """Add a chunk of ``count`` frames to the float64 ``totals`` (donated: updated in place), from its centre
+    ``m`` and its sums of ``a = x - m`` (Chan et al.'s update): ``sum x = n m + sum a``,
+    ``sum x^2 = sum a^2 + m (2 sum a + n m)``, ``sum x_p x_q = sum a_p a_q + m_p (n m_q + sum a_q) + m_q sum a_p``.
+    """
+    s1, s2, *cross = totals
+    mean, deviation, squares, *centred = (m.astype(jnp.float64) for m in moments)
+    scaled = count * mean + deviation  # the chunk's sum of x
+    out = [s1 + scaled, s2 + squares + mean * (scaled + deviation)]
+    for total, products, offset in zip(cross, centred, offsets):
+        m_p, m_q = _pair(mean, offset)
+        a_p, a_q = _pair(deviation, offset)
+        out.append(total + products + m_p * (count * m_q + a_q) + m_q * a_p)
+    return tuple(out)
+
+
+def _at_pair(values: Any, offset: tuple[int, int], xp: Any = jnp) -> tuple[Any, Any]:
+    """``values`` (one per pair of pixels ``p``, ``p + offset``) zero-padded to the image twice: at ``p``,
+    and at ``p + offset``."""
+    dy, dx = offset
+    lead = [(0, 0)] * (values.ndim - 2)
+    at_first = xp.pad(values, lead + [(0, dy), (max(0, -dx), max(0, dx))])
+    at_second = xp.pad(values, lead + [(dy, 0), (max(0, dx), max(0, -dx))])
+    return at_first, at_second
+
+
+def _neighbour_counts(shape: tuple[int, int], offsets: tuple) -> np.ndarray:
+    """How many of the neighbours each pixel has inside the image (NumPy, once per shape)."""
+    counts = np.zeros(shape)
+    for offset in offsets:
+        ones = np.ones(_pair(counts, offset)[0].shape)
+        for padded in _at_pair(ones, offset, np):
+            counts += padded
+    return counts
+
+
+@partial(jax.jit, static_argnames=("offsets",))
+def _image(totals: tuple, n: jax.Array, neighbours: jax.Array, *, offsets: tuple) -> jax.Array:
+    """The local correlation image ``(B, Y, X)`` from the float64 totals of ``n`` frames."""
+    s1, s2, *cross = totals
+    std = jnp.sqrt(jnp.maximum(s2 - s1 * s1 / n, 0))
+    total = jnp.zeros_like(s1)
+    for products, offset in zip(cross, offsets):
+        s1_p, s1_q = _pair(s1, offset)
+        std_p, std_q = _pair(std, offset)
+        scale = std_p * std_q
+        # 0 for a pair with a constant pixel; NaN (from NaN frames) stays NaN; clipped for rounding
+        r = jnp.clip(jnp.where(scale == 0, 0, (products - s1_p * s1_q / n) / jnp.where(scale == 0, 1, scale)), -1, 1)
+        for padded in _at_pair(r, offset):
+            total = total + padded
+    return jnp.where(neighbours > 0, total / jnp.where(neighbours > 0, neighbours, 1), jnp.nan)
+
+
+class _Moments:
+    """The movie's moments so far, in float64 on the device, merged chunk by chunk."""
+
+    def __init__(self, shape: tuple[int, int, int], offsets: tuple):
+        self.offsets = offsets
+        self.n = 0
+        with precision_scope(np.float64):
+            # sum of x - reference, of its square, and of the products with each offset's neighbour
+            shapes = [shape, shape, *(_pair(np.empty(shape, bool), o)[0].shape for o in offsets)]
+            self.totals = tuple(jnp.zeros(s, jnp.float64) for s in shapes)  # distinct buffers: they are donated
+
+    def add(self, count: int, moments: tuple) -> None:
+        """Merge a chunk of ``count`` frames (see :func:`_merge`)."""
+        self.n += count
+        with precision_scope(np.float64):
+            self.totals = _merge(self.totals, jnp.float64(count), moments, offsets=self.offsets)
+
+    def packed(self) -> np.ndarray:
+        """``(2 + offsets, B, Y, X)`` NumPy float64: the sums, the cross sums zero-padded to the image (dask
+        sums these over the chunks)."""
+        with precision_scope(np.float64):
+            s1, s2, *cross = (np.asarray(t) for t in self.totals)
+        out = np.zeros((2 + len(self.offsets),) + s1.shape)
+        out[0], out[1] = s1, s2
+        for k, (total, offset) in enumerate(zip(cross, self.offsets)):
+            _pair(out[2 + k], offset)[0][...] = total
+        return out
+
+    @classmethod
+    def unpacked(cls, packed: np.ndarray, n: int, offsets: tuple) -> _Moments:
+        moments = cls(packed.shape[1:], offsets)
+        moments.n = n
+        with precision_scope(np.float64):
+            parts = [packed[0], packed[1], *(_pair(packed[2 + k], o)[0] for k, o in enumerate(offsets))]
+            moments.totals = tuple(jnp.asarray(np.ascontiguousarray(p)) for p in parts)
+        return moments
+
+    def image(self) -> np.ndarray:
+        """The local correlation image ``(B, Y, X)``, NumPy float64."""
+        with precision_scope(np.float64):
+            counts = jnp.asarray(_neighbour_counts(self.totals[0].shape[-2:], self.offsets))
+            return np.asarray(_image(self.totals, jnp.float64(max(self.n, 1)), counts, offsets=self.offsets))
+
+
+# -- feeding chunks -------------------------------------------------------------------------------
+
+
+def _work_dtype(source: np.dtype) -> np.dtype:
+    """The precision of ``movie - reference``: the input's own for floats (a float32 difference is correctly
+    rounded), int64 for integers and bools (exact)."""
+    if source == np.bool_ or np.issubdtype(source, np.integer):
+        return np.dtype(np.int64)
+    if source.itemsize < 4 or source.name == "bfloat16":
+        return np.dtype(np.float32)  # their differences are exact in float32
+    return source
+
+
+def host_chunk(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype) -> np.ndarray:
+    """``chunk - reference`` ``(B, n, Y, X)``, computed in the input's precision, rounded once into a ``dtype``
+    buffer of ``frames`` frames (zeros after the ``n`` real ones) that JAX's CPU backend aliases."""
+    batch, count, rows, cols = chunk.shape
+    buffer = aligned_empty((batch, frames, rows, cols), dtype)
+    if chunk.dtype == np.bool_:
+        chunk, reference = chunk.view(np.uint8), reference.view(np.uint8)
+    work = _work_dtype(np.dtype(chunk.dtype))
+    np.subtract(chunk, reference[:, None], out=buffer[:, :count], dtype=work, casting="unsafe")
+    buffer[:, count:] = 0
+    return buffer
+
+
+def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple):
+    """The moments of a NumPy chunk ``(B, n, Y, X)`` minus ``reference`` ``(B, Y, X)``, ``n <= frames``, padded to
+    whole blocks (dispatched to the device: the result is ready later).
+
+    A whole chunk already of the compute dtype, C-contiguous and 64-byte aligned (a memory-mapped
+    ``.npy`` file's, for one) goes to JAX as it is (its CPU backend aliases such buffers: no copy)
+    and the reference is subtracted on the device, in the same precision; any other chunk is
+    copied once, minus the reference, into an aligned buffer of the compute dtype.
+    """
+    count = chunk.shape[1]
+    with precision_scope(dtype):
+        if (
+            count == padded_frames(frames)
+            and chunk.dtype == dtype
+            and chunk.flags.c_contiguous
+            and chunk.ctypes.data % ALIGNMENT == 0
+        ):
+            x, ref = jax.device_put(chunk), jax.device_put(np.ascontiguousarray(reference))
+        else:
+            x = owned_to_device(host_chunk(chunk, reference, padded_frames(frames), dtype))
+            ref = jnp.zeros(reference.shape, dtype)
+        return _chunk_moments(x, ref, jnp.int32(count), offsets=offsets)
+
+
+@partial(jax.jit, static_argnames=("frames", "dtype"))
+def _device_chunk(movie: jax.Array, reference: jax.Array, start: jax.Array, *, frames: int, dtype: Any) -> jax.Array:
+    """Frames ``[start, start + frames)`` of a JAX movie ``(B, T, Y, X)`` minus the reference, as ``dtype``.
+
+    One shape for every chunk: the last one is sliced from earlier (a dynamic slice is clamped),
+    rolled so that its new frames come first, and the rest zeroed, as the host chunks are padded.
+    """
+    total = movie.shape[1]
+    first = jnp.minimum(start, total - frames)
+    block = jnp.roll(lax.dynamic_slice_in_dim(movie, first, frames, axis=1), first - start, axis=1)
+    work = _work_dtype(np.dtype(movie.dtype))
+    block = (block.astype(work) - reference[:, None].astype(work)).astype(dtype)
+    fresh = jnp.arange(frames) < total - start
+    block = jnp.where(fresh[None, :, None, None], block, 0)
+    return jnp.pad(block, ((0, 0), (0, padded_frames(frames) - frames), (0, 0), (0, 0)))
+
+
+def default_chunk_frames(batch: int, rows: int, cols: int, dtype: np.dtype) -> int:
+    """As many frames as make ``CHUNK_BYTES`` of ``dtype`` (at least one)."""
+    return max(1, CHUNK_BYTES // (batch * rows * cols * np.dtype(dtype).itemsize))
+
+
+# -- public API --------------------------------------------------------------------------------
+
+
+def local_correlation_image(
+    movie: Any,
+    *,
+    neighbours: int = 8,
+    dtype: Any = None,
+    chunk_frames: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> Any:
+    """The local correlation image of a movie (CaImAn's ``local_correlations``).
+
+    Parameters
+    ----------
+    movie
+        ``(..., T, Y, X)``: T frames of Y x X pixels, any leading batch axes
+        (each movie on its own); bool, integer or real float; NumPy, JAX, Zarr
+        or dask. NaN in a pixel makes its value, and its neighbours', NaN.
+    neighbours
+        8 (default: the 3x3 neighbourhood) or 4 (the pixels sharing a side).
+    dtype
+        ``float32`` (default) or ``float64``: the precision of each chunk's
+        sums (the merge across chunks is always float64).
+    chunk_frames
+        Frames per chunk; default as many as make 64 MiB of ``dtype``. A dask
+        movie keeps its own chunks along T when each is under 256 MiB.
+    progress
+        Optional ``progress(done, total)``, called after each chunk of frames
+        (``total`` chunks); it may raise to stop the computation. For a dask
+        movie it is called from the task that finished the chunk, in this
+        process's threads (pass None on a distributed cluster).
+
+    Returns
+    -------
+    jax.Array, or dask.array.Array for dask inputs
+        ``(..., Y, X)``, ``dtype``: each pixel's Pearson correlation over the
+        T frames with each of its in-image neighbours, averaged over the
+        neighbours it has (a corner pixel has 3 of 8, an edge pixel 5; with 4
+        neighbours, 2 and 3). A pair with a constant pixel (zero variance)
+        correlates as 0 and still counts, as in CaImAn's FFT variant; a
+        one-pixel image, with no neighbours, gives NaN. Values lie in
+        [-1, 1]. A dask movie gives a lazy dask array: one task per chunk of
+        frames (whole images), a tree sum of the chunks' float64 moments, and
+        a last task for the image, so memory holds a few chunks, never the
+        movie.
+
+    Raises
+    ------
+    ValueError
+        If ``movie`` has fewer than 3 axes or a zero-length axis, its dtype is
+        not real, ``neighbours`` is not 8 or 4, or ``chunk_frames`` is not a
+        positive integer.
+    TypeError
+        If ``movie`` is not an array.
+
+    References
+    ----------
+    A. Giovannucci et al., "CaImAn an open source tool for scalable calcium
+    imaging data analysis", eLife 8, e38173 (2019); ``caiman.summary_images``.
+    T. F. Chan, G. H. Golub and R. J. LeVeque, "Algorithms for computing the
+    sample variance: analysis and recommendations", Am. Stat. 37(3), 242-247
+    (1983).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> movie = rng.normal(size=(200, 16, 16))
+    >>> movie[:, 4:8, 4:8] += 3 * rng.normal(size=(200, 1, 1))  # a cell flickering as one
+    >>> image = np.asarray(local_correlation_image(movie))
+    >>> bool(image[5, 5] > 0.8 and abs(image[12, 12]) < 0.2)
+    True
+    """
+    movie = _validate.as_array("movie", movie)
+    _validate.check_real("movie", movie)
+    shape = _validate.check_ndim("movie", movie, min_ndim=3)
+    _validate.check_nonempty("movie", shape)
+    if isinstance(neighbours, (bool, np.bool_)) or neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours must be 8 or 4; got {neighbours!r}")
+    dtype = compute_dtype(dtype)
+    if chunk_frames is not None:
+        (chunk_frames,) = _validate.int_tuple("chunk_frames", [chunk_frames])
+    offsets = OFFSETS[int(neighbours)]
+    lead, (frames_total, rows, cols) = shape[:-3], shape[-3:]
+    if _validate.is_dask(movie):
+        from napari_gridmip.core.correlation import _chunked
+
+        return _chunked.local_correlation_image(movie, offsets, dtype, chunk_frames, progress)
+    batch = math.prod(lead)
+    chunk_frames = min(chunk_frames or default_chunk_frames(batch, rows, cols, dtype), frames_total)
+    starts = list(range(0, frames_total, chunk_frames))
+    moments = _Moments((batch, rows, cols), offsets)
+    if isinstance(movie, jax.Array):
+        scope = precision_scope(movie.dtype if is_wide(movie.dtype) else dtype)
+        flat = movie.reshape((batch, frames_total, rows, cols))
+
+        def dispatch(start):
+            block = _device_chunk(flat, flat[:, 0], jnp.int32(start), frames=chunk_frames, dtype=dtype.name)
+            count = jnp.int32(min(chunk_frames, frames_total - start))
+            return _chunk_moments(
+                block, jnp.zeros(block.shape[:1] + block.shape[2:], block.dtype), count, offsets=offsets
+            )
+
+    else:
+        scope = precision_scope(dtype)
+        reference = np.asarray(movie[..., 0, :, :]).reshape(batch, rows, cols)
+
+        def dispatch(start):
+            chunk = np.asarray(movie[..., start : start + chunk_frames, :, :])
+            chunk = chunk.reshape(batch, chunk.shape[-3], rows, cols)
+            return chunk_moments_of_host(chunk, reference, chunk_frames, dtype, offsets)
+
+    with scope:
+        # one chunk in flight while the next is read and prepared (JAX dispatches asynchronously)
+        pending = None
+        for done, start in enumerate(starts):
+            result = (min(chunk_frames, frames_total - start), dispatch(start))
+            if pending is not None:
+                moments.add(*pending)
+                _report(progress, done, len(starts))
+            pending = result
+        moments.add(*pending)
+        _report(progress, len(starts), len(starts))
+    image = moments.image().reshape(lead + (rows, cols))
+    with precision_scope(dtype):
+        return jnp.asarray(image.astype(dtype))
+
+
+def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)

@@ -41,6 +41,7 @@ from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
+from napari_gridmip.core.correlation import subsets
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
 
 __all__ = ["find_displacement", "windowed_pearson"]
@@ -525,6 +526,8 @@ def windowed_pearson(
     img2: Any,
     window: Sequence[int],
     *,
+    subset: Sequence[int] = (1, 1),
+    step: int = 1,
     dtype: Any = None,
     offsets_first: bool = False,
     progress: ProgressCallback | None = None,
@@ -573,6 +576,11 @@ def windowed_pearson(
         to pass ``dtype=np.float64``).
     """
     img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
+    subset, step = subsets.check_subset(subset, step)
+    if subset != (1, 1) or step != 1:
+        return subsets.subset_map(
+            img1, img2, window, subset, step, dtype=dtype, offsets_first=offsets_first, progress=progress
+        )
     shape, window = _check_inputs(img1, img2, window)
     dtype = _check_dtypes(img1, img2, dtype)
     offsets_first = _validate.check_bool("offsets_first", offsets_first)
@@ -602,6 +610,8 @@ def find_displacement(
     img2: Any,
     window: Sequence[int],
     *,
+    subset: Sequence[int] = (1, 1),
+    step: int = 1,
     subpixel: str = "hessian",
     dtype: Any = None,
     progress: ProgressCallback | None = None,
@@ -649,6 +659,13 @@ def find_displacement(
     (1.3, -0.7)
     """
     img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
+    subset, step = subsets.check_subset(subset, step)
+    if subset != (1, 1) or step != 1:
+        return Displacement(
+            *subsets.subset_displacement(
+                img1, img2, window, subset, step, subpixel=subpixel, dtype=dtype, progress=progress
+            )
+        )
     shape, window = _check_inputs(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     dtype = _check_dtypes(img1, img2, dtype)

@@ -1,0 +1,80 @@
+"""Float64 loops over the definitions of the subset correlation and the speckle-tracking model (obviously right, slow).
+
+Imported by the subset tests and the DIC benchmark; never import a test module from another.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def zncc(u: np.ndarray, v: np.ndarray) -> float:
+    """Zero-normalised cross-correlation of two vectors (any shape, flattened), in float64.
+
+    NaN if either holds a non-finite value; 0 if either is constant; else Pearson's r.
+    """
+    u = np.asarray(u, np.float64).ravel()
+    v = np.asarray(v, np.float64).ravel()
+    if not (np.isfinite(u).all() and np.isfinite(v).all()):
+        return np.nan
+    if np.ptp(u) == 0 or np.ptp(v) == 0:
+        return 0.0
+    u = u - u.mean()
+    v = v - v.mean()
+    return float((u * v).sum() / np.sqrt((u * u).sum() * (v * v).sum()))
+
+
+def reference_map(img1, img2, window, subset, step=1):
+    """``out[i, j, a, b]``: img2's K x sh x sw vector around ``(y, x) = (i s + m + hs, j s + n + hw)`` against
+    img1's around ``(y + a - m, x + b - n)``; shape ``(ceil(Mo / s), ceil(No / s), wm, wn)``."""
+    img1, img2 = np.asarray(img1, np.float64), np.asarray(img2, np.float64)
+    if img1.ndim == 2:
+        img1, img2 = img1[None], img2[None]
+    _, rows, cols = img1.shape
+    (wm, wn), (sh, sw) = window, subset
+    m, n = wm // 2, wn // 2
+    mo, no = rows - 2 * m - (sh - 1), cols - 2 * n - (sw - 1)
+    out = np.zeros((len(range(0, mo, step)), len(range(0, no, step)), wm, wn))
+    for oi, i in enumerate(range(0, mo, step)):
+        for oj, j in enumerate(range(0, no, step)):
+            v2 = img2[:, i + m : i + m + sh, j + n : j + n + sw]
+            for a in range(wm):
+                for b in range(wn):
+                    out[oi, oj, a, b] = zncc(img1[:, i + a : i + a + sh, j + b : j + b + sw], v2)
+    return out
+
+
+def keys_weights(t: float) -> np.ndarray:
+    """Keys (a = -0.5) cubic convolution weights of the taps at -1, 0, 1, 2 for a fraction ``t`` in [0, 1]."""
+    t2, t3 = t * t, t * t * t
+    return np.array(
+        [-0.5 * t3 + t2 - 0.5 * t, 1.5 * t3 - 2.5 * t2 + 1, -1.5 * t3 + 2 * t2 + 0.5 * t, 0.5 * t3 - 0.5 * t2]
+    )
+
+
+def interpolated_subset(img, y, x, subset):
+    """The K x sh x sw subset of ``img`` (K, M, N) whose top-left corner is at the real position ``(y, x)``,
+    Keys-interpolated (separable), edge values repeated beyond the image."""
+    img = np.asarray(img, np.float64)
+    _, rows, cols = img.shape
+    sh, sw = subset
+    y0, x0 = int(np.floor(y)), int(np.floor(x))
+    wy, wx = keys_weights(y - y0), keys_weights(x - x0)
+    out = np.zeros((img.shape[0], sh, sw))
+    for p in range(4):
+        for q in range(4):
+            r = np.clip(np.arange(sh) + y0 + p - 1, 0, rows - 1)
+            c = np.clip(np.arange(sw) + x0 + q - 1, 0, cols - 1)
+            out += wy[p] * wx[q] * img[:, r][:, :, c]
+    return out
+
+
+def umpa_fit(sample_vector, reference_vector, reference_mean):
+    """Least-squares ``sample ~ T (Im + D (reference - Im))`` over one vector: ``(T, D, rms residual)``."""
+    s = np.asarray(sample_vector, np.float64).ravel()
+    r = np.asarray(reference_vector, np.float64).ravel()
+    design = np.stack([np.ones_like(r), r], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(design, s, rcond=None)
+    residual = s - design @ np.array([alpha, beta])
+    transmission = (alpha + beta * reference_mean) / reference_mean
+    return transmission, beta / transmission, float(np.sqrt(np.mean(residual**2)))

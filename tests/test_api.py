@@ -24,6 +24,7 @@ DATA_ARGUMENTS = {
     "merge_patches": ("patches", "image_shape", "stride"),
     "windowed_pearson": ("img1", "img2", "window"),
     "find_displacement": ("img1", "img2", "window"),
+    "track_speckles": ("sample", "reference", "window"),
     "read_array": ("path",),
     "write_mipmap": ("volume", "path"),
 }

@@ -19,6 +19,7 @@ _API = {
     "merge_patches": "patches.grid",
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",
+    "track_speckles": "correlation.subsets",
 }
 
 __all__ = sorted(_API)

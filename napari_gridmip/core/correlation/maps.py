@@ -543,6 +543,18 @@ def windowed_pearson(
         beyond its exact range (2**24 for float32, 2**53 for float64) are refused.
     window
         ``(wm, wn)``, odd full window sizes, at most ``(M, N)``.
+    subset
+        ``(sh, sw) = (2hs + 1, 2hw + 1)``, odd, default ``(1, 1)``: each pixel's
+        vector is its K values over the ``sh x sw`` subset centred on it
+        (``K sh sw`` values, mean and norm over the whole vector: zero-normalised
+        cross-correlation, as in digital image correlation). ``K = 1`` is
+        accepted when the subset has more than one pixel. Computed with box sums
+        (cost per value independent of the subset's area; see
+        ``core/correlation/subsets.py``).
+    step
+        Results on every ``step``-th output pixel only (DIC's grid of points):
+        the dense output subsampled, ``out[..., ::step, ::step, ...]``, computed
+        without evaluating the pixels between.
     dtype
         ``float32`` (default) or ``float64``. float64 computes in float64 (JAX's
         x64 switch is enabled for this call only).
@@ -560,7 +572,16 @@ def windowed_pearson(
     jax.Array, or dask.array.Array for dask inputs
         Shape ``(..., M - 2m, N - 2n, wm, wn)``, ``dtype``, values in [-1, 1];
         ``out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])``,
-        0 where either vector has zero variance. With ``offsets_first``, shape
+        0 where either vector has zero variance. With a subset and a step, output
+        pixel ``(i, j)`` is img2's pixel ``(y, x) = (i step + m + hs, j step + n + hw)``
+        and the shape is ``(..., ceil(Mo / step), ceil(No / step), wm, wn)`` with
+        ``Mo = M - 2m - 2hs``, ``No = N - 2n - 2hw`` (the same margin on both
+        sides, grown by the subset's half-size): ``out[..., i, j, a, b]`` correlates
+        ``img2[..., :, y - hs : y + hs + 1, x - hw : x + hw + 1]`` with img1's subset
+        around ``(y + a - m, x + b - n)``. A subset whose variance is below about
+        ``2**-17`` (float32; ``2**-40`` float64) of its mean square counts as
+        constant; a non-finite value makes NaN of exactly the correlations whose
+        vectors hold it. With ``offsets_first``, shape
         ``(..., wm, wn, M - 2m, N - 2n)`` and ``out[..., a, b, i, j]`` the same
         value, computed the same way. Dask stacks give a lazy dask
         array (nothing is computed by the call), each block read with the
@@ -570,10 +591,13 @@ def windowed_pearson(
     Raises
     ------
     ValueError
-        If the shapes differ or hold a zero-length axis, a window size is even
-        or larger than the image, there are fewer than 2 frames, a dtype is
-        not real, or integers exceed ``dtype``'s exact range (the message says
-        to pass ``dtype=np.float64``).
+        If the shapes differ or hold a zero-length axis, a window or subset size
+        is even, the window (plus the subset, less one) is larger than the image,
+        a vector holds fewer than 2 values (fewer than 2 frames with a 1-pixel
+        subset), ``step`` is below 1, a dtype is not real, or integers exceed
+        ``dtype``'s exact range (the message says to pass ``dtype=np.float64``).
+    TypeError
+        If ``step`` is not an integer, or ``offsets_first`` not a bool.
     """
     img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
     subset, step = subsets.check_subset(subset, step)
@@ -620,7 +644,7 @@ def find_displacement(
 
     Parameters
     ----------
-    img1, img2, window, dtype, progress
+    img1, img2, window, subset, step, dtype, progress
         As for :func:`windowed_pearson`.
     subpixel
         ``"hessian"`` (default): a Newton step on the 3x3 neighbourhood of the
@@ -629,7 +653,10 @@ def find_displacement(
         maximise the correlation between pixels (img1 interpolated by Keys
         cubic convolution) with Newton steps: the most accurate (0.0065 px
         median error on the speckle sample against 0.17 px), about 3x the
-        time of the Hessian step.
+        time of the Hessian step. With a subset, the interpolated vector spans the
+        subset, and the refinement is computed from box sums too (a Gram matrix of
+        img1's vectors at the 5 x 5 offsets around the peak); it stays within one
+        pixel of the integer peak.
 
     Returns
     -------
@@ -637,7 +664,9 @@ def find_displacement(
         A named tuple ``(dy, dx, peak)`` of jax.Arrays (dask arrays for dask
         inputs), which unpacks as three arrays. Each ``(..., M - 2m, N - 2n)``, ``dtype``; dask stacks give lazy dask
         arrays computed block by block with a halo, equal to the in-memory ones. ``img1[y + dy, x + dx]``
-        matches ``img2[y, x]`` for ``y = i + m``, ``x = j + n``. ``peak`` is the
+        matches ``img2[y, x]`` for ``y = i + m``, ``x = j + n``. With a subset and a step:
+        ``(..., ceil(Mo / step), ceil(No / step))`` and ``y = i step + m + hs``,
+        ``x = j step + n + hw``, as for :func:`windowed_pearson`. ``peak`` is the
         correlation at the integer peak (a confidence in [-1, 1]). Where the
         peak lies on the window's edge the true peak may lie outside: ``dy``
         and ``dx`` are NaN there, never clipped.
@@ -647,6 +676,8 @@ def find_displacement(
     ValueError
         As for :func:`windowed_pearson`, and if ``subpixel`` is not one of
         ``"hessian"``, ``"paraboloid"``, ``"refine"`` or ``"none"``.
+    TypeError
+        If ``step`` is not an integer.
 
     Examples
     --------

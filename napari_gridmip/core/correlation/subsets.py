@@ -179,19 +179,17 @@ def _column_width(plan: Plan) -> int:
 
 
 def _row_box(v: jax.Array, plan: Plan) -> jax.Array:
-    """Sum each output column's ``sw`` columns of the sums ``v`` (last axis, from :func:`_columns`)."""
-    ns, s, sw = plan.out[1], plan.step, plan.subset[1]
-    if plan.compact:
-        v = v.reshape(v.shape[:-1] + (ns, sw))
-        acc = v[..., 0]
-        for c in range(1, sw):
-            acc = acc + v[..., c]
-        return acc
-    span = (ns - 1) * s + 1
-    acc = lax.slice_in_dim(v, 0, span, stride=s, axis=v.ndim - 1)
-    for c in range(1, sw):
-        acc = acc + lax.slice_in_dim(v, c, c + span, stride=s, axis=v.ndim - 1)
-    return acc
+    """Sum each output column's ``sw`` columns of the sums ``v`` (last axis, from :func:`_columns`).
+
+    A ``reduce_window`` (with the step as its stride): XLA's CPU backend never fuses one into its
+    consumers, so each row's box sums are computed once and read by the peak search, the neighbourhood
+    gathers and the map alike. Written as shifted slices, they were fused into (and recomputed by) every
+    consumer: 8x slower.
+    """
+    sw = plan.subset[1]
+    stride = sw if plan.compact else plan.step
+    ones = (1,) * (v.ndim - 1)
+    return lax.reduce_window(v, jnp.zeros((), v.dtype), lax.add, ones + (sw,), ones + (stride,), "VALID")
 
 
 def _strided(x: jax.Array, start: int, count: int, step: int, axis: int) -> jax.Array:
@@ -209,8 +207,8 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
 
     for ``(wa, wb) = offsets`` and ``(o, p) = origin``. ``xa`` and ``xb`` are one item's ``(K, rows, cols)``
     arrays. The sums down the image are carried by the loop (running sums when ``plan.running``), the sums
-    along a row are direct. The products of one row of offsets, and each ``H``, are materialised by the loop
-    (carried one step ahead or late): fused into their consumers they lose XLA's vectorisation
+    along a row are direct (:func:`_row_box`). The image rows of each product reach it through a loop carry,
+    sliced one step ahead: a dynamic slice fused into the products costs their vectorisation
     (docs/benchmarks.md, section 3).
     """
     wa, wb = offsets
@@ -241,9 +239,9 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
             out.append(p)
         return tuple(out)
 
-    def add_rows(v, first, count, leave):
-        """``v`` plus the products of ``count`` rows from ``first`` (minus those from ``leave``, if given),
-        the rows' slices carried one step ahead."""
+    def add_rows(v, first, count, leave, keep=None):
+        """``v`` plus the products of ``count`` rows from ``first`` (minus those from ``leave``, if given; all
+        times ``keep`` if given), the rows' slices carried one step ahead."""
 
         def one(u, c):
             v, sa, rb, la, lb = c
@@ -251,9 +249,12 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
             pa = products(sa, rb)
             if leave is None:
                 v = tuple(x + p for x, p in zip(v, pa))
+            elif keep is None:
+                pl = products(la, lb)
+                v = tuple(x + (p - q) for x, p, q in zip(v, pa, pl))
             else:
                 pl = products(la, lb)
-                v = tuple(x + p - q for x, p, q in zip(v, pa, pl))
+                v = tuple(x + keep * (p - q) for x, p, q in zip(v, pa, pl))
             nxt = first + u + 1
             back = (leave if leave is not None else first) + u + 1
             return v, slab_a(nxt), row_b(nxt), slab_a(back), row_b(back)
@@ -266,19 +267,20 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
         return add_rows(tuple(jnp.zeros((wa, width), xa.dtype) for _ in range(wb)), y, sh, None)
 
     def body(t, c):
-        v, h, user = c
+        v, user = c
         t = t.astype(jnp.int32)
-        user = consume(jnp.maximum(t - 1, 0), h, user)  # row t - 1 (at t = 0: a row 0 rewritten at t = 1)
-        h = tuple(_row_box(x, sub) for x in v)
-        y = jnp.minimum(t, rows - 1) * s
+        # bring the sums to row t first (at t = 0 they are row 0's already), then box and consume them:
+        # the old sums are read once, by their update, which XLA then does in place
         if sub.running:
-            v = add_rows(v, y + sh, s, y)
+            y = jnp.maximum(t - 1, 0) * s
+            v = add_rows(v, y + sh, s, y, keep=(t > 0).astype(v[0].dtype))
         else:
-            v = fresh(jnp.minimum(t + 1, rows - 1) * s)
-        return v, h, user
+            v = fresh(t * s)
+        user = consume(t, tuple(_row_box(x, sub) for x in v), user)
+        return v, user
 
-    empty = tuple(jnp.zeros((wa, sub.out[1]), xa.dtype) for _ in range(wb))
-    _, _, carry = lax.fori_loop(0, rows + 1, body, (fresh(jnp.int32(0)), empty, carry))
+    start = fresh(jnp.int32(0)) if sub.running else tuple(jnp.zeros((wa, width), xa.dtype) for _ in range(wb))
+    _, carry = lax.fori_loop(0, rows, body, (start, carry))
     return carry
 
 

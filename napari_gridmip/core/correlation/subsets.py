@@ -784,24 +784,33 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
     return run(img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress)
 
 
-def _centre_of(img: Any) -> np.ndarray:
-    """Each batch item's mean over its finite values (K, M and N), in float64: ``(B,)``."""
+def _is_traced(img: Any) -> bool:
+    return isinstance(img, jax.core.Tracer)
+
+
+def _centre_of(img: Any) -> Any:
+    """Each batch item's mean over its finite values (K, M and N): ``(B,)``.
+
+    NumPy data: float64 (exact enough whatever the data). A JAX array: in its own float precision (float32
+    unless x64 is on), on the device, so that a caller's ``jax.jit`` can trace it; the mean is only the
+    reference subtracted before the sums, and the same value is used wherever it enters (the transmission).
+    """
+    shape = _validate.shape_of(img)
+    lead = (-1,) + tuple(shape[-3:])
     if isinstance(img, jax.Array):
-        with precision_scope(np.float64):
-            flat = img.reshape((-1,) + img.shape[-3:])
-            x = flat.astype(jnp.float64) if _validate.is_float(np.dtype(img.dtype)) else flat.astype(jnp.float64)
-            out = jnp.nanmean(jnp.where(jnp.isfinite(x), x, jnp.nan), axis=(1, 2, 3))
-            return np.asarray(out, np.float64)
-    host = np.asarray(img)
-    flat = host.reshape((-1,) + host.shape[-3:])
-    if _validate.is_float(host.dtype):
+        flat = img.reshape(lead)
+        x = flat if _validate.is_float(np.dtype(flat.dtype)) else flat.astype(jnp.result_type(float))
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        return jnp.nanmean(jnp.where(jnp.isfinite(x), x, jnp.nan), axis=(1, 2, 3))
+    flat = np.asarray(img).reshape(lead)
+    if _validate.is_float(flat.dtype):
         finite = np.isfinite(flat)
         total = np.where(finite, flat, 0).sum(axis=(1, 2, 3), dtype=np.float64)
         return total / np.maximum(finite.sum(axis=(1, 2, 3)), 1)
     return flat.mean(axis=(1, 2, 3), dtype=np.float64)
 
 
-def _centred(img: Any, centre: np.ndarray, dtype: np.dtype) -> jax.Array:
+def _centred(img: Any, centre: Any, dtype: np.dtype) -> jax.Array:
     """``img - centre`` (per batch item) as a ``(B, K, M, N)`` ``dtype`` array on the device.
 
     The subtraction runs in the input's own precision when that is at least ``dtype``'s (float64 data
@@ -809,19 +818,17 @@ def _centred(img: Any, centre: np.ndarray, dtype: np.dtype) -> jax.Array:
     """
     source = _validate.dtype_of(img)
     shape = _validate.shape_of(img)
-    work = (
-        source
-        if source in (np.dtype(np.float32), np.dtype(np.float64)) and source.itemsize >= dtype.itemsize
-        else dtype
-    )
+    wide_enough = source in (np.dtype(np.float32), np.dtype(np.float64)) and source.itemsize >= dtype.itemsize
+    work = source if wide_enough else dtype
     lead = (-1,) + tuple(shape[-3:])
     if isinstance(img, jax.Array):
         with precision_scope(work):
-            x = img.reshape(lead).astype(work) - jnp.asarray(centre, work)[:, None, None, None]
+            x = img.reshape(lead).astype(work) - jnp.asarray(centre).astype(work)[:, None, None, None]
             return x.astype(dtype)
     host = np.asarray(img).reshape(lead)
     buffer = aligned_empty(host.shape, dtype)
-    np.subtract(host.astype(work, copy=False), centre.astype(work)[:, None, None, None], out=buffer, casting="unsafe")
+    centre = np.asarray(centre, np.float64).astype(work)[:, None, None, None]
+    np.subtract(host.astype(work, copy=False), centre, out=buffer, casting="unsafe")
     return owned_to_device(buffer)
 
 
@@ -841,9 +848,12 @@ def _finish(x1, x2, *, pad1, pad2, bad):
 
 
 def _has_nonfinite(img: Any) -> bool:
+    """Whether a float stack holds NaN or infinity (a traced one is assumed to: that path is always right)."""
     dtype = _validate.dtype_of(img)
     if not _validate.is_float(dtype):
         return False
+    if _is_traced(img):
+        return True
     if isinstance(img, jax.Array):
         return not bool(jnp.isfinite(img).all())
     return not bool(np.isfinite(np.asarray(img)).all())
@@ -879,12 +889,13 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     plan = Plan(k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad)
     with precision_scope(dtype):
         if centres is None:
-            centres = np.stack([_centre_of(img1), _centre_of(img2)], axis=1)
-        centres = np.asarray(centres, np.float64).reshape(-1, 2)
-        x1, x2 = _centred(img1, centres[:, 0], dtype), _centred(img2, centres[:, 1], dtype)
+            centres = [_centre_of(img1), _centre_of(img2)]
+        else:
+            centres = np.asarray(centres, np.float64).reshape(-1, 2).T
+        x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
         band, starts = _band_plan(plan, dtype)
-        device_centres = jnp.asarray(centres, dtype)
+        device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         pieces = []
         for done, start in enumerate(starts):
             if progress is not None:

@@ -130,16 +130,12 @@ class Plan(NamedTuple):
 
 
 def _box(x: jax.Array, size: tuple[int, int]) -> jax.Array:
-    """Sums over every ``size`` box of the last two axes (valid positions), as two direct sums of slices:
+    """Sums over every ``size`` box of the last two axes (valid positions), as two 1D ``reduce_window`` sums:
     exact to rounding (no differences of prefix sums), NaN only in the boxes that hold one."""
-    rows, cols = x.shape[-2] - size[0] + 1, x.shape[-1] - size[1] + 1
-    acc = x[..., 0:rows, :]
-    for u in range(1, size[0]):
-        acc = acc + x[..., u : u + rows, :]
-    out = acc[..., 0:cols]
-    for v in range(1, size[1]):
-        out = out + acc[..., v : v + cols]
-    return out
+    lead = (1,) * (x.ndim - 2)
+    zero = jnp.zeros((), x.dtype)
+    rows = lax.reduce_window(x, zero, lax.add, lead + (size[0], 1), (1,) * x.ndim, "VALID")
+    return lax.reduce_window(rows, zero, lax.add, lead + (1, size[1]), (1,) * x.ndim, "VALID")
 
 
 def _sum_frames(x: jax.Array) -> jax.Array:
@@ -240,47 +236,42 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
         return tuple(out)
 
     def add_rows(v, first, count, leave, keep=None):
-        """``v`` plus the products of ``count`` rows from ``first`` (minus those from ``leave``, if given; all
-        times ``keep`` if given), the rows' slices carried one step ahead."""
+        """``v`` plus the products of ``count`` rows from ``first``, minus ``keep`` times those of the rows
+        from ``leave`` unless ``leave`` is None (``count`` and ``keep`` may be traced). The rows' slices reach
+        the products through the inner loop's carry, sliced one step ahead."""
 
         def one(u, c):
             v, sa, rb, la, lb = c
-            u = u.astype(jnp.int32)
             pa = products(sa, rb)
             if leave is None:
                 v = tuple(x + p for x, p in zip(v, pa))
-            elif keep is None:
-                pl = products(la, lb)
-                v = tuple(x + (p - q) for x, p, q in zip(v, pa, pl))
             else:
                 pl = products(la, lb)
-                v = tuple(x + keep * (p - q) for x, p, q in zip(v, pa, pl))
-            nxt = first + u + 1
-            back = (leave if leave is not None else first) + u + 1
+                v = tuple(x + (p - keep * q) for x, p, q in zip(v, pa, pl))
+            nxt = first + u.astype(jnp.int32) + 1
+            back = (first if leave is None else leave) + u.astype(jnp.int32) + 1
             return v, slab_a(nxt), row_b(nxt), slab_a(back), row_b(back)
 
-        start = (v, slab_a(first), row_b(first), slab_a(leave if leave is not None else first))
-        start = start + (row_b(leave if leave is not None else first),)
-        return lax.fori_loop(0, count, one, start)[0]
+        back = first if leave is None else leave
+        return lax.fori_loop(0, count, one, (v, slab_a(first), row_b(first), slab_a(back), row_b(back)))[0]
 
-    def fresh(y):
-        return add_rows(tuple(jnp.zeros((wa, width), xa.dtype) for _ in range(wb)), y, sh, None)
+    zeros = tuple(jnp.zeros((wa, width), xa.dtype) for _ in range(wb))
 
     def body(t, c):
         v, user = c
         t = t.astype(jnp.int32)
-        # bring the sums to row t first (at t = 0 they are row 0's already), then box and consume them:
-        # the old sums are read once, by their update, which XLA then does in place
+        # bring the sums to row t (at t = 0: the first sh rows, from zero), then box and consume them: the
+        # old sums are read once, by their update, which XLA then does in place
         if sub.running:
             y = jnp.maximum(t - 1, 0) * s
-            v = add_rows(v, y + sh, s, y, keep=(t > 0).astype(v[0].dtype))
+            first = jnp.where(t > 0, y + sh, 0)
+            v = add_rows(v, first, jnp.where(t > 0, s, sh), y, keep=(t > 0).astype(xa.dtype))
         else:
-            v = fresh(t * s)
+            v = add_rows(zeros, t * s, sh, None)
         user = consume(t, tuple(_row_box(x, sub) for x in v), user)
         return v, user
 
-    start = fresh(jnp.int32(0)) if sub.running else tuple(jnp.zeros((wa, width), xa.dtype) for _ in range(wb))
-    _, carry = lax.fori_loop(0, rows, body, (start, carry))
+    _, carry = lax.fori_loop(0, rows, body, (zeros, carry))
     return carry
 
 
@@ -421,6 +412,12 @@ def _interpolated(py, px, a0, b0, cross, mean, gram, inv2, sum2, count) -> _Inte
     hxy = hxy * inv2
     sums = (dot(w, mean), dot(w, jnp.einsum("jab,jb->ja", gram, w, precision=lax.Precision.HIGHEST)), dot(w, cross))
     return _Interpolated(r, (gy, gx), (hyy, hxx, hxy), sums)
+
+
+def _nothing(like: jax.Array) -> _Interpolated:
+    """An :class:`_Interpolated` of zeros shaped like ``like`` (a loop's initial carry)."""
+    zero = jnp.zeros_like(like)
+    return _Interpolated(zero, (zero, zero), (zero, zero, zero), (zero, zero, zero))
 
 
 def _newton(f: _Interpolated, search: tuple[bool, bool]) -> tuple[jax.Array, jax.Array]:
@@ -613,14 +610,24 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
             def at(py, px):
                 return _interpolated(py, px, aef, bef, cross25, mean25, gram, i2, b2, count)
 
-            if plan.method == "refine":
-                for _ in range(ITERATIONS):
-                    sy, sx = _newton(at(py, px), search)
-                    py = jnp.clip(py + sy, aef - REACH, aef + REACH)
-                    px = jnp.clip(px + sx, bef - REACH, bef + REACH)
+            steps = ITERATIONS if plan.method == "refine" else 0
+
+            def newton(k, c):
+                py, px, _ = c
+                f = at(py, px)
+                sy, sx = _newton(f, search)
+                move = k < steps  # the fit's last evaluation does not move
+                py = jnp.where(move, jnp.clip(py + sy, aef - REACH, aef + REACH), py)
+                px = jnp.where(move, jnp.clip(px + sx, bef - REACH, bef + REACH), px)
+                return py, px, f
+
+            # one copy of the interpolation's code in the program, whatever the number of steps: ``steps``
+            # Newton steps, then (for the fit) one more evaluation at the position reached
+            loops = steps + 1 if plan.track else steps
+            if loops:
+                py, px, f = lax.fori_loop(0, loops, newton, (py, px, _nothing(py)))
             sub_y, sub_x = py - aef, px - bef
             if plan.track:
-                f = at(py, px)
                 sum_r, sum_rr, sum_sr = f.sums
                 sum_s, sum_ss = b2, lax.dynamic_index_in_dim(stats.sq2, t, 0, keepdims=False)
                 var_r = sum_rr - sum_r * sum_r / count

@@ -78,3 +78,37 @@ def umpa_fit(sample_vector, reference_vector, reference_mean):
     residual = s - design @ np.array([alpha, beta])
     transmission = (alpha + beta * reference_mean) / reference_mean
     return transmission, beta / transmission, float(np.sqrt(np.mean(residual**2)))
+
+
+def reference_peaks(full_map, method="hessian"):
+    """Integer peak (first maximum in C order) and the 3x3 Newton step ("hessian") or no step ("none") of a
+    float64 map ``(rows, cols, wm, wn)``: ``(dy, dx, peak)``, NaN displacements where the peak is on the edge.
+    Where the 2D step is not a maximum within one pixel, each axis takes its own 1D step, clipped to 0.5."""
+    rows, cols, wm, wn = full_map.shape
+    dy, dx = np.full((rows, cols), np.nan), np.full((rows, cols), np.nan)
+    peak = np.full((rows, cols), np.nan)
+    for i in range(rows):
+        for j in range(cols):
+            c = np.where(np.isnan(full_map[i, j]), -np.inf, full_map[i, j])
+            a, b = np.unravel_index(np.argmax(c), c.shape)
+            if np.isfinite(c[a, b]):
+                peak[i, j] = c[a, b]
+            if not np.isfinite(c[a, b]) or (wm > 1 and a in (0, wm - 1)) or (wn > 1 and b in (0, wn - 1)):
+                continue
+            sy = sx = 0.0
+            if method == "hessian":
+                h = np.pad(c, 1, mode="edge")[a : a + 3, b : b + 3]
+                gy, gx = (h[2, 1] - h[0, 1]) / 2, (h[1, 2] - h[1, 0]) / 2
+                hyy, hxx = h[2, 1] - 2 * h[1, 1] + h[0, 1], h[1, 2] - 2 * h[1, 1] + h[1, 0]
+                hxy = (h[2, 2] - h[2, 0] - h[0, 2] + h[0, 0]) / 4
+                det = hyy * hxx - hxy * hxy
+                ok = det > 0 and hyy < 0
+                if ok:
+                    sy, sx = -(hxx * gy - hxy * gx) / det, -(hyy * gx - hxy * gy) / det
+                    ok = abs(sy) <= 1 and abs(sx) <= 1
+                if not ok:
+                    sy = np.clip(-gy / hyy, -0.5, 0.5) if hyy < 0 else 0.0
+                    sx = np.clip(-gx / hxx, -0.5, 0.5) if hxx < 0 else 0.0
+                sy, sx = (sy if wm > 1 else 0.0), (sx if wn > 1 else 0.0)
+            dy[i, j], dx[i, j] = a - wm // 2 + sy, b - wn // 2 + sx
+    return dy, dx, peak

@@ -578,10 +578,16 @@ def windowed_pearson(
         ``Mo = M - 2m - 2hs``, ``No = N - 2n - 2hw`` (the same margin on both
         sides, grown by the subset's half-size): ``out[..., i, j, a, b]`` correlates
         ``img2[..., :, y - hs : y + hs + 1, x - hw : x + hw + 1]`` with img1's subset
-        around ``(y + a - m, x + b - n)``. A subset whose variance is below about
-        ``2**-17`` (float32; ``2**-40`` float64) of its mean square counts as
-        constant; a non-finite value makes NaN of exactly the correlations whose
-        vectors hold it. With ``offsets_first``, shape
+        around ``(y + a - m, x + b - n)``. Each image's global mean is subtracted
+        first (subsets mix pixels, so no per-pixel reference can be), which bounds
+        the accuracy: about ``eps * (max|x - mean| / std(subset))**2`` (``eps`` the
+        dtype's, 1.2e-7 for float32), fine for speckle and camera data (8 bits:
+        ~1e-6), not for faint subsets far from the mean (a background varying by
+        10 beside signal at 5e4 in float32: pass ``dtype=np.float64``, or subtract
+        the background first). A subset whose variance is
+        below about ``2**-17`` (float32; ``2**-40`` float64) of its mean square (about
+        that mean) counts as constant; a non-finite value makes NaN of exactly the
+        correlations whose vectors hold it. With ``offsets_first``, shape
         ``(..., wm, wn, M - 2m, N - 2n)`` and ``out[..., a, b, i, j]`` the same
         value, computed the same way. Dask stacks give a lazy dask
         array (nothing is computed by the call), each block read with the

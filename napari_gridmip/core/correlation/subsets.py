@@ -65,8 +65,10 @@ ZERO_VARIANCE = {np.dtype(np.float32): 2.0**-17, np.dtype(np.float64): 2.0**-40}
 
 About 64 rounding units of the compute dtype: rounding alone leaves a constant subset's variance a few units
 of its mean square away from 0, and a genuine variance that small could not be resolved anyway."""
-ITERATIONS = 3  # Newton steps from the 3x3 estimate (two leave ~0.003 px on DIC pairs; three converge)
+MAX_ITERATIONS = 10  # Newton steps from the 3x3 estimate, at most (a row stops once all its steps are tiny)
+TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}  # px: a step this small has converged
 MAX_STEP = 0.5  # px per Newton step
+UPHILL_STEP = 0.1  # px: the step along an axis where the correlation is not concave (towards its gradient)
 REACH = 1.0  # the refined position stays within this many pixels of the integer peak (its 5 x 5 tap block)
 GRAM_ROWS = 5  # the Gram block: offsets (0..4, -4..4) of img1 against itself
 GRAM_COLS = 9
@@ -422,13 +424,14 @@ def _nothing(like: jax.Array) -> _Interpolated:
 
 def _newton(f: _Interpolated, search: tuple[bool, bool]) -> tuple[jax.Array, jax.Array]:
     """A Newton step towards the maximum; an axis whose window is 1 wide does not move. Where the 2D
-    quadratic is not concave, each axis takes its own 1D step if it is concave there, else none."""
+    quadratic is not concave, each axis takes its own 1D Newton step if it is concave there, else a step of
+    ``UPHILL_STEP`` along its gradient (a Newton step there would go downhill, none would stall)."""
     gy, gx = f.g
     hyy, hxx, hxy = f.h
     zero = jnp.zeros_like(gy)
     concave_y, concave_x = hyy < 0, hxx < 0
-    step_y = jnp.where(concave_y, -gy / jnp.where(concave_y, hyy, -1), zero)
-    step_x = jnp.where(concave_x, -gx / jnp.where(concave_x, hxx, -1), zero)
+    step_y = jnp.where(concave_y, -gy / jnp.where(concave_y, hyy, -1), UPHILL_STEP * jnp.sign(gy))
+    step_x = jnp.where(concave_x, -gx / jnp.where(concave_x, hxx, -1), UPHILL_STEP * jnp.sign(gx))
     if search[0] and search[1]:
         det = hyy * hxx - hxy * hxy
         both = (det > 0) & concave_y
@@ -610,22 +613,29 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
             def at(py, px):
                 return _interpolated(py, px, aef, bef, cross25, mean25, gram, i2, b2, count)
 
-            steps = ITERATIONS if plan.method == "refine" else 0
+            tolerance = TOLERANCE[np.dtype(dtype)]
 
-            def newton(k, c):
-                py, px, _ = c
+            def keep_going(c):
+                k, _, _, _, moved = c
+                return (k < MAX_ITERATIONS) & moved
+
+            def newton(c):
+                k, py, px, _, _ = c
                 f = at(py, px)
                 sy, sx = _newton(f, search)
-                move = k < steps  # the fit's last evaluation does not move
-                py = jnp.where(move, jnp.clip(py + sy, aef - REACH, aef + REACH), py)
-                px = jnp.where(move, jnp.clip(px + sx, bef - REACH, bef + REACH), px)
-                return py, px, f
+                moved = jnp.max(jnp.maximum(jnp.abs(sy), jnp.abs(sx))) >= tolerance
+                # converged: stay where ``f`` was evaluated, so that the fit below uses it as it is
+                py = jnp.where(moved, jnp.clip(py + sy, aef - REACH, aef + REACH), py)
+                px = jnp.where(moved, jnp.clip(px + sx, bef - REACH, bef + REACH), px)
+                return k + 1, py, px, f, moved
 
-            # one copy of the interpolation's code in the program, whatever the number of steps: ``steps``
-            # Newton steps, then (for the fit) one more evaluation at the position reached
-            loops = steps + 1 if plan.track else steps
-            if loops:
-                py, px, f = lax.fori_loop(0, loops, newton, (py, px, _nothing(py)))
+            # one copy of the interpolation's code in the program: Newton steps until the row's largest is
+            # below ``tolerance`` (at most MAX_ITERATIONS), or for the other methods a single evaluation there
+            start = (jnp.int32(0), py, px, _nothing(py), jnp.array(True))
+            if plan.method == "refine":
+                _, py, px, f, _ = lax.while_loop(keep_going, newton, start)
+            elif plan.track:
+                f = at(py, px)
             sub_y, sub_x = py - aef, px - bef
             if plan.track:
                 sum_r, sum_rr, sum_sr = f.sums

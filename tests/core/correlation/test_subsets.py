@@ -311,7 +311,9 @@ def test_track_recovers_known_transmission_dark_field_and_shift():
         got, want = np.asarray(getattr(out, name))[inner], truth[name][crop][inner]
         assert np.nanmedian(np.abs(got / want - 1)) < 0.01, name
     error = np.hypot(np.asarray(out.dy) - truth["dy"][crop], np.asarray(out.dx) - truth["dx"][crop])[inner]
-    assert np.nanmedian(error) < 0.02
+    # 0.0055 px with a 1-pixel subset; a 3x3 subset averages a field that changes by up to 0.04 px per pixel
+    # (0.014 px), and the ball's rim, where T and D change within the subset, adds the rest
+    assert np.nanmedian(error) < 0.03
 
 
 def test_track_sign_convention():
@@ -333,7 +335,7 @@ def test_track_identical_pair_is_transparent():
     np.testing.assert_allclose(np.asarray(out.dy), 0, atol=1e-9)
     np.testing.assert_allclose(np.asarray(out.transmission), 1, atol=1e-9)
     np.testing.assert_allclose(np.asarray(out.dark_field), 1, atol=1e-9)
-    np.testing.assert_allclose(np.asarray(out.residual), 0, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(out.residual), 0, atol=1e-6)  # the square root of rounding
 
 
 def test_uncertainty_predicts_the_spread():
@@ -354,24 +356,27 @@ def test_uncertainty_predicts_the_spread():
 
 
 def test_dask_is_lazy_and_equals_in_memory():
+    """Row bands (the window plus the subset as the halo) give the in-memory results: maps to float32's
+    rounding; refined positions checked in float64 (on white noise the peaks are flat, and float32's rounding
+    in the sums, which differs with a band's first row, moves them by up to 1e-3 px)."""
     rng = np.random.default_rng(14)
-    a, b = rng.random((2, 2, 2, 40, 25), dtype=np.float32)
+    a, b = rng.random((2, 2, 2, 40, 25))
     lazy_a, lazy_b = da.from_array(a, chunks=(1, 2, 13, 25)), da.from_array(b, chunks=(1, 2, 13, 25))
     with TaskCounter() as counter:
-        full = windowed_pearson(lazy_a, lazy_b, PAIR[1], subset=PAIR[2], step=2)
-        field = find_displacement(lazy_a, b, PAIR[1], subset=PAIR[2], subpixel="refine")
-        tracked = track_speckles(lazy_a, lazy_b, PAIR[1], subset=PAIR[2])
+        full = windowed_pearson(lazy_a.astype(np.float32), lazy_b.astype(np.float32), PAIR[1], subset=PAIR[2],
+                                step=2)  # fmt: skip
+        field = find_displacement(lazy_a, b, PAIR[1], subset=PAIR[2], subpixel="refine", dtype=np.float64)
+        tracked = track_speckles(lazy_a, lazy_b, PAIR[1], subset=PAIR[2], dtype=np.float64)
     assert counter.count == 0
-    np.testing.assert_allclose(
-        full.compute(), np.asarray(windowed_pearson(a, b, PAIR[1], subset=PAIR[2], step=2)), rtol=0, atol=1e-6
-    )
-    reference = find_displacement(a, b, PAIR[1], subset=PAIR[2], subpixel="refine")
+    expected_map = windowed_pearson(a.astype(np.float32), b.astype(np.float32), PAIR[1], subset=PAIR[2], step=2)
+    np.testing.assert_allclose(full.compute(), np.asarray(expected_map), rtol=0, atol=1e-6)
+    reference = find_displacement(a, b, PAIR[1], subset=PAIR[2], subpixel="refine", dtype=np.float64)
     for lazy, expected in zip(field, reference):
         assert lazy.shape == expected.shape
-        np.testing.assert_allclose(lazy.compute(), np.asarray(expected), rtol=0, atol=1e-4)
-    expected = track_speckles(a, b, PAIR[1], subset=PAIR[2])
-    np.testing.assert_allclose(tracked.transmission.compute(), np.asarray(expected.transmission), atol=1e-4)
-    np.testing.assert_allclose(tracked.dy.compute(), np.asarray(expected.dy), atol=1e-4)
+        np.testing.assert_allclose(lazy.compute(), np.asarray(expected), rtol=0, atol=1e-8)
+    expected = track_speckles(a, b, PAIR[1], subset=PAIR[2], dtype=np.float64)
+    for name in ("dy", "transmission", "dark_field", "sigma_dx"):
+        np.testing.assert_allclose(getattr(tracked, name).compute(), np.asarray(getattr(expected, name)), atol=1e-8)
 
 
 # -- bad input --------------------------------------------------------------------------------------

@@ -170,9 +170,10 @@ def _subset_bands(
 
 
 def _extra(subpixel: str, track: bool) -> int:
-    from napari_gridmip.core.correlation.subsets import GRAM_ROWS
+    """Real rows beyond a band where the kernel would pad: the ring, the Gram planes and the B-spline prefilter."""
+    from napari_gridmip.core.correlation.subsets import GRAM_ROWS, SPLINE_REACH
 
-    return (2 + GRAM_ROWS) if (track or subpixel == "refine") else 0
+    return (2 + GRAM_ROWS + SPLINE_REACH) if (track or subpixel == "refine") else 0
 
 
 def subset_map(img1: Any, img2: Any, window, subset, step, dtype, *, offsets_first: bool = False) -> Any:

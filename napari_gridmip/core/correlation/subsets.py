@@ -40,6 +40,7 @@ Signal Process. 29(6), 1153-1160 (1981).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -70,6 +71,7 @@ TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}  # px: a s
 MAX_STEP = 0.5  # px per Newton step
 UPHILL_STEP = 0.1  # px: the step along an axis where the correlation is not concave (towards its gradient)
 REACH = 1.0  # the refined position stays within this many pixels of the integer peak (its 5 x 5 tap block)
+SPLINE_REACH = 24  # taps each side of the B-spline prefilter (|z|**25 = 5e-15 of the first left out)
 GRAM_ROWS = 5  # the Gram block: offsets (0..4, -4..4) of img1 against itself
 GRAM_COLS = 9
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points
@@ -90,6 +92,12 @@ class Plan(NamedTuple):
     method: str  # "map", or a sub-pixel method
     track: bool  # transmission, dark-field, residual and uncertainty too
     has_bad: bool  # some value is not finite
+    interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
+
+    @property
+    def spline(self) -> bool:
+        """The sweep runs on img1's cubic B-spline coefficients (the integer map recovered from them)."""
+        return self.gram and self.interpolation == "bspline"
 
     @property
     def count(self) -> int:
@@ -330,13 +338,23 @@ def _keys(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return w, d1, d2
 
 
-def _five_taps(position: jax.Array, centre: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Keys weights (and derivatives) of ``position`` on the 5 taps ``centre - 2 .. centre + 2`` (one of the two
-    outer taps gets 0); ``position`` lies within 1 of ``centre``. Three ``(Ns, 5)`` arrays."""
+def _bspline(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Cubic B-spline weights of the coefficients at -1, 0, 1, 2 for fraction ``t``, and their first and
+    second derivatives: three ``(..., 4)`` arrays."""
+    t2, t3, u = t * t, t * t * t, 1 - t
+    w = jnp.stack([u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6], -1)
+    d1 = jnp.stack([-0.5 * u * u, 1.5 * t2 - 2 * t, -1.5 * t2 + t + 0.5, 0.5 * t2], -1)
+    d2 = jnp.stack([u, 3 * t - 2, 1 - 3 * t, t], -1)
+    return w, d1, d2
+
+
+def _five_taps(position: jax.Array, centre: jax.Array, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Interpolation weights (and derivatives) of ``position`` on the 5 taps ``centre - 2 .. centre + 2``
+    (one of the two outer taps gets 0); ``position`` lies within 1 of ``centre``. Three ``(Ns, 5)`` arrays."""
     floor = jnp.clip(jnp.floor(position), centre - 1, centre)
     shift = (floor - centre + 1).astype(jnp.int32)  # 0: taps 0..3 of the five, 1: taps 1..4
     out = []
-    for w in _keys(position - floor):
+    for w in (_bspline if kind == "bspline" else _keys)(position - floor):
         zero = jnp.zeros_like(w[..., :1])
         low, high = jnp.concatenate([w, zero], -1), jnp.concatenate([zero, w], -1)
         out.append(jnp.where((shift == 0)[..., None], low, high))
@@ -369,30 +387,45 @@ class _Interpolated(NamedTuple):
     ]  # sum of the interpolated vector, of its square, of its product with img2's
 
 
-def _interpolated(py, px, a0, b0, cross, mean, gram, inv2, sum2, count) -> _Interpolated:
+class _Taps(NamedTuple):
+    """What the interpolated correlation needs at a pixel's 5 x 5 taps, independent of the position."""
+
+    cross: jax.Array  # (Ns, 25) raw cross sums with img2's vector
+    mean: jax.Array  # (Ns, 25) img1's box sums
+    gram: jax.Array  # (Ns, 25, 25) Gram matrix of img1's tap vectors
+    centred: jax.Array  # cross - mean * sum2 / count
+    gram_c: jax.Array  # gram - mean mean' / count
+    inv2: jax.Array  # img2's inverse norm
+    sum2: jax.Array  # img2's box sum
+
+
+def _taps(cross, mean, gram, inv2, sum2, count) -> _Taps:
+    centred = cross - mean * (sum2 / count)[:, None]
+    gram_c = gram - mean[:, :, None] * mean[:, None, :] / count
+    return _Taps(cross, mean, gram, centred, gram_c, inv2, sum2)
+
+
+def _interpolated(taps: _Taps, py, px, a0, b0, *, sums: bool, kind: str) -> _Interpolated:
     """The correlation of img1's Keys-interpolated vector at ``(py, px)`` with img2's, and its derivatives.
 
-    ``cross``, ``mean``: ``(Ns, 25)`` raw cross sums and img1 box sums at the 5 x 5 taps around ``(a0, b0)``;
-    ``gram``: ``(Ns, 25, 25)``; ``inv2``, ``sum2``: img2's inverse norm and box sum. With ``w`` the 25 tap
-    weights, ``N = w . (cross - mean sum2 / count)`` and ``S = w' (gram - mean mean' / count) w``:
-    ``r = N / sqrt(S) * inv2``.
+    With ``w`` the 25 tap weights (around ``(a0, b0)``), ``N = w . centred`` and ``S = w' gram_c w``:
+    ``r = N / sqrt(S) * inv2``. ``sums``: also the sums the model's fit needs (else zeros).
     """
-    wy, wy1, wy2 = _five_taps(py, a0)
-    wx, wx1, wx2 = _five_taps(px, b0)
+    wy, wy1, wy2 = _five_taps(py, a0, kind)
+    wx, wx1, wx2 = _five_taps(px, b0, kind)
 
     def outer(u, v):
         return (u[:, :, None] * v[:, None, :]).reshape(u.shape[0], 25)
 
     w, w_y, w_x = outer(wy, wx), outer(wy1, wx), outer(wy, wx1)
     w_yy, w_xx, w_xy = outer(wy2, wx), outer(wy, wx2), outer(wy1, wx1)
-    centred = cross - mean * (sum2 / count)[:, None]
-    gram_c = gram - mean[:, :, None] * mean[:, None, :] / count
+    centred, inv2 = taps.centred, taps.inv2
 
     def dot(u, v):
         return jnp.sum(u * v, axis=-1)
 
-    def mv(u):
-        return jnp.einsum("jab,jb->ja", gram_c, u, precision=lax.Precision.HIGHEST)
+    def mv(u, matrix=taps.gram_c):
+        return jnp.einsum("jab,jb->ja", matrix, u, precision=lax.Precision.HIGHEST)
 
     g, g_y, g_x = mv(w), mv(w_y), mv(w_x)
     n, n_y, n_x = dot(w, centred), dot(w_y, centred), dot(w_x, centred)
@@ -412,8 +445,11 @@ def _interpolated(py, px, a0, b0, cross, mean, gram, inv2, sum2, count) -> _Inte
     hxx = (n_xx * a1 - n_x * a3 * s_x + 0.75 * n * a5 * s_x * s_x - 0.5 * n * a3 * s_xx) * inv2
     hxy = n_xy * a1 - 0.5 * n_y * a3 * s_x - 0.5 * n_x * a3 * s_y + 0.75 * n * a5 * s_x * s_y - 0.5 * n * a3 * s_xy
     hxy = hxy * inv2
-    sums = (dot(w, mean), dot(w, jnp.einsum("jab,jb->ja", gram, w, precision=lax.Precision.HIGHEST)), dot(w, cross))
-    return _Interpolated(r, (gy, gx), (hyy, hxx, hxy), sums)
+    if sums:
+        fit = (dot(w, taps.mean), dot(w, mv(w, taps.gram)), dot(w, taps.cross))
+    else:
+        fit = (jnp.zeros_like(r),) * 3
+    return _Interpolated(r, (gy, gx), (hyy, hxx, hxy), fit)
 
 
 def _nothing(like: jax.Array) -> _Interpolated:
@@ -482,9 +518,10 @@ class _Stats(NamedTuple):
     box2: jax.Array  # img2's at the output pixels (compact)
     inv2: jax.Array
     sq2: jax.Array  # img2's box sums of squares (compact)
+    box_taps: jax.Array  # box sums of what the taps interpolate (img1, or its B-spline coefficients)
 
 
-def _stats(x1, x2, bad1, bad2, plan: Plan, rows: int) -> _Stats:
+def _stats(x1, x2, bad1, bad2, plan: Plan, rows: int, c1=None) -> _Stats:
     sub, count, s = plan.subset, plan.count, plan.step
     box1, sq1 = _box(_sum_frames(x1), sub), _box(_sum_frames(x1 * x1), sub)
     inv1 = _inverse_norm(box1, sq1, None if bad1 is None else _box(bad1, sub), count)
@@ -498,7 +535,7 @@ def _stats(x1, x2, bad1, bad2, plan: Plan, rows: int) -> _Stats:
 
     box2, sq2 = compact(box2), compact(sq2)
     inv2 = _inverse_norm(box2, sq2, None if nb2 is None else compact(nb2), count)
-    return _Stats(box1, inv1, box2, inv2, sq2)
+    return _Stats(box1, inv1, box2, inv2, sq2, box1 if c1 is None else _box(_sum_frames(c1), sub))
 
 
 def _gram_planes(x1, plan: Plan, rows: int) -> jax.Array:
@@ -551,7 +588,13 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
         for b in range(ring_x, ring_x + wn):
             cb1 = _strided(b1[ring_y : ring_y + wm], b, ns, s, 1)
             ci1 = _strided(i1[ring_y : ring_y + wm], b, ns, s, 1)
-            out.append((h[b][ring_y : ring_y + wm] - cb1 * b2) * ci1 * i2)
+            if plan.spline:  # img1's cross sums from its B-spline coefficients': (1, 4, 1) / 6 both ways
+                hb = (h[b - 1] + 4 * h[b] + h[b + 1]) / 6
+                cross = (hb[ring_y - 1 : ring_y - 1 + wm] + 4 * hb[ring_y : ring_y + wm]
+                         + hb[ring_y + 1 : ring_y + 1 + wm]) / 6  # fmt: skip
+            else:
+                cross = h[b][ring_y : ring_y + wm]
+            out.append((cross - cb1 * b2) * ci1 * i2)
         return out
 
     if plan.method == "map":
@@ -586,7 +629,13 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
         b2 = lax.dynamic_index_in_dim(stats.box2, t, 0, keepdims=False)
         i2 = lax.dynamic_index_in_dim(stats.inv2, t, 0, keepdims=False)
         centre = slice(reach - 1, reach + 2)
-        r3 = (cross[centre, centre] - mean1[centre, centre] * b2 / count) * inv1[centre, centre] * i2
+        if plan.spline:  # the integer map's 3x3 from the coefficients' 5x5
+            one = jnp.asarray([1.0, 4.0, 1.0], dtype) / 6
+            rows3 = sum(one[d] * cross[d : d + 3] for d in range(3))
+            cross3 = sum(one[d] * rows3[:, d : d + 3] for d in range(3))
+        else:
+            cross3 = cross[centre, centre]
+        r3 = (cross3 - mean1[centre, centre] * b2 / count) * inv1[centre, centre] * i2
         method = "hessian" if plan.method == "refine" else plan.method
         sub_y, sub_x = subpixel_offset(jnp.moveaxis(r3, -1, 0), method)
         if not search[0]:
@@ -607,11 +656,13 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
             blocks = take(top, left).reshape(ns, -1)
             gram = jnp.take(blocks, jnp.asarray(_GRAM_INDEX), axis=1).reshape(ns, 25, 25)
             cross25 = jnp.moveaxis(cross, -1, 0).reshape(ns, 25)
-            mean25 = jnp.moveaxis(mean1, -1, 0).reshape(ns, 25)
+            mean25 = jnp.moveaxis(stats.box_taps[rows, cols], -1, 0).reshape(ns, 25)
             aef, bef = ae.astype(dtype), be.astype(dtype)
 
+            taps = _taps(cross25, mean25, gram, i2, b2, count)
+
             def at(py, px):
-                return _interpolated(py, px, aef, bef, cross25, mean25, gram, i2, b2, count)
+                return _interpolated(taps, py, px, aef, bef, sums=plan.track, kind=plan.interpolation)
 
             tolerance = TOLERANCE[np.dtype(dtype)]
 
@@ -668,12 +719,13 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
 
 
 @partial(jax.jit, static_argnames=("plan", "rows"))
-def _band(x1, x2, bad1, bad2, centres, start, *, plan: Plan, rows: int):
+def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int):
     """Output rows ``[start, start + rows)`` (compact) of every item: a tuple of ``(B, rows, Ns, ...)`` arrays.
 
     ``x1``: img1 centred and edge-padded by ``plan.pad``, ``(B, K, M + ..., N + ...)``; ``x2``: img2 centred,
     ``(B, K, M, N + s)``; ``bad1``/``bad2``: counts of non-finite values per pixel (or None); ``centres``:
-    ``(B, 2)`` the means subtracted from img1 and img2.
+    ``(B, 2)`` the means subtracted from img1 and img2; ``c1``: img1's B-spline coefficients, laid out as
+    ``x1`` (``plan.spline``).
     """
     (wm, wn), sh, s = plan.window, plan.subset[0], plan.step
     wa, wb = plan.extended
@@ -696,8 +748,12 @@ def _band(x1, x2, bad1, bad2, centres, start, *, plan: Plan, rows: int):
         b = lax.dynamic_slice(x2, (item, zero, y0 + m, zero), (1,) + (x2.shape[1], rows2, x2.shape[3]))[0]
         ba = None if bad1 is None else lax.dynamic_slice(bad1, (item, y0, zero), (1, rows1, bad1.shape[2]))[0]
         bb = None if bad2 is None else lax.dynamic_slice(bad2, (item, y0 + m, zero), (1, rows2, bad2.shape[2]))[0]
-        stats = _stats(a, b, ba, bb, plan, rows)
-        planes = _gram_planes(a, plan, rows) if plan.gram else None
+        coeffs = None
+        if plan.spline:
+            coeffs = lax.dynamic_slice(c1, (item, zero, y0, zero), (1,) + (c1.shape[1], rows1, c1.shape[3]))[0]
+        stats = _stats(a, b, ba, bb, plan, rows, coeffs)
+        swept = a if coeffs is None else coeffs  # what the taps interpolate
+        planes = _gram_planes(swept, plan, rows) if plan.gram else None
         consume = _band_consumer(plan, stats, planes, centres[item])
         if plan.method == "map":
             carry = (jnp.zeros((rows, ns, wm, wn), x1.dtype),)
@@ -709,7 +765,7 @@ def _band(x1, x2, bad1, bad2, centres, start, *, plan: Plan, rows: int):
             consume = consume_tuple
         else:
             carry = tuple(jnp.zeros((rows, ns), x1.dtype) for _ in names)
-        result = _sweep(a, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan, consume=consume, carry=carry)
+        result = _sweep(swept, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan, consume=consume, carry=carry)
         return tuple(
             lax.dynamic_update_slice(o, r[None], (item,) + (zero,) * (o.ndim - 1)) for o, r in zip(outs, result)
         )
@@ -849,6 +905,30 @@ def _centred(img: Any, centre: Any, dtype: np.dtype) -> jax.Array:
     return owned_to_device(buffer)
 
 
+def _spline_filter_axis(x: jax.Array, axis: int) -> jax.Array:
+    """The cubic B-spline prefilter along ``axis``, as the FIR ``sqrt(3) z**|k|``, ``z = sqrt(3) - 2``,
+    ``|k| <= SPLINE_REACH`` (its impulse response, exact to 5e-15), on ``x`` extended by edge values."""
+    z = math.sqrt(3) - 2
+    taps = [math.sqrt(3) * z ** abs(k) for k in range(-SPLINE_REACH, SPLINE_REACH + 1)]
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (SPLINE_REACH, SPLINE_REACH)
+    padded = jnp.pad(x, widths, mode="edge")
+    size = x.shape[axis]
+    out = None
+    for k, weight in enumerate(taps):
+        term = weight * lax.slice_in_dim(padded, k, k + size, axis=axis)
+        out = term if out is None else out + term
+    return out
+
+
+@jax.jit
+def _spline_coefficients(x: jax.Array) -> jax.Array:
+    """Cubic B-spline coefficients ``c`` of every frame of ``x`` (last two axes): ``x`` is their sum with
+    weights (1, 4, 1) / 6 along each axis, so the spline through ``c`` interpolates ``x``. Beyond the edges
+    ``x`` is extended by its edge values (as the search pads img1)."""
+    return _spline_filter_axis(_spline_filter_axis(x, x.ndim - 2), x.ndim - 1)
+
+
 @partial(jax.jit, static_argnames=("pad1", "pad2", "bad"))
 def _finish(x1, x2, *, pad1, pad2, bad):
     """Zero the non-finite values (counting them per pixel if ``bad``), and edge-pad img1 and img2."""
@@ -893,9 +973,11 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
     return rows, sorted({min(b * rows, out_rows - rows) for b in range(-(-out_rows // rows))})
 
 
-def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None):
+def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
+        interpolation="bspline"):  # fmt: skip
     """Run the subset kernel on in-memory stacks; a tuple of ``(..., rows, cols[, wm, wn])`` arrays
-    (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own)."""
+    (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
+    ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``."""
     shape = _validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
@@ -903,7 +985,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     has_bad = _has_nonfinite(img1) or _has_nonfinite(img2)
     # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
     ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
-    plan = Plan(k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad)
+    plan = Plan(k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation)
     with precision_scope(dtype):
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]
@@ -911,13 +993,16 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
             centres = np.asarray(centres, np.float64).reshape(-1, 2).T
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
+        coefficients = _spline_coefficients(x1) if plan.spline else None
         band, starts = _band_plan(plan, dtype)
         device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         pieces = []
         for done, start in enumerate(starts):
             if progress is not None:
                 progress(done, len(starts))
-            pieces.append(_band(x1, x2, bad1, bad2, device_centres, jnp.int32(start), plan=plan, rows=band))
+            pieces.append(
+                _band(x1, x2, bad1, bad2, device_centres, jnp.int32(start), coefficients, plan=plan, rows=band)
+            )
             _wait(pieces[-1])
         if progress is not None:
             progress(len(starts), len(starts))

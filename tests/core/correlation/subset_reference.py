@@ -112,3 +112,19 @@ def reference_peaks(full_map, method="hessian"):
                 sy, sx = (sy if wm > 1 else 0.0), (sx if wn > 1 else 0.0)
             dy[i, j], dx[i, j] = a - wm // 2 + sy, b - wn // 2 + sx
     return dy, dx, peak
+
+
+def spline_subset(img, y, x, subset):
+    """Like :func:`interpolated_subset` with img1's cubic B-spline (scipy's, on the image extended by 40 edge
+    pixels, so that its boundary rule does not reach the image)."""
+    from scipy import ndimage
+
+    img = np.asarray(img, np.float64)
+    pad = 40
+    sh, sw = subset
+    out = []
+    for frame in img:
+        coeffs = ndimage.spline_filter(np.pad(frame, pad, mode="edge"), order=3, mode="mirror")
+        yy, xx = np.meshgrid(np.arange(sh) + y + pad, np.arange(sw) + x + pad, indexing="ij")
+        out.append(ndimage.map_coordinates(coeffs, [yy, xx], order=3, prefilter=False))
+    return np.stack(out)

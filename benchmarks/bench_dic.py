@@ -7,8 +7,10 @@
    noise, quantised) moved rigidly by 0 to 1 px in 0.1 px steps (the same shift along both axes), subset 31,
    on a grid of points (step 4): bias (mean error) and spread (standard deviation of the error) per shift,
    for ``subpixel="refine"`` (cubic B-spline interpolation of img1), the same refinement with Keys' cubic
-   convolution instead (what the dense refinement uses), and ``"hessian"``; and the spread that
-   ``track_speckles``' ``sigma_dx`` predicts. Targets: refine's bias within 0.01 px, spread within 0.02 px.
+   convolution instead (what the dense refinement uses), refine on both images smoothed first by a Gaussian of
+   0.8 px (the usual remedy for the bias that noise causes when only one image is interpolated), and
+   ``"hessian"``; and the spread that ``track_speckles``' ``sigma_dx`` predicts. Targets: refine's bias
+   within 0.01 px, spread within 0.02 px.
 2. Speed: K = 1, 2048 x 2048 float32, subset 31, window 21, step 1. The baseline is the same definition as a
    Numba loop written well: ``@njit(fastmath=True, parallel=True)``, a ``prange`` over output rows, img1's
    subset means and norms precomputed (running sums), img2's centred subset and its norm once per pixel,
@@ -30,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _harness import PeakMemory, block, machine  # noqa: E402
+
+PREFILTER = 0.8  # px: the Gaussian both images are smoothed by in the "prefiltered" columns
 
 # -- the baseline -----------------------------------------------------------------------------------
 
@@ -116,6 +120,8 @@ def numba_search():
 
 
 def accuracy(args) -> str:
+    from scipy import ndimage
+
     from napari_gridmip import find_displacement, track_speckles
     from napari_gridmip._sample_data.dic import make_dic_pair
     from napari_gridmip.core.correlation import subsets
@@ -127,11 +133,11 @@ def accuracy(args) -> str:
         f"DIC accuracy: {size}x{size} 8-bit speckle pairs moved by (s, s), subset 31, window 7, step {step}; "
         f"errors of dx (px) over {((size - 36 + step - 1) // step) ** 2} points; {machine()}",
         "",
-        "| shift s (px) | refine bias | refine spread | predicted spread | Keys refine bias | hessian bias "
-        "| hessian spread |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| shift s (px) | refine bias | refine spread | predicted spread | prefiltered bias | prefiltered spread "
+        "| Keys refine bias | hessian bias | hessian spread |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    worst_bias = worst_spread = 0.0
+    worst_bias = worst_spread = worst_filtered = 0.0
     for s in shifts:
         reference, deformed, _ = make_dic_pair((size, size), field={"dy": s, "dx": s}, seed=int(100 * s) + 1)
         refine = find_displacement(deformed[None], reference[None], window, subset=subset, step=step,
@@ -140,18 +146,24 @@ def accuracy(args) -> str:
         keys = subsets.run(deformed[None], reference[None], window, subset, step, method="refine", track=False,
                            dtype=np.dtype(np.float32), interpolation="keys")  # fmt: skip
         tracked = track_speckles(deformed[None], reference[None], window, subset=subset, step=step)
+        smooth = [ndimage.gaussian_filter(x.astype(np.float32), PREFILTER)[None] for x in (deformed, reference)]
+        filtered = find_displacement(*smooth, window, subset=subset, step=step, subpixel="refine")
+        e_filtered = np.asarray(filtered.dx) - s
         e_refine = np.asarray(refine.dx) - s
         e_hessian = np.asarray(hessian.dx) - s
         predicted = float(np.nanmedian(np.asarray(tracked.sigma_dx)))
         bias, spread = float(np.nanmean(e_refine)), float(np.nanstd(e_refine))
         worst_bias, worst_spread = max(worst_bias, abs(bias)), max(worst_spread, spread)
         lines.append(
-            f"| {s:.1f} | {bias:+.4f} | {spread:.4f} | {predicted:.4f} | {np.nanmean(np.asarray(keys[1]) - s):+.4f} "
+            f"| {s:.1f} | {bias:+.4f} | {spread:.4f} | {predicted:.4f} | {np.nanmean(e_filtered):+.4f} "
+            f"| {np.nanstd(e_filtered):.4f} | {np.nanmean(np.asarray(keys[1]) - s):+.4f} "
             f"| {np.nanmean(e_hessian):+.4f} | {np.nanstd(e_hessian):.4f} |"
         )
+        worst_filtered = max(worst_filtered, abs(float(np.nanmean(e_filtered))))
     lines += [
         "",
-        f"refine: worst |bias| {worst_bias:.4f} px (target 0.01), worst spread {worst_spread:.4f} px (target 0.02)",
+        f"refine: worst |bias| {worst_bias:.4f} px (target 0.01), worst spread {worst_spread:.4f} px (target 0.02); "
+        f"on images pre-filtered by a Gaussian of sigma {PREFILTER} px, worst |bias| {worst_filtered:.4f} px",
     ]
     return "\n".join(lines)
 
@@ -205,7 +217,7 @@ def speed(args) -> str:
     band_ours = best_of(lambda: ours(band), repeats)
     full_none = best_of(lambda: ours(), repeats)
     full_hessian = best_of(lambda: ours(subpixel="hessian"), repeats)
-    full_refine = best_of(lambda: ours(subpixel="refine"), max(1, repeats - 1))
+    full_refine = best_of(lambda: ours(subpixel="refine"), 1)
     with PeakMemory() as memory:
         ours(subpixel="hessian")
     numba_full = numba_band * out_rows / band

@@ -44,31 +44,6 @@ def reference_map(img1, img2, window, subset, step=1):
     return out
 
 
-def keys_weights(t: float) -> np.ndarray:
-    """Keys (a = -0.5) cubic convolution weights of the taps at -1, 0, 1, 2 for a fraction ``t`` in [0, 1]."""
-    t2, t3 = t * t, t * t * t
-    return np.array(
-        [-0.5 * t3 + t2 - 0.5 * t, 1.5 * t3 - 2.5 * t2 + 1, -1.5 * t3 + 2 * t2 + 0.5 * t, 0.5 * t3 - 0.5 * t2]
-    )
-
-
-def interpolated_subset(img, y, x, subset):
-    """The K x sh x sw subset of ``img`` (K, M, N) whose top-left corner is at the real position ``(y, x)``,
-    Keys-interpolated (separable), edge values repeated beyond the image."""
-    img = np.asarray(img, np.float64)
-    _, rows, cols = img.shape
-    sh, sw = subset
-    y0, x0 = int(np.floor(y)), int(np.floor(x))
-    wy, wx = keys_weights(y - y0), keys_weights(x - x0)
-    out = np.zeros((img.shape[0], sh, sw))
-    for p in range(4):
-        for q in range(4):
-            r = np.clip(np.arange(sh) + y0 + p - 1, 0, rows - 1)
-            c = np.clip(np.arange(sw) + x0 + q - 1, 0, cols - 1)
-            out += wy[p] * wx[q] * img[:, r][:, :, c]
-    return out
-
-
 def umpa_fit(sample_vector, reference_vector, reference_mean):
     """Least-squares ``sample ~ T (Im + D (reference - Im))`` over one vector: ``(T, D, rms residual)``."""
     s = np.asarray(sample_vector, np.float64).ravel()

@@ -12,9 +12,9 @@ from scipy import ndimage, optimize
 
 from napari_gridmip import find_displacement, track_speckles, windowed_pearson
 from tests.core.correlation.subset_reference import (
-    interpolated_subset,
     reference_map,
     reference_peaks,
+    spline_subset,
     umpa_fit,
     zncc,
 )
@@ -232,8 +232,9 @@ def test_integer_peaks_and_hessian_match_the_definition():
 
 
 def test_refine_maximises_the_interpolated_correlation():
-    """At each pixel, refine's position maximises the correlation of img1's Keys-interpolated subset (the
-    definition, evaluated by a float64 loop and maximised by Nelder-Mead) to 1e-6 px."""
+    """At each pixel, refine's position maximises the correlation of img1's B-spline-interpolated subset (the
+    definition, scipy's spline in a float64 loop, maximised by Nelder-Mead) to 1e-6 px; its peaks are the
+    integer map's (recovered from the spline's coefficients) to 1e-12."""
     img1, img2 = smooth_pair((-0.6, 0.3))
     window, subset = (5, 5), (5, 5)
     dy, dx, _ = (np.asarray(r) for r in find_displacement(img1, img2, window, subset=subset, subpixel="refine",
@@ -243,11 +244,13 @@ def test_refine_maximises_the_interpolated_correlation():
         target = img2[:, i + m : i + m + subset[0], j + n : j + n + subset[1]]
 
         def cost(p, i=i, j=j, target=target):
-            return -zncc(interpolated_subset(img1, i + m + p[0], j + n + p[1], subset), target)
+            return -zncc(spline_subset(img1, i + m + p[0], j + n + p[1], subset), target)
 
         best = optimize.minimize(cost, [dy[i, j], dx[i, j]], method="Nelder-Mead",
                                  options={"xatol": 1e-10, "fatol": 1e-15})  # fmt: skip
         np.testing.assert_allclose([dy[i, j], dx[i, j]], best.x, atol=1e-6)
+    peak = np.asarray(find_displacement(img1, img2, window, subset=subset, subpixel="refine", dtype=np.float64).peak)
+    np.testing.assert_allclose(peak, reference_map(img1, img2, window, subset).max(axis=(-2, -1)), atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -293,7 +296,7 @@ def test_track_fit_is_the_least_squares_fit_at_the_tracked_position():
     for i, j in [(3, 4), (10, 20), (30, 30)]:
         y, x = i + m + 1, j + n + 1  # the sample's pixel (subset half-size 1)
         dy, dx = float(out.dy[i, j]), float(out.dx[i, j])
-        shifted = interpolated_subset(reference, y - 1 - dy, x - 1 - dx, subset)  # sample[y] ~ reference[y - d]
+        shifted = spline_subset(reference, y - 1 - dy, x - 1 - dx, subset)  # sample[y] ~ reference[y - d]
         t, d, residual = umpa_fit(sample[:, y - 1 : y + 2, x - 1 : x + 2], shifted, mean)
         np.testing.assert_allclose(float(out.transmission[i, j]), t, rtol=1e-10)
         np.testing.assert_allclose(float(out.dark_field[i, j]), d, rtol=1e-10)

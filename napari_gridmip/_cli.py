@@ -4,6 +4,7 @@
     napari-gridmip mipmap IN OUT [--threshold T] [--packed] [--bbox]   occupancy pyramid -> OME-Zarr
     napari-gridmip merge IN OUT --stride S [S ...]   patch stack -> image
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
+        [--subset SH SW] [--step S] [--outputs transmission,dark-field,...]
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
     napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
 
@@ -37,10 +38,22 @@ SAMPLE_KEYS = list(SAMPLE_WIDGETS)
 EXAMPLES = {
     "mipmap": "napari-gridmip mipmap volume.zarr occupancy.ome.zarr --threshold 120 --scale 2 0.5 0.5 --packed --bbox",
     "merge": "napari-gridmip merge tiles.npy merged.tif --stride 100 100 --image-shape 3 512 512 --blend gaussian",
-    "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine",
+    "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine\n"
+    "  napari-gridmip correlate deformed.tif reference.tif dic.zarr --window 11 11 --subset 31 31 --step 5 "
+    "--subpixel refine --outputs uncertainty",
     "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1",
     "corrimage": "napari-gridmip corrimage movie.tif correlation.tif --neighbours 8",
 }
+
+# --outputs of `correlate`: name -> (arrays written, what computes them)
+TRACKING_OUTPUTS = {
+    "transmission": ("transmission",),
+    "dark-field": ("dark_field",),
+    "residual": ("residual",),
+    "uncertainty": ("sigma_dy", "sigma_dx"),
+}
+# Derived from the displacement by functions of another part of the library; written when this version has them.
+DERIVED_OUTPUTS = {"phase": "integrate_gradient", "strain": "strain_field"}
 
 
 class UsageError(Exception):
@@ -107,13 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--blend", default="mean", help="mean, gaussian, hann, max or overwrite (default: mean)")
 
     correlate = add("correlate", "Displacement field (dy, dx, peak) between two K-frame stacks, into a Zarr group.")
-    correlate.add_argument("img1", metavar="IMG1", help="the sample stack (..., K, M, N)")
+    correlate.add_argument("img1", metavar="IMG1", help="the sample (or deformed) stack (..., K, M, N), or one image")
     correlate.add_argument("img2", metavar="IMG2", help="the reference stack, same shape")
     correlate.add_argument("output", metavar="OUT", help="the Zarr folder to create, with arrays dy, dx and peak")
     correlate.add_argument("--window", type=int, nargs=2, required=True, metavar=("WM", "WN"), help="odd window size")
     correlate.add_argument(
+        "--subset", type=int, nargs=2, default=(1, 1), metavar=("SH", "SW"),
+        help="odd subset: each vector spans K x SH x SW values (DIC: 21 21 to 41 41; default: 1 1)",
+    )  # fmt: skip
+    correlate.add_argument("--step", type=int, default=1, help="results on every S-th pixel only (default: 1)")
+    correlate.add_argument(
         "--subpixel", default="hessian", help="hessian, paraboloid, refine or none (default: hessian)"
     )
+    correlate.add_argument(
+        "--outputs", default="", metavar="NAMES",
+        help="comma-separated extra arrays: transmission, dark-field, residual, uncertainty (sigma_dy, sigma_dx); "
+        "phase and strain where this version has them. With any of them the field is track_speckles' (IMG1 the "
+        "sample, IMG2 the reference)",
+    )  # fmt: skip
     correlate.add_argument("--dtype", default="float32", choices=["float32", "float64"])
 
     stitch = add(
@@ -307,27 +331,86 @@ def run_merge(args: argparse.Namespace, compute: Any) -> None:
     write_array(merged, args.output, overwrite=args.overwrite, compute=compute, attributes=attributes)
 
 
+def parse_outputs(text: str) -> list[str]:
+    """The ``--outputs`` names, checked (one-line errors for unknown or unavailable ones)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = [*TRACKING_OUTPUTS, *DERIVED_OUTPUTS]
+    for name in names:
+        if name not in known:
+            raise UsageError(f"--outputs: unknown output {name!r}; choose from {', '.join(known)}")
+        if name in DERIVED_OUTPUTS:
+            import napari_gridmip
+
+            function = DERIVED_OUTPUTS[name]
+            if function not in napari_gridmip.__all__:
+                raise UsageError(
+                    f"--outputs {name} needs napari_gridmip.{function}, which this version of napari-gridmip lacks"
+                )
+    return names
+
+
+def derived_outputs(names: list[str], dy: Any, dx: Any) -> dict[str, Any]:
+    """Phase and strain from the displacement, by the library's own functions (see ``DERIVED_OUTPUTS``).
+
+    Here is where they plug in: ``integrate_gradient(dy, dx)`` (the integrated displacement, in px x px; the
+    phase once scaled by the pixel size, distance and wavelength) and ``strain_field(dy, dx)``'s named parts.
+    """
+    import napari_gridmip
+
+    out: dict[str, Any] = {}
+    if "phase" in names:
+        out["phase"] = napari_gridmip.integrate_gradient(dy, dx)
+    if "strain" in names:
+        strain = napari_gridmip.strain_field(dy, dx)
+        out.update({name: getattr(strain, name) for name in strain._fields})
+    return out
+
+
 def run_correlate(args: argparse.Namespace, compute: Any) -> None:
     import dask.array as da
     import zarr
 
-    from napari_gridmip import find_displacement
+    from napari_gridmip import find_displacement, track_speckles
     from napari_gridmip._provenance import Call, Source
     from napari_gridmip.io import read_array
     from napari_gridmip.io._write import atomic_path
 
+    names = parse_outputs(args.outputs)
     img1, img2 = read_array(args.img1), read_array(args.img2)
-    dy, dx, peak = find_displacement(img1, img2, tuple(args.window), subpixel=args.subpixel, dtype=args.dtype)
-    sources = [Source("img1", path=_absolute(args.img1)), Source("img2", path=_absolute(args.img2))]
-    options = {"subpixel": args.subpixel, "dtype": args.dtype}
-    call = Call("find_displacement", ("img1", "img2"), (tuple(args.window),), options, result="dy, dx, peak")
-    attributes = provenance(sources, [call], {"dy": "dy", "dx": "dx", "peak": "peak"})
+    index = ""
+    if img1.ndim == 2 and img2.ndim == 2:  # one image each (DIC): K = 1
+        img1, img2, index = img1[None], img2[None], "[None]"
+    sources = [Source("img1", path=_absolute(args.img1), index=index), Source(
+        "img2", path=_absolute(args.img2), index=index)]  # fmt: skip
+    options = {"subset": tuple(args.subset), "step": args.step, "subpixel": args.subpixel, "dtype": args.dtype}
+    window = (tuple(args.window),)
+    if any(name in TRACKING_OUTPUTS for name in names):
+        tracked = track_speckles(img1, img2, tuple(args.window), **options)
+        calls = [Call("track_speckles", ("img1", "img2"), window, options, result="tracked")]
+        arrays = {"dy": tracked.dy, "dx": tracked.dx, "peak": tracked.peak}
+        for name in names:
+            for part in TRACKING_OUTPUTS.get(name, ()):
+                arrays[part] = getattr(tracked, part)
+        expressions = {name: f"tracked.{name}" for name in arrays}
+    else:
+        dy, dx, peak = find_displacement(img1, img2, tuple(args.window), **options)
+        calls = [Call("find_displacement", ("img1", "img2"), window, options, result="dy, dx, peak")]
+        arrays = {"dy": dy, "dx": dx, "peak": peak}
+        expressions = {name: name for name in arrays}
+    derived = derived_outputs(names, arrays["dy"], arrays["dx"])
+    dy_name, dx_name = expressions["dy"], expressions["dx"]
+    if "phase" in derived:
+        calls.append(Call("integrate_gradient", (dy_name, dx_name), (), {}, result="phase"))
+        expressions["phase"] = "phase"
+    if "strain" in names:
+        calls.append(Call("strain_field", (dy_name, dx_name), (), {}, result="strain"))
+        expressions.update({name: f"strain.{name}" for name in derived if name != "phase"})
+    arrays.update(derived)
+    attributes = provenance(sources, calls, expressions)
     with atomic_path(args.output, overwrite=args.overwrite) as temporary:
         zarr.open_group(str(temporary), mode="w").attrs.update(attributes)
-        writes = [
-            da.to_zarr(array, str(temporary), component=name, compute=False)
-            for name, array in (("dy", dy), ("dx", dx), ("peak", peak))
-        ]
+        writes = [da.to_zarr(da.asarray(array), str(temporary), component=name, compute=False)
+                  for name, array in arrays.items()]  # fmt: skip
         compute(writes)
 
 

@@ -44,6 +44,7 @@ DATA_ARGUMENTS = {
     "phase_from_displacement": ("dy", "dx"),
     "strain_field": ("dy", "dx"),
     "local_correlation_image": ("movie",),
+    "track_speckles": ("sample", "reference", "window"),
     "read_array": ("path",),
     "read_tiles": ("folder", "pattern"),
     "write_mipmap": ("volume", "path"),

@@ -164,3 +164,68 @@ def speckle_sample() -> list[tuple]:
             "image",
         ),
     ]
+
+
+def _sample_grid_field(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The speckle sample's displacement on the *sample's* grid: the speckle seen at sample pixel ``q`` came
+    from reference position ``q - d``, found by the same fixed-point inversion as :func:`make_speckle_pair`."""
+    from scipy import ndimage
+
+    rows, cols = shape
+    dy, dx = speckle_field(shape)
+    qy, qx = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
+    py, px = qy.copy(), qx.copy()
+    for _ in range(8):
+        at = np.stack([py, px])
+        py = qy - ndimage.map_coordinates(dy, at, order=3, mode="nearest")
+        px = qx - ndimage.map_coordinates(dx, at, order=3, mode="nearest")
+    return qy - py, qx - px
+
+
+def contrast_maps(shape: tuple[int, int] = SPECKLE_SHAPE) -> tuple[np.ndarray, np.ndarray]:
+    """Known transmission and dark-field maps for the speckle sample: a soft-edged ball seen in projection.
+
+    ``T = exp(-0.7 t)`` and ``D = exp(-0.6 t)`` for the ball's normalised thickness ``t`` in [0, 1], smoothed
+    by a Gaussian of 2 px so that both change little across a subset: T from 1 down to 0.50, D to 0.55.
+    """
+    from scipy import ndimage
+
+    rows, cols = shape
+    y, x = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
+    radius = 0.3 * min(rows, cols)
+    r2 = ((y - 0.5 * rows) ** 2 + (x - 0.55 * cols) ** 2) / radius**2
+    thickness = ndimage.gaussian_filter(np.sqrt(np.clip(1 - r2, 0, None)), 2.0)
+    return np.exp(-0.7 * thickness), np.exp(-0.6 * thickness)
+
+
+def make_speckle_pair_with_contrast(
+    frames: int = SPECKLE_FRAMES, shape: tuple[int, int] = SPECKLE_SHAPE, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The speckle pair of :func:`make_speckle_pair` with a sample that also absorbs and scatters.
+
+    The sample follows UMPA's model exactly: ``sample = T (Im + D (moved - Im))``, where ``moved`` is
+    :func:`make_speckle_pair`'s displaced stack (unchanged), ``Im`` the reference's mean, and ``T``, ``D``
+    the maps of :func:`contrast_maps`. Returns ``(sample, reference, truth)``: float32 stacks
+    ``(frames, *shape)`` and a dict of float64 maps on the sample's grid, ``dy``, ``dx`` (the speckle's
+    displacement from the reference to the sample, as :func:`napari_gridmip.track_speckles` reports it),
+    ``transmission`` and ``dark_field``.
+    """
+    moved, reference, _ = make_speckle_pair(frames, shape, seed)
+    transmission, dark_field = contrast_maps(shape)
+    mean = float(reference.mean(dtype=np.float64))
+    sample = transmission * (mean + dark_field * (moved.astype(np.float64) - mean))
+    dy, dx = _sample_grid_field(shape)
+    truth = {"dy": dy, "dx": dx, "transmission": transmission, "dark_field": dark_field}
+    return sample.astype(np.float32), reference, truth
+
+
+def speckle_contrast_sample() -> list[tuple]:
+    """File > Open Sample > Speckle pair with transmission and dark-field: sample first, then the reference."""
+    sample, reference, truth = make_speckle_pair_with_contrast()
+    metadata = {f"true_{k}": v.astype(np.float32) for k, v in truth.items()}
+    return [
+        (sample, {"name": "speckle sample", "colormap": "gray", "metadata": {"gridmip_role": "sample", **metadata}},
+         "image"),
+        (reference, {"name": "speckle reference", "colormap": "gray", "metadata": {"gridmip_role": "reference"}},
+         "image"),
+    ]  # fmt: skip

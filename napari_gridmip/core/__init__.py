@@ -39,6 +39,7 @@ _API = {
     "phase_from_displacement": "correlation.fields",
     "strain_field": "correlation.fields",
     "local_correlation_image": "correlation.timeseries",
+    "track_speckles": "correlation.subsets",
 }
 
 __all__ = sorted(_API)

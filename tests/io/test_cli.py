@@ -43,6 +43,11 @@ def inputs(tmp_path_factory):
 
     tifffile.imwrite(folder / "movie.tif", make_calcium_movie(frames=60, shape=(40, 48), cells=6).movie)
     np.save(folder / "image.npy", np.zeros((40, 48), np.float32))
+    from napari_gridmip._sample_data.dic import make_dic_pair
+
+    reference, deformed, _ = make_dic_pair((72, 80), seed=1)
+    tifffile.imwrite(folder / "dic_ref.tif", reference)
+    tifffile.imwrite(folder / "dic_def.tif", deformed)
     return folder
 
 
@@ -86,6 +91,18 @@ def test_merge_and_correlate(inputs, tmp_path):
         (["corrimage", "{inputs}/image.npy", "o.npy"], "movie must have at least 3 axes"),
         (["corrimage", "{inputs}/movie.tif", "o.npy", "--neighbours", "6"], "invalid choice"),
         (["corrimage", "{inputs}/movie.tif", "o.png"], "must end in .npy, .tif, .tiff or .zarr"),
+        (
+            ["correlate", "{inputs}/a.tif", "{inputs}/b.tif", "o.zarr", "--window", "9", "9", "--subset", "4", "5"],
+            "subset sizes must be odd",
+        ),
+        (
+            ["correlate", "{inputs}/a.tif", "{inputs}/b.tif", "o.zarr", "--window", "9", "9", "--outputs", "nope"],
+            "unknown output 'nope'",
+        ),
+        (
+            ["correlate", "{inputs}/a.tif", "{inputs}/b.tif", "o.zarr", "--window", "9", "9", "--step", "0"],
+            "step must be a positive integer",
+        ),
         # found only while computing, half-way: still one line, and no partial output
         (["correlate", "{inputs}/huge.npy", "{inputs}/huge.npy", "o.zarr", "--window", "3", "3"], "dtype=np.float64"),
     ],
@@ -325,3 +342,45 @@ def test_corrimage(inputs, tmp_path):
     np.testing.assert_allclose(read_array(tmp_path / "cn.zarr").compute(), expected, atol=1e-6)
     done = run("corrimage", str(inputs / "movie.tif"), "cn.zarr", cwd=tmp_path)
     assert done.returncode == 2 and "already exists" in done.stderr
+
+
+def test_correlate_subset_step_and_tracking_outputs(inputs, tmp_path):
+    """A DIC pair of two 2D images (K = 1), subset and step; then the tracking outputs of a speckle pair."""
+    import tifffile
+    import zarr
+
+    from napari_gridmip import track_speckles
+
+    args = ["--window", "7", "7", "--subset", "15", "15", "--step", "4", "--subpixel", "refine", "--quiet"]
+    done = run("correlate", str(inputs / "dic_def.tif"), str(inputs / "dic_ref.tif"), "d.zarr", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    field = zarr.open_group(str(tmp_path / "d.zarr"), mode="r")
+    deformed, reference = tifffile.imread(inputs / "dic_def.tif"), tifffile.imread(inputs / "dic_ref.tif")
+    expected = find_displacement(deformed[None], reference[None], (7, 7), subset=(15, 15), step=4, subpixel="refine")
+    assert field["dy"].shape == expected.dy.shape == (13, 15)
+    np.testing.assert_allclose(field["dy"][:], np.asarray(expected.dy), atol=1e-4)
+
+    outputs = ["--outputs", "transmission,dark-field,uncertainty"]
+    done = run("correlate", str(inputs / "a.tif"), str(inputs / "b.tif"), "t.zarr", "--window", "9", "9",
+               "--subset", "3", "3", *outputs, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "100% Completed" in done.stderr
+    tracked = zarr.open_group(str(tmp_path / "t.zarr"), mode="r")
+    assert sorted(tracked.array_keys()) == sorted(
+        ["dy", "dx", "peak", "transmission", "dark_field", "sigma_dy", "sigma_dx"]
+    )
+    expected = track_speckles(tifffile.imread(inputs / "a.tif"), tifffile.imread(inputs / "b.tif"), (9, 9),
+                              subset=(3, 3), subpixel="hessian")  # fmt: skip
+    np.testing.assert_allclose(tracked["transmission"][:], np.asarray(expected.transmission), atol=1e-4)
+    np.testing.assert_allclose(tracked["dy"][:], np.asarray(expected.dy), atol=1e-4)
+
+
+def test_correlate_outputs_this_version_lacks(inputs, tmp_path):
+    import napari_gridmip
+
+    if "integrate_gradient" in napari_gridmip.__all__:
+        pytest.skip("integrate_gradient exists: --outputs phase is wired")
+    done = run("correlate", str(inputs / "a.tif"), str(inputs / "b.tif"), "o.zarr", "--window", "9", "9",
+               "--outputs", "phase", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "needs napari_gridmip.integrate_gradient" in done.stderr
+    assert list(tmp_path.iterdir()) == []

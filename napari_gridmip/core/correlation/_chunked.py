@@ -222,3 +222,129 @@ def local_correlation_image(
         return moments.image().reshape(packed.shape[1:]).astype(dtype)
 
     return da.map_blocks(image, summed, dtype=dtype, drop_axis=[0], chunks=summed.chunks[1:])
+
+
+# -- subsets, steps and speckle tracking (core/correlation/subsets.py) --------------------------------
+#
+# Row bands of the output, each one task: the stacks' rows that the band's vectors use (the window plus the
+# subset, less one, as the halo) plus a few more real rows where the in-memory kernel would pad img1 (the
+# ring of offsets and the Gram planes of the refinement), aligned to the step; the extra output rows are
+# trimmed. All K frames and columns whole. Every band subtracts the same means (the whole stacks', a lazy
+# reduction), as the in-memory call does.
+
+SUBSET_BAND_ROWS = 256  # output rows per band when the input's own row chunks say nothing better
+
+
+def _means(img: Any) -> Any:
+    """Each batch item's mean over its finite values, lazily: a dask array of the batch shape."""
+    import dask.array as da
+
+    x = da.asarray(img)
+    if np.issubdtype(x.dtype, np.floating):
+        x = da.where(da.isfinite(x), x, np.nan)
+        return da.nanmean(x.astype(np.float64), axis=(-3, -2, -1))
+    return x.astype(np.float64).mean(axis=(-3, -2, -1))
+
+
+def _subset_bands(
+    img1: Any, img2: Any, window, subset, step, *, extra: int, outputs: int, trailing: tuple[int, ...], dtype, run
+):
+    """Assemble ``run(block1, block2, centres)`` over output row bands: a tuple of ``outputs`` dask arrays of
+    shape ``(..., rows, cols, *trailing)``; ``run`` returns the outputs of its block."""
+    import dask
+    import dask.array as da
+
+    img1, img2 = da.asarray(img1), da.asarray(img2)
+    lead = img1.ndim - 3
+    rows = img1.shape[-2]
+    (wm, wn), (sh, sw), s = window, subset, step
+    out_rows = -(-(rows - (wm - 1) - (sh - 1)) // s)
+    out_cols = -(-(img1.shape[-1] - (wn - 1) - (sw - 1)) // s)
+    chunk = max(img1.chunks[-2]) if len(img1.chunks[-2]) > 1 else SUBSET_BAND_ROWS * s
+    band = max(1, min(out_rows, chunk // s))
+    halo = -(-extra // s) * s  # extra real rows on each side, a whole number of steps
+    layout = {**{a: img1.chunks[a] for a in range(lead)}, lead: -1, lead + 1: -1, lead + 2: -1}
+    centres = da.stack([_means(img1), _means(img2)], axis=-1).rechunk(
+        {**{a: img1.chunks[a] for a in range(lead)}, lead: -1}
+    )
+    grid = list(np.ndindex(*img1.numblocks[:lead]))
+    columns = {index: [] for index in grid}  # each batch block's bands, top to bottom
+    for start in range(0, out_rows, band):
+        stop = min(start + band, out_rows)
+        first = max(0, start * s - halo)  # a multiple of the step: the block's own output grid lines up
+        last = min(rows, (stop - 1) * s + (wm - 1) + (sh - 1) + 1 + halo)
+        skip = (start * s - first) // s
+        b1 = img1[..., first:last, :].rechunk(layout)
+        b2 = img2[..., first:last, :].rechunk(layout)
+        for index in grid:
+            parts = (b1.blocks[index], b2.blocks[index], centres.blocks[index]) if lead else (b1, b2, centres)
+            size = tuple(img1.chunks[a][i] for a, i in enumerate(index))
+
+            def task(a, b, c, skip=skip, keep=stop - start):
+                stacked = np.stack([np.asarray(p) for p in run(a, b, c)])
+                return stacked[(slice(None),) * (1 + lead) + (slice(skip, skip + keep),)]
+
+            shape = (outputs, *size, stop - start, out_cols, *trailing)
+            columns[index].append(da.from_delayed(dask.delayed(task)(*parts), shape=shape, dtype=dtype))
+    joined = {index: da.concatenate(bands, axis=1 + lead) for index, bands in columns.items()}
+
+    def along(axis: int, prefix: tuple[int, ...]) -> Any:
+        if axis == lead:
+            return joined[prefix]
+        return da.concatenate([along(axis + 1, prefix + (i,)) for i in range(img1.numblocks[axis])], axis=1 + axis)
+
+    stacked = along(0, ())
+    return tuple(stacked[i] for i in range(outputs))
+
+
+def _extra(subpixel: str, track: bool) -> int:
+    """Real rows beyond a band where the kernel would pad: the ring, the Gram planes and the B-spline prefilter."""
+    from napari_gridmip.core.correlation.subsets import GRAM_ROWS, SPLINE_REACH
+
+    return (2 + GRAM_ROWS + SPLINE_REACH) if (track or subpixel == "refine") else 0
+
+
+def subset_map(img1: Any, img2: Any, window, subset, step, dtype, *, offsets_first: bool = False) -> Any:
+    """:func:`napari_gridmip.windowed_pearson` with a subset or a step, for dask stacks (lazy)."""
+    from napari_gridmip.core.correlation import subsets
+
+    def run(a, b, c):
+        (out,) = subsets.run(a, b, window, subset, step, method="map", track=False, dtype=dtype, centres=c)
+        return (out,)
+
+    (out,) = _subset_bands(
+        img1, img2, window, subset, step, extra=0, outputs=1, trailing=tuple(window), dtype=dtype, run=run
+    )
+    return da_moveaxis_offsets_first(out) if offsets_first else out
+
+
+def da_moveaxis_offsets_first(full_map: Any) -> Any:
+    import dask.array as da
+
+    return da.moveaxis(full_map, (-2, -1), (-4, -3))
+
+
+def subset_displacement(img1: Any, img2: Any, window, subset, step, subpixel: str, dtype) -> tuple:
+    """``(dy, dx, peak)`` with a subset or a step, for dask stacks (lazy)."""
+    from napari_gridmip.core.correlation import subsets
+
+    def run(a, b, c):
+        return subsets.run(a, b, window, subset, step, method=subpixel, track=False, dtype=dtype, centres=c)
+
+    return _subset_bands(
+        img1, img2, window, subset, step, extra=_extra(subpixel, False), outputs=3, trailing=(), dtype=dtype, run=run
+    )
+
+
+def track_speckles(reference: Any, sample: Any, window, subset, step, subpixel: str, dtype) -> tuple:
+    """The outputs of :func:`napari_gridmip.track_speckles` (in ``subsets.TRACK_OUTPUTS`` order, img1's signs)
+    for dask stacks, lazily."""
+    from napari_gridmip.core.correlation import subsets
+
+    def run(a, b, c):
+        return subsets.run(a, b, window, subset, step, method=subpixel, track=True, dtype=dtype, centres=c)
+
+    return _subset_bands(
+        reference, sample, window, subset, step, extra=_extra(subpixel, True), outputs=len(subsets.TRACK_OUTPUTS),
+        trailing=(), dtype=dtype, run=run,
+    )  # fmt: skip

@@ -1,0 +1,131 @@
+"""Digital image correlation (DIC) samples: an 8-bit speckle image and its deformed copy, with the known field.
+
+Both images are rendered from the same analytic speckle pattern (Gaussian dots), the deformed one at the
+exactly inverted deformation, so the known displacement carries no interpolation error; then a camera's
+shot and read noise, and 8-bit quantisation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DIC_SHAPE = (512, 512)
+DOT_RADIUS = 2.0  # px, the Gaussian dots' standard deviation: speckles about 4-5 px across
+DOT_DENSITY = 0.045  # dots per pixel (about 55% of the surface covered at half height)
+FULL_WELL = 4000.0  # photo-electrons at 255
+READ_NOISE = 8.0  # electrons RMS
+
+
+def dic_field(shape: tuple[int, int] = DIC_SHAPE) -> dict[str, np.ndarray]:
+    """The sample's known displacement (px, on the reference's grid) and its small-strain tensor.
+
+    A specimen stretched along x and sheared, with a smooth bulge::
+
+        u_x = 0.004 (x - cx) + 0.002 (y - cy) + 1.5 exp(-r^2 / (2 (W / 5)^2))
+        u_y = -0.0015 (y - cy) + 1.2 sin(2 pi x / W)
+
+    Returns ``dy, dx`` (``u_y``, ``u_x``) and ``exx``, ``eyy``, ``exy`` (the tensor's shear component,
+    ``(du_x/dy + du_y/dx) / 2``; the engineering shear is twice it). At most about 3 px and 0.5%.
+    """
+    rows, cols = shape
+    y, x = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
+    cy, cx = (rows - 1) / 2, (cols - 1) / 2
+    width = cols / 5
+    bump = 1.5 * np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (2 * width**2))
+    ux = 0.004 * (x - cx) + 0.002 * (y - cy) + bump
+    uy = -0.0015 * (y - cy) + 1.2 * np.sin(2 * np.pi * x / cols)
+    dux_dx = 0.004 - bump * (x - cx) / width**2
+    dux_dy = 0.002 - bump * (y - cy) / width**2
+    duy_dx = 1.2 * 2 * np.pi / cols * np.cos(2 * np.pi * x / cols)
+    duy_dy = np.full(shape, -0.0015)
+    return {"dy": uy, "dx": ux, "exx": dux_dx, "eyy": duy_dy, "exy": 0.5 * (dux_dy + duy_dx)}
+
+
+def _dots(shape: tuple[int, int], rng: np.random.Generator, margin: float) -> tuple[np.ndarray, np.ndarray]:
+    rows, cols = shape
+    count = int(DOT_DENSITY * (rows + 2 * margin) * (cols + 2 * margin))
+    centres = rng.uniform((-margin, -margin), (rows + margin, cols + margin), size=(count, 2))
+    return centres, rng.uniform(0.6, 1.0, count)
+
+
+def render_speckle(
+    y: np.ndarray, x: np.ndarray, centres: np.ndarray, amplitudes: np.ndarray, landing: np.ndarray
+) -> np.ndarray:
+    """The speckle pattern's intensity in [0, 1) at the surface positions ``(y, x)`` seen by each pixel
+    (arrays of the image's shape): a sum of Gaussian dots, saturating like paint (``1 - exp(-1.6 sum)``).
+
+    Each dot is evaluated on the pixels around ``landing`` (where it appears in this image, ``(count, 2)``),
+    far enough to reach 4 radii whatever the local strain.
+    """
+    rows, cols = y.shape
+    reach = int(np.ceil(4 * DOT_RADIUS)) + 2
+    offsets = np.arange(-reach, reach + 1)
+    total = np.zeros(rows * cols)
+    for first in range(0, len(centres), 4096):
+        part = slice(first, first + 4096)
+        qy = np.round(landing[part, 0]).astype(np.int64)[:, None, None] + offsets[None, :, None]
+        qx = np.round(landing[part, 1]).astype(np.int64)[:, None, None] + offsets[None, None, :]
+        inside = (qy >= 0) & (qy < rows) & (qx >= 0) & (qx < cols)
+        qy, qx = np.clip(qy, 0, rows - 1), np.clip(qx, 0, cols - 1)
+        cy, cx = centres[part, 0][:, None, None], centres[part, 1][:, None, None]
+        d2 = (y[qy, qx] - cy) ** 2 + (x[qy, qx] - cx) ** 2
+        weight = np.where(inside, amplitudes[part][:, None, None] * np.exp(-d2 / (2 * DOT_RADIUS**2)), 0)
+        total += np.bincount((qy * cols + qx).ravel(), weights=weight.ravel(), minlength=rows * cols)
+    return 1 - np.exp(-1.6 * total.reshape(rows, cols))
+
+
+def camera(intensity: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """An 8-bit camera image of ``intensity`` in [0, 1]: shot noise (Poisson, ``FULL_WELL`` electrons at
+    full scale), read noise (``READ_NOISE`` electrons), an offset of 10 levels, rounding and clipping."""
+    electrons = rng.poisson(np.clip(intensity, 0, None) * 0.92 * FULL_WELL).astype(np.float64)
+    electrons += READ_NOISE * rng.standard_normal(intensity.shape)
+    levels = 10 + electrons * (245 / FULL_WELL)
+    return np.clip(np.round(levels), 0, 255).astype(np.uint8)
+
+
+def make_dic_pair(
+    shape: tuple[int, int] = DIC_SHAPE, *, field: dict[str, np.ndarray] | None = None, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """A reference speckle image and the image of the same surface deformed by ``field`` (default
+    :func:`dic_field`): ``(reference, deformed, field)``, uint8 ``shape`` images.
+
+    A material point at ``p`` in the reference is at ``p + u(p)`` in the deformed image, so
+    ``napari_gridmip.find_displacement(deformed[None], reference[None], ...)`` (img1 = deformed) returns
+    ``dy = u_y``, ``dx = u_x`` on the reference's grid, DIC's convention. The deformed image's pixel ``q``
+    shows the point ``p`` with ``p + u(p) = q``, found by fixed-point iteration. ``field`` maps ``"dy"``,
+    ``"dx"`` to arrays of ``shape`` (or scalars, for a rigid shift).
+    """
+    from scipy import ndimage
+
+    rng = np.random.default_rng(seed)
+    field = dic_field(shape) if field is None else field
+    rows, cols = shape
+    uy = np.broadcast_to(np.asarray(field["dy"], np.float64), shape)
+    ux = np.broadcast_to(np.asarray(field["dx"], np.float64), shape)
+    centres, amplitudes = _dots(shape, rng, margin=float(np.abs(uy).max() + np.abs(ux).max() + 10))
+    qy, qx = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
+    py, px = qy - uy, qx - ux
+    splines = [ndimage.spline_filter(f, order=3, mode="nearest") for f in (uy, ux)]
+    for _ in range(8):  # converges as |grad u|**k: 1e-12 px for strains of a few percent
+        at = np.stack([py, px])
+        py = qy - ndimage.map_coordinates(splines[0], at, order=3, mode="nearest", prefilter=False)
+        px = qx - ndimage.map_coordinates(splines[1], at, order=3, mode="nearest", prefilter=False)
+    # where each dot lands in the deformed image: its centre moved by the field there
+    at = np.stack([np.clip(centres[:, 0], 0, rows - 1), np.clip(centres[:, 1], 0, cols - 1)])
+    moved = centres + np.stack([ndimage.map_coordinates(f, at, order=1) for f in (uy, ux)], axis=1)
+    reference = camera(render_speckle(qy, qx, centres, amplitudes, centres), rng)
+    deformed = camera(render_speckle(py, px, centres, amplitudes, moved), rng)
+    return reference, deformed, dict(field)
+
+
+def dic_sample() -> list[tuple]:
+    """File > Open Sample > DIC pair: the deformed image first (img1), then the reference (img2), each 2D uint8;
+    the known field and strain in the deformed layer's metadata (``true_dy`` ...)."""
+    reference, deformed, field = make_dic_pair()
+    truth = {f"true_{k}": np.asarray(v, np.float32) for k, v in field.items()}
+    return [
+        (deformed, {"name": "DIC deformed (img1)", "colormap": "gray",
+                    "metadata": {"gridmip_role": "img1", **truth}}, "image"),
+        (reference, {"name": "DIC reference (img2)", "colormap": "gray", "metadata": {"gridmip_role": "img2"}},
+         "image"),
+    ]  # fmt: skip

@@ -1,0 +1,1178 @@
+"""Subset correlation (digital image correlation, speckle tracking): each pixel's vector is its K frames over a
+``sh x sw`` subset, compared by zero-normalised cross-correlation (ZNCC), with box sums instead of subset loops.
+
+For stacks ``img1``, ``img2`` of shape ``(..., K, M, N)``, an odd window ``(wm, wn) = (2m + 1, 2n + 1)``, an
+odd subset ``(sh, sw) = (2hs + 1, 2hw + 1)`` and a step ``s``, output pixel ``(i, j)`` is img2's pixel
+``(y, x) = (i s + m + hs, j s + n + hw)``; its vector is ``img2[..., :, y - hs : y + hs + 1, x - hw : x + hw + 1]``
+(``K sh sw`` values), correlated with img1's vector around ``(y + a - m, x + b - n)`` for every offset
+``(a, b)`` of the window. ``img1[y + dy, x + dx]`` matches ``img2[y, x]``, as for the dense correlation.
+The output has ``ceil(Mo / s)`` rows, ``Mo = M - 2m - 2hs`` (and the same for the columns): the same margin on
+both sides, grown by the subset's half-size; with a step it is the dense output subsampled, ``[::s, ::s]``.
+
+How (fast normalised cross-correlation): per offset, the K-summed product of the two images is box-summed
+over the subset. The box sums run down the image as running sums carried by a loop over output rows (each
+row adds the ``s`` rows entering the subsets and removes the ``s`` leaving them: O(1) per value and offset,
+whatever the subset), and along a row as a direct sum of ``sw`` shifted slices. The means and norms come from
+box sums of each image and its square. No ``K x subset x window`` array is built: the loop holds one output
+row's sums for every offset (``wm wn`` rows of ``N`` values). Each image has its global mean (over its
+finite values, computed in float64) subtracted in its own precision first, so that the raw sums do not
+cancel catastrophically; a subset whose variance falls below ``ZERO_VARIANCE`` of its mean square (about
+the global mean) counts as constant and correlates as 0. A non-finite value is set to 0 for the sums and
+poisons, through a box count of non-finite values, exactly the correlations whose vectors hold it.
+
+Sub-pixel refinement without subset loops: img1's cubic B-spline interpolation at a fractional offset is a
+weighted sum of the 16 integer-offset vectors of its spline coefficients around it, so its correlation with
+img2's vector needs only the coefficients' cross sums with img2 (the sweep runs on the coefficients, and
+img1's own integer map is recovered from them exactly: img1 is their (1, 4, 1) / 6 sum along each axis),
+their box sums, and the Gram matrix of their vectors over a 5 x 5 block of offsets: box sums of the
+coefficients times themselves shifted by up to 4 pixels (45 planes, computed once per band by the same
+running sums). Newton's method then maximises the interpolated correlation in closed form, and the same
+sums give UMPA's transmission and dark-field fit and the displacement's uncertainty. (Keys' cubic
+convolution, which the dense refinement uses, works the same way on img1 itself, but leaves a systematic
+error of up to 0.02 px on DIC speckle against 0.002 px for the spline: ``benchmarks/bench_dic.py``.)
+
+References
+----------
+J. P. Lewis, "Fast normalized cross-correlation", Vision Interface (1995).
+B. Pan, H. Xie, Z. Wang, "Equivalence of digital image correlation criteria for pattern matching",
+Appl. Opt. 49(28), 5501-5509 (2010).
+M.-C. Zdora et al., "X-ray phase-contrast imaging and metrology through unified modulated pattern analysis",
+Phys. Rev. Lett. 118, 203903 (2017).
+H. W. Schreier, J. R. Braasch, M. A. Sutton, "Systematic errors in digital image correlation caused by
+intensity interpolation", Opt. Eng. 39(11), 2915-2921 (2000).
+M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
+(1999).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._options import SUBPIXEL_METHODS
+from napari_gridmip.core._peak import subpixel_offset
+from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+
+__all__ = ["track_speckles"]
+
+ProgressCallback = Callable[[int, int], None]
+
+ZERO_VARIANCE = {np.dtype(np.float32): 2.0**-17, np.dtype(np.float64): 2.0**-40}
+"""A subset whose variance is below this fraction of its mean square counts as constant (correlates as 0).
+
+About 64 rounding units of the compute dtype: rounding alone leaves a constant subset's variance a few units
+of its mean square away from 0, and a genuine variance that small could not be resolved anyway."""
+MAX_ITERATIONS = 10  # Newton steps from the 3x3 estimate, at most (a row stops once all its steps are tiny)
+TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}  # px: a step this small has converged
+MAX_STEP = 0.5  # px per Newton step
+UPHILL_STEP = 0.1  # px: the step along an axis where the correlation is not concave (towards its gradient)
+REACH = 1.0  # the refined position stays within this many pixels of the integer peak (its 5 x 5 tap block)
+SPLINE_REACH = 24  # taps each side of the B-spline prefilter (|z|**25 = 5e-15 of the first left out)
+GRAM_ROWS = 5  # the Gram block: offsets (0..4, -4..4) of img1 against itself
+GRAM_COLS = 9
+MAX_BANDS = 8  # Python-level calls per image: progress and cancel points
+GRAM_BAND_BYTES = 32 * 2**20  # a band's Gram planes stay within this (rows per band are cut to fit)
+MAP_BAND_BYTES = 256 * 2**20  # a band's share of a full map (pixels first) before it is written out
+
+
+class Plan(NamedTuple):
+    """Everything static about one call: shapes, window, subset, step and what the row consumer computes."""
+
+    frames: int
+    shape: tuple[int, int]  # (M, N)
+    window: tuple[int, int]
+    subset: tuple[int, int]
+    step: int
+    ring: tuple[int, int]  # extra offsets searched around the window per axis (for the 5 x 5 tap block)
+    gram: bool  # Gram planes for the interpolated correlation (refine, tracking)
+    method: str  # "map", or a sub-pixel method
+    track: bool  # transmission, dark-field, residual and uncertainty too
+    has_bad: bool  # some value is not finite
+    interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
+
+    @property
+    def spline(self) -> bool:
+        """The sweep runs on img1's cubic B-spline coefficients (the integer map recovered from them)."""
+        return self.gram and self.interpolation == "bspline"
+
+    @property
+    def count(self) -> int:
+        return self.frames * self.subset[0] * self.subset[1]
+
+    @property
+    def dense(self) -> tuple[int, int]:
+        (wm, wn), (sh, sw) = self.window, self.subset
+        return self.shape[0] - (wm - 1) - (sh - 1), self.shape[1] - (wn - 1) - (sw - 1)
+
+    @property
+    def out(self) -> tuple[int, int]:
+        return tuple(-(-d // self.step) for d in self.dense)
+
+    @property
+    def extended(self) -> tuple[int, int]:
+        return self.window[0] + 2 * self.ring[0], self.window[1] + 2 * self.ring[1]
+
+    @property
+    def pad(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """img1's padding (edge values) ``((before rows, before cols), (after rows, after cols))``: the ring,
+        the Gram planes' reach, and room for the column compaction of a large step."""
+        extra = GRAM_ROWS - 1 if self.gram else 0
+        (ry, rx), s = self.ring, self.step
+        return (ry, rx), (ry + extra + s, rx + extra + s)
+
+    @property
+    def compact(self) -> bool:
+        """A step at least the subset's width: the sums skip the columns between subsets."""
+        return self.step >= self.subset[1]
+
+    @property
+    def running(self) -> bool:
+        """Running sums down the image (each output row adds and removes ``s`` rows) unless a fresh sum of
+        ``sh`` rows is as cheap."""
+        return 2 * self.step < self.subset[0]
+
+
+# -- small pieces -------------------------------------------------------------------
+
+
+def _box(x: jax.Array, size: tuple[int, int]) -> jax.Array:
+    """Sums over every ``size`` box of the last two axes (valid positions), as two 1D ``reduce_window`` sums:
+    exact to rounding (no differences of prefix sums), NaN only in the boxes that hold one."""
+    lead = (1,) * (x.ndim - 2)
+    zero = jnp.zeros((), x.dtype)
+    rows = lax.reduce_window(x, zero, lax.add, lead + (size[0], 1), (1,) * x.ndim, "VALID")
+    return lax.reduce_window(rows, zero, lax.add, lead + (1, size[1]), (1,) * x.ndim, "VALID")
+
+
+def _sum_frames(x: jax.Array) -> jax.Array:
+    """Sum over axis 0 (the frames) as unrolled adds (XLA's CPU reduce over a major axis is much slower)."""
+    acc = x[0]
+    for f in range(1, x.shape[0]):
+        acc = acc + x[f]
+    return acc
+
+
+def _inverse_norm(box: jax.Array, box_sq: jax.Array, bad: jax.Array | None, count: int) -> jax.Array:
+    """``1 / sqrt(variance sum)`` of each subset vector; 0 for a constant one, NaN where a value is not finite."""
+    var = box_sq - box * box / count
+    ok = var > ZERO_VARIANCE[np.dtype(box.dtype)] * box_sq
+    inv = jnp.where(ok, lax.rsqrt(jnp.where(ok, var, 1)), 0)
+    return inv if bad is None else jnp.where(bad > 0, jnp.nan, inv)
+
+
+def _columns(row: jax.Array, start: int, plan: Plan, width: int) -> jax.Array:
+    """The columns of ``row`` (last axis) that the output columns' subsets use, from ``start``.
+
+    Contiguous when the step is smaller than the subset (``width`` columns); with a larger step, only each
+    output column's ``sw`` columns, side by side (``Ns * sw`` of them).
+    """
+    ns = plan.out[1]
+    if not plan.compact:
+        return lax.slice_in_dim(row, start, start + width, axis=row.ndim - 1)
+    s, sw = plan.step, plan.subset[1]
+    block = lax.slice_in_dim(row, start, start + ns * s, axis=row.ndim - 1)
+    block = block.reshape(row.shape[:-1] + (ns, s))[..., :sw]
+    return block.reshape(row.shape[:-1] + (ns * sw,))
+
+
+def _column_width(plan: Plan) -> int:
+    ns, s, sw = plan.out[1], plan.step, plan.subset[1]
+    return ns * sw if plan.compact else (ns - 1) * s + sw
+
+
+def _row_box(v: jax.Array, plan: Plan) -> jax.Array:
+    """Sum each output column's ``sw`` columns of the sums ``v`` (last axis, from :func:`_columns`).
+
+    A ``reduce_window`` (with the step as its stride): XLA's CPU backend never fuses one into its
+    consumers, so each row's box sums are computed once and read by the peak search, the neighbourhood
+    gathers and the map alike. Written as shifted slices, they were fused into (and recomputed by) every
+    consumer: 8x slower.
+    """
+    sw = plan.subset[1]
+    stride = sw if plan.compact else plan.step
+    ones = (1,) * (v.ndim - 1)
+    return lax.reduce_window(v, jnp.zeros((), v.dtype), lax.add, ones + (sw,), ones + (stride,), "VALID")
+
+
+def _strided(x: jax.Array, start: int, count: int, step: int, axis: int) -> jax.Array:
+    return lax.slice_in_dim(x, start, start + (count - 1) * step + 1, stride=step, axis=axis)
+
+
+# -- the sweep: running box sums of products, one output row at a time -------------------------------
+
+
+def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=None, cols=None):
+    """Run ``carry = consume(t, H, carry)`` for every output row ``t < rows``, in order, where ``H`` is a tuple
+    over column offsets ``b < wb`` of ``(wa, cols)`` arrays::
+
+        H[b][a, j] = sum over k, u < sh, v < sw of  xa[k, t s + a + u, j s + b + v] * xb[k, t s + o + u, j s + p + v]
+
+    for ``(wa, wb) = offsets`` and ``(o, p) = origin``. ``xa`` and ``xb`` are one item's ``(K, rows, cols)``
+    arrays. The sums down the image are carried by the loop (running sums when ``plan.running``), the sums
+    along a row are direct (:func:`_row_box`). The image rows of each product reach it through a loop carry,
+    sliced one step ahead: a dynamic slice fused into the products costs their vectorisation
+    (docs/benchmarks.md, section 3).
+    """
+    wa, wb = offsets
+    sh = plan.subset[0]
+    s = plan.step if step is None else step
+    sub = plan if step is None else plan._replace(step=s)
+    if cols is not None:  # a sweep over every column of a band (the Gram planes)
+        sub = sub._replace(shape=(plan.shape[0], cols + (sub.window[1] - 1) + (sub.subset[1] - 1)))
+    width = _column_width(sub)
+    k = xa.shape[0]
+    zero = jnp.int32(0)
+
+    def slab_a(y):
+        return lax.dynamic_slice(xa, (zero, y, zero), (k, wa, xa.shape[2]))
+
+    def row_b(y):
+        return _columns(
+            lax.dynamic_slice(xb, (zero, y + origin[0], zero), (k, 1, xb.shape[2]))[:, 0], origin[1], sub, width
+        )
+
+    def products(slab, row):
+        out = []
+        for b in range(wb):
+            cols_b = _columns(slab, b, sub, width)  # (K, wa, width)
+            p = cols_b[0] * row[0][None]
+            for f in range(1, k):
+                p = p + cols_b[f] * row[f][None]
+            out.append(p)
+        return tuple(out)
+
+    def add_rows(v, first, count, leave, keep=None):
+        """``v`` plus the products of ``count`` rows from ``first``, minus ``keep`` times those of the rows
+        from ``leave`` unless ``leave`` is None (``count`` and ``keep`` may be traced). The rows' slices reach
+        the products through the inner loop's carry, sliced one step ahead."""
+
+        def one(u, c):
+            v, sa, rb, la, lb = c
+            pa = products(sa, rb)
+            if leave is None:
+                v = tuple(x + p for x, p in zip(v, pa))
+            else:
+                pl = products(la, lb)
+                v = tuple(x + (p - keep * q) for x, p, q in zip(v, pa, pl))
+            nxt = first + u.astype(jnp.int32) + 1
+            back = (first if leave is None else leave) + u.astype(jnp.int32) + 1
+            return v, slab_a(nxt), row_b(nxt), slab_a(back), row_b(back)
+
+        back = first if leave is None else leave
+        return lax.fori_loop(0, count, one, (v, slab_a(first), row_b(first), slab_a(back), row_b(back)))[0]
+
+    zeros = tuple(jnp.zeros((wa, width), xa.dtype) for _ in range(wb))
+
+    def body(t, c):
+        v, user = c
+        t = t.astype(jnp.int32)
+        # bring the sums to row t (at t = 0: the first sh rows, from zero), then box and consume them: the
+        # old sums are read once, by their update, which XLA then does in place
+        if sub.running:
+            y = jnp.maximum(t - 1, 0) * s
+            first = jnp.where(t > 0, y + sh, 0)
+            v = add_rows(v, first, jnp.where(t > 0, s, sh), y, keep=(t > 0).astype(xa.dtype))
+        else:
+            v = add_rows(zeros, t * s, sh, None)
+        user = consume(t, tuple(_row_box(x, sub) for x in v), user)
+        return v, user
+
+    _, carry = lax.fori_loop(0, rows, body, (zeros, carry))
+    return carry
+
+
+# -- what each output row becomes ------------------------------------------------------------
+
+
+def _argmax(r: Sequence[jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """First maximum (C order over ``(a, b)``) of ``r[b][a, j]``: value, ``a`` and ``b``, each ``(Ns,)``.
+    NaN entries are skipped (a NaN never compares greater); all NaN gives ``-inf`` at (0, 0)."""
+    wn = len(r)
+    best = jnp.where(jnp.isnan(r[0]), -jnp.inf, r[0])
+    col = jnp.zeros(best.shape, jnp.int32)
+    for b in range(1, wn):
+        better = r[b] > best
+        best = jnp.where(better, r[b], best)
+        col = jnp.where(better, b, col)
+    value, row, column = best[0], jnp.zeros(best.shape[1:], jnp.int32), col[0]
+    for a in range(1, best.shape[0]):
+        better = best[a] > value
+        value = jnp.where(better, best[a], value)
+        row = jnp.where(better, a, row)
+        column = jnp.where(better, col[a], column)
+    return value, row, column
+
+
+def _take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """``x[rows[..., j], j]`` for ``x`` of shape ``(R, J)`` and integer ``rows`` of shape ``(..., J)``."""
+    rows = jnp.clip(rows, 0, x.shape[0] - 1)
+    return jnp.take_along_axis(x, rows.reshape(-1, x.shape[1]), axis=0).reshape(rows.shape)
+
+
+def _block(h: Sequence[jax.Array], a0: jax.Array, b0: jax.Array, reach: int) -> jax.Array:
+    """``h[b0 + q - reach][a0 + p - reach, j]`` for ``p, q < 2 reach + 1``: ``(2 reach + 1, 2 reach + 1, Ns)``."""
+    span = 2 * reach + 1
+    offs = jnp.arange(span, dtype=jnp.int32)[:, None] - reach
+    rows = a0[None, :] + offs  # (span, Ns)
+    per_b = jnp.stack([_take_rows(x, rows) for x in h])  # (wb, span, Ns)
+    cols = jnp.clip(b0[None, :] + offs, 0, len(h) - 1)  # (span, Ns)
+    # per_b[cols[q, j], p, j] -> (p, q, j)
+    picked = jnp.take_along_axis(per_b, cols[:, None, :].repeat(span, axis=1).reshape(span, span, -1), axis=0)
+    return jnp.swapaxes(picked, 0, 1)
+
+
+def _keys(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Keys (a = -0.5) weights of the taps at -1, 0, 1, 2 for fraction ``t``, and their first and second
+    derivatives in ``t``: three ``(..., 4)`` arrays."""
+    t2, t3 = t * t, t * t * t
+    one = jnp.ones_like(t)
+    w = jnp.stack(
+        [-0.5 * t3 + t2 - 0.5 * t, 1.5 * t3 - 2.5 * t2 + 1, -1.5 * t3 + 2 * t2 + 0.5 * t, 0.5 * t3 - 0.5 * t2], -1
+    )
+    d1 = jnp.stack([-1.5 * t2 + 2 * t - 0.5, 4.5 * t2 - 5 * t, -4.5 * t2 + 4 * t + 0.5, 1.5 * t2 - t], -1)
+    d2 = jnp.stack([-3 * t + 2 * one, 9 * t - 5 * one, -9 * t + 4 * one, 3 * t - one], -1)
+    return w, d1, d2
+
+
+def _bspline(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Cubic B-spline weights of the coefficients at -1, 0, 1, 2 for fraction ``t``, and their first and
+    second derivatives: three ``(..., 4)`` arrays."""
+    t2, t3, u = t * t, t * t * t, 1 - t
+    w = jnp.stack([u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6], -1)
+    d1 = jnp.stack([-0.5 * u * u, 1.5 * t2 - 2 * t, -1.5 * t2 + t + 0.5, 0.5 * t2], -1)
+    d2 = jnp.stack([u, 3 * t - 2, 1 - 3 * t, t], -1)
+    return w, d1, d2
+
+
+def _five_taps(position: jax.Array, centre: jax.Array, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Interpolation weights (and derivatives) of ``position`` on the 5 taps ``centre - 2 .. centre + 2``
+    (one of the two outer taps gets 0); ``position`` lies within 1 of ``centre``. Three ``(Ns, 5)`` arrays."""
+    floor = jnp.clip(jnp.floor(position), centre - 1, centre)
+    shift = (floor - centre + 1).astype(jnp.int32)  # 0: taps 0..3 of the five, 1: taps 1..4
+    out = []
+    for w in (_bspline if kind == "bspline" else _keys)(position - floor):
+        zero = jnp.zeros_like(w[..., :1])
+        low, high = jnp.concatenate([w, zero], -1), jnp.concatenate([zero, w], -1)
+        out.append(jnp.where((shift == 0)[..., None], low, high))
+    return tuple(out)
+
+
+def _gram_index() -> np.ndarray:
+    """Where each entry of the 25 x 25 Gram matrix of a 5 x 5 tap block sits in the gathered ``(5, 5, 5, 9)``
+    block of planes (tap row, tap column, row offset, column offset + 4): flat indices ``(625,)``."""
+    index = np.zeros((25, 25), np.int64)
+    for p, q, p2, q2 in np.ndindex(5, 5, 5, 5):
+        dp, dq = p2 - p, q2 - q
+        if dp > 0 or (dp == 0 and dq >= 0):
+            at = (p, q, dp, dq + 4)
+        else:
+            at = (p2, q2, -dp, -dq + 4)
+        index[p * 5 + q, p2 * 5 + q2] = np.ravel_multi_index(at, (5, 5, GRAM_ROWS, GRAM_COLS))
+    return index.ravel()
+
+
+_GRAM_INDEX = _gram_index()
+
+
+class _Interpolated(NamedTuple):
+    r: jax.Array  # correlation at the position
+    g: tuple[jax.Array, jax.Array]  # its gradient (y, x)
+    h: tuple[jax.Array, jax.Array, jax.Array]  # its Hessian (yy, xx, xy)
+    sums: tuple[
+        jax.Array, jax.Array, jax.Array
+    ]  # sum of the interpolated vector, of its square, of its product with img2's
+
+
+class _Taps(NamedTuple):
+    """What the interpolated correlation needs at a pixel's 5 x 5 taps, independent of the position."""
+
+    cross: jax.Array  # (Ns, 25) raw cross sums with img2's vector
+    mean: jax.Array  # (Ns, 25) img1's box sums
+    gram: jax.Array  # (Ns, 25, 25) Gram matrix of img1's tap vectors
+    centred: jax.Array  # cross - mean * sum2 / count
+    gram_c: jax.Array  # gram - mean mean' / count
+    inv2: jax.Array  # img2's inverse norm
+    sum2: jax.Array  # img2's box sum
+
+
+def _taps(cross, mean, gram, inv2, sum2, count) -> _Taps:
+    centred = cross - mean * (sum2 / count)[:, None]
+    gram_c = gram - mean[:, :, None] * mean[:, None, :] / count
+    return _Taps(cross, mean, gram, centred, gram_c, inv2, sum2)
+
+
+def _interpolated(taps: _Taps, py, px, a0, b0, *, sums: bool, kind: str) -> _Interpolated:
+    """The correlation of img1's Keys-interpolated vector at ``(py, px)`` with img2's, and its derivatives.
+
+    With ``w`` the 25 tap weights (around ``(a0, b0)``), ``N = w . centred`` and ``S = w' gram_c w``:
+    ``r = N / sqrt(S) * inv2``. ``sums``: also the sums the model's fit needs (else zeros).
+    """
+    wy, wy1, wy2 = _five_taps(py, a0, kind)
+    wx, wx1, wx2 = _five_taps(px, b0, kind)
+
+    def outer(u, v):
+        return (u[:, :, None] * v[:, None, :]).reshape(u.shape[0], 25)
+
+    w, w_y, w_x = outer(wy, wx), outer(wy1, wx), outer(wy, wx1)
+    w_yy, w_xx, w_xy = outer(wy2, wx), outer(wy, wx2), outer(wy1, wx1)
+    centred, inv2 = taps.centred, taps.inv2
+
+    def dot(u, v):
+        return jnp.sum(u * v, axis=-1)
+
+    def mv(u, matrix=taps.gram_c):
+        return jnp.einsum("jab,jb->ja", matrix, u, precision=lax.Precision.HIGHEST)
+
+    g, g_y, g_x = mv(w), mv(w_y), mv(w_x)
+    n, n_y, n_x = dot(w, centred), dot(w_y, centred), dot(w_x, centred)
+    n_yy, n_xx, n_xy = dot(w_yy, centred), dot(w_xx, centred), dot(w_xy, centred)
+    s = dot(w, g)
+    s_y, s_x = 2 * dot(w_y, g), 2 * dot(w_x, g)
+    s_yy = 2 * (dot(w_yy, g) + dot(w_y, g_y))
+    s_xx = 2 * (dot(w_xx, g) + dot(w_x, g_x))
+    s_xy = 2 * (dot(w_xy, g) + dot(w_x, g_y))
+    ok = s > 0
+    s = jnp.where(ok, s, 1)
+    a1, a3, a5 = s**-0.5, s**-1.5, s**-2.5
+    r = jnp.where(ok, n * a1, 0) * inv2
+    gy = (n_y * a1 - 0.5 * n * a3 * s_y) * inv2
+    gx = (n_x * a1 - 0.5 * n * a3 * s_x) * inv2
+    hyy = (n_yy * a1 - n_y * a3 * s_y + 0.75 * n * a5 * s_y * s_y - 0.5 * n * a3 * s_yy) * inv2
+    hxx = (n_xx * a1 - n_x * a3 * s_x + 0.75 * n * a5 * s_x * s_x - 0.5 * n * a3 * s_xx) * inv2
+    hxy = n_xy * a1 - 0.5 * n_y * a3 * s_x - 0.5 * n_x * a3 * s_y + 0.75 * n * a5 * s_x * s_y - 0.5 * n * a3 * s_xy
+    hxy = hxy * inv2
+    if sums:
+        fit = (dot(w, taps.mean), dot(w, mv(w, taps.gram)), dot(w, taps.cross))
+    else:
+        fit = (jnp.zeros_like(r),) * 3
+    return _Interpolated(r, (gy, gx), (hyy, hxx, hxy), fit)
+
+
+def _nothing(like: jax.Array) -> _Interpolated:
+    """An :class:`_Interpolated` of zeros shaped like ``like`` (a loop's initial carry)."""
+    zero = jnp.zeros_like(like)
+    return _Interpolated(zero, (zero, zero), (zero, zero, zero), (zero, zero, zero))
+
+
+def _newton(f: _Interpolated, search: tuple[bool, bool]) -> tuple[jax.Array, jax.Array]:
+    """A Newton step towards the maximum; an axis whose window is 1 wide does not move. Where the 2D
+    quadratic is not concave, each axis takes its own 1D Newton step if it is concave there, else a step of
+    ``UPHILL_STEP`` along its gradient (a Newton step there would go downhill, none would stall)."""
+    gy, gx = f.g
+    hyy, hxx, hxy = f.h
+    zero = jnp.zeros_like(gy)
+    concave_y, concave_x = hyy < 0, hxx < 0
+    step_y = jnp.where(concave_y, -gy / jnp.where(concave_y, hyy, -1), UPHILL_STEP * jnp.sign(gy))
+    step_x = jnp.where(concave_x, -gx / jnp.where(concave_x, hxx, -1), UPHILL_STEP * jnp.sign(gx))
+    if search[0] and search[1]:
+        det = hyy * hxx - hxy * hxy
+        both = (det > 0) & concave_y
+        safe = jnp.where(both, det, 1)
+        step_y = jnp.where(both, -(hxx * gy - hxy * gx) / safe, step_y)
+        step_x = jnp.where(both, -(hyy * gx - hxy * gy) / safe, step_x)
+    if not search[0]:
+        step_y = zero
+    if not search[1]:
+        step_x = zero
+    finite = jnp.isfinite(step_y) & jnp.isfinite(step_x)
+    return (
+        jnp.where(finite, jnp.clip(step_y, -MAX_STEP, MAX_STEP), zero),
+        jnp.where(finite, jnp.clip(step_x, -MAX_STEP, MAX_STEP), zero),
+    )
+
+
+def _uncertainty(f: _Interpolated, count: int, search: tuple[bool, bool]) -> tuple[jax.Array, jax.Array]:
+    """Standard deviations of the displacement (px): ``sqrt(2 (1 - r) / (n - 4) * inv(-H))`` on the diagonal.
+
+    For a vector ``s + e`` matched to ``s' + e'`` (white noise of the same level in both), the normalised
+    difference ``eta`` has per-value variance ``sigma^2 = 2 (1 - r) / (n - 4)`` (``1 - r = |eta_perp|^2 / 2``
+    spread over the ``n - 4`` directions left by centring, scaling and the two shifts), and the least-squares
+    shift has covariance ``sigma^2 inv(J'J)`` with ``J'J = -H``, the Hessian of ``r`` at the peak.
+    """
+    hyy, hxx, hxy = f.h
+    noise = 2 * jnp.maximum(1 - f.r, 0) / max(count - 4, 1)
+    nan = jnp.full_like(hyy, jnp.nan)
+    if search[0] and search[1]:
+        det = hyy * hxx - hxy * hxy
+        ok = (det > 0) & (hyy < 0)
+        safe = jnp.where(ok, det, 1)
+        var_y, var_x = jnp.where(ok, -hxx / safe, nan), jnp.where(ok, -hyy / safe, nan)
+    else:
+        var_y = jnp.where(hyy < 0, -1 / jnp.where(hyy < 0, hyy, -1), nan) if search[0] else nan
+        var_x = jnp.where(hxx < 0, -1 / jnp.where(hxx < 0, hxx, -1), nan) if search[1] else nan
+    if count <= 4:
+        return nan, nan
+    return jnp.sqrt(noise * var_y), jnp.sqrt(noise * var_x)
+
+
+# -- one band ----------------------------------------------------------------------------------------
+
+
+class _Stats(NamedTuple):
+    box1: jax.Array  # img1's box sums at every subset position of the band (padded coordinates)
+    inv1: jax.Array
+    box2: jax.Array  # img2's at the output pixels (compact)
+    inv2: jax.Array
+    sq2: jax.Array  # img2's box sums of squares (compact)
+    box_taps: jax.Array  # box sums of what the taps interpolate (img1, or its B-spline coefficients)
+
+
+def _stats(x1, x2, bad1, bad2, plan: Plan, rows: int, c1=None) -> _Stats:
+    sub, count, s = plan.subset, plan.count, plan.step
+    box1, sq1 = _box(_sum_frames(x1), sub), _box(_sum_frames(x1 * x1), sub)
+    inv1 = _inverse_norm(box1, sq1, None if bad1 is None else _box(bad1, sub), count)
+    box2, sq2 = _box(_sum_frames(x2), sub), _box(_sum_frames(x2 * x2), sub)
+    nb2 = None if bad2 is None else _box(bad2, sub)
+    n = plan.window[1] // 2
+    ns = plan.out[1]
+
+    def compact(plane):
+        return _strided(_strided(plane, 0, rows, s, 0), n, ns, s, 1)
+
+    box2, sq2 = compact(box2), compact(sq2)
+    inv2 = _inverse_norm(box2, sq2, None if nb2 is None else compact(nb2), count)
+    return _Stats(box1, inv1, box2, inv2, sq2, box1 if c1 is None else _box(_sum_frames(c1), sub))
+
+
+def _gram_planes(x1, plan: Plan, rows: int) -> jax.Array:
+    """Box sums of img1 times itself shifted by ``(dp, dq)``, ``dp < 5``, ``|dq| <= 4``, at every subset
+    position the band's 5 x 5 tap blocks use: ``(R, C, 5, 9)``."""
+    wa, wb = plan.extended
+    out_rows = (rows - 1) * plan.step + wa
+    out_cols = (plan.out[1] - 1) * plan.step + wb
+    shifted = jnp.pad(x1, ((0, 0), (0, 0), (GRAM_COLS // 2, 0)))
+    sub = plan._replace(window=(GRAM_ROWS, GRAM_COLS), ring=(0, 0))
+
+    def store(t, h, planes):
+        row = jnp.stack(h, axis=-1)  # (5, C, 9)
+        return lax.dynamic_update_slice(
+            planes, jnp.moveaxis(row, 0, 1)[None], (t, jnp.int32(0), jnp.int32(0), jnp.int32(0))
+        )
+
+    planes = jnp.zeros((out_rows, out_cols, GRAM_ROWS, GRAM_COLS), x1.dtype)
+    return _sweep(
+        shifted, x1, rows=out_rows, offsets=(GRAM_ROWS, GRAM_COLS), origin=(0, 0), plan=sub, consume=store,
+        carry=planes, step=1, cols=out_cols,
+    )  # fmt: skip
+
+
+TRACK_OUTPUTS = ("dy", "dx", "peak", "transmission", "dark_field", "residual", "sigma_dy", "sigma_dx")
+
+
+def _outputs_of(plan: Plan) -> tuple[str, ...]:
+    if plan.method == "map":
+        return ("map",)
+    return TRACK_OUTPUTS if plan.track else TRACK_OUTPUTS[:3]
+
+
+def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax.Array):
+    """``consume(t, H, outputs)`` for the main sweep: the map row, or the displacement row and the rest."""
+    (wm, wn), (ring_y, ring_x), s, count = plan.window, plan.ring, plan.step, plan.count
+    wa, wb = plan.extended
+    ns = plan.out[1]
+    search = (wm > 1, wn > 1)
+    dtype = stats.box1.dtype
+    zero = jnp.int32(0)
+
+    def normalise(t, h):
+        """Correlations ``r[b][a, j]`` of the window's offsets (the ring left out) at output row ``t``."""
+        b1 = lax.dynamic_slice_in_dim(stats.box1, t * s, wa, axis=0)
+        i1 = lax.dynamic_slice_in_dim(stats.inv1, t * s, wa, axis=0)
+        b2 = lax.dynamic_index_in_dim(stats.box2, t, 0, keepdims=False) / count
+        i2 = lax.dynamic_index_in_dim(stats.inv2, t, 0, keepdims=False)
+        out = []
+        for b in range(ring_x, ring_x + wn):
+            cb1 = _strided(b1[ring_y : ring_y + wm], b, ns, s, 1)
+            ci1 = _strided(i1[ring_y : ring_y + wm], b, ns, s, 1)
+            if plan.spline:  # img1's cross sums from its B-spline coefficients': (1, 4, 1) / 6 both ways
+                hb = (h[b - 1] + 4 * h[b] + h[b + 1]) / 6
+                cross = (hb[ring_y - 1 : ring_y - 1 + wm] + 4 * hb[ring_y : ring_y + wm]
+                         + hb[ring_y + 1 : ring_y + 1 + wm]) / 6  # fmt: skip
+            else:
+                cross = h[b][ring_y : ring_y + wm]
+            out.append((cross - cb1 * b2) * ci1 * i2)
+        return out
+
+    if plan.method == "map":
+
+        def consume_map(t, h, out):
+            r = jnp.stack(normalise(t, h))  # (wn, wm, Ns)
+            row = jnp.transpose(r, (2, 1, 0))[None]  # (1, Ns, wm, wn)
+            return lax.dynamic_update_slice(out, row, (t, zero, zero, zero))
+
+        return consume_map
+
+    reach = 2 if plan.gram else 1
+
+    def consume(t, h, out):
+        r = normalise(t, h)
+        peak, a0, b0 = _argmax(r)
+        edge = ~jnp.isfinite(peak)
+        if wm > 1:
+            edge = edge | (a0 == 0) | (a0 == wm - 1)
+        if wn > 1:
+            edge = edge | (b0 == 0) | (b0 == wn - 1)
+        ae, be = a0 + ring_y, b0 + ring_x  # extended offsets
+        cross = _block(h, ae, be, reach)  # (span, span, Ns) raw cross sums
+        span = 2 * reach + 1
+        offs = jnp.arange(span, dtype=jnp.int32) - reach
+        rows = t * s + ae[None, None, :] + offs[:, None, None]
+        cols = jnp.arange(ns, dtype=jnp.int32)[None, None, :] * s + be[None, None, :] + offs[None, :, None]
+        rows = jnp.clip(rows, 0, stats.box1.shape[0] - 1)
+        cols = jnp.clip(cols, 0, stats.box1.shape[1] - 1)
+        mean1 = stats.box1[rows, cols]
+        inv1 = stats.inv1[rows, cols]
+        b2 = lax.dynamic_index_in_dim(stats.box2, t, 0, keepdims=False)
+        i2 = lax.dynamic_index_in_dim(stats.inv2, t, 0, keepdims=False)
+        centre = slice(reach - 1, reach + 2)
+        if plan.spline:  # the integer map's 3x3 from the coefficients' 5x5
+            one = jnp.asarray([1.0, 4.0, 1.0], dtype) / 6
+            rows3 = sum(one[d] * cross[d : d + 3] for d in range(3))
+            cross3 = sum(one[d] * rows3[:, d : d + 3] for d in range(3))
+        else:
+            cross3 = cross[centre, centre]
+        r3 = (cross3 - mean1[centre, centre] * b2 / count) * inv1[centre, centre] * i2
+        method = "hessian" if plan.method == "refine" else plan.method
+        sub_y, sub_x = subpixel_offset(jnp.moveaxis(r3, -1, 0), method)
+        if not search[0]:
+            sub_y = jnp.zeros_like(sub_y)
+        if not search[1]:
+            sub_x = jnp.zeros_like(sub_x)
+        results = {"peak": jnp.where(jnp.isfinite(peak), peak, jnp.nan)}
+        if plan.gram:
+            py = ae.astype(dtype) + jnp.clip(sub_y, -REACH, REACH)
+            px = be.astype(dtype) + jnp.clip(sub_x, -REACH, REACH)
+            # each pixel's block of Gram planes: rows and columns of its tap (0, 0)
+            top, left = t * s + ae - 2, jnp.arange(ns, dtype=jnp.int32) * s + be - 2
+            top = jnp.clip(top, 0, planes.shape[0] - 5)
+            left = jnp.clip(left, 0, planes.shape[1] - 5)
+            take = jax.vmap(
+                lambda r0, c0: lax.dynamic_slice(planes, (r0, c0, zero, zero), (5, 5, GRAM_ROWS, GRAM_COLS))
+            )
+            blocks = take(top, left).reshape(ns, -1)
+            gram = jnp.take(blocks, jnp.asarray(_GRAM_INDEX), axis=1).reshape(ns, 25, 25)
+            cross25 = jnp.moveaxis(cross, -1, 0).reshape(ns, 25)
+            mean25 = jnp.moveaxis(stats.box_taps[rows, cols], -1, 0).reshape(ns, 25)
+            aef, bef = ae.astype(dtype), be.astype(dtype)
+
+            taps = _taps(cross25, mean25, gram, i2, b2, count)
+
+            def at(py, px):
+                return _interpolated(taps, py, px, aef, bef, sums=plan.track, kind=plan.interpolation)
+
+            tolerance = TOLERANCE[np.dtype(dtype)]
+
+            def keep_going(c):
+                k, _, _, _, moved = c
+                return (k < MAX_ITERATIONS) & moved
+
+            def newton(c):
+                k, py, px, _, _ = c
+                f = at(py, px)
+                sy, sx = _newton(f, search)
+                moved = jnp.max(jnp.maximum(jnp.abs(sy), jnp.abs(sx))) >= tolerance
+                # converged: stay where ``f`` was evaluated, so that the fit below uses it as it is
+                py = jnp.where(moved, jnp.clip(py + sy, aef - REACH, aef + REACH), py)
+                px = jnp.where(moved, jnp.clip(px + sx, bef - REACH, bef + REACH), px)
+                return k + 1, py, px, f, moved
+
+            # one copy of the interpolation's code in the program: Newton steps until the row's largest is
+            # below ``tolerance`` (at most MAX_ITERATIONS), or for the other methods a single evaluation there
+            start = (jnp.int32(0), py, px, _nothing(py), jnp.array(True))
+            if plan.method == "refine":
+                _, py, px, f, _ = lax.while_loop(keep_going, newton, start)
+            elif plan.track:
+                f = at(py, px)
+            sub_y, sub_x = py - aef, px - bef
+            if plan.track:
+                sum_r, sum_rr, sum_sr = f.sums
+                sum_s, sum_ss = b2, lax.dynamic_index_in_dim(stats.sq2, t, 0, keepdims=False)
+                var_r = sum_rr - sum_r * sum_r / count
+                cov = sum_sr - sum_r * sum_s / count
+                var_s = sum_ss - sum_s * sum_s / count
+                ok = var_r > ZERO_VARIANCE[np.dtype(dtype)] * sum_rr
+                beta = jnp.where(ok, cov / jnp.where(ok, var_r, 1), jnp.nan)
+                intercept = (sum_s - beta * sum_r) / count
+                mean_ref, mean_sample = centres[0], centres[1]
+                transmission = (intercept + mean_sample) / mean_ref
+                rss = jnp.maximum(var_s - beta * cov, 0)
+                sigma_y, sigma_x = _uncertainty(f, count, search)
+                nan = jnp.nan
+                results["transmission"] = jnp.where(edge, nan, transmission)
+                results["dark_field"] = jnp.where(edge, nan, beta / transmission)
+                results["residual"] = jnp.where(edge, nan, jnp.sqrt(rss / count))
+                results["sigma_dy"] = jnp.where(edge, nan, sigma_y)
+                results["sigma_dx"] = jnp.where(edge, nan, sigma_x)
+        nan = jnp.array(jnp.nan, dtype)
+        results["dy"] = jnp.where(edge, nan, (a0 - wm // 2).astype(dtype) + sub_y)
+        results["dx"] = jnp.where(edge, nan, (b0 - wn // 2).astype(dtype) + sub_x)
+        return tuple(
+            lax.dynamic_update_slice(o, results[name][None].astype(o.dtype), (t, zero))
+            for o, name in zip(out, _outputs_of(plan))
+        )
+
+    return consume
+
+
+@partial(jax.jit, static_argnames=("plan", "rows"))
+def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int):
+    """Output rows ``[start, start + rows)`` (compact) of every item: a tuple of ``(B, rows, Ns, ...)`` arrays.
+
+    ``x1``: img1 centred and edge-padded by ``plan.pad``, ``(B, K, M + ..., N + ...)``; ``x2``: img2 centred,
+    ``(B, K, M, N + s)``; ``bad1``/``bad2``: counts of non-finite values per pixel (or None); ``centres``:
+    ``(B, 2)`` the means subtracted from img1 and img2; ``c1``: img1's B-spline coefficients, laid out as
+    ``x1`` (``plan.spline``).
+    """
+    (wm, wn), sh, s = plan.window, plan.subset[0], plan.step
+    wa, wb = plan.extended
+    m, n = wm // 2, wn // 2
+    ns = plan.out[1]
+    rows1 = (rows - 1) * s + wa + sh - 1 + (GRAM_ROWS - 1 if plan.gram else 0)
+    rows2 = (rows - 1) * s + sh
+    batch = x1.shape[0]
+    zero = jnp.int32(0)
+    y0 = start * s
+    names = _outputs_of(plan)
+    if plan.method == "map":
+        empty = (jnp.zeros((batch, rows, ns, wm, wn), x1.dtype),)
+    else:
+        empty = tuple(jnp.zeros((batch, rows, ns), x1.dtype) for _ in names)
+
+    def one_item(item, outs):
+        item = item.astype(jnp.int32)
+        a = lax.dynamic_slice(x1, (item, zero, y0, zero), (1,) + (x1.shape[1], rows1, x1.shape[3]))[0]
+        b = lax.dynamic_slice(x2, (item, zero, y0 + m, zero), (1,) + (x2.shape[1], rows2, x2.shape[3]))[0]
+        ba = None if bad1 is None else lax.dynamic_slice(bad1, (item, y0, zero), (1, rows1, bad1.shape[2]))[0]
+        bb = None if bad2 is None else lax.dynamic_slice(bad2, (item, y0 + m, zero), (1, rows2, bad2.shape[2]))[0]
+        coeffs = None
+        if plan.spline:
+            coeffs = lax.dynamic_slice(c1, (item, zero, y0, zero), (1,) + (c1.shape[1], rows1, c1.shape[3]))[0]
+        stats = _stats(a, b, ba, bb, plan, rows, coeffs)
+        swept = a if coeffs is None else coeffs  # what the taps interpolate
+        planes = _gram_planes(swept, plan, rows) if plan.gram else None
+        consume = _band_consumer(plan, stats, planes, centres[item])
+        if plan.method == "map":
+            carry = (jnp.zeros((rows, ns, wm, wn), x1.dtype),)
+            consume_one = consume
+
+            def consume_tuple(t, h, c):
+                return (consume_one(t, h, c[0]),)
+
+            consume = consume_tuple
+        else:
+            carry = tuple(jnp.zeros((rows, ns), x1.dtype) for _ in names)
+        result = _sweep(swept, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan, consume=consume, carry=carry)
+        return tuple(
+            lax.dynamic_update_slice(o, r[None], (item,) + (zero,) * (o.ndim - 1)) for o, r in zip(outs, result)
+        )
+
+    return lax.fori_loop(0, batch, one_item, empty)
+
+
+# -- preparation and drivers -------------------------------------------------------------------------
+
+
+def check_subset(subset: Any, step: Any) -> tuple[tuple[int, int], int]:
+    """The ``subset`` (odd sizes) and ``step`` (a positive integer) options, checked."""
+    subset = _validate.int_tuple("subset", subset, 2)
+    if any(v % 2 == 0 for v in subset):
+        raise ValueError(f"subset sizes must be odd (2hs + 1, 2hw + 1); got {subset}")
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"step must be a positive integer; got {step!r} ({type(step).__name__})")
+    if step < 1:
+        raise ValueError(f"step must be a positive integer; got {step}")
+    return subset, int(step)
+
+
+def check_pair(img1: Any, img2: Any, window: Any, subset: tuple[int, int], names=("img1", "img2")):
+    """Shapes, window and subset of a pair (the subset's version of the dense checks): ``(shape, window)``."""
+    for name, img in zip(names, (img1, img2)):
+        _validate.check_real(name, img)
+        _validate.check_ndim(name, img, min_ndim=3)
+    shape1, shape2 = _validate.shape_of(img1), _validate.shape_of(img2)
+    if shape1 != shape2:
+        raise ValueError(
+            f"{names[0]} and {names[1]} must have the same shape (..., K, M, N); got {shape1} and {shape2}"
+        )
+    window = _validate.int_tuple("window", window, 2)
+    if any(w % 2 == 0 for w in window):
+        raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
+    _validate.check_nonempty(names[0], shape1)
+    k, rows, cols = shape1[-3:]
+    if k * subset[0] * subset[1] < 2:
+        raise ValueError(
+            f"{names[0]} and {names[1]} need at least 2 values per vector: 2 frames along K (axis -3), or a subset "
+            f"larger than (1, 1); got shape {shape1} and subset {subset}"
+        )
+    if window[0] + subset[0] - 1 > rows or window[1] + subset[1] - 1 > cols:
+        raise ValueError(
+            f"window {window} plus subset {subset} (window + subset - 1 pixels per axis) is larger than the "
+            f"images' (M, N) = ({rows}, {cols})"
+        )
+    return shape1, window
+
+
+def check_dtypes(named: dict[str, Any], dtype: Any) -> np.dtype:
+    """The compute dtype; integers it cannot hold exactly are refused (dask stacks when computed)."""
+    dtype = compute_dtype(dtype)
+    for name, img in named.items():
+        if _validate.is_dask(img):
+            continue
+        with precision_scope(_validate.dtype_of(img)):
+            _validate.check_exact_integers(name, img, dtype)
+    return dtype
+
+
+def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progress):
+    """:func:`windowed_pearson` with a subset or a step (checked and dispatched here)."""
+    shape, window = check_pair(img1, img2, window, subset)
+    dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
+    offsets_first = _validate.check_bool("offsets_first", offsets_first)
+    if _validate.is_dask(img1) or _validate.is_dask(img2):
+        from napari_gridmip.core.correlation import _chunked
+
+        return _chunked.subset_map(img1, img2, window, subset, step, dtype, offsets_first=offsets_first)
+    (out,) = run(img1, img2, window, subset, step, method="map", track=False, dtype=dtype, progress=progress)
+    return _offsets_first(out) if offsets_first else out
+
+
+@jax.jit
+def _offsets_first(full_map: jax.Array) -> jax.Array:
+    return jnp.moveaxis(full_map, (-2, -1), (-4, -3))
+
+
+def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, progress):
+    """:func:`find_displacement` with a subset or a step: ``(dy, dx, peak)``."""
+    shape, window = check_pair(img1, img2, window, subset)
+    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
+    if _validate.is_dask(img1) or _validate.is_dask(img2):
+        from napari_gridmip.core.correlation import _chunked
+
+        return _chunked.subset_displacement(img1, img2, window, subset, step, subpixel, dtype)
+    return run(img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress)
+
+
+def _is_traced(img: Any) -> bool:
+    return isinstance(img, jax.core.Tracer)
+
+
+def _centre_of(img: Any) -> Any:
+    """Each batch item's mean over its finite values (K, M and N): ``(B,)``.
+
+    NumPy data: float64 (exact enough whatever the data). A JAX array: in its own float precision (float32
+    unless x64 is on), on the device, so that a caller's ``jax.jit`` can trace it; the mean is only the
+    reference subtracted before the sums, and the same value is used wherever it enters (the transmission).
+    """
+    shape = _validate.shape_of(img)
+    lead = (-1,) + tuple(shape[-3:])
+    if isinstance(img, jax.Array):
+        flat = img.reshape(lead)
+        x = flat if _validate.is_float(np.dtype(flat.dtype)) else flat.astype(jnp.result_type(float))
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        return jnp.nanmean(jnp.where(jnp.isfinite(x), x, jnp.nan), axis=(1, 2, 3))
+    flat = np.asarray(img).reshape(lead)
+    if _validate.is_float(flat.dtype):
+        finite = np.isfinite(flat)
+        total = np.where(finite, flat, 0).sum(axis=(1, 2, 3), dtype=np.float64)
+        return total / np.maximum(finite.sum(axis=(1, 2, 3)), 1)
+    return flat.mean(axis=(1, 2, 3), dtype=np.float64)
+
+
+def _centred(img: Any, centre: Any, dtype: np.dtype) -> jax.Array:
+    """``img - centre`` (per batch item) as a ``(B, K, M, N)`` ``dtype`` array on the device.
+
+    The subtraction runs in the input's own precision when that is at least ``dtype``'s (float64 data
+    computed in float32 keeps its variations), else in ``dtype``.
+    """
+    source = _validate.dtype_of(img)
+    shape = _validate.shape_of(img)
+    wide_enough = source in (np.dtype(np.float32), np.dtype(np.float64)) and source.itemsize >= dtype.itemsize
+    work = source if wide_enough else dtype
+    lead = (-1,) + tuple(shape[-3:])
+    if isinstance(img, jax.Array):
+        with precision_scope(work):
+            x = img.reshape(lead).astype(work) - jnp.asarray(centre).astype(work)[:, None, None, None]
+            return x.astype(dtype)
+    host = np.asarray(img).reshape(lead)
+    buffer = aligned_empty(host.shape, dtype)
+    centre = np.asarray(centre, np.float64).astype(work)[:, None, None, None]
+    np.subtract(host.astype(work, copy=False), centre, out=buffer, casting="unsafe")
+    return owned_to_device(buffer)
+
+
+def _spline_filter_axis(x: jax.Array, axis: int) -> jax.Array:
+    """The cubic B-spline prefilter along ``axis``, as the FIR ``sqrt(3) z**|k|``, ``z = sqrt(3) - 2``,
+    ``|k| <= SPLINE_REACH`` (its impulse response, exact to 5e-15), on ``x`` extended by edge values."""
+    z = math.sqrt(3) - 2
+    taps = [math.sqrt(3) * z ** abs(k) for k in range(-SPLINE_REACH, SPLINE_REACH + 1)]
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (SPLINE_REACH, SPLINE_REACH)
+    padded = jnp.pad(x, widths, mode="edge")
+    size = x.shape[axis]
+    out = None
+    for k, weight in enumerate(taps):
+        term = weight * lax.slice_in_dim(padded, k, k + size, axis=axis)
+        out = term if out is None else out + term
+    return out
+
+
+@jax.jit
+def _spline_coefficients(x: jax.Array) -> jax.Array:
+    """Cubic B-spline coefficients ``c`` of every frame of ``x`` (last two axes): ``x`` is their sum with
+    weights (1, 4, 1) / 6 along each axis, so the spline through ``c`` interpolates ``x``. Beyond the edges
+    ``x`` is extended by its edge values (as the search pads img1)."""
+    return _spline_filter_axis(_spline_filter_axis(x, x.ndim - 2), x.ndim - 1)
+
+
+@partial(jax.jit, static_argnames=("pad1", "pad2", "bad"))
+def _finish(x1, x2, *, pad1, pad2, bad):
+    """Zero the non-finite values (counting them per pixel if ``bad``), and edge-pad img1 and img2."""
+    out = []
+    for x, (before, after) in ((x1, pad1), (x2, pad2)):
+        widths = ((0, 0), (0, 0), (before[0], after[0]), (before[1], after[1]))
+        if bad:
+            finite = jnp.isfinite(x)
+            count = jnp.pad(jnp.sum(~finite, axis=1, dtype=x.dtype), widths[:1] + widths[2:], mode="edge")
+            x = jnp.where(finite, x, 0)
+        out.append(jnp.pad(x, widths, mode="edge"))
+        out.append(count if bad else None)
+    return tuple(out)
+
+
+def _has_nonfinite(img: Any) -> bool:
+    """Whether a float stack holds NaN or infinity (a traced one is assumed to: that path is always right)."""
+    dtype = _validate.dtype_of(img)
+    if not _validate.is_float(dtype):
+        return False
+    if _is_traced(img):
+        return True
+    if isinstance(img, jax.Array):
+        return not bool(jnp.isfinite(img).all())
+    return not bool(np.isfinite(np.asarray(img)).all())
+
+
+def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
+    """(rows per band, band starts): at most ``MAX_BANDS`` bands, fewer rows where the Gram planes or the map
+    would be large; the last band ends flush with the output."""
+    out_rows, out_cols = plan.out
+    rows = -(-out_rows // MAX_BANDS)
+    itemsize = np.dtype(dtype).itemsize
+    if plan.gram:
+        cols = (out_cols - 1) * plan.step + plan.extended[1]
+        per_row = cols * GRAM_ROWS * GRAM_COLS * itemsize * plan.step
+        rows = min(rows, max(1, GRAM_BAND_BYTES // per_row))
+    if plan.method == "map":
+        per_row = out_cols * plan.window[0] * plan.window[1] * itemsize
+        rows = min(rows, max(1, MAP_BAND_BYTES // per_row))
+    rows = max(1, min(rows, out_rows))
+    return rows, sorted({min(b * rows, out_rows - rows) for b in range(-(-out_rows // rows))})
+
+
+def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
+        interpolation="bspline"):  # fmt: skip
+    """Run the subset kernel on in-memory stacks; a tuple of ``(..., rows, cols[, wm, wn])`` arrays
+    (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
+    ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``."""
+    shape = _validate.shape_of(img1)
+    batch = shape[:-3]
+    k, rows, cols = shape[-3:]
+    gram = track or method == "refine"
+    has_bad = _has_nonfinite(img1) or _has_nonfinite(img2)
+    # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
+    ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
+    plan = Plan(k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation)
+    with precision_scope(dtype):
+        if centres is None:
+            centres = [_centre_of(img1), _centre_of(img2)]
+        else:
+            centres = np.asarray(centres, np.float64).reshape(-1, 2).T
+        x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
+        x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
+        coefficients = _spline_coefficients(x1) if plan.spline else None
+        band, starts = _band_plan(plan, dtype)
+        device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
+        pieces = []
+        for done, start in enumerate(starts):
+            if progress is not None:
+                progress(done, len(starts))
+            pieces.append(
+                _band(x1, x2, bad1, bad2, device_centres, jnp.int32(start), coefficients, plan=plan, rows=band)
+            )
+            _wait(pieces[-1])
+        if progress is not None:
+            progress(len(starts), len(starts))
+        keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts))]
+        parts = []
+        for part in range(len(pieces[0])):
+            joined = jnp.concatenate([p[part][:, :n] for p, n in zip(pieces, keep)], axis=1)
+            parts.append(joined.reshape(batch + joined.shape[1:]))
+        return tuple(parts)
+
+
+def _wait(result: Any) -> None:
+    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
+        jax.block_until_ready(result)
+
+
+# -- public: speckle tracking ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeckleTracking:
+    """What :func:`track_speckles` returns: arrays of one shape ``(..., rows, cols)``.
+
+    Each pixel is the sample's pixel ``(y, x) = (i s + m + hs, j s + n + hw)``; its speckle came from the
+    reference's position ``(y - dy, x - dx)``.
+    """
+
+    dy: Any
+    """Row displacement (px) of the speckle pattern from the reference to the sample; NaN where the peak lies on
+    the window's edge (the true peak may lie outside), never clipped."""
+    dx: Any
+    """Column displacement (px), NaN where ``dy`` is."""
+    peak: Any
+    """The correlation at the integer peak, in [-1, 1]: a confidence."""
+    transmission: Any
+    """``T`` of UMPA's model ``sample ~ T (mean(ref) + D (ref_shifted - mean(ref)))``: the sample's intensity
+    over the reference's (1 = no absorption)."""
+    dark_field: Any
+    """``D``: the speckle visibility kept through the sample (1 = none lost, smaller = scattering)."""
+    residual: Any
+    """Root mean square of ``sample - model`` over the pixel's vector, in the sample's units."""
+    sigma_dy: Any
+    """Estimated standard deviation of ``dy`` (px), from the correlation's curvature and noise level (see
+    :func:`track_speckles`)."""
+    sigma_dx: Any
+    """Estimated standard deviation of ``dx`` (px)."""
+
+
+def track_speckles(
+    sample: Any,
+    reference: Any,
+    window: Sequence[int],
+    *,
+    subset: Sequence[int] = (1, 1),
+    step: int = 1,
+    subpixel: str = "refine",
+    dtype: Any = None,
+    progress: ProgressCallback | None = None,
+) -> SpeckleTracking:
+    """Speckle tracking (X-ray speckle imaging, DIC): displacement, transmission, dark-field and uncertainty.
+
+    Each sample pixel's vector (its K frames over the ``sh x sw`` subset around it) is matched to the
+    reference's vectors around the same place by zero-normalised cross-correlation, as
+    :func:`find_displacement` does with ``img1 = reference`` and ``img2 = sample``. At the tracked sub-pixel
+    position, UMPA's model is fitted by linear least squares over the vector::
+
+        sample ~ T * (mean(ref) + D * (ref_shifted - mean(ref)))
+
+    ``ref_shifted`` is the reference's vector interpolated (cubic B-spline) at the tracked position, ``mean(ref)`` the
+    reference's mean intensity (over all its frames and pixels, as UMPA's ``Im``), ``T`` the transmission and
+    ``D`` the dark-field (the fraction of the speckle visibility that survives). A pair with ``sample`` equal
+    to the reference gives ``T = D = 1`` and no displacement.
+
+    Sign convention, worked: if ``sample = scipy.ndimage.shift(reference, (0, 1.3, -0.7))`` (the pattern moved
+    down 1.3 px and left 0.7 px), then ``dy`` is about 1.3 and ``dx`` about -0.7: the displacement of the
+    speckle pattern from the reference to the sample, ``sample[y, x] ~ reference[y - dy, x - dx]``.
+    :func:`find_displacement(reference, sample, ...) <find_displacement>` finds the same match with the
+    opposite sign (its ``img1[y + dy, x + dx]`` matches ``img2[y, x]``).
+
+    Parameters
+    ----------
+    sample, reference
+        Stacks ``(..., K, M, N)`` of the same shape (any leading batch axes): the frames with the sample in the
+        beam, and the same diffuser positions without it. Real dtypes as for :func:`windowed_pearson`; the
+        reference's mean intensity must be positive for ``transmission``.
+    window
+        ``(wm, wn)``, odd: the search window; displacements up to ``wm // 2 - 1`` px are found.
+    subset
+        ``(sh, sw)``, odd, default ``(1, 1)``: the pixels each vector spans around its pixel. ``K = 1`` (one
+        image each, as in DIC) needs a subset larger than one pixel.
+    step
+        Results on every ``step``-th pixel only (``[::step, ::step]`` of the dense result), computed without
+        evaluating the pixels between.
+    subpixel
+        ``"refine"`` (default): Newton's method on the correlation of the interpolated reference;
+        ``"hessian"``, ``"paraboloid"``: 3x3 fits of the integer map; ``"none"``: integer displacements. The
+        model's fit and the uncertainty are evaluated at the position found.
+    dtype
+        ``float32`` (default) or ``float64``.
+    progress
+        Optional ``progress(done, total)`` between row bands; it may raise to stop.
+
+    Returns
+    -------
+    SpeckleTracking
+        Frozen dataclass of ``dy, dx, peak, transmission, dark_field, residual, sigma_dy, sigma_dx``, jax.Arrays
+        of shape ``(..., ceil(Mo / step), ceil(No / step))`` with ``Mo = M - 2m - (sh - 1)`` (the same margin
+        on both sides: the window's half-size plus the subset's), ``dtype``; dask arrays (lazy) for dask
+        inputs. All but ``peak`` are NaN where the peak lies on the window's edge. ``sigma_dy``/``sigma_dx``
+        estimate the standard deviation of the displacement from the correlation ``r`` at the peak and its
+        Hessian ``H`` there (of ``r`` in the displacement)::
+
+            sigma^2 = 2 (1 - r) / (n - 4) * diag(inv(-H)),    n = K * sh * sw values per vector
+
+        (white noise in both stacks; ``1 - r`` includes any mismatch of the model, such as strain within the
+        subset, so the estimate errs on the large side there). ``benchmarks/bench_dic.py`` compares it with
+        measured spreads.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ, a window or subset size is even, the window plus the subset does not fit in the
+        image, a vector holds fewer than 2 values, ``step`` is below 1, ``subpixel`` is unknown, or for the
+        dtype problems :func:`windowed_pearson` refuses.
+    TypeError
+        If ``step`` is not an integer, or an input is not an array.
+
+    References
+    ----------
+    M.-C. Zdora et al., Phys. Rev. Lett. 118, 203903 (2017) (UMPA); B. Pan et al., Appl. Opt. 49, 5501 (2010)
+    (ZNCC in DIC); H. W. Schreier et al., Opt. Eng. 39, 2915 (2000) (B-spline interpolation in DIC).
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.ndimage as ndi
+    >>> rng = np.random.default_rng(0)
+    >>> reference = 1 + ndi.gaussian_filter(rng.standard_normal((4, 64, 64)), (0, 2, 2))
+    >>> sample = 0.8 * ndi.shift(reference, (0, 1.3, -0.7), order=3)
+    >>> out = track_speckles(sample, reference, (7, 7), subset=(5, 5))
+    >>> inner = (slice(8, -8), slice(8, -8))
+    >>> [round(float(np.median(np.asarray(a)[inner])), 2) for a in (out.dy, out.dx, out.transmission)]
+    [1.3, -0.7, 0.8]
+    """
+    sample, reference = _validate.as_array("sample", sample), _validate.as_array("reference", reference)
+    subset, step = check_subset(subset, step)
+    shape, window = check_pair(sample, reference, window, subset, names=("sample", "reference"))
+    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    dtype = check_dtypes({"sample": sample, "reference": reference}, dtype)
+    if _validate.is_dask(sample) or _validate.is_dask(reference):
+        from napari_gridmip.core.correlation import _chunked
+
+        parts = _chunked.track_speckles(reference, sample, window, subset, step, subpixel, dtype)
+    else:
+        parts = run(
+            reference, sample, window, subset, step, method=subpixel, track=True, dtype=dtype, progress=progress
+        )
+    out = dict(zip(TRACK_OUTPUTS, parts))
+    return SpeckleTracking(
+        dy=-out["dy"],
+        dx=-out["dx"],
+        peak=out["peak"],
+        transmission=out["transmission"],
+        dark_field=out["dark_field"],
+        residual=out["residual"],
+        sigma_dy=out["sigma_dy"],
+        sigma_dx=out["sigma_dx"],
+    )

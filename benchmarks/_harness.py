@@ -83,6 +83,43 @@ def measure(name: str, fn: Callable[[], Any], *, repeats: int = 5, warmup: int =
     return Row(name, min(times), float(np.median(times)), memory.extra_mb, note)
 
 
+def alternate(
+    rows: list[tuple[str, Callable[[], Any]] | tuple[str, Callable[[], Any], str]], *, rounds: int = 3, warmup: int = 1
+) -> list[Row]:
+    """Time several methods in one process, alternating: ``rounds`` rounds, each calling every method once.
+
+    On a shared machine the load changes within seconds; alternating spreads it
+    over every row alike, so the ratios between rows (best against best) are
+    what to trust. Each round starts from a different row so that no method
+    always follows the same one. Warm-up (compiles) first; peak memory of one
+    call per row after.
+    """
+    rows = [r if len(r) == 3 else (*r, "") for r in rows]
+    for _, fn, _ in rows:
+        for _ in range(warmup):
+            block(fn())
+    times: list[list[float]] = [[] for _ in rows]
+    for r in range(rounds):
+        for index in [(r + i) % len(rows) for i in range(len(rows))]:
+            start = time.perf_counter()
+            result = block(rows[index][1]())
+            times[index].append(time.perf_counter() - start)
+            del result
+    out = []
+    for (name, fn, note), t in zip(rows, times):
+        with PeakMemory() as memory:
+            result = block(fn())
+            del result
+        out.append(Row(name, min(t), float(np.median(t)), memory.extra_mb, note))
+    return out
+
+
+def ratio(rows: list[Row], slower: str, faster: str) -> float:
+    """Best time of row ``slower`` over best time of row ``faster`` (how many times faster ``faster`` is)."""
+    by_name = {r.name: r for r in rows}
+    return by_name[slower].best_s / by_name[faster].best_s
+
+
 def table(title: str, rows: list[Row], reference: str) -> str:
     """Markdown table; 'x ours' is each row's best time over the reference row's best time."""
     ref = next(r for r in rows if r.name == reference)

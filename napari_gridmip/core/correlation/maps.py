@@ -15,11 +15,11 @@ then ``dy`` is about 1.3 and ``dx`` about -0.7.
 
 Memory: both stacks are standardised once (two float arrays the size of the
 inputs; find_displacement adds a K-last copy of img1 for its gathers). Beyond
-that and the output, the work runs in row tiles: ``TILE_ROWS`` rows for the
-peak search and the offsets-first map (temporaries of a few times
-``TILE_ROWS * N * K`` values), and tiles of at most ``PIXELS_FIRST_TILE_BYTES``
-of map for the pixels-first map. No ``K x window x image`` array is ever
-built. Measured (K=10, 900x900, 15x15, float32, benchmarks/bench_correlation.py):
+that and the output, the peak search works in row tiles of ``TILE_ROWS`` rows
+and the offsets-first map in tiles of ``PLANES_TILE_ROWS`` rows (temporaries of
+a few times ``rows * N * K`` values, and one tile of map); the pixels-first map
+is one fused program that writes its output and nothing else. No
+``K x window x image`` array is ever built. Measured (K=10, 900x900, 15x15, float32, benchmarks/bench_correlation.py):
 peak extra memory about 1x the two inputs for find_displacement, and the
 output plus about 1x the inputs for windowed_pearson.
 """
@@ -46,13 +46,12 @@ from napari_gridmip.core.correlation.refine import refine_displacement, refine_p
 
 __all__ = ["find_displacement", "windowed_pearson"]
 
-# Rows per tile of the peak search and of the offsets-first map: big enough to amortise, small
-# enough to stay in cache. find_displacement at K=10, 900x900, 15x15: 16 rows 0.25 s, 32 rows 0.21 s.
+# Rows per tile of the peak search: big enough to amortise, small enough to stay in cache.
+# find_displacement at K=10, 900x900, 15x15: 16 rows 0.25 s, 32 rows 0.21 s.
 TILE_ROWS = 32
-# The pixels-first map transposes each tile: tiles of at most this many bytes stay in cache.
-# K=10, 900x900, 15x15 (benchmarks/bench_correlation.py): float32 tiles of 2 rows (1.6 MB) 0.63 s,
-# 8 rows 0.84 s, 16 rows 0.91 s; float64 1 or 2 rows 1.1 s, 8 rows 1.3 s.
-PIXELS_FIRST_TILE_BYTES = 2 * 2**20
+# Rows per tile of the offsets-first map, whose tiles are computed in one pass for all offsets: img1's
+# rows and img2's tile (2 x K x T x N values) then stay in the cores' caches across the offsets.
+PLANES_TILE_ROWS = 4
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never a dispatch storm
 
 ProgressCallback = Callable[[int, int], None]
@@ -228,61 +227,6 @@ def _over_row_offsets(
     return acc
 
 
-def _each_row_offset(
-    z1: jax.Array,
-    item: jax.Array,
-    z2c: jax.Array,
-    row: jax.Array,
-    window: tuple[int, int],
-    acc: Any,
-    write: Callable[[Any, jax.Array, Planes], Any],
-) -> Any:
-    """Hand the planes of every row offset ``a`` of a tile to ``acc = write(acc, a, planes)``.
-
-    ``planes`` are the ``wn`` planes ``(T, N - 2n)`` of :func:`_row_planes`. They
-    reach ``write`` through the loop's carry too, one step late (see
-    :func:`_over_row_offsets`): fused into the writes into the big output, the
-    sums ran unvectorised and on one core (8x slower). At ``a = 0`` the carried
-    planes are still empty: they are written at row offset ``-1``, which the
-    dynamic update clamps to 0, and overwritten one step later.
-    """
-    wm, wn = window
-    rows, cols = z2c.shape[-2:]
-
-    def step(a, z1_rows, carry):
-        acc, previous = carry
-        return write(acc, a - 1, previous), _row_planes(z1_rows, z2c, wn)
-
-    empty = tuple(jnp.zeros((rows, cols), z1.dtype) for _ in range(wn))
-    acc, last = _over_row_offsets(z1, item, row, rows, wm, step, (acc, empty))
-    return write(acc, jnp.int32(wm - 1), last)
-
-
-def _map_tile(z1: jax.Array, item: jax.Array, z2c: jax.Array, row: jax.Array, window: tuple[int, int]) -> jax.Array:
-    """The map for the ``T`` output rows starting at ``row``, pixels first: ``(T, N - 2n, wm, wn)``.
-
-    ``z1`` is the whole standardised img1 ``(B, K, M, N)`` and ``item`` the batch
-    item; ``z2c`` the tile of standardised img2 already offset by ``(m, n)``:
-    ``(K, T, N - 2n)``.
-    """
-    wm, wn = window
-    rows, cols = z2c.shape[-2:]
-    zero = jnp.int32(0)
-
-    def write(planes, a, row_planes):
-        for b, plane in enumerate(row_planes):
-            planes = lax.dynamic_update_slice(planes, plane[None, None], (a, jnp.int32(b), zero, zero))
-        return planes
-
-    planes = _each_row_offset(z1, item, z2c, row, window, jnp.zeros((wm, wn, rows, cols), z1.dtype), write)
-    # Offsets last: transposing (wm * wn, pixels / 8, 8) moves whole 8-pixel runs and
-    # is twice as fast on XLA's CPU backend as the plain 4D (or 2D) transpose.
-    pixels = rows * cols
-    if pixels % 8 == 0:
-        return planes.reshape(wm * wn, pixels // 8, 8).transpose(1, 2, 0).reshape(rows, cols, wm, wn)
-    return planes.transpose(2, 3, 0, 1)
-
-
 def _peak_tile(z1: jax.Array, item: jax.Array, z2c: jax.Array, row: jax.Array, window: tuple[int, int]):
     """The best offset of every pixel of a tile, as a running max over the offsets (no map is built).
 
@@ -392,42 +336,118 @@ def _put(out: jax.Array, value: jax.Array, at: tuple) -> jax.Array:
     return lax.dynamic_update_slice(out, value, tuple(at) + (zero,) * (out.ndim - len(at)))
 
 
-@partial(jax.jit, static_argnames=("window", "tile", "band", "offsets_first"), donate_argnums=(0,))
-def _map_band(out, z1, z2, row0, *, window, tile, band, offsets_first):
-    """Write rows ``[row0, row0 + band)`` of the map into ``out`` (donated: updated in place).
+def _window_values(x: jax.Array, window: tuple[int, int], out_rows: int) -> jax.Array:
+    """Every window offset's view of one frame: ``out[a, b, ..., i, j] = x[..., i + a, j + b]``.
 
-    ``out`` is ``(B, M - 2m, N - 2n, wm, wn)``, or ``(B, wm, wn, M - 2m, N - 2n)``
-    with ``offsets_first``: then every plane goes straight to its place, with no
-    transpose (about 1.5x faster, ``benchmarks/bench_correlation.py``).
+    ``x`` is ``(..., M', N)`` (leading axes: a batch, or none); the result is
+    ``(wm, wn, ..., out_rows, N - wn + 1)`` with ``out_rows = M' - wm + 1``, and is
+    meant to be fused into its consumer, never materialised. The image is
+    flattened, so each offset is one start index ``a * N + b`` into it and its
+    values one contiguous run: a gather of ``wm * wn`` long slices whose start
+    indices come from an iota. XLA's CPU backend fuses it into the sums over K
+    and vectorises along the columns. (With a constant table of ``(a, b)``
+    pairs it loaded both indices for every element, unvectorised: 1.7x slower
+    for the float64 map, 900x900, 15x15, K=10.) The slice ends ``wn - 1`` values
+    short of ``out_rows * N`` so that it stays inside the image; the pad
+    restores the shape, and the padded columns are the ones sliced off.
     """
+    wm, wn = window
+    lead, cols = x.shape[:-2], x.shape[-1]
+    span = (out_rows - 1) * cols + cols - wn + 1
+    flat = x.reshape((math.prod(lead), -1))
+    starts = lax.broadcasted_iota(jnp.int32, (wm, wn, 1), 0) * cols + lax.broadcasted_iota(jnp.int32, (wm, wn, 1), 1)
+    numbers = lax.GatherDimensionNumbers(offset_dims=(2, 3), collapsed_slice_dims=(), start_index_map=(1,))
+    runs = lax.gather(
+        flat, starts, numbers, (flat.shape[0], span), mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS
+    )  # (wm, wn, lead, span): in bounds, since (wm - 1) * N + wn - 1 + span = M' * N
+    runs = jnp.pad(runs, ((0, 0), (0, 0), (0, 0), (0, wn - 1)))
+    return runs.reshape((wm, wn) + lead + (out_rows, cols))[..., : cols - wn + 1]
 
-    def pixels_first(outs, item, z2c, row, start):
-        # The tile is written one step late, from the loop's carry, so that its
-        # transpose runs in a fusion of its own, not fused into the write (900x900,
-        # 15x15, one process: 0.64 s against 0.79 s float32, 1.12 against 1.21 s
-        # float64). The first step writes the empty carry where the first tile
-        # goes, which the second step overwrites.
-        out, previous, previous_item, previous_row = outs
-        out = _put(out, previous[None], (previous_item, previous_row))
-        return out, _map_tile(z1, item, z2c, row, window), item, row
 
-    def planes_first(outs, item, z2c, row, start):
-        def write(out, a, planes):
-            for b, plane in enumerate(planes):
-                out = _put(out, plane[None, None, None], (item, a, jnp.int32(b), row))
-            return out
+@partial(jax.jit, static_argnames=("window",))
+def _pixels_first_map(z1: jax.Array, z2: jax.Array, *, window: tuple[int, int]) -> jax.Array:
+    """The whole pixels-first map ``(B, M - 2m, N - 2n, wm, wn)`` of standardised ``(B, K, M, N)`` stacks.
 
-        return (_each_row_offset(z1, item, z2c, row, window, outs[0], write),)
+    One fused program: every output value is written once, where it is
+    computed, by one loop over the output that XLA's CPU backend splits across
+    cores (no zero-filled buffer, no tiles written in place, no transposes; the
+    offsets come last because the output is iterated in that order, img1's
+    values along a row of offsets being contiguous in the flattened image).
+    Stacks of more than ``UNROLL_FRAMES`` frames add blocks of them to the map in
+    a loop (each block one more pass over the map, negligible next to the sums).
+    Measured against the tiled version it replaced (K=10, 900x900, 15x15, one
+    process, CPU time): float64 1.1 s against 2.8 s, float32 0.65 s against 1.55 s.
+    """
+    wm, wn = window
+    m, n = wm // 2, wn // 2
+    k, rows = z1.shape[1], z1.shape[2] - 2 * m
+    z2c = z2[:, :, m : m + rows, n : z2.shape[3] - n]  # (B, K, rows, cols)
 
-    if offsets_first:
-        (out,) = _tiles_of_band(z1, z2, row0, window=window, tile=tile, band=band, update=planes_first, outputs=(out,))
-        return out
-    empty = jnp.zeros((tile, out.shape[2]) + window, out.dtype)
-    start = (out, empty, jnp.int32(0), row0.astype(jnp.int32))
-    out, last, item, row = _tiles_of_band(
-        z1, z2, row0, window=window, tile=tile, band=band, update=pixels_first, outputs=start
-    )
-    return _put(out, last[None], (item, row))
+    def term(f):
+        shifted = _window_values(_frame(z1, f, axis=1), window, rows)  # (wm, wn, B, rows, cols)
+        return jnp.moveaxis(shifted, (0, 1), (3, 4)) * _frame(z2c, f, axis=1)[..., None, None]
+
+    return _sum_over_frames(k, term)
+
+
+def _plane_block(rows1: jax.Array, z2t: jax.Array, window: tuple[int, int]) -> jax.Array:
+    """The offsets-first map of one tile, ``(wm, wn, T, N - 2n)``: one fused pass over the tile for all offsets.
+
+    ``rows1`` is ``(K, T + wm - 1, N)``, img1's rows that the tile's windows
+    cover; ``z2t`` is ``(K, T, N - 2n)``, img2's tile already offset by ``(m, n)``.
+    """
+    tile = z2t.shape[1]
+    return _sum_over_frames(rows1.shape[0], lambda f: _window_values(_frame(rows1, f), window, tile) * _frame(z2t, f))
+
+
+def _apart(always: jax.Array, compute: Callable[[], Any]) -> Any:
+    """``compute()``, as a buffer of its own that XLA can fuse neither into its consumers nor with its inputs.
+
+    ``always`` must be true at run time but unknown to the compiler (it depends
+    on a traced argument): the result comes out of a conditional, whose
+    branches are compiled apart. Carrying values through a loop separates them
+    too, but then XLA copies each carried buffer in and out of every iteration
+    (two copies of each tile of map, and of its inputs, one core each).
+    """
+    return lax.cond(always, compute, lambda: jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(compute)))
+
+
+@partial(jax.jit, static_argnames=("window", "tile", "band"), donate_argnums=(0,))
+def _planes_band(out, z1, z2, row0, *, window, tile, band):
+    """Write rows ``[row0, row0 + band)`` of the offsets-first map ``(B, wm, wn, M - 2m, N - 2n)`` into ``out``.
+
+    ``out`` is donated (updated in place). Tile by tile, over every batch item:
+    img1's rows and img2's tile are sliced, each tile's ``wm * wn`` planes come
+    from one fused pass over them (:func:`_plane_block`), and the in-place
+    write copies them into ``out``; the three are kept apart
+    (:func:`_apart`): fused into the in-place write, the sums ran on one core,
+    unvectorised (8x slower, issue 10), and the dynamic slices fused into the
+    sums cost their vectorisation (6x). The last tile of a band ends flush
+    with it (recomputing a few rows rather than compiling a second shape).
+    """
+    wm, wn = window
+    m, n = wm // 2, wn // 2
+    batch, k, _, cols_in = z1.shape
+    cols = cols_in - 2 * n
+    tiles = math.ceil(band / tile)
+    zero = jnp.int32(0)
+    row0 = row0.astype(jnp.int32)  # int32 start indices throughout, also when x64 is on for a float64 call
+    always = row0 >= 0
+
+    def body(step, out):
+        step = step.astype(jnp.int32)
+        item, row = step // tiles, row0 + jnp.minimum((step % tiles) * tile, band - tile)
+        rows1, z2t = _apart(
+            always,
+            lambda: (
+                lax.dynamic_slice(z1, (item, zero, row, zero), (1, k, tile + wm - 1, cols_in))[0],
+                lax.dynamic_slice(z2, (item, zero, row + m, jnp.int32(n)), (1, k, tile, cols))[0],
+            ),
+        )
+        planes = _apart(always, lambda: _plane_block(rows1, z2t, window))
+        return _put(out, planes[None], (item, zero, zero, row))
+
+    return lax.fori_loop(0, batch * tiles, body, out)
 
 
 @partial(jax.jit, static_argnames=("window", "tile", "band", "method"))
@@ -621,15 +641,17 @@ def windowed_pearson(
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         pixels = (shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2))
-        tile_bytes = math.prod(window) * pixels[1] * dtype.itemsize  # one row of the map
-        tile = TILE_ROWS if offsets_first else max(1, min(TILE_ROWS, PIXELS_FIRST_TILE_BYTES // tile_bytes))
-        tile, band, starts = _row_plan(pixels[0], tile)
-        out = jnp.zeros((z1.shape[0],) + (window + pixels if offsets_first else pixels + window), dtype)
+        if not offsets_first:  # one program: no cancel point inside it
+            _report(progress, 0, 1)
+            out = _pixels_first_map(z1, z2, window=window)
+            _wait(out)
+            _report(progress, 1, 1)
+            return _reshape_in_place(out, batch + out.shape[1:])
+        tile, band, starts = _row_plan(pixels[0], PLANES_TILE_ROWS)
+        out = jnp.zeros((z1.shape[0],) + window + pixels, dtype)
         for done, row0 in enumerate(starts):
             _report(progress, done, len(starts))
-            out = _map_band(
-                out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band, offsets_first=offsets_first
-            )
+            out = _planes_band(out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band)
             _wait(out)  # so that progress means something, and cancel can stop between bands
         _report(progress, len(starts), len(starts))
         return _reshape_in_place(out, batch + out.shape[1:])

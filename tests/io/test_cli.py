@@ -124,8 +124,7 @@ def test_existing_output_is_kept(inputs, tmp_path):
     assert done.returncode == 0 and read_array(tmp_path / "o.ome.zarr").shape == (30, 40, 50)
 
 
-@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "stitch"])
-@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "corrimage"])
+@pytest.mark.parametrize("command", ["mipmap", "merge", "correlate", "stitch", "corrimage"])
 def test_help_has_an_example(command, tmp_path):
     done = run(command, "--help", cwd=tmp_path)
     assert done.returncode == 0 and "example:" in done.stdout and f"napari-gridmip {command} " in done.stdout

@@ -119,7 +119,7 @@ def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait
     viewer.add_image(np.zeros((2, 3, 4)), name="big")
     widget.layer.value = viewer.layers["big"]
     with monkeypatch.context() as patch:
-        patch.setattr(napari_gridmip.core, "occupancy_mipmap", fail)
+        patch.setattr(napari_gridmip.core, "max_mipmap", fail)
         widget.run_button.native.click()
         wait_idle(widget)
     assert shown[-1] == "MemoryError: out of memory on the device"

@@ -375,10 +375,13 @@ class ViewRays:
     sources: list[Source]
 
 
-def view_rays(camera: Camera, frame: Frame, *, max_side: int = MAX_RENDER_SIDE) -> ViewRays:
+def view_rays(
+    camera: Camera, frame: Frame, volume_shape: Sequence[int], *, max_side: int = MAX_RENDER_SIDE
+) -> ViewRays:
     """One ray per canvas pixel (at most ``max_side`` on the long side) of napari's orthographic camera, taken from
-    world coordinates into the layer's data (voxel index ``data + 0.5``). Directions are the unit view direction
-    mapped to data, so a depth ``t`` is a world distance from the plane through the camera's centre."""
+    world coordinates into the layer's data (voxel index ``data + 0.5``), kept to the rows and columns whose rays
+    meet the volume's box. Directions are the unit view direction mapped to data, so a depth ``t`` is a world
+    distance from the plane through the camera's centre."""
     from napari_gridmip.core import orthographic_rays
 
     rows, columns = (max(int(n), 1) for n in camera.canvas)
@@ -393,18 +396,39 @@ def view_rays(camera: Camera, frame: Frame, *, max_side: int = MAX_RENDER_SIDE) 
     inverse = np.linalg.inv(matrix)
     origins = (world.origins - offset) @ inverse.T + 0.5
     directions = (sign * world.directions) @ inverse.T
-    rays_code = (
-        f"gm.orthographic_rays({camera.center!r}, {call_view!r}, {camera.up!r}, {shape!r}, pixel_size={pixel!r})"
-    )
+    hits = _meets_box(origins, directions, volume_shape)
+    if hits.any():
+        used_rows, used_columns = np.nonzero(hits.any(axis=1))[0], np.nonzero(hits.any(axis=0))[0]
+        r0, r1, c0, c1 = used_rows[0], used_rows[-1] + 1, used_columns[0], used_columns[-1] + 1
+        r0, r1, c0, c1 = (int(v) for v in (r0, r1, c0, c1))
+    else:
+        r0, r1, c0, c1 = 0, 1, 0, 1
+    window = f"[{r0}:{r1}, {c0}:{c1}]"
+    arguments = f"{camera.center!r}, {call_view!r}, {camera.up!r}, {shape!r}, pixel_size={pixel!r}"
     offset_code, inverse_code = _array_code(offset), _array_code(inverse)
     sources = [
-        Source("camera_rays", expression=rays_code),
-        Source("origins", expression=f"(camera_rays.origins - {offset_code}) @ {inverse_code}.T + 0.5"),
-        Source("directions", expression=f"({sign!r} * camera_rays.directions) @ {inverse_code}.T"),
+        Source("camera_rays", expression=f"gm.orthographic_rays({arguments})"),
+        Source("origins", expression=f"((camera_rays.origins - {offset_code}) @ {inverse_code}.T + 0.5){window}"),
+        Source("directions", expression=f"(({sign!r} * camera_rays.directions) @ {inverse_code}.T){window}"),
     ]
     centre = np.asarray(camera.center, float)
-    translate = (float(centre[1] - (shape[0] - 1) / 2 * pixel), float(centre[2] - (shape[1] - 1) / 2 * pixel))
-    return ViewRays(origins, directions, shape, float(pixel), translate, sources)
+    top, left = centre[1] - (shape[0] - 1) / 2 * pixel, centre[2] - (shape[1] - 1) / 2 * pixel
+    translate = (float(top + r0 * pixel), float(left + c0 * pixel))
+    return ViewRays(
+        origins[r0:r1, c0:c1], directions[r0:r1, c0:c1], (r1 - r0, c1 - c0), float(pixel), translate, sources
+    )
+
+
+def _meets_box(origins: np.ndarray, directions: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Which rays (whole lines) cross the box ``[0, shape)`` of voxel index space (the slab test)."""
+    size = np.asarray(shape[-3:], float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t1, t2 = (0 - origins) / directions, (size - origins) / directions
+    parallel = directions == 0
+    inside = (origins >= 0) & (origins <= size)
+    low = np.where(parallel, np.where(inside, -np.inf, np.inf), np.minimum(t1, t2))
+    high = np.where(parallel, np.where(inside, np.inf, -np.inf), np.maximum(t1, t2))
+    return low.max(axis=-1) < high.min(axis=-1)
 
 
 def _array_code(array: np.ndarray) -> str:
@@ -412,7 +436,13 @@ def _array_code(array: np.ndarray) -> str:
 
 
 def make_render_job(
-    pyramid: Pyramid, threshold: float, camera: Camera, *, mode: str, display: dict[str, Any], max_side: int = 1024
+    pyramid: Pyramid,
+    threshold: float,
+    camera: Camera,
+    *,
+    mode: str,
+    display: dict[str, Any],
+    max_side: int = MAX_RENDER_SIDE,
 ) -> Job:
     """Ray-march the input from the camera, skipping empty space with the pyramid at ``threshold``.
 
@@ -425,7 +455,7 @@ def make_render_job(
     mode = RENDER_MODES.get(mode, mode)
     if mode not in RENDER_MODES.values():
         raise ValueError(f"mode must be one of {sorted(RENDER_MODES)}; got {mode!r}")
-    rays = view_rays(camera, pyramid.frame, max_side=max_side)
+    rays = view_rays(camera, pyramid.frame, pyramid.volume.shape, max_side=max_side)
 
     def run(progress: ProgressCallback) -> JobResult:
         from napari_gridmip.core import render_volume

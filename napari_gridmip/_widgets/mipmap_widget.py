@@ -49,6 +49,7 @@ class MipmapWidget(JobWidget):
         # the last result: its pyramid, level and layers (weakly), and the input layer (weakly)
         self._shown: dict[str, Any] = {}
         self._extra: list[weakref.ref] = []  # crops and renders made from the last result
+        self._camera_state: dict[str, Any] | None = None  # the camera a render started from
         self.layer = self.layer_combo("layer", "Volume", (Image, Labels))
         self.threshold = FloatSpinBox(
             name="threshold",
@@ -297,6 +298,8 @@ class MipmapWidget(JobWidget):
         camera = Camera.of(self._viewer)
         threshold = float(self.threshold.value)
         mode = self.render_mode.value
+        view = self._viewer.camera
+        self._camera_state = {"center": view.center, "zoom": view.zoom, "angles": view.angles}
         self._start(lambda: make_render_job(pyramid, threshold, camera, mode=mode, display=_display(layer)))
 
     def _start(self, make: Any) -> None:
@@ -310,6 +313,14 @@ class MipmapWidget(JobWidget):
         self._busy_changed()
 
     def _extra_done(self, result: JobResult, added: list) -> None:
+        state, self._camera_state = self._camera_state, None
+        if state is not None:
+            # the picture covers the canvas, more than the data's extent, and the runner resets the view for a
+            # result outside it: put the user's camera back once it has (the next turn of the event loop)
+            from qtpy.QtCore import QTimer
+
+            viewer = self._viewer
+            QTimer.singleShot(0, lambda: viewer.camera.update(state))
         self._extra = [ref for ref in self._extra if ref() is not None and all(ref() is not a for a in added)]
         self._extra += [weakref.ref(layer) for layer in added]
         self.view_info.value = result.summary

@@ -107,13 +107,20 @@ class MipmapWidget(JobWidget):
             "side), skipping empty space with the pyramid. The picture is a 2D layer: switch to 2D to see it "
             "face on."
         )
-        self.view_info = wrapping_label("view_info", "Crop / render")
+        self.view_info = wrapping_label("view_info", "Made")
         self.threshold_box = Container(
             layout="horizontal", widgets=[self.threshold, self.threshold_slider], labels=False
         )
         self.threshold_box.label = "Threshold"
         self.threshold_box.margins = (0, 0, 0, 0)
-        self.threshold.native.setMinimumWidth(90)
+        # the spin box's range (+-1e12) would ask for a wide box: the row takes the dock's width instead
+        from qtpy.QtWidgets import QSizePolicy
+
+        self.threshold.native.setMinimumWidth(80)
+        self.threshold.native.setMaximumWidth(120)
+        self.threshold_slider.native.setMinimumWidth(60)
+        self.threshold_box.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.threshold_box.native.setMinimumWidth(0)
         outputs = [self.level, self.crop_button, self.render_mode, self.render_button, self.view_info]
         self._finish([self.layer, self.threshold_box, self.all_time_points, self.per_level], outputs)
         self.level.changed.connect(self._show_level)

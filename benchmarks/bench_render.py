@@ -1,6 +1,6 @@
 """Full-resolution render of a sparse Zarr volume, reading only the chunks the rays need; and the threshold slider.
 
-    python benchmarks/bench_render.py [--size 1024] [--chunk 64] [--image 1024] [--repeats 2] [--quick]
+    python benchmarks/bench_render.py [--size 1024] [--chunk 64] [--image 1024] [--repeats 2] [--quick] [--slider-only]
 
 1. A ``size``^3 uint16 volume is written to a Zarr array in a temporary folder
    (chunks ``chunk``^3, zstd-compressed, empty chunks not stored unless
@@ -15,7 +15,9 @@
    all chunks, ``volume.max(axis=0)`` on the same dask array (the same image,
    checked). Chunks read are counted by a wrapper that dask reads through.
 3. The threshold slider: from the max pyramid of a 256^3 float32 volume to the
-   bool level the viewer shows (``threshold_mipmap`` of one level, to NumPy).
+   bool level the viewer shows (``threshold_mipmap`` of one level, to NumPy), and the
+   mipmap widget's own move (NumPy threshold of the shown level, its count, and
+   setting a napari Labels layer's data; no canvas).
 """
 
 from __future__ import annotations
@@ -95,13 +97,20 @@ def main() -> None:
     parser.add_argument(
         "--store-empty", action="store_true", help="store the empty chunks too (compressed zeros), as many writers do"
     )
+    parser.add_argument("--slider-only", action="store_true", help="only the threshold slider rows (256^3)")
     args = parser.parse_args()
     if args.quick:
         args.size, args.chunk, args.image, args.repeats = 256, 32, 256, 1
-    size, chunk, m = args.size, args.chunk, args.image
     dask.config.set(scheduler="threads")
     print(f"{machine()}\n")
 
+    if not args.slider_only:
+        render_rows(args)
+    slider_rows(args)
+
+
+def render_rows(args) -> None:
+    size, chunk, m = args.size, args.chunk, args.image
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         array = make_volume(folder, size, chunk, store_empty=args.store_empty)
@@ -155,7 +164,9 @@ def main() -> None:
         print(table(title, rows, "render_volume MIP along z (ours)"))
         print()
 
-    # the threshold slider
+
+def slider_rows(args) -> None:
+    """The threshold slider."""
     n = 64 if args.quick else 256
     rng = np.random.default_rng(1)
     values = rng.random((n, n, n), dtype=np.float32)
@@ -180,6 +191,23 @@ def main() -> None:
             repeats=5,
         )
     )
+    # the widget's own move: re-threshold the shown level with NumPy (GUI thread), count it, set the Labels layer
+    from napari.layers import Labels
+
+    from napari_gridmip._jobs.mipmap import Pyramid, as_labels
+    from napari_gridmip._placement import Frame
+
+    kept = Pyramid("v", values, [values, *(np.asarray(level) for level in pyramid[1:])], Frame.unit(3), "", False,
+                   (0.0, 1.0))  # fmt: skip
+    for k in (0, 2):
+        layer = Labels(as_labels(kept.level(k, 0.5)))
+
+        def move(k=k, layer=layer):
+            level = kept.level(k, float(next(thresholds)))
+            kept.summary(k, 0.0, kept.count(k, 0.0, level))
+            layer.data = as_labels(level)
+
+        slider.append(measure(f"widget move, level {k}: NumPy threshold + count + Labels.data", move, repeats=5))
     slider.append(
         measure(
             "occupancy_mipmap of the volume (rebuilding instead)",

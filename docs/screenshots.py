@@ -2,6 +2,9 @@
 
     xvfb-run -a --server-args="-screen 0 1600x1000x24" python docs/screenshots.py
 
+``--mipmap-tools`` makes only the mipmap widget's slider, crop and render pictures (mipmap_slider_3d,
+mipmap_crop_3d, mipmap_render: napari's own 3D MIP, our render from the same camera, our depth image).
+
 For each widget: a 1400x900 window with the widget docked, its sample opened, Run
 clicked, and the window grabbed once the result is in. The occupancy mipmap is
 shown in 3D; the correlation once more with its full 4D map (offsets first), on
@@ -63,6 +66,111 @@ def show_map_at_median_offset(viewer) -> None:
         viewer.dims.set_point(axis, float(np.round(offset)))
 
 
+def canvas_picture(viewer, app) -> np.ndarray:
+    for _ in range(20):
+        app.processEvents()
+    return np.asarray(viewer.screenshot(canvas_only=True, flash=False))[..., :3]
+
+
+def save_picture(picture: np.ndarray, name: str) -> None:
+    from PIL import Image
+
+    path = OUT / f"{name}.png"
+    image = Image.fromarray(picture)
+    image.save(path, optimize=True)
+    if path.stat().st_size > MAX_BYTES:
+        image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    print(f"{path.name}: {path.stat().st_size / 1000:.0f} KB, {picture.shape[1]} x {picture.shape[0]} px")
+    if path.stat().st_size > MAX_BYTES:
+        sys.exit(f"{path} is over {MAX_BYTES} bytes")
+
+
+def mipmap_tools(app) -> None:
+    """The mipmap widget's threshold slider (moved), Crop to occupied, and the full-resolution render beside
+    napari's own 3D view of the same camera."""
+    import napari
+
+    from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+
+    viewer = napari.Viewer(title="napari-gridmip", show=True)
+    viewer.window._qt_window.resize(*WINDOW)
+    widget = MipmapWidget(viewer)
+    viewer.window.add_dock_widget(widget, name="Occupancy mipmap")
+    viewer.open_sample("napari-gridmip", "occupancy")
+    (volume,) = [layer for layer in viewer.layers]
+    widget.run_button.native.click()
+    wait_for(app, widget)
+    widget.threshold_slider.value = 0.55  # as a drag sets it: the dimmer specks and the helix drop out
+    viewer.dims.ndisplay = 3
+    viewer.reset_view()
+    viewer.camera.angles = (-20, 30, 145)
+    viewer.camera.zoom *= 0.75
+    for _ in range(20):
+        app.processEvents()
+    shoot(viewer, "mipmap_slider_3d")
+
+    # Crop to occupied: a sparse scan (a piece of the sample placed off-centre, anisotropic voxels)
+    from napari_gridmip._sample_data import make_occupancy_volume
+
+    scan = np.zeros((80, 160, 200), np.float32)
+    scan[20:60, 70:130, 110:180] = make_occupancy_volume()[40:80, 20:80, 20:90]
+    scan_layer = viewer.add_image(scan, name="scan", scale=(2.0, 1.0, 1.0), colormap="gray", opacity=0.4)
+    for layer in viewer.layers:
+        layer.visible = layer is scan_layer
+    scan_layer.bounding_box.visible = True
+    widget.layer.value = scan_layer
+    widget.run_button.native.click()
+    wait_for(app, widget)
+    widget.threshold.value = 0.3
+    widget.crop_button.native.click()
+    wait_for(app, widget)
+    crop = viewer.layers["scan crop"]
+    crop.colormap, crop.bounding_box.visible = "magma", True
+    viewer.layers["scan occupancy"].visible = False
+    viewer.dims.ndisplay = 3
+    viewer.reset_view()
+    viewer.camera.angles = (-20, 30, 145)
+    for _ in range(20):
+        app.processEvents()
+    shoot(viewer, "mipmap_crop_3d")
+    for name in ("scan crop", "scan occupancy", "scan"):
+        viewer.layers.remove(name)
+    volume.visible = True
+    widget.layer.value = volume
+    widget.run_button.native.click()
+    wait_for(app, widget)
+
+    # the render: napari's own MIP of the volume from an oblique camera, then ours from the same camera
+    viewer.dims.ndisplay = 3
+    volume.rendering, volume.colormap = "mip", "inferno"
+    viewer.camera.angles = (-25, 35, 150)
+    native = canvas_picture(viewer, app)
+    pictures = []
+    for mode in ("MIP", "depth (first hit)"):
+        state = viewer.camera.model_dump() if hasattr(viewer.camera, "model_dump") else viewer.camera.dict()
+        widget.render_mode.value = mode
+        widget.render_button.native.click()
+        wait_for(app, widget)
+        viewer.camera.update(state)
+        for _ in range(20):
+            app.processEvents()
+    print(widget.view_info.value)
+    for layer in viewer.layers:
+        layer.visible = False
+    viewer.dims.ndisplay = 2
+    for mode in ("MIP", "depth"):
+        layer = viewer.layers[f"{volume.name} render ({mode})"]
+        layer.visible = True
+        viewer.reset_view()
+        pictures.append(canvas_picture(viewer, app))
+        layer.visible = False
+    height = min(p.shape[0] for p in (native, *pictures))
+    gap = np.full((height, 8, 3), 255, np.uint8)
+    panels = [native[:height], gap, pictures[0][:height], gap, pictures[1][:height]]
+    save_picture(np.concatenate(panels, axis=1)[:, :, :], "mipmap_render")
+    viewer.close()
+
+
 def main() -> None:
     import os
     import tempfile
@@ -78,6 +186,9 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     app = QApplication.instance() or QApplication([])
     window = {"window_rows": 15, "window_cols": 15}
+    if "--mipmap-tools" in sys.argv:  # only the mipmap widget's tools
+        mipmap_tools(app)
+        return
     cases = [
         ("mipmap_3d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 3),
         ("mipmap_2d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 2),
@@ -107,6 +218,7 @@ def main() -> None:
             app.processEvents()
         shoot(viewer, name)
         viewer.close()
+    mipmap_tools(app)
 
 
 if __name__ == "__main__":

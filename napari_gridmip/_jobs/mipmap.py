@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,81 +84,183 @@ def level_expression(level: int) -> str:
     return f"levels[{level}]"
 
 
-def mipmap_call(request: MipmapRequest) -> tuple[list[Source], list[Call]]:
-    """What the job computes, as public calls: the pyramid of the layer's volume."""
-    sources = [Source("volume", layer=request.name, index=request.index)]
-    return sources, [Call("occupancy_mipmap", ("volume",), kwargs={"threshold": request.threshold}, result="levels")]
+def mipmap_call(name: str, index: str, threshold: float, *, volume: str = "volume") -> tuple[list[Source], list[Call]]:
+    """What the job computes, as public calls: the occupancy pyramid of the layer's volume at ``threshold``.
+
+    (The job builds the max pyramid once and thresholds it; ``threshold_mipmap(max_mipmap(v), threshold=t)``
+    equals ``occupancy_mipmap(v, threshold=t)`` bit for bit, and the script says the shorter thing.)
+    """
+    sources = [Source(volume, layer=name, index=index)]
+    return sources, [Call("occupancy_mipmap", (volume,), kwargs={"threshold": float(threshold)}, result="levels")]
+
+
+# -- the pyramid a run leaves behind: any threshold's occupancy with NumPy alone ------------------------------------
+
+
+@dataclass
+class Pyramid:
+    """The max pyramid of one run, which the widget keeps: the occupancy at any threshold without recomputing.
+
+    ``max_levels[0]`` is the volume itself (the NumPy array, or a dask view of a lazy one); the coarser levels are
+    NumPy arrays in the volume's dtype. Thresholding them (:meth:`level`) is NumPy only, for the GUI thread.
+    ``chunk_max`` is the maximum of each chunk of a lazy volume's chunk grid (``None`` in memory).
+    """
+
+    name: str
+    volume: Any
+    max_levels: list
+    frame: Frame
+    index: str
+    lazy: bool
+    value_range: tuple[float, float]
+    chunk_max: np.ndarray | None = None
+    level0_count: tuple[float, int] | None = None  # (threshold, count) of a lazy level 0, known at Run's threshold
+
+    @property
+    def stack(self) -> bool:
+        """Several volumes (time points, channels): one pyramid per leading index."""
+        return self.volume.ndim > 3
+
+    def level(self, k: int, threshold: float) -> Any:
+        """Level ``k`` of the occupancy pyramid at ``threshold`` (``max > threshold`` exactly; NaN empty): NumPy,
+        or a lazy dask threshold for level 0 of a lazy volume (napari reads the slices it shows)."""
+        from napari_gridmip.core.occupancy.pyramid import threshold_block
+
+        level = self.max_levels[k]
+        if isinstance(level, np.ndarray):
+            return threshold_block(level, threshold)
+        return level.map_blocks(threshold_block, threshold, dtype=bool)
+
+    def levels(self, threshold: float) -> list:
+        return [self.level(k, threshold) for k in range(len(self.max_levels))]
+
+    def count(self, k: int, threshold: float, level: Any = None) -> int | None:
+        """Occupied cells of level ``k`` (``None`` for level 0 of a lazy volume away from Run's threshold)."""
+        if k == 0 and self.lazy:
+            known = self.level0_count
+            return known[1] if known is not None and known[0] == threshold else None
+        level = self.level(k, threshold) if level is None else level
+        return int(np.count_nonzero(level))
+
+    def chunks_held(self, threshold: float) -> tuple[int, int] | None:
+        """(chunks holding an occupied voxel, chunks) of a lazy volume's chunk grid; ``None`` in memory."""
+        if self.chunk_max is None:
+            return None
+        from napari_gridmip.core.occupancy.pyramid import threshold_block
+
+        return int(np.count_nonzero(threshold_block(self.chunk_max, threshold))), int(self.chunk_max.size)
+
+    def summary(self, k: int, threshold: float, count: int | None) -> str:
+        level = self.max_levels[k]
+        size = int(np.prod(level.shape))
+        if count is None:
+            text = f"level {k} {tuple(level.shape)}: read lazily, not counted (threshold {threshold:g})"
+        else:
+            text = f"level {k} {tuple(level.shape)}: {count} of {size} cells occupied ({100 * count / size:.3g}%)"
+        held = self.chunks_held(threshold)
+        if held is not None:
+            text += f"; {held[0]} of {held[1]} chunks hold data"
+        return text
 
 
 def make_mipmap_job(request: MipmapRequest) -> Job:
-    """The levels (in memory or block by block), the Labels layer of the default level, and per-level images
-    if asked."""
+    """The max pyramid (in memory or block by block), then the occupancy at the request's threshold: the Labels
+    layer of the default level, and per-level images if asked. ``details["pyramid"]`` is the :class:`Pyramid`."""
     _validate_volume(request.name, request.data)
 
     def run(progress: ProgressCallback) -> JobResult:
-        if is_lazy(request.data):
-            levels, counts = _lazy_levels(request, progress)
-        else:
-            levels, counts = _levels_in_memory(request, progress)
+        pyramid = _lazy_pyramid(request, progress) if is_lazy(request.data) else _pyramid_in_memory(request, progress)
+        t = request.threshold
+        levels = pyramid.levels(t)
+        counts = [pyramid.count(k, t, level) for k, level in enumerate(levels)]
         shown = default_level(counts)
         outputs: list[Output] = []
         if request.per_level:
-            common = {"contrast_limits": (0, 1), "colormap": "gray", "blending": "additive", "visible": False}
-            outputs += [
-                Output(
-                    level,
-                    {"name": f"{request.name} mipmap level {k}", **common, **level_placement(request.frame, k)},
-                    "image",
-                    f"level {k}",
-                    f"levels[{k}]",
-                )
-                for k, level in enumerate(levels)
-            ]
+            outputs += [per_level_output(request.name, level, request.frame, k) for k, level in enumerate(levels)]
         outputs.append(occupancy_output(request.name, levels[shown], request.frame, shown))
-        sources, calls = mipmap_call(request)
+        sources, calls = mipmap_call(request.name, request.index, t)
         layers = layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
-        summary = mipmap_summary(levels, counts, shown)
-        return JobResult(layers, summary, {"levels": levels, "counts": counts, "level": shown, "frame": request.frame})
+        details = {"pyramid": pyramid, "counts": counts, "level": shown, "frame": request.frame, "threshold": t}
+        return JobResult(layers, pyramid.summary(shown, t, counts[shown]), details)
 
     return Job(f"Occupancy mipmap of {request.name!r}", run)
 
 
-def _levels_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tuple[list, list[int]]:
-    """Threshold and reduce on the device; then fetch and count each level (one progress step each)."""
-    from napari_gridmip.core import mipmap_shapes, occupancy_mipmap
+def per_level_output(name: str, level: Any, frame: Frame, k: int) -> Output:
+    common = {"contrast_limits": (0, 1), "colormap": "gray", "blending": "additive", "visible": False}
+    meta = {"name": f"{name} mipmap level {k}", **common, **level_placement(frame, k)}
+    return Output(level, meta, "image", f"level {k}", f"levels[{k}]")
 
-    total = len(mipmap_shapes(tuple(request.data.shape[-3:]))) + 1
+
+def _value_range(low: Any, high: Any) -> tuple[float, float]:
+    """The slider's range from the volume's minimum and maximum (NaN ones: all NaN, or nothing to range over)."""
+    low, high = float(low), float(high)
+    if not np.isfinite(low) or not np.isfinite(high):
+        return 0.0, 1.0
+    return (low, high) if high > low else (low, low + 1.0)
+
+
+def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> Pyramid:
+    """The max pyramid on the device, fetched level by level (one progress step each); level 0 is the input."""
+    from napari_gridmip.core import max_mipmap, mipmap_shapes
+
+    volume = np.asarray(request.data)
+    total = len(mipmap_shapes(tuple(volume.shape[-3:]))) + 1
     progress(0, total)
-    device_levels = occupancy_mipmap(np.asarray(request.data), threshold=request.threshold)
-    levels, counts = [], []
-    for k, level in enumerate(device_levels):
-        progress(k + 1, total)
+    device_levels = max_mipmap(volume)
+    levels = [volume]
+    for k, level in enumerate(device_levels[1:], start=1):
+        progress(k, total)
         levels.append(np.asarray(level))  # views of JAX's buffers on the CPU
-        counts.append(int(np.count_nonzero(levels[-1])))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN volume: NaN, handled below
+        low = np.nanmin(volume) if volume.dtype.kind == "f" else volume.min()
     progress(total, total)
-    return levels, counts
+    return Pyramid(
+        request.name, volume, levels, request.frame, request.index, False, _value_range(low, levels[-1].max())
+    )
 
 
-def _lazy_levels(request: MipmapRequest, progress: ProgressCallback) -> tuple[list, list[int]]:
-    """A dask/Zarr volume, block by block: levels 1 and up in memory (an eighth of the voxels, and less), level 0
-    left lazy as a NumPy-only threshold (napari reads its slices without JAX), and one progress step per task.
+def _block_max(block: np.ndarray) -> np.ndarray:
+    """A chunk's maximum, NaN ignored (NaN if it holds only NaN), as a 1-cell block."""
+    flat = block.reshape(-1)
+    if block.dtype.kind == "f":
+        value = np.fmax.reduce(flat) if flat.size else np.nan
+    else:
+        value = flat.max() if flat.size else 0
+    return np.full((1,) * block.ndim, value, dtype=block.dtype)
 
-    Memory stays at a few 2**7-voxel blocks plus the coarse levels; Cancel stops between tasks.
-    """
+
+def _lazy_pyramid(request: MipmapRequest, progress: ProgressCallback) -> Pyramid:
+    """A dask/Zarr volume, block by block, every chunk read once: the max levels 1 and up in memory (an eighth of
+    the voxels, and less), level 0 left lazy, each chunk's maximum, the minimum, and level 0's count at the
+    request's threshold; one progress step per task. Cancel stops between tasks."""
     import dask
     import dask.array as da
 
-    from napari_gridmip.core import occupancy_mipmap
+    from napari_gridmip.core import max_mipmap
     from napari_gridmip.core.occupancy.pyramid import threshold_block
 
     volume = as_dask(request.data)
-    levels = occupancy_mipmap(volume, threshold=request.threshold)
-    wanted = [*levels[1:], *(da.count_nonzero(level) for level in levels)]
-    with DaskProgress(progress):
-        computed = dask.compute(*wanted, scheduler="threads")
-    coarse, counts = list(computed[: len(levels) - 1]), [int(c) for c in computed[len(levels) - 1 :]]
-    level0 = volume.map_blocks(threshold_block, request.threshold, dtype=bool)
-    return [level0, *coarse], counts
+    levels = max_mipmap(volume)
+    chunk_max = volume.map_blocks(_block_max, chunks=(1,) * volume.ndim, dtype=volume.dtype)
+    low = da.nanmin(volume) if volume.dtype.kind == "f" else volume.min()
+    count0 = da.count_nonzero(volume.map_blocks(threshold_block, request.threshold, dtype=bool))
+    with DaskProgress(progress), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN chunks
+        *coarse, chunk_max, low, count0 = dask.compute(*levels[1:], chunk_max, low, count0, scheduler="threads")
+    coarse = [np.asarray(level) for level in coarse]
+    return Pyramid(
+        request.name,
+        volume,
+        [volume, *coarse],
+        request.frame,
+        request.index,
+        True,
+        _value_range(low, coarse[-1].max() if coarse else np.fmax.reduce(np.asarray(chunk_max).reshape(-1))),
+        chunk_max=np.asarray(chunk_max),
+        level0_count=(request.threshold, int(count0)),
+    )
 
 
 def mipmap_summary(levels: Sequence[np.ndarray], counts: Sequence[int], shown: int) -> str:
@@ -171,3 +275,312 @@ def mipmap_summary(levels: Sequence[np.ndarray], counts: Sequence[int], shown: i
 def _validate_volume(name: str, data: Any) -> None:
     if len(data.shape) < 3:
         raise ValueError(f"layer {name!r} must be 3D, or a 4D+ stack of volumes; got shape {tuple(data.shape)}")
+
+
+# -- crop to occupied --------------------------------------------------------------------------------------------
+
+
+def _single_volume(pyramid: Pyramid, what: str) -> None:
+    if pyramid.stack:
+        raise ValueError(
+            f"{what} works on one volume: turn off 'All time points' and Run again (the time point shown is used)"
+        )
+
+
+def make_crop_job(pyramid: Pyramid, threshold: float, *, kind: str, display: dict[str, Any]) -> Job:
+    """The input cropped to the occupied bounding box at ``threshold``, placed over the input in world coordinates.
+
+    ``kind`` is the input's layer type ("image" or "labels"); ``display`` its colormap and contrast limits. A NumPy
+    crop is a copy (editing it never edits the input); a dask/Zarr crop stays lazy. Raises ValueError when nothing
+    is above the threshold.
+    """
+    _single_volume(pyramid, "Crop to occupied")
+
+    def run(progress: ProgressCallback) -> JobResult:
+        from napari_gridmip.core import occupied_bbox
+
+        progress(0, 2)
+        box = occupied_bbox(pyramid.levels(threshold))
+        progress(1, 2)
+        if box is None:
+            raise ValueError(f"nothing in {pyramid.name!r} is above the threshold {threshold:g}: no crop to make")
+        volume = pyramid.volume
+        data = volume[box.slices] if pyramid.lazy else np.array(volume[box.slices])
+        meta = {"name": f"{pyramid.name} crop", **display, **derived_placement(pyramid.frame, offset=box.lo)}
+        sources, calls = mipmap_call(pyramid.name, pyramid.index, threshold)
+        calls.append(Call("occupied_bbox", ("levels",), result="box"))
+        outputs = [Output(data, meta, kind, "crop", "volume[box.slices]")]
+        layers = layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
+        progress(2, 2)
+        return JobResult(layers, f"crop {box.shape} from {box.lo} (z, y, x) to {box.hi}", {"box": box})
+
+    return Job(f"Crop {pyramid.name!r} to its occupied box", run)
+
+
+# -- render the full-resolution view -----------------------------------------------------------------------------
+
+RENDER_MODES = {"MIP": "mip", "depth (first hit)": "first_hit"}
+MAX_RENDER_SIDE = 1024  # pixels on the long side of a render
+DEPTH_COLORMAP = "viridis"
+
+
+@dataclass(frozen=True)
+class Camera:
+    """napari's 3D camera, copied on the GUI thread: world coordinates of the displayed axes ``(z, y, x)``.
+
+    ``right_handed`` is ``camera.handedness == "right"``: the screen's right is then ``view x up``
+    (``up x view`` for napari's left-handed orientations). ``canvas`` is ``(rows, columns)`` in pixels;
+    ``zoom`` is screen pixels per world unit (napari's orthographic camera).
+    """
+
+    center: tuple[float, float, float]
+    view: tuple[float, float, float]
+    up: tuple[float, float, float]
+    right_handed: bool
+    zoom: float
+    canvas: tuple[int, int]
+
+    @classmethod
+    def of(cls, viewer: Any) -> Camera:
+        camera = viewer.camera
+        return cls(
+            tuple(float(v) for v in camera.center[-3:]),
+            tuple(float(v) for v in camera.view_direction),
+            tuple(float(v) for v in camera.up_direction),
+            str(getattr(camera.handedness, "value", camera.handedness)) == "right",
+            float(camera.zoom),
+            tuple(int(n) for n in viewer.canvas.size),
+        )
+
+
+def data_to_world(frame: Frame) -> tuple[np.ndarray, np.ndarray]:
+    """``(M, b)`` with ``world = M @ data + b`` for a 3D frame (napari's scale, shear, rotate, translate, affine)."""
+    from napari_gridmip._placement import _shear_matrix
+
+    linear = frame.rotate @ _shear_matrix(frame.shear, 3) @ np.diag(frame.scale)
+    affine = frame.affine
+    return affine[:3, :3] @ linear, affine[:3, :3] @ frame.translate + affine[:3, 3]
+
+
+@dataclass(frozen=True)
+class ViewRays:
+    """The render's rays in the volume's voxel index coordinates, their picture's size and world placement, and
+    the code that makes them (sources of the Copy as Python script)."""
+
+    origins: np.ndarray
+    directions: np.ndarray
+    shape: tuple[int, int]
+    pixel_size: float  # world units
+    translate: tuple[float, float]  # world (y, x) of pixel (0, 0)
+    sources: list[Source]
+
+
+def view_rays(
+    camera: Camera, frame: Frame, volume_shape: Sequence[int], *, max_side: int = MAX_RENDER_SIDE
+) -> ViewRays:
+    """One ray per canvas pixel (at most ``max_side`` on the long side) of napari's orthographic camera, taken from
+    world coordinates into the layer's data (voxel index ``data + 0.5``), kept to the rows and columns whose rays
+    meet the volume's box. Directions are the unit view direction mapped to data, so a depth ``t`` is a world
+    distance from the plane through the camera's centre."""
+    from napari_gridmip.core import orthographic_rays
+
+    rows, columns = (max(int(n), 1) for n in camera.canvas)
+    factor = max(1.0, max(rows, columns) / max_side)
+    shape = (max(round(rows / factor), 1), max(round(columns / factor), 1))
+    pixel = factor / camera.zoom
+    view = np.asarray(camera.view, float)
+    sign = -1.0 if camera.right_handed else 1.0  # orthographic_rays' right is up x view: turn the view round
+    call_view = tuple(float(v) for v in sign * view)
+    world = orthographic_rays(camera.center, call_view, camera.up, shape, pixel_size=pixel)
+    matrix, offset = data_to_world(frame)
+    inverse = np.linalg.inv(matrix)
+    origins = (world.origins - offset) @ inverse.T + 0.5
+    directions = (sign * world.directions) @ inverse.T
+    hits = _meets_box(origins, directions, volume_shape)
+    if hits.any():
+        used_rows, used_columns = np.nonzero(hits.any(axis=1))[0], np.nonzero(hits.any(axis=0))[0]
+        r0, r1, c0, c1 = used_rows[0], used_rows[-1] + 1, used_columns[0], used_columns[-1] + 1
+        r0, r1, c0, c1 = (int(v) for v in (r0, r1, c0, c1))
+    else:
+        r0, r1, c0, c1 = 0, 1, 0, 1
+    window = f"[{r0}:{r1}, {c0}:{c1}]"
+    arguments = f"{camera.center!r}, {call_view!r}, {camera.up!r}, {shape!r}, pixel_size={pixel!r}"
+    offset_code, inverse_code = _array_code(offset), _array_code(inverse)
+    sources = [
+        Source("camera_rays", expression=f"gm.orthographic_rays({arguments})"),
+        Source("origins", expression=f"((camera_rays.origins - {offset_code}) @ {inverse_code}.T + 0.5){window}"),
+        Source("directions", expression=f"(({sign!r} * camera_rays.directions) @ {inverse_code}.T){window}"),
+    ]
+    centre = np.asarray(camera.center, float)
+    top, left = centre[1] - (shape[0] - 1) / 2 * pixel, centre[2] - (shape[1] - 1) / 2 * pixel
+    translate = (float(top + r0 * pixel), float(left + c0 * pixel))
+    return ViewRays(
+        origins[r0:r1, c0:c1], directions[r0:r1, c0:c1], (r1 - r0, c1 - c0), float(pixel), translate, sources
+    )
+
+
+def _meets_box(origins: np.ndarray, directions: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Which rays (whole lines) cross the box ``[0, shape)`` of voxel index space (the slab test)."""
+    size = np.asarray(shape[-3:], float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t1, t2 = (0 - origins) / directions, (size - origins) / directions
+    parallel = directions == 0
+    inside = (origins >= 0) & (origins <= size)
+    low = np.where(parallel, np.where(inside, -np.inf, np.inf), np.minimum(t1, t2))
+    high = np.where(parallel, np.where(inside, np.inf, -np.inf), np.maximum(t1, t2))
+    return low.max(axis=-1) < high.min(axis=-1)
+
+
+def _array_code(array: np.ndarray) -> str:
+    return f"np.array({np.asarray(array, float).tolist()!r})"
+
+
+def make_render_job(
+    pyramid: Pyramid,
+    threshold: float,
+    camera: Camera,
+    *,
+    mode: str,
+    display: dict[str, Any],
+    max_side: int = MAX_RENDER_SIDE,
+) -> Job:
+    """Ray-march the input from the camera, skipping empty space with the pyramid at ``threshold``.
+
+    ``mode`` is a key or value of :data:`RENDER_MODES`. A volume in memory renders with its exact occupancy
+    pyramid; a dask/Zarr one with level 0 taken from level 1 (every voxel of an occupied 2x2x2 cell: no chunk is
+    read to make it), which gives the same picture: a MIP keeps only maxima above the threshold, a depth takes the
+    first voxel above it. ``render_volume`` reads only the chunks holding such voxels that the rays cross.
+    """
+    _single_volume(pyramid, "Render full-resolution view")
+    mode = RENDER_MODES.get(mode, mode)
+    if mode not in RENDER_MODES.values():
+        raise ValueError(f"mode must be one of {sorted(RENDER_MODES)}; got {mode!r}")
+    rays = view_rays(camera, pyramid.frame, pyramid.volume.shape, max_side=max_side)
+
+    def run(progress: ProgressCallback) -> JobResult:
+        from napari_gridmip.core import render_volume
+        from napari_gridmip.core.occupancy.pyramid import threshold_block
+
+        progress(0, 1)
+        start = time.perf_counter()
+        levels = pyramid.levels(threshold)
+        if pyramid.lazy:
+            levels[0] = _from_level_1(levels[1], levels[0].shape) if len(levels) > 1 else levels[0].compute()
+        hit = None if mode == "mip" or not pyramid.lazy else threshold
+        image = render_volume(
+            pyramid.volume, levels, rays.origins, rays.directions, mode=mode, threshold=hit, progress=progress
+        )
+        if mode == "mip" and pyramid.lazy:  # maxima at or below the threshold came from the coarse level 0 only
+            fill = render_fill(image.dtype)
+            image[~threshold_block(image, threshold)] = fill
+        seconds = time.perf_counter() - start
+        name, meta = _render_meta(pyramid.name, mode, image, display)
+        meta.update(scale=(rays.pixel_size, rays.pixel_size), translate=rays.translate)
+        volume_source, calls = mipmap_call(pyramid.name, pyramid.index, threshold)
+        sources = volume_source
+        if pyramid.lazy:  # the script makes the levels in memory, as render_volume needs them
+            sources = [*volume_source, Source("volume_in_memory", expression="np.asarray(volume)")]
+            calls = [Call("occupancy_mipmap", ("volume_in_memory",), kwargs={"threshold": float(threshold)},
+                          result="levels")]  # fmt: skip
+        calls.append(Call("render_volume", ("volume", "levels", "origins", "directions"), kwargs={"mode": mode},
+                          result="view"))  # fmt: skip
+        outputs = [Output(image, {"name": name, **meta}, "image", f"render {mode}", "view")]
+        layers = layer_tuples(outputs, widget=WIDGET, sources=[*sources, *rays.sources], calls=calls)
+        summary = f"{name}: {rays.shape[1]} x {rays.shape[0]} px in {seconds:.2f} s"
+        return JobResult(layers, summary, {"seconds": seconds, "shape": rays.shape})
+
+    return Job(f"Render {pyramid.name!r} from the camera", run)
+
+
+def render_fill(dtype: np.dtype) -> Any:
+    """render_volume's MIP value of a ray that meets nothing: NaN, the integer minimum, or False."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.nan
+    return False if dtype == np.bool_ else np.iinfo(dtype).min
+
+
+def _from_level_1(level1: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Level 0 as every voxel of an occupied level-1 cell (a superset of the occupied voxels, the same level 1)."""
+    up = level1.repeat(2, axis=0).repeat(2, axis=1).repeat(2, axis=2)
+    return np.ascontiguousarray(up[: shape[0], : shape[1], : shape[2]])
+
+
+def _render_meta(name: str, mode: str, image: np.ndarray, display: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    if mode == "mip":
+        meta = {key: display[key] for key in ("colormap", "contrast_limits", "gamma") if key in display}
+        if "contrast_limits" not in meta:  # a Labels input: its values' range
+            finite = image[np.isfinite(image)] if image.dtype.kind == "f" else image
+            top = float(finite.max()) if finite.size else 1.0
+            meta["contrast_limits"] = (0.0, top if top > 0 else 1.0)
+        return f"{name} render (MIP)", meta
+    finite = image[np.isfinite(image)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return f"{name} render (depth)", {"colormap": DEPTH_COLORMAP, "contrast_limits": (low, max(high, low + 1e-6))}
+
+
+# -- Copy as Python over several results (a run, then crops and renders at other thresholds) -----------------------
+
+
+def merged_script(layers: Sequence[Any]) -> str:
+    """One script that remakes ``layers`` (each with its own provenance): their sources and calls in order, shared
+    where equal; a name bound differently by two layers (``levels`` at two thresholds) gets a suffix."""
+    import re
+
+    from napari_gridmip._provenance import KEY, Call, python_script
+
+    sources: list[Source] = []
+    calls: list[Call] = []
+    outputs: dict[str, str] = {}
+    bound: dict[str, Any] = {}  # variable -> the record that binds it
+
+    def bind(variable: str, record: Any, rename: dict[str, str]) -> tuple[str, bool]:
+        """The variable's name in the script, and whether its line is new."""
+        name, n = variable, 1
+        while name in bound and bound[name] != record:
+            n += 1
+            name = f"{variable}_{n}"
+        new = name not in bound
+        bound[name] = record
+        rename[variable] = name
+        return name, new
+
+    def renamed(code: str, rename: dict[str, str]) -> str:
+        for old, new in rename.items():
+            if old != new:
+                code = re.sub(rf"\b{re.escape(old)}\b", new, code)
+        return code
+
+    for layer in layers:
+        provenance = getattr(layer, "metadata", {}).get(KEY)
+        if provenance is None:
+            continue
+        rename: dict[str, str] = {}
+        for record in provenance["sources"]:
+            record = {k: renamed(v, rename) if k in ("expression", "index") else v for k, v in record.items()}
+            name, new = bind(record["variable"], ("source", tuple(sorted(record.items()))), rename)
+            if new:
+                sources.append(Source(**{**record, "variable": name}))
+        for c in provenance["calls"]:
+            data = tuple(rename.get(d, d) for d in c["data"])
+            record = ("call", c["function"], data, repr(c["args"]), repr(sorted(c["kwargs"].items())))
+            targets = [t.strip() for t in c["result"].split(",")]
+            names = [bind(t, (record, i), rename) for i, t in enumerate(targets)]
+            if any(new for _, new in names):
+                calls.append(
+                    Call(
+                        function=c["function"].removeprefix("napari_gridmip."),
+                        data=data,
+                        args=tuple(_tuples(a) for a in c["args"]),
+                        kwargs={k: _tuples(v) for k, v in c["kwargs"].items()},
+                        result=", ".join(name for name, _ in names),
+                    )
+                )
+        outputs[layer.name] = renamed(provenance["expression"], rename)
+    if not outputs:
+        raise ValueError("no napari-gridmip result to reproduce yet: run the widget first")
+    return python_script(sources, calls, outputs)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value

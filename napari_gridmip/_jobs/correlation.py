@@ -168,7 +168,8 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
                     parts = dask.compute(*parts, scheduler="threads")
             arrays = dict(zip(names, (np.asarray(part) for part in parts)))
             dy, dx, peak = arrays.pop("dy"), arrays.pop("dx"), arrays.pop("peak")
-            extras.update(arrays)
+            chosen = {role for name in request.outputs for role in OUTPUTS[name]}
+            extras.update({role: array for role, array in arrays.items() if role in chosen})
         elif lazy:
             import dask
 

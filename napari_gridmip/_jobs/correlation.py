@@ -558,9 +558,15 @@ def make_surface_job(request: SurfaceRequest) -> Job:
         if high <= low:
             low, high = low - 0.5, high + 0.5
         fy, fx = request.fitted
-        peak = np.array([[fy + m, fx + n]])
+        label = f"peak dy {fy:.2f}, dx {fx:.2f}"
+        above = [-(fy + m) - 0.7, -(fx + n) - 0.5] if np.isfinite([fy, fx]).all() else [0.0, 0.0]  # the corner
         dy_code, dx_code = request.fitted_code
-        peak_code = f"np.array([[float({dy_code}) + {m}, float({dx_code}) + {n}]])"
+        if np.isfinite([fy, fx]).all():
+            peak = np.array([[fy + m, fx + n]])
+            peak_code = f"np.array([[float({dy_code}) + {m}, float({dx_code}) + {n}]])"
+            labels = [label]
+        else:  # the peak lies on the window's edge: no fitted position to mark
+            peak, peak_code, labels = np.empty((0, 2)), "np.empty((0, 2))", []
         pixel = np.array([request.pixel], dtype=float)
         sources = [*request.sources, Source("pixel1", layer=request.name1, index=request.crop),
                    Source("pixel2", layer=request.name2, index=request.crop)]  # fmt: skip
@@ -576,8 +582,10 @@ def make_surface_job(request: SurfaceRequest) -> Job:
             ),
             Output(
                 peak,
-                {"name": f"{name} surface peak", "symbol": "cross", "face_color": "cyan", "size": 0.6,
-                 **request.surface_placement},
+                {"name": f"{name} surface peak", "symbol": "cross", "face_color": "cyan", "size": 0.8,
+                 "features": {"label": labels}, **request.surface_placement,
+                 "text": {"string": "{label}", "color": "white", "size": 10, "anchor": "lower_left",
+                          "translation": above}},
                 "points", "surface peak", peak_code,
             ),
             Output(

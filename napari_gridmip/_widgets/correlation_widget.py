@@ -68,6 +68,10 @@ class CorrelationWidget(JobWidget):
             "(DIC) or two stacks (speckle tracking), each pixel's subset around it compared, on every step-th "
             "pixel. time series: one movie (T, Y, X), each pixel's trace against its neighbours'.",
         )
+        from qtpy.QtWidgets import QComboBox
+
+        self.mode.native.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.mode.native.setMinimumContentsLength(12)  # never wider than the layer choices
         self.img1 = self.layer_combo("img1", "img1 (K, M, N)", (Image,))
         self.img2 = self.layer_combo("img2", "img2 (K, M, N)", (Image,))
         self.movie = self.layer_combo("movie", "Movie (T, Y, X)", (Image,))
@@ -116,9 +120,9 @@ class CorrelationWidget(JobWidget):
             name="outputs",
             label="Outputs",
             widgets=[
-                Container(layout="horizontal", labels=False, widgets=[self.out_transmission, self.out_dark_field]),
-                Container(layout="horizontal", labels=False, widgets=[self.out_phase, self.out_strain]),
-                Container(layout="horizontal", labels=False, widgets=[self.out_uncertainty]),
+                Container(layout="horizontal", labels=False, widgets=[self.out_transmission]),
+                Container(layout="horizontal", labels=False, widgets=[self.out_dark_field, self.out_phase]),
+                Container(layout="horizontal", labels=False, widgets=[self.out_strain, self.out_uncertainty]),
             ],
             labels=False,
         )
@@ -151,10 +155,10 @@ class CorrelationWidget(JobWidget):
         self.full_map = CheckBox(name="full_map", text="Also add the full 4D map", value=False)
         self.show_surface = CheckBox(
             name="show_surface",
-            text="Click a result pixel: show its correlation surface",
+            text="Surface on click",
             value=True,
-            tooltip="With the pan/zoom tool, a click (not a drag) on a result shows that pixel's correlation over "
-            "the window's offsets beside the data, the fitted sub-pixel peak marked with a cross",
+            tooltip="Click a result pixel (pan/zoom tool; a drag still pans): that pixel's correlation over the "
+            "window's offsets appears beside the data, the fitted sub-pixel peak marked with a cross",
         )
         self.surface_info = wrapping_label("surface_info", "Clicked")
         self._finish(
@@ -481,11 +485,12 @@ class CorrelationWidget(JobWidget):
         at = ", ".join(map(str, pixel))
         fitted = (float(grid.data[pixel]), float(dx_layer.data[pixel]))
         fitted_code = (f"{record['expression']}[{at}]", f"{dx_layer.metadata[KEY]['expression']}[{at}]")
-        # beside the data, to its right: the surface half as tall as the result, its cells square
+        # beside the data, right of the inputs and the result: half as tall as the result, its cells square
         extent = np.asarray(grid.extent.world, dtype=float)[:, -2:]
         height, width = extent[1] - extent[0]
         cell = 0.5 * height / wm
-        top, right = extent[0][0], extent[1][1] + 0.05 * width
+        right = max(float(np.asarray(layer.extent.world)[1, -1]) for layer in (grid, layer1, layer2))
+        top, right = extent[0][0], right + 0.05 * width
         surface_placement = {"scale": (cell, cell), "translate": (top + cell / 2, right + cell / 2)}
         grid_placement = derived_placement(Frame.of(grid))
         return SurfaceRequest(

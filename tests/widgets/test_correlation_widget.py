@@ -443,3 +443,36 @@ def drag(viewer, position):
     mouse_press_callbacks(viewer, _event("mouse_press", position))
     mouse_move_callbacks(viewer, _event("mouse_move", np.asarray(position) + 3))
     mouse_release_callbacks(viewer, _event("mouse_release", np.asarray(position) + 3))
+
+
+@pytest.mark.slow
+def test_full_size_samples_against_their_truth(viewer_and_widget, wait_idle):
+    """The samples as File > Open Sample makes them, with the widget's suggested settings: the known truth."""
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "dic")
+    run(widget, wait_idle, timeout=600_000)
+    deformed = viewer.layers["DIC deformed (img1)"]
+    dy = viewer.layers["DIC reference (img2) dy"].data
+    exx = viewer.layers["DIC reference (img2) exx"].data
+    half, rows, cols = 20, *dy.shape
+    truth = {k: deformed.metadata[f"true_{k}"][half::4, half::4][:rows, :cols] for k in ("dy", "exx")}
+    assert np.nanmedian(np.abs(dy - truth["dy"])) < 0.03
+    inner = (slice(5, -5), slice(5, -5))  # the strain fit's whole windows
+    assert np.nanmedian(np.abs(exx - truth["exx"])[inner]) < 1e-3  # of strains up to 1.3%
+
+    viewer.layers.clear()
+    viewer.open_sample("napari-gridmip", "speckle-contrast")
+    run(widget, wait_idle, timeout=600_000)
+    sample = viewer.layers["speckle sample"]
+    for suffix, key in (("transmission", "transmission"), ("dark-field", "dark_field")):
+        found = viewer.layers[f"speckle sample {suffix}"].data
+        true = sample.metadata[f"true_{key}"][5:-5, 5:-5]
+        assert np.nanmedian(np.abs(found / true - 1)) < 0.01, suffix
+    assert viewer.layers["speckle sample phase"].visible
+
+    viewer.layers.clear()
+    viewer.open_sample("napari-gridmip", "calcium")
+    run(widget, wait_idle, timeout=600_000)
+    image = viewer.layers["calcium movie correlation image"].data
+    cells = viewer.layers["calcium movie"].metadata["true_footprints"].max(axis=0)
+    assert np.median(image[cells > 0.5]) > 0.7 and np.median(image[cells == 0]) < 0.3

@@ -201,7 +201,7 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
             full = full_map(img1, img2, window, request.dtype, progress=map_progress, map_dir=request.map_dir)
         summary = correlation_summary(dy, dx)
         if request.tracking:
-            summary += "; track_speckles (on img1's pixels)"
+            summary += "; by track_speckles"
         return JobResult(_correlation_layers(request, dy, dx, peak, full, extras), summary)
 
     return Job(f"Correlating {request.name1!r} with {request.name2!r}", run)

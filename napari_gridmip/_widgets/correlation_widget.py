@@ -161,6 +161,13 @@ class CorrelationWidget(JobWidget):
             "window's offsets appears beside the data, the fitted sub-pixel peak marked with a cross",
         )
         self.surface_info = wrapping_label("surface_info", "Clicked")
+        self._vectors: Any = None  # weak reference to the last vectors layer
+        self._by_role: dict[str, weakref.ref] = {}  # the last pair run's layers, by role
+        self._run: dict[str, Any] | None = None  # the last pair run's parameters (for the clicked surface)
+        self._pending: dict[str, Any] | None = None
+        self._surface: list[weakref.ref] = []  # the surface layers of the last click
+        self._seen: weakref.WeakSet = weakref.WeakSet()
+        self._prefer_roles = False  # a sample was just opened: take its layers when they are all there
         self._finish(
             [
                 self.mode,
@@ -186,13 +193,6 @@ class CorrelationWidget(JobWidget):
             ],
             [self.show_surface, self.surface_info],
         )
-        self._vectors: Any = None  # weak reference to the last vectors layer
-        self._by_role: dict[str, weakref.ref] = {}  # the last pair run's layers, by role
-        self._run: dict[str, Any] | None = None  # the last pair run's parameters (for the clicked surface)
-        self._pending: dict[str, Any] | None = None
-        self._surface: list[weakref.ref] = []  # the surface layers of the last click
-        self._seen: weakref.WeakSet = weakref.WeakSet()
-        self._prefer_roles = False  # a sample was just opened: take its layers when they are all there
         self.vector_scale.changed.connect(self._rescale_vectors)
         self.mode.changed.connect(self._show_mode)
         self.out_strain.changed.connect(self._show_mode)

@@ -325,6 +325,14 @@ def test_calcium_sample_gives_the_local_correlation_image(viewer_and_widget, wai
     assert_copy_reproduces(widget, viewer)
 
 
+def test_a_widget_docked_after_the_sample_takes_its_mode(make_napari_viewer, small_samples):
+    viewer = make_napari_viewer()
+    viewer.open_sample("napari-gridmip", "calcium")
+    widget = CorrelationWidget(viewer)  # e.g. from the Plugins menu, once the sample is open
+    viewer.window.add_dock_widget(widget)
+    assert widget.mode.value == TIME_SERIES and widget.movie.value is viewer.layers["calcium movie"]
+
+
 def test_each_mode_shows_only_its_controls(viewer_and_widget):
     _, widget = viewer_and_widget
 

@@ -8,7 +8,10 @@ mipmap_crop_3d, mipmap_render: napari's own 3D MIP, our render from the same cam
 For each widget: a 1400x900 window with the widget docked, its sample opened, Run
 clicked, and the window grabbed once the result is in. The occupancy mipmap is
 shown in 3D; the correlation once more with its full 4D map (offsets first), on
-its own, at the offset nearest the median displacement. Prints each image's size and how much of the window's width the
+its own, at the offset nearest the median displacement; then in each of its modes on
+its samples (DIC with strain, the speckle pair with transmission, dark-field and phase,
+the calcium movie's correlation image, shown side by side in napari's grid) and a
+clicked pixel's correlation surface. Prints each image's size and how much of the window's width the
 canvas kept; each PNG must stay under 300 KB.
 """
 
@@ -38,9 +41,12 @@ def wait_for(app, widget, timeout_s: float = 300.0) -> None:
 
 
 def shoot(viewer, name: str) -> None:
+    from napari._qt.dialogs.qt_notification import NapariQtNotification
     from PIL import Image
 
     window = viewer.window._qt_window
+    for toast in window.findChildren(NapariQtNotification):  # e.g. a deprecation notice of the Qt backend
+        toast.close()
     image = viewer.screenshot(canvas_only=False, flash=False)
     canvas = viewer.window._qt_viewer.canvas.native.width()
     path = OUT / f"{name}.png"
@@ -171,6 +177,33 @@ def mipmap_tools(app) -> None:
     viewer.close()
 
 
+def side_by_side(*suffixes: str):
+    """Show only the layers whose names end with ``suffixes``, side by side in napari's grid (in that order)."""
+
+    def prepare(viewer, widget, app) -> None:
+        chosen = [next(layer for layer in viewer.layers if layer.name.endswith(s)) for s in suffixes]
+        for layer in viewer.layers:
+            layer.visible = layer in chosen
+        for layer in chosen:  # the grid fills from the bottom layer: the first chosen ends lowest
+            viewer.layers.move(viewer.layers.index(layer), len(viewer.layers))
+        grid = viewer.canvas.grid if hasattr(viewer, "canvas") else viewer.grid
+        grid.enabled = True
+        grid.shape = (1, len(chosen)) if len(chosen) <= 3 else (2, (len(chosen) + 1) // 2)
+
+    return prepare
+
+
+def click_a_pixel(viewer, widget, app) -> None:
+    """Click a result pixel (as the pan/zoom tool does): its correlation surface appears beside the data."""
+    (dy,) = [layer for layer in viewer.layers if layer.name.endswith(" dy")]
+    rows, cols = dy.data.shape
+    widget.surface_at(dy.data_to_world((rows // 3, (2 * cols) // 3)))
+    wait_for(app, widget)
+    for layer in viewer.layers:
+        layer.visible = layer.name.endswith((" dy", "surface", "surface peak", "clicked pixel", "(img1)"))
+    viewer.layers.selection.active = dy
+
+
 def main() -> None:
     import os
     import tempfile
@@ -195,8 +228,21 @@ def main() -> None:
         ("patches", PatchesWidget, "Reassemble patches", "tiles", {"blend": "gaussian"}, 2),
         ("correlation", CorrelationWidget, "Correlation map", "speckle", window, 2),
         ("correlation_map", CorrelationWidget, "Correlation map", "speckle", {**window, "full_map": True}, 2),
+        ("correlation_dic", CorrelationWidget, "Correlation map", "dic", {}, 2),
+        ("correlation_speckle", CorrelationWidget, "Correlation map", "speckle-contrast", {}, 2),
+        ("correlation_calcium", CorrelationWidget, "Correlation map", "calcium", {}, 2),
+        ("correlation_surface", CorrelationWidget, "Correlation map", "dic", {}, 2),
     ]
+    prepare = {
+        "correlation_dic": side_by_side("(img2)", " dy", " exx", " exy"),
+        "correlation_speckle": side_by_side("speckle sample", " transmission", " dark-field", " phase"),
+        "correlation_calcium": side_by_side("calcium movie", "correlation image"),
+        "correlation_surface": click_a_pixel,
+    }
+    only = set(sys.argv[1:])  # e.g. `python docs/screenshots.py correlation_dic`: those only
     for name, widget_class, title, sample, fields, ndisplay in cases:
+        if only and name not in only:
+            continue
         viewer = napari.Viewer(title="napari-gridmip", show=True)
         viewer.window._qt_window.resize(*WINDOW)
         widget = widget_class(viewer)
@@ -209,6 +255,8 @@ def main() -> None:
         viewer.dims.ndisplay = ndisplay
         if name == "correlation_map":
             show_map_at_median_offset(viewer)
+        if name in prepare:
+            prepare[name](viewer, widget, app)
         viewer.reset_view()
         if ndisplay == 3:
             camera = viewer.scene.camera if hasattr(viewer, "scene") else viewer.camera

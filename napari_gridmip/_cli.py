@@ -32,6 +32,9 @@ SAMPLE_WIDGETS = {
     "tiles": "Reassemble patches",
     "mosaic": "Stitch tiles",
     "speckle": "Correlation map",
+    "speckle-contrast": "Correlation map",
+    "dic": "Correlation map",
+    "calcium": "Correlation map",
 }
 SAMPLE_KEYS = list(SAMPLE_WIDGETS)
 

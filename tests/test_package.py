@@ -35,6 +35,11 @@ def test_manifest_validates_and_is_the_top_level_one():
         assert package_copy.read_text() == top_level.read_text()
     assert {w.display_name for w in manifest.contributions.widgets} == set(WIDGET_NAMES)
     assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles", "speckle"}
+    from napari_gridmip._cli import SAMPLE_WIDGETS
+
+    # every sample opens with a widget's tab in front, and every such sample is in the manifest
+    assert {s.key for s in manifest.contributions.sample_data} == set(SAMPLE_WIDGETS)
+    assert set(SAMPLE_WIDGETS.values()) <= set(WIDGET_NAMES)
 
 
 def test_samples_open_in_a_viewer(make_napari_viewer):

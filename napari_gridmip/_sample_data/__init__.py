@@ -155,7 +155,11 @@ def speckle_sample() -> list[tuple]:
     return [
         (
             sample,
-            {"name": "speckle sample (img1)", "colormap": "gray", "metadata": {"gridmip_role": "img1", **truth}},
+            {
+                "name": "speckle sample (img1)",
+                "colormap": "gray",
+                "metadata": {"gridmip_role": "img1", "gridmip_correlation": {"mode": "stacks"}, **truth},
+            },
             "image",
         ),
         (
@@ -219,10 +223,22 @@ def make_speckle_pair_with_contrast(
     return sample.astype(np.float32), reference, truth
 
 
+SPECKLE_CONTRAST_SETTINGS = {
+    "mode": "single pair, subset",
+    "window": [9, 9],
+    "subset": [3, 3],
+    "step": 1,
+    "subpixel": "refine",
+    "outputs": ["transmission", "dark_field", "phase"],
+    "spacing": 12,
+}
+
+
 def speckle_contrast_sample() -> list[tuple]:
     """File > Open Sample > Speckle pair with transmission and dark-field: sample first, then the reference."""
     sample, reference, truth = make_speckle_pair_with_contrast()
     metadata = {f"true_{k}": v.astype(np.float32) for k, v in truth.items()}
+    metadata["gridmip_correlation"] = SPECKLE_CONTRAST_SETTINGS  # the Correlation widget's mode and parameters
     return [
         (sample, {"name": "speckle sample", "colormap": "gray", "metadata": {"gridmip_role": "sample", **metadata}},
          "image"),

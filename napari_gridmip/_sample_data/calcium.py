@@ -102,6 +102,7 @@ def calcium_sample() -> list[tuple]:
     movie, footprints, traces, centres = make_calcium_movie()
     labels = np.where(footprints.max(axis=0) > 0.3, footprints.argmax(axis=0) + 1, 0).astype(np.int32)
     truth = {"gridmip_role": "movie", "true_footprints": footprints, "true_traces": traces, "true_centres": centres}
+    truth["gridmip_correlation"] = {"mode": "time series", "neighbours": 8}  # the Correlation widget's mode
     return [
         (movie, {"name": "calcium movie", "colormap": "gray", "metadata": truth}, "image"),
         (labels, {"name": "true cells", "opacity": 0.3, "visible": False}, "labels"),

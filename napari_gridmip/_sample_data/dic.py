@@ -118,11 +118,24 @@ def make_dic_pair(
     return reference, deformed, dict(field)
 
 
+DIC_SETTINGS = {
+    "mode": "single pair, subset",
+    "window": [11, 11],
+    "subset": [31, 31],
+    "step": 4,
+    "subpixel": "refine",
+    "outputs": ["strain"],
+    "strain_window": 11,
+    "spacing": 32,
+}
+
+
 def dic_sample() -> list[tuple]:
     """File > Open Sample > DIC pair: the deformed image first (img1), then the reference (img2), each 2D uint8;
     the known field and strain in the deformed layer's metadata (``true_dy`` ...)."""
     reference, deformed, field = make_dic_pair()
     truth = {f"true_{k}": np.asarray(v, np.float32) for k, v in field.items()}
+    truth["gridmip_correlation"] = DIC_SETTINGS  # the Correlation widget's mode and parameters
     return [
         (deformed, {"name": "DIC deformed (img1)", "colormap": "gray",
                     "metadata": {"gridmip_role": "img1", **truth}}, "image"),

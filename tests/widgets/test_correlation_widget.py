@@ -1,10 +1,15 @@
 """The Correlation map widget in a real viewer, driven through its buttons."""
 
+from dataclasses import dataclass, field
+from functools import partial
+
 import numpy as np
 import pytest
+from qtpy.QtWidgets import QApplication
 
 from napari_gridmip._jobs import correlation as correlation_jobs
-from napari_gridmip._widgets.correlation_widget import CorrelationWidget
+from napari_gridmip._provenance import KEY
+from napari_gridmip._widgets.correlation_widget import PAIR, STACKS, TIME_SERIES, CorrelationWidget
 from napari_gridmip.core import find_displacement, windowed_pearson
 
 
@@ -158,3 +163,324 @@ def test_refine_is_cancelled_between_bands(viewer_and_widget, wait_idle, qtbot):
     assert steps[-1][0] < steps[-1][1]  # it stopped before the last band
     assert [layer.name for layer in viewer.layers] == ["a", "b"]
     assert widget.status.value == "Cancelled"
+
+
+# -- the three modes on their samples, the outputs, the clicked surface ----------------------------------------
+
+EXACT = {"rtol": 0, "atol": 1e-6}  # the widget calls the same function on the same arrays: equal to rounding
+
+
+def run(widget, wait_idle, timeout=120_000):
+    widget.run_button.native.click()
+    wait_idle(widget, timeout=timeout)
+    assert widget.status.value.startswith("Done"), widget.status.value
+
+
+def assert_copy_reproduces(widget, viewer):
+    """ "Copy as Python", run beside the viewer: every layer the widget made, array for array."""
+    widget.copy_button.native.click()
+    text = QApplication.clipboard().text()
+    namespace = {}
+    exec(compile(text, "<copied>", "exec"), namespace)
+    results = namespace["results"]
+    ours = [layer.name for layer in viewer.layers if KEY in layer.metadata]
+    assert sorted(results) == sorted(ours), text
+    for name, array in results.items():
+        np.testing.assert_allclose(np.asarray(array), np.asarray(viewer.layers[name].data), err_msg=name, **EXACT)
+    return text
+
+
+@pytest.fixture
+def small_samples(monkeypatch):
+    """The correlation samples at test size (the same code, smaller arrays): seconds, not minutes."""
+    import napari_gridmip._sample_data as samples
+    from napari_gridmip._sample_data import calcium, dic
+
+    monkeypatch.setattr(dic, "make_dic_pair", partial(dic.make_dic_pair, (128, 144)))
+    monkeypatch.setattr(
+        samples, "make_speckle_pair_with_contrast", partial(samples.make_speckle_pair_with_contrast, 6, (64, 72))
+    )
+    monkeypatch.setattr(calcium, "make_calcium_movie", partial(calcium.make_calcium_movie, 120, (40, 48), 5))
+
+
+def test_dic_sample_opens_pair_mode_and_gives_strain(viewer_and_widget, wait_idle, small_samples):
+    from napari_gridmip import strain_field
+
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "dic")
+    deformed, reference = viewer.layers["DIC deformed (img1)"], viewer.layers["DIC reference (img2)"]
+    assert widget.mode.value == PAIR and widget.img1.value is deformed and widget.img2.value is reference
+    assert (widget.window_rows.value, widget.subset_rows.value, widget.step.value) == (11, 31, 4)
+    assert widget.chosen_outputs() == ("strain",)
+    run(widget, wait_idle)
+    name = "DIC reference (img2)"
+    dy, dx = viewer.layers[f"{name} dy"], viewer.layers[f"{name} dx"]
+    expected = find_displacement(
+        deformed.data[None], reference.data[None], (11, 11), subset=(31, 31), step=4, subpixel="refine"
+    )
+    np.testing.assert_allclose(dy.data, np.asarray(expected.dy), **EXACT)
+    np.testing.assert_allclose(dx.data, np.asarray(expected.dx), **EXACT)
+    strain = strain_field(expected.dy, expected.dx, window=11, spacing=4)
+    for part in ("exx", "eyy", "exy"):
+        layer = viewer.layers[f"{name} {part}"]
+        np.testing.assert_allclose(layer.data, np.asarray(getattr(strain, part)), **EXACT)
+        low, high = layer.contrast_limits
+        assert low == -high and high > 0 and layer.colormap.name == "coolwarm"  # symmetric about 0
+    # only the topmost field is shown (exx), the vectors over it
+    shown = [layer.name for layer in viewer.layers if layer.visible and KEY in layer.metadata]
+    assert shown == [f"{name} exx", f"{name} displacement"]
+    # placed exactly: output pixel (i, j) is the reference's pixel (4 i + 20, 4 j + 20), 4 px wide
+    half = 5 + 15
+    np.testing.assert_allclose(dy.data_to_world((0, 0)), reference.data_to_world((half, half)))
+    np.testing.assert_allclose(dy.data_to_world((2, 3)), reference.data_to_world((half + 8, half + 12)))
+    vectors = viewer.layers[f"{name} displacement"]
+    first = vectors.data[0]  # the arrows start on their pixels, in the reference's pixels
+    np.testing.assert_allclose(vectors.data_to_world(first[0]), reference.data_to_world((half, half)))
+    # the known field, on the reference's grid (the small sample bends more within a 31 px subset than the
+    # full-size one: test_full_size_samples_against_their_truth holds that to 0.03 px)
+    truth = deformed.metadata["true_dy"][half::4, half::4][: dy.data.shape[0], : dy.data.shape[1]]
+    assert np.nanmedian(np.abs(dy.data - truth)) < 0.15
+    assert_copy_reproduces(widget, viewer)
+
+
+def test_speckle_contrast_sample_tracks_and_shows_a_clicked_surface(viewer_and_widget, wait_idle, small_samples):
+    from napari_gridmip import integrate_gradient, track_speckles
+
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "speckle-contrast")
+    sample, reference = viewer.layers["speckle sample"], viewer.layers["speckle reference"]
+    assert widget.mode.value == PAIR and widget.img1.value is sample and widget.img2.value is reference
+    assert widget.chosen_outputs() == ("transmission", "dark_field", "phase")
+    widget.out_uncertainty.value = True
+    run(widget, wait_idle)
+    tracked = track_speckles(sample.data, reference.data, (9, 9), subset=(3, 3), subpixel="refine")
+    name = "speckle sample"  # tracking results sit on the sample's pixels
+    for role, suffix, colormap in [
+        ("transmission", "transmission", "gray"),
+        ("dark_field", "dark-field", "gray"),
+        ("sigma_dy", "sigma dy", "magma"),
+        ("dy", "dy", "coolwarm"),
+    ]:
+        layer = viewer.layers[f"{name} {suffix}"]
+        np.testing.assert_allclose(layer.data, np.asarray(getattr(tracked, role)), err_msg=role, **EXACT)
+        assert layer.colormap.name == colormap
+    phase = viewer.layers[f"{name} phase"]
+    np.testing.assert_allclose(phase.data, np.asarray(integrate_gradient(tracked.dy, tracked.dx)), **EXACT)
+    assert phase.colormap.name == "gray" and phase.metadata["gridmip_unit"] == "px^2"
+    np.testing.assert_allclose(phase.data_to_world((0, 0)), sample.data_to_world((0, 5, 5))[1:])
+    # the known transmission, on the sample's grid
+    truth = sample.metadata["true_transmission"][5:-5, 5:-5]
+    assert np.nanmedian(np.abs(viewer.layers[f"{name} transmission"].data / truth - 1)) < 0.02
+
+    # a click on a result pixel: its correlation surface beside the data, the refined peak marked
+    dy, dx = viewer.layers[f"{name} dy"], viewer.layers[f"{name} dx"]
+    pixel = (20, 31)
+    click(viewer, dy.data_to_world(pixel))
+    wait_idle(widget)
+    surface = viewer.layers[f"{name} correlation surface"]
+    peak = viewer.layers[f"{name} surface peak"]
+    full = np.asarray(windowed_pearson(reference.data, sample.data, (9, 9), subset=(3, 3)))[pixel]
+    np.testing.assert_allclose(surface.data, full[::-1, ::-1], **EXACT)  # over the displacement (dy, dx)
+    fitted = np.array([dy.data[pixel], dx.data[pixel]])
+    np.testing.assert_allclose(peak.data, [fitted + 4], **EXACT)  # surface pixel (k, l) is (k - 4, l - 4)
+    top = np.unravel_index(np.argmax(surface.data), surface.data.shape)
+    assert np.all(np.abs(np.array(top) - (fitted + 4)) <= 0.5 + 1e-6)  # the refined peak is by the highest cell
+    # beside the data, right of it, and not over it
+    assert surface.extent.world[0][1] > dy.extent.world[1][1]
+    assert peak.scale[0] == surface.scale[0] and peak.translate[1] == surface.translate[1]
+    assert "fitted dy" in widget.surface_info.value
+    np.testing.assert_allclose(viewer.layers[f"{name} clicked pixel"].data, [pixel])
+    text = assert_copy_reproduces(widget, viewer)
+    assert "gm.windowed_pearson(pixel2, pixel1, (9, 9), subset=(3, 3)" in text
+    count = len(viewer.layers)
+    click(viewer, dy.data_to_world((5, 6)))  # another pixel: the same three layers, new data
+    wait_idle(widget)
+    assert len(viewer.layers) == count and viewer.layers[f"{name} correlation surface"] is surface
+    np.testing.assert_allclose(surface.data, np.asarray(windowed_pearson(
+        reference.data, sample.data, (9, 9), subset=(3, 3)))[5, 6, ::-1, ::-1], **EXACT)  # fmt: skip
+    drag(viewer, dy.data_to_world((9, 9)))  # a drag pans: nothing
+    click(viewer, dy.data_to_world((-30, 6)))  # off the result: nothing
+    assert not widget.runner.busy and np.asarray(viewer.layers[f"{name} clicked pixel"].data)[0, 0] == 5
+
+
+def test_calcium_sample_gives_the_local_correlation_image(viewer_and_widget, wait_idle, small_samples):
+    from napari_gridmip import local_correlation_image
+
+    viewer, widget = viewer_and_widget
+    widget.mode.value = STACKS
+    viewer.open_sample("napari-gridmip", "calcium")
+    movie = viewer.layers["calcium movie"]
+    assert widget.mode.value == TIME_SERIES and widget.movie.value is movie
+    widget.neighbours.value = 4
+    run(widget, wait_idle)
+    image = viewer.layers["calcium movie correlation image"]
+    np.testing.assert_allclose(image.data, np.asarray(local_correlation_image(movie.data, neighbours=4)), **EXACT)
+    assert image.colormap.name == "magma" and tuple(image.contrast_limits) == (0, 1)
+    np.testing.assert_allclose(image.data_to_world((3, 4)), movie.data_to_world((0, 3, 4))[1:])
+    cells = movie.metadata["true_footprints"].max(axis=0)
+    assert np.median(image.data[cells > 0.5]) > np.median(image.data[cells == 0]) + 0.3
+    assert "local correlation image" in widget.summary.value
+    click(viewer, image.data_to_world((10, 10)))  # no surface in this mode
+    assert not widget.runner.busy
+    assert_copy_reproduces(widget, viewer)
+
+
+def test_a_widget_docked_after_the_sample_takes_its_mode(make_napari_viewer, small_samples):
+    viewer = make_napari_viewer()
+    viewer.open_sample("napari-gridmip", "calcium")
+    widget = CorrelationWidget(viewer)  # e.g. from the Plugins menu, once the sample is open
+    viewer.window.add_dock_widget(widget)
+    assert widget.mode.value == TIME_SERIES and widget.movie.value is viewer.layers["calcium movie"]
+
+
+def test_each_mode_shows_only_its_controls(viewer_and_widget):
+    _, widget = viewer_and_widget
+
+    def shown(*names):  # would be on screen with the dock (the test's window is not shown)
+        return [widget[name].native.isVisibleTo(widget.native) for name in names]
+
+    pair_only = ("subset_rows", "subset_cols", "step")
+    widget.mode.value = STACKS
+    assert all(shown("img1", "img2", "window_rows", "full_map", "outputs", "show_surface"))
+    assert not any(shown(*pair_only, "movie", "neighbours"))
+    widget.mode.value = PAIR
+    assert all(shown(*pair_only)) and not any(shown("full_map", "strain_window", "pixel_size"))
+    widget.out_strain.value = widget.out_phase.value = True
+    assert all(shown("strain_window", "pixel_size", "distance", "wavelength"))
+    widget.mode.value = TIME_SERIES
+    assert all(shown("movie", "neighbours", "precision"))
+    assert not any(shown("img1", "window_rows", "outputs", "show_surface", "strain_window", "spacing"))
+
+
+def test_bad_input_says_why_and_adds_nothing(viewer_and_widget, wait_idle, monkeypatch):
+    shown = []
+    monkeypatch.setattr("napari.utils.notifications.show_error", shown.append)
+    viewer, widget = viewer_and_widget
+    rng = np.random.default_rng(4)
+    viewer.add_image(rng.random((40, 44)), name="a")
+    viewer.add_image(rng.random((40, 44)), name="b")
+    widget.mode.value = STACKS
+    widget.img1.value, widget.img2.value = viewer.layers["a"], viewer.layers["b"]
+    widget.run_button.native.click()
+    assert "stacks mode" in shown[-1] and "2D image" in shown[-1] and "single pair, subset" in shown[-1]
+    widget.mode.value = PAIR
+    widget.img1.value, widget.img2.value = viewer.layers["a"], viewer.layers["b"]
+    widget.subset_rows.value = 4
+    widget.run_button.native.click()
+    assert "subset must be odd" in shown[-1] and "4 x" in shown[-1]
+    widget.subset_rows.value = widget.subset_cols.value = 1
+    widget.run_button.native.click()
+    assert "larger than 1 x 1" in shown[-1]
+    widget.subset_rows.value = widget.subset_cols.value = 7
+    widget.out_phase.value = True
+    widget.pixel_size.value = 1.0  # but no distance nor wavelength
+    widget.run_button.native.click()
+    assert "all three" in shown[-1]
+    widget.mode.value = TIME_SERIES
+    widget.movie.value = viewer.layers["a"]
+    widget.run_button.native.click()
+    assert "time series mode needs a movie" in shown[-1] and "(40, 44)" in shown[-1]
+    assert [layer.name for layer in viewer.layers] == ["a", "b"]
+    assert not widget.runner.busy
+
+
+def test_physical_phase_uses_phase_from_displacement(viewer_and_widget, wait_idle):
+    from napari_gridmip import phase_from_displacement
+    from napari_gridmip._sample_data import make_speckle_pair_with_contrast
+
+    viewer, widget = viewer_and_widget
+    sample, reference, _ = make_speckle_pair_with_contrast(4, (40, 44))
+    viewer.add_image(sample, name="s")
+    viewer.add_image(reference, name="r")
+    widget.mode.value = PAIR
+    widget.img1.value, widget.img2.value = viewer.layers["s"], viewer.layers["r"]
+    widget.window_rows.value = widget.window_cols.value = 7
+    widget.subset_rows.value = widget.subset_cols.value = 5
+    widget.step.value = 2
+    widget.out_phase.value = widget.out_transmission.value = True
+    widget.pixel_size.value, widget.distance.value, widget.wavelength.value = 6.5, 500.0, 0.6
+    run(widget, wait_idle)
+    dy, dx = viewer.layers["s dy"].data, viewer.layers["s dx"].data
+    expected = phase_from_displacement(dy, dx, pixel_size=6.5e-6, distance=0.5, wavelength=0.6e-10, magnification=0.5)
+    phase = viewer.layers["s phase"]
+    np.testing.assert_allclose(phase.data, np.asarray(expected), rtol=1e-5, atol=1e-5 * np.abs(phase.data).max())
+    assert phase.metadata["gridmip_unit"] == "rad"
+    np.testing.assert_allclose(phase.scale[-2:], [2, 2])  # each output pixel covers 2 x 2 input pixels
+    assert_copy_reproduces(widget, viewer)
+
+
+def test_closing_takes_the_click_callback_off_the_viewer(viewer_and_widget):
+    viewer, widget = viewer_and_widget
+    assert widget._on_click in viewer.mouse_drag_callbacks
+    viewer.window.remove_dock_widget(widget.native)
+    assert widget.released and widget._on_click not in viewer.mouse_drag_callbacks
+
+
+@dataclass
+class MouseEvent:
+    """What napari's canvas hands the viewer's mouse callbacks (the fields ours reads)."""
+
+    type: str
+    position: tuple
+    button: int = 1
+    is_dragging: bool = False
+    modifiers: list = field(default_factory=list)
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(2))
+    view_direction: list | None = None
+    up_direction: list | None = None
+    dims_displayed: list = field(default_factory=lambda: [0, 1])
+
+
+def _event(kind, position):
+    from napari.utils._proxies import ReadOnlyWrapper
+
+    return ReadOnlyWrapper(MouseEvent(kind, tuple(position)), exceptions=("handled",))
+
+
+def click(viewer, position):
+    """Press and release at ``position`` (world), through napari's own dispatch of the viewer's callbacks."""
+    from napari.utils.interactions import mouse_press_callbacks, mouse_release_callbacks
+
+    mouse_press_callbacks(viewer, _event("mouse_press", position))
+    mouse_release_callbacks(viewer, _event("mouse_release", position))
+
+
+def drag(viewer, position):
+    from napari.utils.interactions import mouse_move_callbacks, mouse_press_callbacks, mouse_release_callbacks
+
+    mouse_press_callbacks(viewer, _event("mouse_press", position))
+    mouse_move_callbacks(viewer, _event("mouse_move", np.asarray(position) + 3))
+    mouse_release_callbacks(viewer, _event("mouse_release", np.asarray(position) + 3))
+
+
+@pytest.mark.slow
+def test_full_size_samples_against_their_truth(viewer_and_widget, wait_idle):
+    """The samples as File > Open Sample makes them, with the widget's suggested settings: the known truth."""
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "dic")
+    run(widget, wait_idle, timeout=600_000)
+    deformed = viewer.layers["DIC deformed (img1)"]
+    dy = viewer.layers["DIC reference (img2) dy"].data
+    exx = viewer.layers["DIC reference (img2) exx"].data
+    half, rows, cols = 20, *dy.shape
+    truth = {k: deformed.metadata[f"true_{k}"][half::4, half::4][:rows, :cols] for k in ("dy", "exx")}
+    assert np.nanmedian(np.abs(dy - truth["dy"])) < 0.03
+    inner = (slice(5, -5), slice(5, -5))  # the strain fit's whole windows
+    assert np.nanmedian(np.abs(exx - truth["exx"])[inner]) < 1e-3  # of strains up to 1.3%
+
+    viewer.layers.clear()
+    viewer.open_sample("napari-gridmip", "speckle-contrast")
+    run(widget, wait_idle, timeout=600_000)
+    sample = viewer.layers["speckle sample"]
+    for suffix, key in (("transmission", "transmission"), ("dark-field", "dark_field")):
+        found = viewer.layers[f"speckle sample {suffix}"].data
+        true = sample.metadata[f"true_{key}"][5:-5, 5:-5]
+        assert np.nanmedian(np.abs(found / true - 1)) < 0.01, suffix
+    assert viewer.layers["speckle sample phase"].visible
+
+    viewer.layers.clear()
+    viewer.open_sample("napari-gridmip", "calcium")
+    run(widget, wait_idle, timeout=600_000)
+    image = viewer.layers["calcium movie correlation image"].data
+    cells = viewer.layers["calcium movie"].metadata["true_footprints"].max(axis=0)
+    assert np.median(image[cells > 0.5]) > 0.7 and np.median(image[cells == 0]) < 0.3

@@ -9,8 +9,9 @@ watchdog thread samples the GUI thread's Python stack (``sys._current_frames``) 
 ticked for ``--threshold-ms``, so each long freeze comes with the code that held the thread.
 
 Scenarios: ``mipmap`` (first run), ``mipmap-per-level`` (first run with one image layer per level),
-``mipmap-second`` (a second run in the same session), ``patches``, ``correlation``, ``correlation-map``
-(with the 4D map).
+``mipmap-second`` (a second run in the same session), ``patches``, ``stitch`` (the mosaic sample),
+``tiled`` (a Gaussian in tiles of the occupancy volume), ``correlation``, ``correlation-map`` (with the 4D
+map), ``correlation-dic`` (single pair, subsets, strain) and ``correlation-calcium`` (time series).
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ import threading
 import time
 import traceback
 
-SCENARIOS = ["mipmap", "mipmap-per-level", "mipmap-second", "patches", "correlation", "correlation-map"]
+SCENARIOS = [
+    "mipmap",
+    "mipmap-per-level",
+    "mipmap-second",
+    "patches",
+    "stitch",
+    "tiled",
+    "correlation",
+    "correlation-map",
+    "correlation-dic",
+    "correlation-calcium",
+]
 
 
 def child(scenario: str, threshold_ms: float) -> dict:
@@ -42,6 +54,22 @@ def child(scenario: str, threshold_ms: float) -> dict:
         from napari_gridmip._widgets.patches_widget import PatchesWidget as Widget
 
         sample = "tiles"
+    elif scenario == "stitch":
+        from napari_gridmip._widgets.stitch_widget import StitchWidget as Widget
+
+        sample = "mosaic"
+    elif scenario == "tiled":
+        from napari_gridmip._widgets.tiled_widget import TiledWidget as Widget
+
+        sample = "occupancy"  # a 3D volume, filtered in tiles (Gaussian by default)
+    elif scenario == "correlation-dic":
+        from napari_gridmip._widgets.correlation_widget import CorrelationWidget as Widget
+
+        sample = "dic"  # the sample sets the single-pair mode (subset 31, step 4, strain)
+    elif scenario == "correlation-calcium":
+        from napari_gridmip._widgets.correlation_widget import CorrelationWidget as Widget
+
+        sample = "calcium"  # time-series mode
     else:
         from napari_gridmip._widgets.correlation_widget import CorrelationWidget as Widget
 

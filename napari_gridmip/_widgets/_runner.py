@@ -10,13 +10,14 @@ sees Qt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
 from napari.utils import notifications
 from napari.utils import progress as napari_progress
-from qtpy.QtCore import QObject, Signal
+from qtpy.QtCore import QObject, QTimer, Signal
 
 from napari_gridmip._jobs import DISPLAY_KEYS, Job, JobResult
 from napari_gridmip._provenance import KEY, same_output
@@ -63,11 +64,13 @@ class BackgroundRunner:
         self._holding: dict[str, Any] = {}
         self._cancel_requested = False
         self._detached = False  # the widget is gone: its buttons and labels may be deleted already
+        self._showing: dict[str, Any] | None = None  # a result whose layers are being added
         self._cancel_button.enabled = False
 
     @property
     def busy(self) -> bool:
-        return self.worker is not None
+        """A job runs, or its layers are still being added (one per event-loop turn)."""
+        return self.worker is not None or self._showing is not None
 
     def start(self, job: Job, *, on_done: Callable[[JobResult, list], None] | None = None, replace: bool = True) -> Any:
         """Run ``job`` in a thread worker; add its layers on the GUI thread, then ``on_done(result, added)``.
@@ -161,21 +164,66 @@ class BackgroundRunner:
         if self._cancel_requested:
             return
         viewer = self._viewer
-        extent_before = _world_box(viewer)
         changes = LayerChanges(viewer)
+        # One new layer per event-loop turn: napari builds each layer's controls and first visual as it is
+        # inserted (100 to 250 ms for the first of a kind), so adding a result's layers together froze the
+        # GUI for their sum (1.6 s for seven layers; benchmarks/bench_gui_freeze.py). The job is over, so
+        # Cancel no longer applies; Run stays disabled until the last layer is in, and a failure, or the
+        # widget closing, takes every layer of this result out again.
+        self._showing = {
+            "steps": changes.apply_stepwise(new_layers, replace=replace),
+            "changes": changes,
+            "result": result,
+            "on_done": on_done,
+            "extent": _world_box(viewer),
+        }
+        if not self._detached:
+            self._cancel_button.enabled = False
+        self._show_next()
+
+    def _show_next(self) -> None:
+        showing = self._showing
+        if showing is None:
+            return
         try:
-            added = changes.apply(new_layers, replace=replace)
+            if self._detached:
+                raise Cancelled
+            next(showing["steps"])
+        except StopIteration as done:
+            self._showing = None
+            self._shown(showing, done.value)
+        except BaseException as error:  # noqa: BLE001 - anything here must not leave half a result
+            self._showing = None
+            with contextlib.suppress(Exception):  # a viewer being closed may refuse
+                showing["changes"].undo()
+            self._end_showing()
+            self._on_errored(error)
+        else:
+            QTimer.singleShot(0, self._show_next)
+
+    def _shown(self, showing: dict[str, Any], added: list) -> None:
+        result, on_done, viewer = showing["result"], showing["on_done"], self._viewer
+        try:
             if on_done is not None:
                 on_done(result, added)
         except Exception as error:  # noqa: BLE001 - anything here must not leave half a result
-            changes.undo()
+            showing["changes"].undo()
+            self._end_showing()
             self._on_errored(error)
             return
+        extent_before = showing["extent"]
         if extent_before is not None and not _contains(extent_before, _world_box(viewer)):
             viewer.reset_view()  # a result outside what was shown (a merged image beside its tiles): bring it in
         names = "\n".join(layer.name for layer in added)
         count = f"{len(added)} layer{'s' if len(added) != 1 else ''}"
         self._set_status(f"Done: added {count}", tooltip=f"{result.summary}\nAdded:\n{names}")
+        self._end_showing()
+
+    def _end_showing(self) -> None:
+        """Run is enabled again once the worker has finished and the last layer is in."""
+        if self.worker is None and not self._detached:
+            self._run_button.enabled = True
+            self._cancel_button.enabled = False
 
     def _on_errored(self, error: BaseException) -> None:
         if isinstance(error, Cancelled):
@@ -206,8 +254,9 @@ class BackgroundRunner:
             return
         if self._cancel_requested and self._status.value.endswith("..."):
             self._status.value = "Cancelled"
-        self._run_button.enabled = True
-        self._cancel_button.enabled = False
+        if self._showing is None:  # else: when its last layer is in
+            self._run_button.enabled = True
+            self._cancel_button.enabled = False
 
 
 def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:
@@ -250,6 +299,15 @@ class LayerChanges:
         A new layer goes just below the next output that replaced an earlier layer, or else above the
         previous output, so that a run's layers keep their order among themselves.
         """
+        steps = self.apply_stepwise(layers, replace=replace)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def apply_stepwise(self, layers: list[Any], *, replace: bool) -> Generator[None, None, list[Any]]:
+        """:meth:`apply` as a generator that pauses after each layer it inserts (replacing is cheap)."""
         for layer in layers:
             provenance = layer.metadata.get(KEY)
             if provenance is not None:
@@ -273,6 +331,8 @@ class LayerChanges:
                 self._viewer.add_layer(layer)
             self._added.append(layer)
             shown.append(layer)
+            if i + 1 < len(layers):
+                yield
         return shown
 
     def _earlier(self, layer: Any, *, taken: list[Any]) -> Any:

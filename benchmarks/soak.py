@@ -74,6 +74,12 @@ def _inputs(kind: str, rng: np.random.Generator, size: str) -> list[tuple[np.nda
     if kind == "tiled":
         n = 120 if size == "small" else 1024
         return [(rng.random((n, n + 7)).astype(np.float32), "soak image")]
+    if kind == "stitch":
+        from napari_gridmip._sample_data.mosaic import make_mosaic
+
+        tile = 64 if size == "small" else 160
+        sample = make_mosaic(grid_shape=(2, 2), tile_shape=(tile, tile), overlap=0.25, stage_error=3, seed=3)
+        return [(np.asarray(sample.tiles), "soak mosaic tiles")]
     if kind == "patches":
         from napari_gridmip import extract_patches
 
@@ -100,7 +106,17 @@ def _randomise(kind: str, widget: Any, rng: np.random.Generator) -> None:
     elif kind == "patches":
         widget.stride.value = "24, 24"
         widget.blend.value = str(rng.choice(["mean", "gaussian", "hann", "max", "overwrite"]))
+    elif kind == "stitch":
+        widget.grid_shape.value = "2, 2"
+        widget.overlap.value = 0.25
+        widget.max_shift.value = int(rng.choice([4, 6]))
+        widget.blend.value = str(rng.choice(["linear", "mean", "max", "overwrite"]))
     else:
+        # the two pair modes on the same stacks (the time-series mode has its own tests and sample)
+        widget.mode.value = str(rng.choice(["stacks", "single pair, subset"]))
+        if widget.mode.value != "stacks":
+            widget.subset_rows.value = widget.subset_cols.value = int(rng.choice([3, 5]))
+            widget.step.value = int(rng.choice([1, 2]))
         w = int(rng.choice([3, 5, 7, 9]))
         widget.window_rows.value = widget.window_cols.value = w
         widget.subpixel.value = str(rng.choice(["hessian", "paraboloid", "refine", "none"]))
@@ -117,6 +133,10 @@ def _widget_class(kind: str) -> type:
         from napari_gridmip._widgets.patches_widget import PatchesWidget
 
         return PatchesWidget
+    if kind == "stitch":
+        from napari_gridmip._widgets.stitch_widget import StitchWidget
+
+        return StitchWidget
     if kind == "tiled":
         from napari_gridmip._widgets.tiled_widget import TiledWidget
 
@@ -173,7 +193,7 @@ def soak(
     iterations: int = 30,
     seed: int = 0,
     size: str = "large",
-    kinds: tuple[str, ...] = ("mipmap", "patches", "tiled", "correlation"),
+    kinds: tuple[str, ...] = ("mipmap", "patches", "stitch", "tiled", "correlation"),
     close_viewer: bool = True,
 ) -> Report:
     """Drive every widget ``iterations`` times in ``viewer``; see the module docstring."""
@@ -225,6 +245,8 @@ def soak(
                         widget.layer.value = viewer.layers["soak tiles"]
                     elif kind == "tiled":
                         widget.layer.value = viewer.layers["soak image"]
+                    elif kind == "stitch":
+                        widget.layer.value = viewer.layers["soak mosaic tiles"]
                     elif kind == "correlation":
                         widget.img1.value = viewer.layers["soak sample"]
                         widget.img2.value = viewer.layers["soak reference"]

@@ -20,7 +20,7 @@ def test_short_soak_leaves_no_error_and_no_thread(make_napari_viewer):
     soak = load_soak()
     viewer = make_napari_viewer()
     report = soak.soak(viewer, iterations=3, seed=1, size="small")
-    assert report.runs == 2 * 3 * 4  # two rounds of three runs of four widgets
+    assert report.runs == 2 * 3 * 5  # two rounds of three runs of five widgets
     assert len(report.actions) >= 3  # waits, cancels, deleted inputs, re-docks
     assert not report.errors, report.errors
     assert not report.threads_left, report.threads_left

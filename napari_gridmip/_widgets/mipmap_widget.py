@@ -201,7 +201,8 @@ class MipmapWidget(JobWidget):
                 self.threshold_slider.min = low
                 self.threshold_slider.max = high
             self.threshold_slider.step = (high - low) / SLIDER_STEPS
-            self.threshold_slider.value = value
+            # the slider rounds its limits to its decimals: clamp to the limits it kept
+            self.threshold_slider.value = min(max(value, self.threshold_slider.min), self.threshold_slider.max)
 
     def _layers_changed(self) -> None:
         if not self._shown:

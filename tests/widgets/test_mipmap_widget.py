@@ -447,3 +447,16 @@ def test_render_cancel_leaves_no_layer(viewer_and_widget, wait_idle):
     wait_idle(widget)
     assert "vol render (MIP)" not in viewer.layers and widget.status.value == "Cancelled"
     assert widget.render_button.enabled and widget.crop_button.enabled
+
+
+def test_a_range_the_slider_rounds_is_accepted(viewer_and_widget):
+    """The slider keeps its limits to a few decimals; a threshold at the data's unrounded maximum is clamped
+    to them (the soak found a layer whose maximum, 0.8097108, refused the new widget: ValueError)."""
+    viewer, widget = viewer_and_widget
+    widget.threshold.value = 5.0
+    volume = np.zeros((8, 8, 8), np.float32)
+    volume[2, 3, 4] = 0.8097108006477356
+    viewer.add_image(volume, name="odd max")
+    second = MipmapWidget(viewer)  # made while the layer is there: its slider takes the layer's range
+    assert second.threshold_slider.min <= second.threshold_slider.value <= second.threshold_slider.max
+    second.close()

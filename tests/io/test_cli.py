@@ -372,14 +372,3 @@ def test_correlate_subset_step_and_tracking_outputs(inputs, tmp_path):
                               subset=(3, 3), subpixel="hessian")  # fmt: skip
     np.testing.assert_allclose(tracked["transmission"][:], np.asarray(expected.transmission), atol=1e-4)
     np.testing.assert_allclose(tracked["dy"][:], np.asarray(expected.dy), atol=1e-4)
-
-
-def test_correlate_outputs_this_version_lacks(inputs, tmp_path):
-    import napari_gridmip
-
-    if "integrate_gradient" in napari_gridmip.__all__:
-        pytest.skip("integrate_gradient exists: --outputs phase is wired")
-    done = run("correlate", str(inputs / "a.tif"), str(inputs / "b.tif"), "o.zarr", "--window", "9", "9",
-               "--outputs", "phase", cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 2 and "needs napari_gridmip.integrate_gradient" in done.stderr
-    assert list(tmp_path.iterdir()) == []

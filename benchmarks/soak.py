@@ -253,6 +253,7 @@ def soak(
                     _randomise(kind, widget, rng)
                     action = str(rng.choice(["wait", "cancel", "delete input", "re-dock"])) if i else "wait"
                     report.actions[action] = report.actions.get(action, 0) + 1
+                    LAST_ACTION[0] = f"round {round_number} {kind} #{i} {action}"
                     widget.run_button.native.click()
                     report.runs += 1
                     _process(float(rng.uniform(0, 0.3)))
@@ -308,13 +309,39 @@ def soak(
     return report
 
 
+LAST_ACTION = ["start"]  # what the soak did last, for the draw trace
+
+
+def _trace_draws(path: str) -> None:
+    import os
+
+    from vispy.visuals.visual import Visual
+
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    draw = Visual.draw
+
+    def traced(self: Any) -> Any:
+        os.write(descriptor, f"{LAST_ACTION[0]}: {type(self).__name__} {id(self):x}\n".encode())
+        return draw(self)
+
+    Visual.draw = traced
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=["small", "large"], default="large")
+    parser.add_argument(
+        "--trace-draws",
+        metavar="FILE",
+        help="write each vispy visual's class and the soak's last action to FILE before it is drawn, unbuffered, "
+        "so that a crash inside OpenGL (which faulthandler shows only as glDrawArrays) names what was drawn",
+    )
     args = parser.parse_args()
     faulthandler.enable()
+    if args.trace_draws:
+        _trace_draws(args.trace_draws)
     import napari
 
     viewer = napari.Viewer()

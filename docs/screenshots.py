@@ -177,6 +177,16 @@ def mipmap_tools(app) -> None:
     viewer.close()
 
 
+def only_layers(*suffixes: str):
+    """Hide every layer but those whose names end with one of ``suffixes`` (overlaid, no grid)."""
+
+    def prepare(viewer, widget, app) -> None:
+        for layer in viewer.layers:
+            layer.visible = layer.name.endswith(suffixes)
+
+    return prepare
+
+
 def side_by_side(*suffixes: str):
     """Show only the layers whose names end with ``suffixes``, side by side in napari's grid (in that order)."""
 
@@ -214,6 +224,8 @@ def main() -> None:
     from napari_gridmip._widgets.correlation_widget import CorrelationWidget
     from napari_gridmip._widgets.mipmap_widget import MipmapWidget
     from napari_gridmip._widgets.patches_widget import PatchesWidget
+    from napari_gridmip._widgets.stitch_widget import StitchWidget
+    from napari_gridmip._widgets.tiled_widget import TiledWidget
 
     os.environ.setdefault("NAPARI_GRIDMIP_CONFIG_DIR", tempfile.mkdtemp())  # leave the user's settings alone
     OUT.mkdir(exist_ok=True)
@@ -226,6 +238,8 @@ def main() -> None:
         ("mipmap_3d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 3),
         ("mipmap_2d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 2),
         ("patches", PatchesWidget, "Reassemble patches", "tiles", {"blend": "gaussian"}, 2),
+        ("stitch", StitchWidget, "Stitch tiles", "mosaic", {}, 2),
+        ("tiled", TiledWidget, "Process in tiles", "occupancy", {"filter": "white_tophat"}, 3),
         ("correlation", CorrelationWidget, "Correlation map", "speckle", window, 2),
         ("correlation_map", CorrelationWidget, "Correlation map", "speckle", {**window, "full_map": True}, 2),
         ("correlation_dic", CorrelationWidget, "Correlation map", "dic", {}, 2),
@@ -234,6 +248,8 @@ def main() -> None:
         ("correlation_surface", CorrelationWidget, "Correlation map", "dic", {}, 2),
     ]
     prepare = {
+        "stitch": only_layers("mosaic", "tile placement", "pairs"),
+        "tiled": only_layers("white_tophat", "white top-hat", "tiled"),
         "correlation_dic": side_by_side("(img2)", " dy", " exx", " exy"),
         "correlation_speckle": side_by_side("speckle sample", " transmission", " dark-field", " phase"),
         "correlation_calcium": side_by_side("calcium movie", "correlation image"),

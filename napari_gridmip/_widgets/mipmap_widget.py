@@ -212,9 +212,9 @@ class MipmapWidget(JobWidget):
         self.threshold.value = float(value)  # the spin box is the value; it updates what is shown
 
     def _threshold_changed(self, value: float) -> None:
-        low, high = self._value_range()
-        with self.threshold_slider.changed.blocked():
-            self.threshold_slider.value = min(max(float(value), low), high)
+        slider = self.threshold_slider
+        with slider.changed.blocked():  # the slider's own limits: it rounds the value range to its decimals
+            slider.value = min(max(float(value), slider.min), slider.max)
         self._apply_threshold(float(value))
 
     def _result_layers(self) -> list[tuple[int | None, Any]]:

@@ -460,3 +460,14 @@ def test_a_range_the_slider_rounds_is_accepted(viewer_and_widget):
     second = MipmapWidget(viewer)  # made while the layer is there: its slider takes the layer's range
     assert second.threshold_slider.min <= second.threshold_slider.value <= second.threshold_slider.max
     second.close()
+
+
+def test_a_threshold_at_the_unrounded_maximum_moves_the_slider_to_its_end(viewer_and_widget, wait_idle):
+    viewer, widget = viewer_and_widget
+    volume = np.zeros((8, 8, 8), np.float32)
+    volume[2, 3, 4] = 0.8097108006477356
+    viewer.add_image(volume, name="odd max")
+    widget.run_button.native.click()
+    wait_idle(widget)
+    widget.threshold.value = float(volume.max())  # above the slider's rounded maximum: no ValueError
+    assert widget.threshold_slider.value == widget.threshold_slider.max

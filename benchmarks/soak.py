@@ -56,7 +56,8 @@ class Report:
             f"runs: {self.runs}; actions: {self.actions}",
             f"errors: {len(self.errors)}" + "".join(f"\n  {e}" for e in self.errors[:10]),
             f"threads left running: {self.threads_left or 'none'}",
-            f"resident memory: {self.rss_start_mb:.0f} MB after the first round, {self.rss_end_mb:.0f} MB after the "
+            f"resident memory (layers cleared): {self.rss_start_mb:.0f} MB after the first round, "
+            f"{self.rss_end_mb:.0f} MB after the "
             f"second (the same runs again): "
             f"growth {self.growth_mb:+.0f} MB (limit {MAX_GROWTH_MB:.0f})",
         ]
@@ -274,6 +275,8 @@ def soak(
                         viewer.layers.clear()
                 viewer.window.remove_dock_widget(widget.native)
                 del widget
+        # measured as the start of the round was: layers cleared (else the last round's results count as growth)
+        viewer.layers.clear()
         gc.collect()
         _process(0.5)
         report.rss_end_mb = rss_mb()

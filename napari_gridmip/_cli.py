@@ -341,14 +341,6 @@ def parse_outputs(text: str) -> list[str]:
     for name in names:
         if name not in known:
             raise UsageError(f"--outputs: unknown output {name!r}; choose from {', '.join(known)}")
-        if name in DERIVED_OUTPUTS:
-            import napari_gridmip
-
-            function = DERIVED_OUTPUTS[name]
-            if function not in napari_gridmip.__all__:
-                raise UsageError(
-                    f"--outputs {name} needs napari_gridmip.{function}, which this version of napari-gridmip lacks"
-                )
     return names
 
 

@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 import numpy as np
+from dask.callbacks import Callback
 
 # The event JAX records each time it traces a function into a jaxpr: a new trace
 # means a new compiled program (a cache hit records nothing).
@@ -63,3 +64,14 @@ def reference_levels(volume, threshold=0.0):
         levels.append(coarse)
         level = coarse
     return levels
+
+
+class TaskCounter(Callback):
+    """Counts the dask tasks that run (a lazy call runs none): ``with TaskCounter() as c: ...; c.count``."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def _posttask(self, key, result, dsk, state, worker_id):
+        self.count += 1

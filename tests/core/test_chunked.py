@@ -4,22 +4,11 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 
 from napari_gridmip import extract_patches, find_displacement, merge_patches, occupancy_mipmap, windowed_pearson
+from tests.helpers import TaskCounter
 
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-class TaskCounter(Callback):
-    """Counts the dask tasks that run (a lazy call runs none)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
 
 
 @pytest.mark.parametrize(

@@ -4,21 +4,12 @@ import dask.array as da
 import jax
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from napari_gridmip import integrate_gradient, phase_from_displacement, strain_field
 from tests.core.correlation import reference_fields as ref
-
-
-class TaskCounter(Callback):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
+from tests.helpers import TaskCounter
 
 
 def host(a):

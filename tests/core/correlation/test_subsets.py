@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import ndimage, optimize
@@ -18,6 +17,7 @@ from tests.core.correlation.subset_reference import (
     umpa_fit,
     zncc,
 )
+from tests.helpers import TaskCounter
 
 # (shape (K, M, N), window, subset, step): running sums (steps 1 and 2), fresh sums (2 step >= subset rows),
 # compact columns (step >= subset columns), axes of size 1, K = 1, and a 1-pixel subset with a step
@@ -40,15 +40,6 @@ def pair(seed=0, shape=PAIR[0]):
 
 def offsets_first(full_map):
     return np.moveaxis(full_map, (-2, -1), (-4, -3))
-
-
-class TaskCounter(Callback):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
 
 
 # -- the map ----------------------------------------------------------------------------------------

@@ -5,21 +5,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from napari_gridmip import local_correlation_image
 from tests.core.correlation import reference_fields as ref
-
-
-class TaskCounter(Callback):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
+from tests.helpers import TaskCounter
 
 
 def host(a):

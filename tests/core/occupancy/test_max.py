@@ -6,7 +6,6 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -15,6 +14,7 @@ from napari_gridmip import max_mipmap, mipmap_shapes, occupancy_mipmap, threshol
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.occupancy.pyramid import ANY, halve, max_levels, max_reduction, pyramid_levels
 from tests.core.occupancy import reference
+from tests.helpers import TaskCounter
 
 DTYPES = [
     np.bool_,
@@ -110,15 +110,6 @@ def test_leading_axes_are_one_pyramid_each():
         for c in range(3):
             single = [np.asarray(level)[t, c] for level in levels]
             assert_same_levels(single, reference.max_levels(series[t, c]), np.int16)
-
-
-class TaskCounter(Callback):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
 
 
 @pytest.mark.parametrize(

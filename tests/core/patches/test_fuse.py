@@ -3,22 +3,13 @@
 import dask.array as da
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 
 from napari_gridmip import fuse_tiles
 from napari_gridmip._sample_data.mosaic import texture
 from tests.core.patches.reference import fuse_reference
+from tests.helpers import TaskCounter
 
 BLENDS = ["linear", "mean", "max", "overwrite"]
-
-
-class TaskCounter(Callback):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
 
 
 def scattered(n=6, channels=2, shape=(21, 34), seed=0, dtype=np.float32):

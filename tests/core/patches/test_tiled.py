@@ -5,28 +5,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dask.callbacks import Callback
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import ndimage
 
 from napari_gridmip import apply_tiled
 from tests.core.patches.reference import blobs, reference_tiled, same_partition
-from tests.helpers import count_traces
+from tests.helpers import TaskCounter, count_traces
 
 MODES = ["reflect", "nearest", "mirror", "constant"]
 EPS32 = float(np.finfo(np.float32).eps)
-
-
-class TaskCounter(Callback):
-    """Counts the dask tasks that run (a lazy call runs none)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        self.count += 1
 
 
 def per_axis(t, d, lead, value):

@@ -34,6 +34,45 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def census() -> dict[str, Any]:
+    """What the process holds, for telling a leak (objects that pile up) from caches and the allocator."""
+    import collections
+    import ctypes
+
+    gc.collect()
+    rss = rss_mb()
+    try:  # glibc keeps freed memory in its arenas; trimming shows how much of the RSS is only that
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    out: dict[str, Any] = {"rss_mb": rss, "rss_trimmed_mb": rss_mb(), "types": counts}
+    if "jax" in sys.modules:
+        import jax
+
+        arrays = jax.live_arrays()
+        out["jax_arrays"] = len(arrays)
+        out["jax_array_mb"] = sum(a.nbytes for a in arrays) / 2**20
+    try:
+        from qtpy.QtWidgets import QApplication
+
+        out["qwidgets"] = len(QApplication.allWidgets())
+    except Exception:  # no Qt in this process
+        pass
+    return out
+
+
+def census_lines(before: dict[str, Any], after: dict[str, Any], top: int = 15) -> list[str]:
+    lines = [
+        f"  {key}: {before.get(key, 0):.0f} -> {after.get(key, 0):.0f}"
+        for key in ("rss_mb", "rss_trimmed_mb", "jax_arrays", "jax_array_mb", "qwidgets")
+        if key in after
+    ]
+    grown = (after["types"] - before["types"]).most_common(top)
+    lines.append("  objects grown: " + ", ".join(f"{name} +{n}" for name, n in grown))
+    return lines
+
+
 @dataclass
 class Report:
     runs: int = 0
@@ -42,6 +81,7 @@ class Report:
     threads_left: list[str] = field(default_factory=list)
     rss_start_mb: float = 0.0
     rss_end_mb: float = 0.0
+    censuses: list[dict[str, Any]] = field(default_factory=list)  # after each round, layers cleared
 
     @property
     def growth_mb(self) -> float:
@@ -58,7 +98,7 @@ class Report:
             f"threads left running: {self.threads_left or 'none'}",
             f"resident memory (layers cleared): {self.rss_start_mb:.0f} MB after the first round, "
             f"{self.rss_end_mb:.0f} MB after the "
-            f"second (the same runs again): "
+            f"last (the same runs again): "
             f"growth {self.growth_mb:+.0f} MB (limit {MAX_GROWTH_MB:.0f})",
         ]
 
@@ -196,6 +236,8 @@ def soak(
     size: str = "large",
     kinds: tuple[str, ...] = ("mipmap", "patches", "stitch", "tiled", "correlation"),
     close_viewer: bool = True,
+    rounds: int = 2,
+    take_census: bool = False,
 ) -> Report:
     """Drive every widget ``iterations`` times in ``viewer``; see the module docstring."""
     from napari.utils import notifications
@@ -226,14 +268,18 @@ def soak(
     show_error = notifications.show_error
     notifications.show_error = lambda text: (errors.append(f"notification: {text}"), show_error(text))[-1]
     try:
-        # Two rounds of the same random sequence: the first compiles every program the parameters need
-        # (JAX keeps compiled programs, by design), the second shows what is left over by the runs.
-        for round_number in range(2):
+        # Rounds of the same random sequence: the first compiles every program the parameters need
+        # (JAX keeps compiled programs, by design), the later ones show what is left over by the runs.
+        for round_number in range(rounds):
             rng = np.random.default_rng(seed)
-            if round_number == 1:
+            if round_number >= 1:
                 viewer.layers.clear()
+                _process(0.5)
                 gc.collect()
-                report.rss_start_mb = rss_mb()
+                if round_number == 1:
+                    report.rss_start_mb = rss_mb()
+                if take_census:  # after the reading above: the census trims the allocator's free memory
+                    report.censuses.append(census())
             for kind in kinds:
                 widget = _widget_class(kind)(viewer)
                 viewer.window.add_dock_widget(widget)
@@ -277,9 +323,11 @@ def soak(
                 del widget
         # measured as the start of the round was: layers cleared (else the last round's results count as growth)
         viewer.layers.clear()
-        gc.collect()
         _process(0.5)
+        gc.collect()
         report.rss_end_mb = rss_mb()
+        if take_census:
+            report.censuses.append(census())
         if close_viewer:  # close the viewer while a job runs
             last = _widget_class(kinds[-1])(viewer)
             viewer.window.add_dock_widget(last)
@@ -335,6 +383,13 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=["small", "large"], default="large")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the same runs (growth: 2nd to last)")
+    parser.add_argument("--kinds", default="mipmap,patches,stitch,tiled,correlation", help="widgets, comma-separated")
+    parser.add_argument(
+        "--census",
+        action="store_true",
+        help="after each round: RSS (also after malloc_trim), JAX arrays, objects grown",
+    )
     parser.add_argument(
         "--trace-draws",
         metavar="FILE",
@@ -349,9 +404,21 @@ def main() -> None:
 
     viewer = napari.Viewer()
     start = time.perf_counter()
-    report = soak(viewer, iterations=args.iterations, seed=args.seed, size=args.size)
+    kinds = tuple(args.kinds.split(","))
+    report = soak(
+        viewer,
+        iterations=args.iterations,
+        seed=args.seed,
+        size=args.size,
+        kinds=kinds,
+        rounds=args.rounds,
+        take_census=args.census,
+    )
     print(f"soak: {args.iterations} iterations a widget, seed {args.seed}, {time.perf_counter() - start:.0f} s")
     print("\n".join(report.lines()))
+    for number, (before, after) in enumerate(zip(report.censuses, report.censuses[1:]), start=2):
+        print(f"census, round {number} -> {number + 1}:")
+        print("\n".join(census_lines(before, after)))
     print("PASS" if report.ok else "FAIL")
     sys.exit(0 if report.ok else 1)
 

@@ -65,6 +65,9 @@ class BackgroundRunner:
         self._cancel_requested = False
         self._detached = False  # the widget is gone: its buttons and labels may be deleted already
         self._showing: dict[str, Any] | None = None  # a result whose layers are being added
+        # called on the GUI thread when a job is over (worker finished and last layer in), while the widget
+        # is docked: the runner is the widget's own, so nothing outside it (napari keeps every worker) holds it
+        self.on_idle: list[Callable[[], None]] = []
         self._cancel_button.enabled = False
 
     @property
@@ -222,8 +225,13 @@ class BackgroundRunner:
     def _end_showing(self) -> None:
         """Run is enabled again once the worker has finished and the last layer is in."""
         if self.worker is None and not self._detached:
-            self._run_button.enabled = True
-            self._cancel_button.enabled = False
+            self._became_idle()
+
+    def _became_idle(self) -> None:
+        self._run_button.enabled = True
+        self._cancel_button.enabled = False
+        for callback in self.on_idle:
+            callback()
 
     def _on_errored(self, error: BaseException) -> None:
         if isinstance(error, Cancelled):
@@ -255,8 +263,7 @@ class BackgroundRunner:
         if self._cancel_requested and self._status.value.endswith("..."):
             self._status.value = "Cancelled"
         if self._showing is None:  # else: when its last layer is in
-            self._run_button.enabled = True
-            self._cancel_button.enabled = False
+            self._became_idle()
 
 
 def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:

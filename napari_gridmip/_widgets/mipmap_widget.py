@@ -128,6 +128,7 @@ class MipmapWidget(JobWidget):
         self.threshold_slider.changed.connect(self._slider_moved)
         self.crop_button.changed.connect(self.crop)
         self.render_button.changed.connect(self.render)
+        self.runner.on_idle.append(self._busy_changed)
         self._sync_slider()
 
     # -- Run ---------------------------------------------------------------------------------------------------------
@@ -336,10 +337,9 @@ class MipmapWidget(JobWidget):
 
     def _busy_changed(self, *_: Any) -> None:
         """Crop and Render are enabled when a result exists and no job runs (Run is the runner's)."""
-        busy = self.runner.busy
-        if busy and self.runner.worker is not None:
-            self.runner.worker.finished.connect(self._busy_changed)
-        ready = bool(self._shown) and not busy and not self.released
+        if self.released:  # the dock was closed: its buttons may be deleted already
+            return
+        ready = bool(self._shown) and not self.runner.busy
         self.crop_button.enabled = ready
         self.render_button.enabled = ready
 

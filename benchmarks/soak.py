@@ -1,13 +1,17 @@
 """Soak test: every widget, many times, in one viewer, with cancels, vanishing inputs and re-docking.
 
-    xvfb-run -a python benchmarks/soak.py [--iterations 30] [--seed 0]
+    xvfb-run -a python -X faulthandler benchmarks/soak.py [--iterations 30] [--rounds 3] [--census]
 
 For each widget, ``--iterations`` times in one viewer: a run with random valid parameters, and at a
 random moment one of: wait for it, press Cancel, delete the input layer, or close the dock and dock a
 new widget. At the end a run is started and the viewer closed while it runs. Python's faulthandler is
 on (a crash prints the stacks of every thread). Reported: errors (notifications, uncaught exceptions),
-threads still running at the end, and resident memory growth over the loop (after a first warm-up
-round). Exit status 1 when a requirement fails: no error, no thread left, growth under 100 MB.
+threads still running at the end, and resident memory: the growth from round 1 to round 2 (the same
+runs again, JAX's compiled programs included) and, with three rounds, what the runs left behind from
+round 2 to the last with JAX's caches dropped at both readings. Exit status 1 when a requirement fails:
+no error, no thread left, memory left behind under 100 MB (the round 2 growth with two rounds).
+``--census`` prints what grew between rounds (RSS before and after malloc_trim, objects by type, Qt
+widgets), which is how a leak is told from a cache.
 
 ``tests/widgets/test_soak.py`` runs a short version (a few iterations) in the suite.
 """
@@ -45,8 +49,13 @@ def census() -> dict[str, Any]:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
-    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
-    out: dict[str, Any] = {"rss_mb": rss, "rss_trimmed_mb": rss_mb(), "types": counts}
+    objects = gc.get_objects()
+    counts = collections.Counter(type(o).__qualname__ for o in objects)
+    functions = collections.Counter(
+        f"{o.__module__}.{o.__qualname__}" for o in objects if type(o).__name__ == "function"
+    )
+    del objects
+    out: dict[str, Any] = {"rss_mb": rss, "rss_trimmed_mb": rss_mb(), "types": counts, "functions": functions}
     if "jax" in sys.modules:
         import jax
 
@@ -56,10 +65,28 @@ def census() -> dict[str, Any]:
     try:
         from qtpy.QtWidgets import QApplication
 
-        out["qwidgets"] = len(QApplication.allWidgets())
+        widgets = QApplication.allWidgets()
+        out["qwidgets"] = len(widgets)
+        out["qwidget_types"] = collections.Counter(type(w).__name__ for w in widgets)
     except Exception:  # no Qt in this process
         pass
     return out
+
+
+def rss_without_jax_caches_mb() -> float:
+    """RSS once JAX's compiled programs and traces are dropped (``jax.clear_caches``) and the allocator
+    trimmed: what the runs left behind that is not a cache of compiled programs."""
+    import ctypes
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    return rss_mb()
 
 
 def census_lines(before: dict[str, Any], after: dict[str, Any], top: int = 15) -> list[str]:
@@ -70,6 +97,11 @@ def census_lines(before: dict[str, Any], after: dict[str, Any], top: int = 15) -
     ]
     grown = (after["types"] - before["types"]).most_common(top)
     lines.append("  objects grown: " + ", ".join(f"{name} +{n}" for name, n in grown))
+    grown = (after["functions"] - before["functions"]).most_common(6)
+    lines.append("  functions grown: " + ", ".join(f"{name} +{n}" for name, n in grown))
+    if "qwidget_types" in after:
+        grown = (after["qwidget_types"] - before["qwidget_types"]).most_common(top)
+        lines.append("  Qt widgets grown: " + ", ".join(f"{name} +{n}" for name, n in grown))
     return lines
 
 
@@ -79,28 +111,48 @@ class Report:
     actions: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     threads_left: list[str] = field(default_factory=list)
-    rss_start_mb: float = 0.0
-    rss_end_mb: float = 0.0
+    rss_start_mb: float = 0.0  # after the first round
+    rss_end_mb: float = 0.0  # after the second
+    clean_start_mb: float | None = None  # after the second round, JAX's caches dropped (three rounds or more)
+    clean_end_mb: float | None = None  # after the last round, the same
     censuses: list[dict[str, Any]] = field(default_factory=list)  # after each round, layers cleared
 
     @property
     def growth_mb(self) -> float:
+        """Round 2 against round 1: what the runs leave behind plus programs compiled only in round 2."""
         return self.rss_end_mb - self.rss_start_mb
 
     @property
+    def left_behind_mb(self) -> float | None:
+        """Last round against round 2, JAX's caches dropped both times: what the runs leave behind."""
+        if self.clean_start_mb is None or self.clean_end_mb is None:
+            return None
+        return self.clean_end_mb - self.clean_start_mb
+
+    @property
     def ok(self) -> bool:
-        return not self.errors and not self.threads_left and self.growth_mb < MAX_GROWTH_MB
+        left = self.left_behind_mb
+        return not self.errors and not self.threads_left and (self.growth_mb if left is None else left) < MAX_GROWTH_MB
 
     def lines(self) -> list[str]:
-        return [
+        lines = [
             f"runs: {self.runs}; actions: {self.actions}",
             f"errors: {len(self.errors)}" + "".join(f"\n  {e}" for e in self.errors[:10]),
             f"threads left running: {self.threads_left or 'none'}",
-            f"resident memory (layers cleared): {self.rss_start_mb:.0f} MB after the first round, "
-            f"{self.rss_end_mb:.0f} MB after the "
-            f"last (the same runs again): "
-            f"growth {self.growth_mb:+.0f} MB (limit {MAX_GROWTH_MB:.0f})",
+            f"resident memory (layers cleared): {self.rss_start_mb:.0f} MB after round 1, "
+            f"{self.rss_end_mb:.0f} MB after round 2 (the same runs again): growth {self.growth_mb:+.0f} MB, "
+            "JAX's compiled programs included",
         ]
+        left = self.left_behind_mb
+        if left is not None:
+            lines.append(
+                f"resident memory with JAX's caches dropped (jax.clear_caches, malloc_trim): "
+                f"{self.clean_start_mb:.0f} MB after round 2, {self.clean_end_mb:.0f} MB after the last: "
+                f"left behind {left:+.0f} MB (limit {MAX_GROWTH_MB:.0f})"
+            )
+        else:
+            lines[-1] += f" (limit {MAX_GROWTH_MB:.0f})"
+        return lines
 
 
 def _inputs(kind: str, rng: np.random.Generator, size: str) -> list[tuple[np.ndarray, str]]:
@@ -163,6 +215,35 @@ def _randomise(kind: str, widget: Any, rng: np.random.Generator) -> None:
         widget.subpixel.value = str(rng.choice(["hessian", "paraboloid", "refine", "none"]))
         widget.precision.value = str(rng.choice(["float32", "float64"]))
         widget.full_map.value = bool(rng.random() < 0.3)
+
+
+def _measure(report: Report, viewer: Any, round_number: int, *, rounds: int, take_census: bool) -> None:
+    """The readings after a round, layers cleared (else a round's results would count as growth)."""
+    viewer.layers.clear()
+    _process(0.5)
+    gc.collect()
+    if round_number == 0:
+        report.rss_start_mb = rss_mb()
+    elif round_number == 1:
+        report.rss_end_mb = rss_mb()
+    if take_census:  # after the readings above: the census trims the allocator's free memory
+        report.censuses.append(census())
+    if rounds > 2 and round_number == 1:
+        report.clean_start_mb = rss_without_jax_caches_mb()
+    elif rounds > 2 and round_number == rounds - 1:
+        report.clean_end_mb = rss_without_jax_caches_mb()
+
+
+def _choose_inputs(kind: str, widget: Any, viewer: Any) -> None:
+    if kind == "patches":
+        widget.layer.value = viewer.layers["soak tiles"]
+    elif kind == "tiled":
+        widget.layer.value = viewer.layers["soak image"]
+    elif kind == "stitch":
+        widget.layer.value = viewer.layers["soak mosaic tiles"]
+    elif kind == "correlation":
+        widget.img1.value = viewer.layers["soak sample"]
+        widget.img2.value = viewer.layers["soak reference"]
 
 
 def _widget_class(kind: str) -> type:
@@ -242,15 +323,11 @@ def soak(
     """Drive every widget ``iterations`` times in ``viewer``; see the module docstring."""
     from napari.utils import notifications
 
-    from napari_gridmip._widgets import _runner
-
     rng = np.random.default_rng(seed)
     report = Report()
     errors = report.errors
-    original_notify = _runner.notify_error
     original_hook = sys.excepthook
     original_thread_hook = threading.excepthook
-    _runner.notify_error = lambda text: (errors.append(f"notification: {text}"), original_notify(text))[-1]
 
     def uncaught(kind: type, value: BaseException, tb: Any) -> None:
         import traceback
@@ -259,27 +336,27 @@ def soak(
         ours = [f for f in frames if "napari_gridmip" in f.filename]
         where = (ours or frames or [None])[-1]
         at = f" at {where.filename.split('site-packages/')[-1]}:{where.lineno} {where.name}" if where else ""
-        errors.append(f"uncaught {kind.__name__}: {value}{at}")
+        errors.append(f"[{LAST_ACTION[0]}] uncaught {kind.__name__}: {value}{at}")
 
     sys.excepthook = uncaught
     threading.excepthook = lambda args: errors.append(
-        f"thread {args.thread}: {args.exc_type.__name__}: {args.exc_value}"
+        f"[{LAST_ACTION[0]}] thread {args.thread}: {args.exc_type.__name__}: {args.exc_value}"
     )
     show_error = notifications.show_error
-    notifications.show_error = lambda text: (errors.append(f"notification: {text}"), show_error(text))[-1]
+
+    def notified(text: str) -> None:  # every error notification, the widgets' included (they call this one)
+        errors.append(f"[{LAST_ACTION[0]}] notification: {text}")
+        show_error(text)
+
+    notifications.show_error = notified
     try:
-        # Rounds of the same random sequence: the first compiles every program the parameters need
-        # (JAX keeps compiled programs, by design), the later ones show what is left over by the runs.
+        # Rounds of the same random sequence. The first compiles the programs the parameters need (JAX keeps
+        # compiled programs, by design); the second repeats it: its growth is what the runs leave behind plus
+        # the programs the first round never reached (a cancel lands later once compiling is cached). With a
+        # third round, JAX's caches are dropped after the second and after the third: their difference is
+        # what the runs leave behind, whatever JAX compiled.
         for round_number in range(rounds):
             rng = np.random.default_rng(seed)
-            if round_number >= 1:
-                viewer.layers.clear()
-                _process(0.5)
-                gc.collect()
-                if round_number == 1:
-                    report.rss_start_mb = rss_mb()
-                if take_census:  # after the reading above: the census trims the allocator's free memory
-                    report.censuses.append(census())
             for kind in kinds:
                 widget = _widget_class(kind)(viewer)
                 viewer.window.add_dock_widget(widget)
@@ -288,15 +365,7 @@ def soak(
                         for data, name in _inputs(kind, rng, size):
                             viewer.add_image(data, name=name)
                         widget.reset_choices()
-                    if kind == "patches":
-                        widget.layer.value = viewer.layers["soak tiles"]
-                    elif kind == "tiled":
-                        widget.layer.value = viewer.layers["soak image"]
-                    elif kind == "stitch":
-                        widget.layer.value = viewer.layers["soak mosaic tiles"]
-                    elif kind == "correlation":
-                        widget.img1.value = viewer.layers["soak sample"]
-                        widget.img2.value = viewer.layers["soak reference"]
+                    _choose_inputs(kind, widget, viewer)
                     _randomise(kind, widget, rng)
                     action = str(rng.choice(["wait", "cancel", "delete input", "re-dock"])) if i else "wait"
                     report.actions[action] = report.actions.get(action, 0) + 1
@@ -321,13 +390,7 @@ def soak(
                         viewer.layers.clear()
                 viewer.window.remove_dock_widget(widget.native)
                 del widget
-        # measured as the start of the round was: layers cleared (else the last round's results count as growth)
-        viewer.layers.clear()
-        _process(0.5)
-        gc.collect()
-        report.rss_end_mb = rss_mb()
-        if take_census:
-            report.censuses.append(census())
+            _measure(report, viewer, round_number, rounds=rounds, take_census=take_census)
         if close_viewer:  # close the viewer while a job runs
             last = _widget_class(kinds[-1])(viewer)
             viewer.window.add_dock_widget(last)
@@ -335,8 +398,8 @@ def soak(
                 if name not in viewer.layers:
                     viewer.add_image(data, name=name)
             last.reset_choices()
-            if kinds[-1] == "correlation":
-                last.img1.value, last.img2.value = viewer.layers["soak sample"], viewer.layers["soak reference"]
+            _choose_inputs(kinds[-1], last, viewer)
+            _randomise(kinds[-1], last, rng)
             last.run_button.native.click()
             _process(0.05)
             viewer.close()
@@ -353,7 +416,6 @@ def soak(
         if QThreadPool.globalInstance().activeThreadCount():
             report.threads_left.append(f"{QThreadPool.globalInstance().activeThreadCount()} Qt pool thread(s)")
     finally:
-        _runner.notify_error = original_notify
         sys.excepthook = original_hook
         threading.excepthook = original_thread_hook
         notifications.show_error = show_error
@@ -383,7 +445,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=["small", "large"], default="large")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of the same runs (growth: 2nd to last)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the same runs (3 or more: JAX's caches measured apart)"
+    )
     parser.add_argument("--kinds", default="mipmap,patches,stitch,tiled,correlation", help="widgets, comma-separated")
     parser.add_argument(
         "--census",
@@ -416,8 +480,8 @@ def main() -> None:
     )
     print(f"soak: {args.iterations} iterations a widget, seed {args.seed}, {time.perf_counter() - start:.0f} s")
     print("\n".join(report.lines()))
-    for number, (before, after) in enumerate(zip(report.censuses, report.censuses[1:]), start=2):
-        print(f"census, round {number} -> {number + 1}:")
+    for number, (before, after) in enumerate(zip(report.censuses, report.censuses[1:]), start=1):
+        print(f"census, after round {number} -> after round {number + 1}:")
         print("\n".join(census_lines(before, after)))
     print("PASS" if report.ok else "FAIL")
     sys.exit(0 if report.ok else 1)

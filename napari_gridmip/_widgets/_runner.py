@@ -246,6 +246,7 @@ class BackgroundRunner:
         worker, self.worker = self.worker, None
         self._holding.clear()
         if worker is not None:
+            _forget_task(self._viewer, worker)
             for signal, slot in (
                 (worker.returned, self._on_worker_returned),
                 (worker.errored, self._on_errored),
@@ -264,6 +265,22 @@ class BackgroundRunner:
             self._status.value = "Cancelled"
         if self._showing is None:  # else: when its last layer is in
             self._became_idle()
+
+
+def _forget_task(viewer: Any, worker: Any) -> None:
+    """Take a finished worker out of napari's task list.
+
+    napari registers every worker it creates there (it asks before quitting while one is busy) and never
+    removes one, so each run left its worker, signals and status closures behind for the whole session
+    (benchmarks/soak.py --census: one FunctionWorker, TaskStatusItem and about 50 small objects a run).
+    The list is private to napari: without it, nothing is done.
+    """
+    tasks = getattr(getattr(getattr(viewer, "window", None), "_task_status_manager", None), "_tasks", None)
+    if not isinstance(tasks, dict):
+        return
+    for task_id, item in list(tasks.items()):
+        if getattr(getattr(item, "_cancel_callback", None), "__self__", None) is worker:
+            tasks.pop(task_id, None)
 
 
 def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:

@@ -202,3 +202,54 @@ def test_lazy_merge_and_correlation_jobs(stacks, tmp_path):
     np.testing.assert_allclose(by_name["b dy"], np.asarray(dy), atol=1e-5)
     full = np.moveaxis(np.asarray(windowed_pearson(a, b, (5, 7))), (-2, -1), (0, 1))[:, :, None]
     np.testing.assert_allclose(np.asarray(by_name["b correlation map"]), full, atol=1e-6)
+
+
+def _repeat_traces(make_job):
+    """How many programs JAX traces or compiles when the same job runs a second time."""
+    import jax
+
+    events = []
+
+    def listen(event, duration, **_):
+        if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration"):
+            events.append(event)
+
+    make_job().run(Steps())
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        make_job().run(Steps())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return events
+
+
+def _repeatable_jobs():
+    from napari_gridmip._jobs.stitch import StitchRequest, make_stitch_job
+    from napari_gridmip._jobs.tiled import TiledRequest, make_tiled_job
+    from napari_gridmip._sample_data.mosaic import make_mosaic
+
+    rng = np.random.default_rng(5)
+    a, b = rng.random((2, 4, 32, 30), dtype=np.float32)
+    mosaic = make_mosaic(grid_shape=(2, 2), tile_shape=(48, 48), overlap=0.25, stage_error=2, seed=1)
+    tiles = np.asarray(mosaic.tiles)
+    image = rng.random((70, 66), dtype=np.float32)
+    patches = np.asarray(extract_patches(rng.random((40, 44), dtype=np.float32), (16, 16), (12, 12)))
+    return {
+        "mipmap": lambda: make_mipmap_job(MipmapRequest("v", two_balls(), plain_frame(3), threshold=0.5)),
+        "merge": lambda: make_merge_job(MergeRequest("p", patches, (40, 44), (12, 12), "hann", plain_frame(4), (2, 3))),
+        "correlation stacks": lambda: make_correlation_job(
+            CorrelationRequest("a", "b", a, b, plain_frame(3), (5, 5), spacing=4, subpixel="refine")
+        ),
+        "correlation subsets": lambda: make_correlation_job(
+            CorrelationRequest("a", "b", a[0], b[0], plain_frame(2), (5, 5), subset=(5, 5), step=2, index="[None]")
+        ),
+        "stitch": lambda: make_stitch_job(StitchRequest("t", tiles, plain_frame(3), (2, 2), 0.25, max_shift=4)),
+        "tiled": lambda: make_tiled_job(TiledRequest("i", image, plain_frame(2), "gaussian", (32, 32), {"sigma": 2.0})),
+    }
+
+
+@pytest.mark.parametrize("kind", ["mipmap", "merge", "correlation stacks", "correlation subsets", "stitch", "tiled"])
+def test_a_repeated_job_traces_and_compiles_nothing(kind):
+    """JAX keeps each compiled program for the session (about 12 MB each for find_displacement on CPU), so a run
+    that retraced would grow memory, and time, with every run: the same job again must find all of them cached."""
+    assert _repeat_traces(_repeatable_jobs()[kind]) == []

@@ -6,7 +6,9 @@ Each scenario runs in a fresh Python process (so "first run" means the session's
 viewer, the widget docked, its sample loaded, Run clicked through the button. A 5 ms QTimer on the GUI
 thread records when the event loop gets to run; the longest gap between two ticks is the freeze. A
 watchdog thread samples the GUI thread's Python stack (``sys._current_frames``) whenever it has not
-ticked for ``--threshold-ms``, so each long freeze comes with the code that held the thread.
+ticked for ``--threshold-ms``, so each long freeze comes with the code that held the thread. The
+durations of Python's full (generation 2) garbage collections during the run are listed too: one scans
+every object of the process and holds the GIL in whichever thread started it, so the GUI thread waits.
 
 Scenarios: ``mipmap`` (first run), ``mipmap-per-level`` (first run with one image layer per level),
 ``mipmap-second`` (a second run in the same session), ``patches``, ``stitch`` (the mosaic sample),
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import subprocess
 import sys
@@ -104,6 +107,18 @@ def child(scenario: str, threshold_ms: float) -> dict:
                         "\n".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in stack)
                     ] += 1
 
+    # Python's cyclic garbage collector: a full collection scans every object of the process (napari's and
+    # JAX's: hundreds of thousands) and holds the GIL in whichever thread started it, the GUI thread waiting
+    garbage_runs: list[tuple[int, float]] = []
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif timer.isActive():
+            garbage_runs.append((info["generation"], (time.perf_counter() - started[0]) * 1e3))
+
+    gc.callbacks.append(on_gc)
     timer = QTimer()
     timer.setInterval(5)
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
@@ -131,6 +146,7 @@ def child(scenario: str, threshold_ms: float) -> dict:
         run_once()
         samples.clear()
         kinds.clear()
+        garbage_runs.clear()
     worst, total = run_once()
     stop.set()
     viewer.close()
@@ -140,6 +156,8 @@ def child(scenario: str, threshold_ms: float) -> dict:
         "run_s": round(total, 2),
         "stacks": [{"samples": n, "stack": s} for s, n in samples.most_common(3)],
         "kinds_ms": {kind: 5 * n for kind, n in kinds.most_common()},
+        "full_gc_ms": [round(ms) for generation, ms in garbage_runs if generation == 2],
+        "objects": len(gc.get_objects()),
     }
 
 
@@ -175,7 +193,10 @@ def main() -> None:
         print("RESULT " + json.dumps(child(args.child, args.threshold_ms)))
         return
     scenarios = SCENARIOS if args.scenario == "all" else [args.scenario]
-    print("| scenario | longest GUI freeze (ms) | run (s) | GUI thread held by (ms) |\n|---|---:|---:|---|")
+    print(
+        "| scenario | longest GUI freeze (ms) | run (s) | full garbage collections (ms) | GUI thread held by (ms) |\n"
+        "|---|---:|---:|---|---|"
+    )
     details = []
     for scenario in scenarios:
         done = subprocess.run(
@@ -186,11 +207,12 @@ def main() -> None:
         )
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
-            print(f"| {scenario} | failed: {done.stderr.strip().splitlines()[-1:]} | |")
+            print(f"| {scenario} | failed: {done.stderr.strip().splitlines()[-1:]} | | | |")
             continue
         result = json.loads(line[len("RESULT ") :])
         held = ", ".join(f"{kind} {ms}" for kind, ms in result["kinds_ms"].items())
-        print(f"| {scenario} | {result['worst_gap_ms']:.0f} | {result['run_s']:.2f} | {held} |")
+        full = ", ".join(map(str, result["full_gc_ms"])) or "none"
+        print(f"| {scenario} | {result['worst_gap_ms']:.0f} | {result['run_s']:.2f} | {full} | {held} |")
         details.append(result)
     if args.stacks:
         for result in details:

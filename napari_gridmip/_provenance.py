@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,23 +173,65 @@ def python_script(sources: Sequence[Source], calls: Sequence[Call], outputs: Map
 
 
 def script_from_layers(layers: Sequence[Any]) -> str:
-    """The "Copy as Python" text for the layers one run made (read from their provenance)."""
-    entries = [(layer.name, layer.metadata[KEY]) for layer in layers if KEY in getattr(layer, "metadata", {})]
-    if not entries:
+    """The "Copy as Python" text: one script that remakes ``layers``, each from its own provenance.
+
+    Their sources and calls in order, each once where two layers share it (the layers of one run); a name that
+    two layers bind differently (``levels`` at two thresholds, a run and a later click's surface) gets a suffix.
+    """
+    sources: list[Source] = []
+    calls: list[Call] = []
+    outputs: dict[str, str] = {}
+    bound: dict[str, Any] = {}  # variable -> the record that binds it
+
+    def bind(variable: str, record: Any, rename: dict[str, str]) -> tuple[str, bool]:
+        """The variable's name in the script, and whether its line is new."""
+        name, n = variable, 1
+        while name in bound and bound[name] != record:
+            n += 1
+            name = f"{variable}_{n}"
+        new = name not in bound
+        bound[name] = record
+        rename[variable] = name
+        return name, new
+
+    def renamed(code: str, rename: dict[str, str]) -> str:
+        for old, new in rename.items():
+            if old != new:
+                code = re.sub(rf"\b{re.escape(old)}\b", new, code)
+        return code
+
+    for layer in layers:
+        provenance = getattr(layer, "metadata", {}).get(KEY)
+        if provenance is None:
+            continue
+        rename: dict[str, str] = {}
+        for record in provenance["sources"]:
+            record = {k: renamed(v, rename) if k in ("expression", "index") else v for k, v in record.items()}
+            name, new = bind(record["variable"], ("source", tuple(sorted(record.items()))), rename)
+            if new:
+                sources.append(Source(**{**record, "variable": name}))
+        for c in provenance["calls"]:
+            data = tuple(rename.get(d, d) for d in c["data"])
+            record = ("call", c["function"], data, repr(c["args"]), repr(sorted(c["kwargs"].items())))
+            targets = [t.strip() for t in c["result"].split(",")]
+            names = [bind(t, (record, i), rename) for i, t in enumerate(targets)]
+            if any(new for _, new in names):
+                calls.append(call_from_record({**c, "data": data, "result": ", ".join(name for name, _ in names)}))
+        outputs[layer.name] = renamed(provenance["expression"], rename)
+    if not outputs:
         raise ValueError("no napari-gridmip result to reproduce yet: run the widget first")
-    first = entries[0][1]
-    sources = [Source(**record) for record in first["sources"]]
-    calls = [
-        Call(
-            function=c["function"].removeprefix("napari_gridmip."),
-            data=tuple(c["data"]),
-            args=tuple(_from_plain(a) for a in c["args"]),
-            kwargs={k: _from_plain(v) for k, v in c["kwargs"].items()},
-            result=c["result"],
-        )
-        for c in first["calls"]
-    ]
-    return python_script(sources, calls, {name: record["expression"] for name, record in entries})
+    return python_script(sources, calls, outputs)
+
+
+def call_from_record(record: Mapping[str, Any]) -> Call:
+    """A :class:`Call` back from its provenance record (lists back to tuples)."""
+    return Call(
+        function=record["function"].removeprefix("napari_gridmip."),
+        data=tuple(record["data"]),
+        args=tuple(_from_plain(a) for a in record["args"]),
+        kwargs={k: _from_plain(v) for k, v in record["kwargs"].items()},
+        result=record["result"],
+    )
 
 
 def same_output(metadata: Mapping[str, Any], provenance: Mapping[str, Any]) -> bool:

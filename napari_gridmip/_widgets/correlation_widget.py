@@ -20,7 +20,7 @@ from napari_gridmip._jobs.correlation import (
     make_timeseries_job,
 )
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import KEY, Call, Source, python_script
+from napari_gridmip._provenance import KEY, Source, call_from_record, script_from_layers
 from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
 from napari_gridmip._widgets._runner import notify_error
 from napari_gridmip.core._options import PRECISIONS, SUBPIXEL_METHODS
@@ -481,7 +481,7 @@ class CorrelationWidget(JobWidget):
         record = grid.metadata[KEY]
         search = record["calls"][0]
         sources = tuple(Source(**s) for s in record["sources"])
-        calls = (_call_from_record(search),)
+        calls = (call_from_record(search),)
         at = ", ".join(map(str, pixel))
         fitted = (float(grid.data[pixel]), float(dx_layer.data[pixel]))
         fitted_code = (f"{record['expression']}[{at}]", f"{dx_layer.metadata[KEY]['expression']}[{at}]")
@@ -524,22 +524,7 @@ class CorrelationWidget(JobWidget):
     def python_script(self) -> str:
         """The script that remakes the last run's layers and the last clicked surface's, still in the viewer."""
         layers = [ref() for ref in [*self._results, *self._surface]]
-        layers = [layer for layer in layers if layer is not None and layer in self._viewer.layers]
-        entries = [(layer.name, layer.metadata[KEY]) for layer in layers if KEY in layer.metadata]
-        if not entries:
-            raise ValueError("no napari-gridmip result to reproduce yet: run the widget first")
-        sources: list[Source] = []
-        calls: list[Call] = []
-        for _, record in entries:  # the run's and the surface's, each once, in order
-            for item in record["sources"]:
-                source = Source(**item)
-                if source not in sources:
-                    sources.append(source)
-            for item in record["calls"]:
-                call = _call_from_record(item)
-                if all(call.code() != c.code() for c in calls):
-                    calls.append(call)
-        return python_script(sources, calls, {name: record["expression"] for name, record in entries})
+        return script_from_layers([layer for layer in layers if layer is not None and layer in self._viewer.layers])
 
     def release(self) -> None:
         """Also take the click callback off the viewer."""
@@ -549,16 +534,3 @@ class CorrelationWidget(JobWidget):
             except ValueError:
                 pass
         super().release()
-
-
-def _call_from_record(record: dict[str, Any]) -> Call:
-    def plain(value: Any) -> Any:
-        return tuple(plain(v) for v in value) if isinstance(value, list) else value
-
-    return Call(
-        function=record["function"].removeprefix("napari_gridmip."),
-        data=tuple(record["data"]),
-        args=tuple(plain(a) for a in record["args"]),
-        kwargs={k: plain(v) for k, v in record["kwargs"].items()},
-        result=record["result"],
-    )

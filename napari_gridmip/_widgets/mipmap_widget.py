@@ -20,10 +20,9 @@ from napari_gridmip._jobs.mipmap import (
     make_crop_job,
     make_mipmap_job,
     make_render_job,
-    merged_script,
 )
 from napari_gridmip._placement import Frame
-from napari_gridmip._provenance import KEY
+from napari_gridmip._provenance import KEY, script_from_layers
 from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
 from napari_gridmip._widgets._runner import notify_error
 
@@ -346,7 +345,7 @@ class MipmapWidget(JobWidget):
     def python_script(self) -> str:
         """The script that remakes the last run's layers and the crops and renders made from it."""
         layers = [ref() for ref in [*self._results, *self._extra]]
-        return merged_script([layer for layer in layers if layer is not None and layer in self._viewer.layers])
+        return script_from_layers([layer for layer in layers if layer is not None and layer in self._viewer.layers])
 
 
 def _set_threshold(layer: Any, threshold: float) -> None:

@@ -253,3 +253,30 @@ def test_a_repeated_job_traces_and_compiles_nothing(kind):
     """JAX keeps each compiled program for the session (about 12 MB each for find_displacement on CPU), so a run
     that retraced would grow memory, and time, with every run: the same job again must find all of them cached."""
     assert _repeat_traces(_repeatable_jobs()[kind]) == []
+
+
+def test_copy_as_python_remakes_layers_of_different_runs(monkeypatch):
+    """One script for layers whose provenance differs (two thresholds): each keeps its own call, where a script
+    built from the first layer's calls alone gave both the first threshold."""
+    import types
+
+    import napari
+
+    from napari_gridmip._provenance import script_from_layers
+
+    volume = two_balls() * np.linspace(0, 1, 64, dtype=np.float32)[:, None, None]  # brighter with depth
+    layers = []
+    for threshold in (0.05, 0.6):
+        result = make_mipmap_job(MipmapRequest("v", volume, plain_frame(3), threshold=threshold)).run(Steps())
+        for data, meta, _ in result.layers:
+            name = f"{meta['name']} {threshold}"
+            layers.append(types.SimpleNamespace(name=name, metadata=meta["metadata"], data=data))
+    text = script_from_layers(layers)
+    viewer = types.SimpleNamespace(layers={"v": types.SimpleNamespace(data=volume)})
+    monkeypatch.setattr(napari, "current_viewer", lambda: viewer)
+    namespace = {}
+    exec(compile(text, "<copied>", "exec"), namespace)
+    assert sorted(namespace["results"]) == sorted(layer.name for layer in layers), text
+    for layer in layers:
+        np.testing.assert_array_equal(np.asarray(namespace["results"][layer.name]), layer.data, err_msg=text)
+    assert not np.array_equal(layers[0].data, layers[1].data)  # the thresholds do differ

@@ -58,6 +58,13 @@ def test_mosaic_sample_end_to_end(viewer_and_widget, wait_idle):
     exec(QApplication.clipboard().text(), namespace)
     np.testing.assert_allclose(namespace["results"][mosaic.name], mosaic.data, atol=1e-6)
     np.testing.assert_allclose(np.asarray(namespace["results"][outlines.name]), np.asarray(outlines.data), atol=1e-9)
+    # the pairs are (start, step) segments between tile centres: a Vectors layer, quicker to show than Shapes
+    assert type(pairs).__name__ == "Vectors" and pairs.vector_style == "line"
+    np.testing.assert_allclose(namespace["results"][pairs.name], pairs.data, atol=1e-9)
+    ends = pairs.data[:, 0] + pairs.data[:, 1]
+    centres = registration_positions + np.asarray(tiles.data.shape[-2:]) / 2
+    gaps = [np.min(np.linalg.norm(centres - end, axis=1)) for end in [*pairs.data[:, 0], *ends]]
+    assert max(gaps) < 1e-3, gaps  # each starts and ends at a tile centre (the outlines are kept in float32)
 
 
 def test_folder_of_tiles_and_bad_input(viewer_and_widget, wait_idle, tmp_path, monkeypatch):

@@ -517,6 +517,3 @@ def _render_meta(name: str, mode: str, image: np.ndarray, display: dict[str, Any
     finite = image[np.isfinite(image)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     return f"{name} render (depth)", {"colormap": DEPTH_COLORMAP, "contrast_limits": (low, max(high, low + 1e-6))}
-
-
-# -- Copy as Python over several results (a run, then crops and renders at other thresholds) -----------------------

@@ -41,14 +41,10 @@ def rss_mb() -> float:
 def census() -> dict[str, Any]:
     """What the process holds, for telling a leak (objects that pile up) from caches and the allocator."""
     import collections
-    import ctypes
 
     gc.collect()
     rss = rss_mb()
-    try:  # glibc keeps freed memory in its arenas; trimming shows how much of the RSS is only that
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
+    _trim_allocator()
     objects = gc.get_objects()
     counts = collections.Counter(type(o).__qualname__ for o in objects)
     functions = collections.Counter(
@@ -76,17 +72,22 @@ def census() -> dict[str, Any]:
 def rss_without_jax_caches_mb() -> float:
     """RSS once JAX's compiled programs and traces are dropped (``jax.clear_caches``) and the allocator
     trimmed: what the runs left behind that is not a cache of compiled programs."""
-    import ctypes
-
     import jax
 
     jax.clear_caches()
     gc.collect()
+    _trim_allocator()
+    return rss_mb()
+
+
+def _trim_allocator() -> None:
+    """Give glibc's free arena memory back to the system, so the RSS shows only what is held."""
+    import ctypes
+
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
+    except OSError:  # not glibc
         pass
-    return rss_mb()
 
 
 def census_lines(before: dict[str, Any], after: dict[str, Any], top: int = 15) -> list[str]:

@@ -74,9 +74,15 @@ def render_speckle(
     return 1 - np.exp(-1.6 * total.reshape(rows, cols))
 
 
-def camera(intensity: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def camera(intensity: np.ndarray, rng: np.random.Generator, noise: float | None = None) -> np.ndarray:
     """An 8-bit camera image of ``intensity`` in [0, 1]: shot noise (Poisson, ``FULL_WELL`` electrons at
-    full scale), read noise (``READ_NOISE`` electrons), an offset of 10 levels, rounding and clipping."""
+    full scale), read noise (``READ_NOISE`` electrons), an offset of 10 levels, rounding and clipping.
+
+    ``noise``: instead of the camera's own, Gaussian noise of this fraction of the 8-bit range (0.015: 3.8
+    grey levels), the way DIC papers state a noise level."""
+    if noise is not None:
+        levels = 10 + 235 * intensity + noise * 255 * rng.standard_normal(intensity.shape)
+        return np.clip(np.round(levels), 0, 255).astype(np.uint8)
     electrons = rng.poisson(np.clip(intensity, 0, None) * 0.92 * FULL_WELL).astype(np.float64)
     electrons += READ_NOISE * rng.standard_normal(intensity.shape)
     levels = 10 + electrons * (245 / FULL_WELL)
@@ -84,7 +90,11 @@ def camera(intensity: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def make_dic_pair(
-    shape: tuple[int, int] = DIC_SHAPE, *, field: dict[str, np.ndarray] | None = None, seed: int = 0
+    shape: tuple[int, int] = DIC_SHAPE,
+    *,
+    field: dict[str, np.ndarray] | None = None,
+    seed: int = 0,
+    noise: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """A reference speckle image and the image of the same surface deformed by ``field`` (default
     :func:`dic_field`): ``(reference, deformed, field)``, uint8 ``shape`` images.
@@ -93,7 +103,7 @@ def make_dic_pair(
     ``napari_gridmip.find_displacement(deformed[None], reference[None], ...)`` (img1 = deformed) returns
     ``dy = u_y``, ``dx = u_x`` on the reference's grid, DIC's convention. The deformed image's pixel ``q``
     shows the point ``p`` with ``p + u(p) = q``, found by fixed-point iteration. ``field`` maps ``"dy"``,
-    ``"dx"`` to arrays of ``shape`` (or scalars, for a rigid shift).
+    ``"dx"`` to arrays of ``shape`` (or scalars, for a rigid shift). ``noise``: see :func:`camera`.
     """
     from scipy import ndimage
 
@@ -113,8 +123,8 @@ def make_dic_pair(
     # where each dot lands in the deformed image: its centre moved by the field there
     at = np.stack([np.clip(centres[:, 0], 0, rows - 1), np.clip(centres[:, 1], 0, cols - 1)])
     moved = centres + np.stack([ndimage.map_coordinates(f, at, order=1) for f in (uy, ux)], axis=1)
-    reference = camera(render_speckle(qy, qx, centres, amplitudes, centres), rng)
-    deformed = camera(render_speckle(py, px, centres, amplitudes, moved), rng)
+    reference = camera(render_speckle(qy, qx, centres, amplitudes, centres), rng, noise)
+    deformed = camera(render_speckle(py, px, centres, amplitudes, moved), rng, noise)
     return reference, deformed, dict(field)
 
 

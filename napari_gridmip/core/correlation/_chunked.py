@@ -96,6 +96,23 @@ def find_displacement(img1: Any, img2: Any, window: tuple[int, int], subpixel: s
     return stacked[0], stacked[1], stacked[2]
 
 
+def prefiltered(img: Any, sigma: float, dtype: np.dtype) -> Any:
+    """Every frame of a dask stack smoothed by the Gaussian prefilter (``dtype``), block by block with a halo of
+    its reach; borders mirrored as in memory (dask's ``"reflect"`` boundary is NumPy's ``"symmetric"``)."""
+    import dask.array as da
+
+    from napari_gridmip.core.correlation.prefilter import radius, smooth_frames
+
+    def block(b: np.ndarray) -> np.ndarray:
+        return np.asarray(smooth_frames(np.asarray(b, dtype), sigma=sigma))
+
+    img = da.asarray(img)
+    reach = radius(sigma)
+    depth = {axis: (reach if img.shape[axis] > 1 else 0) for axis in range(img.ndim)}
+    depth = {axis: (d if axis >= img.ndim - 2 else 0) for axis, d in depth.items()}
+    return da.map_overlap(block, img, depth=depth, boundary="reflect", dtype=dtype)
+
+
 # -- fields (correlation/fields.py): integrate_gradient and strain_field on dask arrays ---------------------
 #
 # Kept in a section of their own: the correlation maps above are another helper's.
@@ -297,11 +314,13 @@ def _subset_bands(
     return tuple(stacked[i] for i in range(outputs))
 
 
-def _extra(subpixel: str, track: bool) -> int:
-    """Real rows beyond a band where the kernel would pad: the ring, the Gram planes and the B-spline prefilter."""
+def _extra(subpixel: str, track: bool, prefilter: float) -> int:
+    """Real rows beyond a band where the kernel would pad: the ring, the Gram planes and the B-spline prefilter,
+    and beyond those the Gaussian prefilter's reach (the rows they read must be filtered as in the whole image)."""
+    from napari_gridmip.core.correlation.prefilter import radius
     from napari_gridmip.core.correlation.subsets import GRAM_ROWS, SPLINE_REACH
 
-    return (2 + GRAM_ROWS + SPLINE_REACH) if (track or subpixel == "refine") else 0
+    return ((2 + GRAM_ROWS + SPLINE_REACH) if (track or subpixel == "refine") else 0) + radius(prefilter)
 
 
 def subset_map(img1: Any, img2: Any, window, subset, step, dtype, *, offsets_first: bool = False) -> Any:
@@ -324,27 +343,35 @@ def da_moveaxis_offsets_first(full_map: Any) -> Any:
     return da.moveaxis(full_map, (-2, -1), (-4, -3))
 
 
-def subset_displacement(img1: Any, img2: Any, window, subset, step, subpixel: str, dtype) -> tuple:
+def subset_displacement(
+    img1: Any, img2: Any, window, subset, step, subpixel: str, dtype, *, prefilter: float = 0.0
+) -> tuple:
     """``(dy, dx, peak)`` with a subset or a step, for dask stacks (lazy)."""
     from napari_gridmip.core.correlation import subsets
 
     def run(a, b, c):
-        return subsets.run(a, b, window, subset, step, method=subpixel, track=False, dtype=dtype, centres=c)
+        return subsets.run(
+            a, b, window, subset, step, method=subpixel, track=False, dtype=dtype, centres=c, prefilter=prefilter
+        )
 
-    return _subset_bands(
-        img1, img2, window, subset, step, extra=_extra(subpixel, False), outputs=3, trailing=(), dtype=dtype, run=run
-    )
+    extra = _extra(subpixel, False, prefilter)
+    return _subset_bands(img1, img2, window, subset, step, extra=extra, outputs=3, trailing=(), dtype=dtype, run=run)
 
 
-def track_speckles(reference: Any, sample: Any, window, subset, step, subpixel: str, dtype) -> tuple:
+def track_speckles(
+    reference: Any, sample: Any, window, subset, step, subpixel: str, dtype, *, prefilter: float = 0.0
+) -> tuple:
     """The outputs of :func:`napari_gridmip.track_speckles` (in ``subsets.TRACK_OUTPUTS`` order, img1's signs)
     for dask stacks, lazily."""
     from napari_gridmip.core.correlation import subsets
 
     def run(a, b, c):
-        return subsets.run(a, b, window, subset, step, method=subpixel, track=True, dtype=dtype, centres=c)
+        return subsets.run(
+            a, b, window, subset, step, method=subpixel, track=True, dtype=dtype, centres=c, prefilter=prefilter
+        )
 
     return _subset_bands(
-        reference, sample, window, subset, step, extra=_extra(subpixel, True), outputs=len(subsets.TRACK_OUTPUTS),
+        reference, sample, window, subset, step, extra=_extra(subpixel, True, prefilter),
+        outputs=len(subsets.TRACK_OUTPUTS),
         trailing=(), dtype=dtype, run=run,
     )  # fmt: skip

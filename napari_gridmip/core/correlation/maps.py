@@ -42,6 +42,7 @@ from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
+from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
 
 __all__ = ["find_displacement", "windowed_pearson"]
@@ -665,6 +666,7 @@ def find_displacement(
     subset: Sequence[int] = (1, 1),
     step: int = 1,
     subpixel: str = "hessian",
+    prefilter: float | str | None = "auto",
     dtype: Any = None,
     progress: ProgressCallback | None = None,
 ) -> Displacement:
@@ -689,6 +691,16 @@ def find_displacement(
         too (img1's spline coefficients correlated at the 5 x 5 offsets around the
         peak, and a Gram matrix of their vectors there), iterates Newton's method to
         convergence, and stays within one pixel of the integer peak.
+    prefilter
+        The standard deviation (px) of a Gaussian that smooths every frame of both stacks before the search,
+        or ``None`` (none). ``"auto"`` (default): 0.8 px where a subset or step is given and
+        ``subpixel="refine"``, else none. Interpolating only img1 averages its noise differently at every
+        fractional position, and the refinement then prefers half pixels: on 8-bit speckle with noise of 3%
+        of the range a 0.1 px field comes out 50% too large and rigid shifts up to 0.06 px off; prefiltered,
+        the bias is below 0.002 px at every shift (``benchmarks/bench_dic.py``, bias section; B. Pan,
+        Opt. Lasers Eng. 51, 1161 (2013)). A translation commutes with the filter, so it is measured
+        unchanged; the Hessian step's pixel locking is not helped by it. Borders are mirrored, as
+        ``scipy.ndimage.gaussian_filter`` does.
 
     Returns
     -------
@@ -726,17 +738,22 @@ def find_displacement(
     if subset != (1, 1) or step != 1:
         return Displacement(
             *subsets.subset_displacement(
-                img1, img2, window, subset, step, subpixel=subpixel, dtype=dtype, progress=progress
+                img1, img2, window, subset, step, subpixel=subpixel, dtype=dtype, progress=progress, prefilter=prefilter
             )
         )
     shape, window = _check_inputs(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    sigma = check_prefilter(prefilter, default=0.0)
     dtype = _check_dtypes(img1, img2, dtype)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
+        if sigma > 0:
+            img1, img2 = (_chunked.prefiltered(img, sigma, dtype) for img in (img1, img2))
         return Displacement(*_chunked.find_displacement(img1, img2, window, subpixel, dtype))
     with precision_scope(dtype):
+        if sigma > 0:  # on the device copy: a per-pixel constant that _on_device subtracts is smoothed away too
+            img1, img2 = (smooth_frames(_on_device(img, dtype).astype(dtype), sigma=sigma) for img in (img1, img2))
         batch, z1, z2 = _prepare(img1, img2, dtype)
         z1k = _k_last(z1)
         out_rows = shape[-2] - 2 * (window[0] // 2)

@@ -62,6 +62,7 @@ from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import compute_dtype, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
 
 __all__ = ["track_speckles"]
 
@@ -99,6 +100,7 @@ class Plan(NamedTuple):
     track: bool  # transmission, dark-field, residual and uncertainty too
     has_bad: bool  # some value is not finite
     interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
+    noise_gain: float = 1.0  # the variance a prefilter leaves of white noise (1: no prefilter)
 
     @property
     def spline(self) -> bool:
@@ -491,16 +493,24 @@ def _newton(f: _Interpolated, search: tuple[bool, bool]) -> tuple[jax.Array, jax
     )
 
 
-def _uncertainty(f: _Interpolated, count: int, search: tuple[bool, bool]) -> tuple[jax.Array, jax.Array]:
-    """Standard deviations of the displacement (px): ``sqrt(2 (1 - r) / (n - 4) * inv(-H))`` on the diagonal.
+def _uncertainty(
+    f: _Interpolated, count: int, search: tuple[bool, bool], noise_gain: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """Standard deviations of the displacement (px): ``sqrt(2 (1 - r) / (n - 4) / g * inv(-H))`` on the diagonal.
 
     For a vector ``s + e`` matched to ``s' + e'`` (white noise of the same level in both), the normalised
     difference ``eta`` has per-value variance ``sigma^2 = 2 (1 - r) / (n - 4)`` (``1 - r = |eta_perp|^2 / 2``
     spread over the ``n - 4`` directions left by centring, scaling and the two shifts), and the least-squares
     shift has covariance ``sigma^2 inv(J'J)`` with ``J'J = -H``, the Hessian of ``r`` at the peak.
+
+    A Gaussian prefilter leaves ``g = noise_gain`` of the noise's variance, which is what ``1 - r`` then
+    measures, but correlates it over its reach, and the shift (a sum over the smooth gradients ``J``) averages
+    the correlated noise no better than the unfiltered: its variance follows ``sigma^2 / g``. That holds where
+    ``J`` varies slowly over the filter's reach; on speckle of 4-5 px it errs on the large side, by at most
+    1.25 at 0.5% to 3% noise (``benchmarks/bench_dic.py``, uncertainty column).
     """
     hyy, hxx, hxy = f.h
-    noise = 2 * jnp.maximum(1 - f.r, 0) / max(count - 4, 1)
+    noise = 2 * jnp.maximum(1 - f.r, 0) / max(count - 4, 1) / noise_gain
     nan = jnp.full_like(hyy, jnp.nan)
     if search[0] and search[1]:
         det = hyy * hxx - hxy * hxy
@@ -706,7 +716,7 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
                 mean_ref, mean_sample = centres[0], centres[1]
                 transmission = (intercept + mean_sample) / mean_ref
                 rss = jnp.maximum(var_s - beta * cov, 0)
-                sigma_y, sigma_x = _uncertainty(f, count, search)
+                sigma_y, sigma_x = _uncertainty(f, count, search, plan.noise_gain)
                 nan = jnp.nan
                 results["transmission"] = jnp.where(edge, nan, transmission)
                 results["dark_field"] = jnp.where(edge, nan, beta / transmission)
@@ -851,16 +861,20 @@ def _offsets_first(full_map: jax.Array) -> jax.Array:
     return jnp.moveaxis(full_map, (-2, -1), (-4, -3))
 
 
-def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, progress):
-    """:func:`find_displacement` with a subset or a step: ``(dy, dx, peak)``."""
+def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, progress, prefilter):
+    """:func:`find_displacement` with a subset or a step: ``(dy, dx, peak)``. ``prefilter``: the option as given
+    (``"auto"``: :data:`~napari_gridmip.core.correlation.prefilter.DEFAULT_SIGMA` for ``"refine"``)."""
     shape, window = check_pair(img1, img2, window, subset)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.subset_displacement(img1, img2, window, subset, step, subpixel, dtype)
-    return run(img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress)
+        return _chunked.subset_displacement(img1, img2, window, subset, step, subpixel, dtype, prefilter=sigma)
+    return run(
+        img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress, prefilter=sigma
+    )
 
 
 def _is_traced(img: Any) -> bool:
@@ -980,10 +994,11 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
 
 
 def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
-        interpolation="bspline"):  # fmt: skip
+        interpolation="bspline", prefilter=0.0):  # fmt: skip
     """Run the subset kernel on in-memory stacks; a tuple of ``(..., rows, cols[, wm, wn])`` arrays
     (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
-    ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``."""
+    ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``;
+    ``prefilter``: the standard deviation (px) of the Gaussian both stacks are smoothed by first (0: none)."""
     shape = _validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
@@ -991,13 +1006,17 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     has_bad = _has_nonfinite(img1) or _has_nonfinite(img2)
     # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
     ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
-    plan = Plan(k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation)
+    plan = Plan(
+        k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation, noise_gain(prefilter)
+    )
     with precision_scope(dtype):
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]
         else:
             centres = np.asarray(centres, np.float64).reshape(-1, 2).T
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
+        if prefilter > 0:  # after centring: the filter's sums then see small values (its weights sum to 1)
+            x1, x2 = smooth_frames(x1, sigma=prefilter), smooth_frames(x2, sigma=prefilter)
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
         coefficients = _spline_coefficients(x1) if plan.spline else None
         band, starts = _band_plan(plan, dtype)
@@ -1065,6 +1084,7 @@ def track_speckles(
     subset: Sequence[int] = (1, 1),
     step: int = 1,
     subpixel: str = "refine",
+    prefilter: float | str | None = None,
     dtype: Any = None,
     progress: ProgressCallback | None = None,
 ) -> SpeckleTracking:
@@ -1106,6 +1126,12 @@ def track_speckles(
         ``"refine"`` (default): Newton's method on the correlation of the interpolated reference;
         ``"hessian"``, ``"paraboloid"``: 3x3 fits of the integer map; ``"none"``: integer displacements. The
         model's fit and the uncertainty are evaluated at the position found.
+    prefilter
+        The standard deviation (px) of a Gaussian that smooths every frame of both stacks first, ``None``
+        (default, none) or ``"auto"`` (0.8 px where ``subpixel="refine"``, as :func:`find_displacement`
+        does by default with a subset): it removes the bias that noise gives the refinement (see
+        :func:`find_displacement`). Speckle tracking leaves it off by default, since smoothing blurs the
+        speckle whose visibility the dark-field measures; for DIC with uncertainty, pass ``"auto"``.
     dtype
         ``float32`` (default) or ``float64``.
     progress
@@ -1156,15 +1182,17 @@ def track_speckles(
     subset, step = check_subset(subset, step)
     shape, window = check_pair(sample, reference, window, subset, names=("sample", "reference"))
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"sample": sample, "reference": reference}, dtype)
     if _validate.is_dask(sample) or _validate.is_dask(reference):
         from napari_gridmip.core.correlation import _chunked
 
-        parts = _chunked.track_speckles(reference, sample, window, subset, step, subpixel, dtype)
+        parts = _chunked.track_speckles(reference, sample, window, subset, step, subpixel, dtype, prefilter=sigma)
     else:
         parts = run(
-            reference, sample, window, subset, step, method=subpixel, track=True, dtype=dtype, progress=progress
-        )
+            reference, sample, window, subset, step, method=subpixel, track=True, dtype=dtype, progress=progress,
+            prefilter=sigma,
+        )  # fmt: skip
     out = dict(zip(TRACK_OUTPUTS, parts))
     return SpeckleTracking(
         dy=-out["dy"],

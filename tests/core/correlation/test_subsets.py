@@ -227,11 +227,12 @@ def test_integer_peaks_and_hessian_match_the_definition():
 def test_refine_maximises_the_interpolated_correlation():
     """At each pixel, refine's position maximises the correlation of img1's B-spline-interpolated subset (the
     definition, scipy's spline in a float64 loop, maximised by Nelder-Mead) to 1e-6 px; its peaks are the
-    integer map's (recovered from the spline's coefficients) to 1e-12."""
+    integer map's (recovered from the spline's coefficients) to 1e-12. Without the default Gaussian prefilter,
+    whose own definition is checked by test_prefilter_is_scipys_gaussian_on_both_images."""
     img1, img2 = smooth_pair((-0.6, 0.3))
     window, subset = (5, 5), (5, 5)
     dy, dx, _ = (np.asarray(r) for r in find_displacement(img1, img2, window, subset=subset, subpixel="refine",
-                                                           dtype=np.float64))  # fmt: skip
+                                                           dtype=np.float64, prefilter=None))  # fmt: skip
     m, n = window[0] // 2, window[1] // 2
     for i, j in [(5, 5), (10, 20), (20, 15), (25, 30)]:
         target = img2[:, i + m : i + m + subset[0], j + n : j + n + subset[1]]
@@ -242,7 +243,9 @@ def test_refine_maximises_the_interpolated_correlation():
         best = optimize.minimize(cost, [dy[i, j], dx[i, j]], method="Nelder-Mead",
                                  options={"xatol": 1e-10, "fatol": 1e-15})  # fmt: skip
         np.testing.assert_allclose([dy[i, j], dx[i, j]], best.x, atol=1e-6)
-    peak = np.asarray(find_displacement(img1, img2, window, subset=subset, subpixel="refine", dtype=np.float64).peak)
+    peak = np.asarray(
+        find_displacement(img1, img2, window, subset=subset, subpixel="refine", dtype=np.float64, prefilter=None).peak
+    )
     np.testing.assert_allclose(peak, reference_map(img1, img2, window, subset).max(axis=(-2, -1)), atol=1e-12)
 
 
@@ -323,6 +326,11 @@ def test_track_sign_convention():
     inner = (slice(6, -6), slice(6, -6))
     assert abs(np.median(np.asarray(out.dy)[inner]) - 1.3) < 0.02
     assert abs(np.median(np.asarray(out.dx)[inner]) + 0.7) < 0.02
+    # track_speckles leaves the prefilter off by default (it would change the dark-field), find_displacement not
+    field = find_displacement(reference, sample, (7, 7), subset=(5, 5), subpixel="refine", dtype=np.float64,
+                              prefilter=None)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out.dy), -np.asarray(field.dy), atol=1e-12)
+    out = track_speckles(sample, reference, (7, 7), subset=(5, 5), dtype=np.float64, prefilter="auto")
     field = find_displacement(reference, sample, (7, 7), subset=(5, 5), subpixel="refine", dtype=np.float64)
     np.testing.assert_allclose(np.asarray(out.dy), -np.asarray(field.dy), atol=1e-12)
     np.testing.assert_allclose(np.asarray(out.peak), np.asarray(field.peak), atol=1e-12)

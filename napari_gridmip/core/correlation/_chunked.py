@@ -344,18 +344,24 @@ def da_moveaxis_offsets_first(full_map: Any) -> Any:
 
 
 def subset_displacement(
-    img1: Any, img2: Any, window, subset, step, subpixel: str, dtype, *, prefilter: float = 0.0
+    img1: Any, img2: Any, window, subset, step, subpixel: str, dtype, *, prefilter: float = 0.0, shape="translation"
 ) -> tuple:
-    """``(dy, dx, peak)`` with a subset or a step, for dask stacks (lazy)."""
+    """``(dy, dx, peak)`` with a subset or a step (and the four gradients for ``shape="affine"``), for dask stacks
+    (lazy)."""
     from napari_gridmip.core.correlation import subsets
 
     def run(a, b, c):
         return subsets.run(
-            a, b, window, subset, step, method=subpixel, track=False, dtype=dtype, centres=c, prefilter=prefilter
-        )
+            a, b, window, subset, step, method=subpixel, track=False, dtype=dtype, centres=c, prefilter=prefilter,
+            subset_shape=shape,
+        )  # fmt: skip
 
-    extra = _extra(subpixel, False, prefilter)
-    return _subset_bands(img1, img2, window, subset, step, extra=extra, outputs=3, trailing=(), dtype=dtype, run=run)
+    # an affine subset's warped pixels reach past its box by its gradients times its half-size: 4 px allows 0.25
+    extra = _extra(subpixel, False, prefilter) + (4 if shape == "affine" else 0)
+    outputs = 7 if shape == "affine" else 3
+    return _subset_bands(
+        img1, img2, window, subset, step, extra=extra, outputs=outputs, trailing=(), dtype=dtype, run=run
+    )
 
 
 def track_speckles(

@@ -505,14 +505,38 @@ def _strain_from_sums(valid, along_y, spacing, *, kind):
 
     uy, ux = gradient(u_sums)  # u = dx: du/dy, du/dx
     vy, vx = gradient(v_sums)  # v = dy: dv/dy, dv/dx
-    if kind == "small":
-        exx, eyy, exy = ux, vy, (uy + vx) / 2
-    else:  # Green-Lagrange: E = (F^T F - I) / 2, F = I + grad(u)
-        exx = ux + (ux * ux + vx * vx) / 2
-        eyy = vy + (uy * uy + vy * vy) / 2
-        exy = (uy + vx + ux * uy + vx * vy) / 2
+    exx, eyy, exy = _tensor(vy, vx, uy, ux, kind=kind)
     nan = jnp.array(jnp.nan, exx.dtype)
     return tuple(jnp.where(ok, e, nan) for e in (exx, eyy, exy))
+
+
+def _strain_of_gradients(gradients: Any, shape: tuple[int, ...], kind: str, dtype: np.dtype) -> tuple[Any, ...]:
+    """:func:`strain_field`'s strains of given gradients: jax.Arrays, or dask arrays for dask gradients."""
+    names = ("dy_y", "dy_x", "dx_y", "dx_x")
+    if isinstance(gradients, (str, bytes)) or not hasattr(gradients, "__len__") or len(gradients) != 4:
+        raise TypeError(f"gradients must be four arrays {names}; got {type(gradients).__name__}")
+    parts = []
+    for name, g in zip(names, gradients):
+        g = _validate.as_array(f"gradients' {name}", g)
+        _validate.check_real(f"gradients' {name}", g)
+        if _validate.shape_of(g) != shape:
+            raise ValueError(f"gradients' {name} must have dy's shape {shape}; got {_validate.shape_of(g)}")
+        parts.append(g)
+    if any(_validate.is_dask(g) for g in parts):
+        import dask.array as da
+
+        return _tensor(*(da.asarray(g).astype(dtype) for g in parts), kind=kind)
+    with precision_scope(dtype):
+        return _tensor(*(_as_compute(g, dtype) for g in parts), kind=kind)
+
+
+def _tensor(vy: Any, vx: Any, uy: Any, ux: Any, *, kind: str) -> tuple[Any, Any, Any]:
+    """``(exx, eyy, exy)`` from the displacement gradients (``v = dy``, ``u = dx``); arithmetic only, so NumPy,
+    JAX and dask arrays alike."""
+    if kind == "small":
+        return ux, vy, (uy + vx) / 2
+    # Green-Lagrange: E = (F^T F - I) / 2, F = I + grad(u)
+    return ux + (ux * ux + vx * vx) / 2, vy + (uy * uy + vy * vy) / 2, (uy + vx + ux * uy + vx * vy) / 2
 
 
 def _strain(dy, dx, spacing, *, window, kind):
@@ -749,6 +773,7 @@ def strain_field(
     window: int | Sequence[int] = 11,
     kind: str = "small",
     spacing: float | Sequence[float] = 1.0,
+    gradients: Sequence[Any] | None = None,
     dtype: Any = None,
 ) -> Strain:
     """Strains of a displacement field from local least-squares plane fits (DIC's virtual strain gauge).
@@ -784,6 +809,11 @@ def strain_field(
     spacing
         The grid step ``(sy, sx)`` of the displacement's samples (or one number
         for both), in the displacement's unit; default 1.
+    gradients
+        The displacement gradients ``(d dy / dy, d dy / dx, d dx / dy, d dx / dx)`` of every sample, four
+        arrays of ``dy``'s shape, e.g. ``find_displacement(..., shape="affine")``'s ``dy_y, dy_x, dx_y,
+        dx_x``: the strains are then theirs, with no plane fit and no second differentiation (``window``
+        and ``spacing`` are not used; NaN stays NaN).
     dtype
         ``float32`` (default) or ``float64``.
 
@@ -825,6 +855,8 @@ def strain_field(
     spacing = _positive_pair("spacing", spacing)
     dtype = compute_dtype(dtype)
     options = {"window": window, "kind": kind, "spacing": spacing}
+    if gradients is not None:
+        return Strain(*_strain_of_gradients(gradients, shape, kind, dtype))
     if _validate.is_dask(dy) or _validate.is_dask(dx):
         from napari_gridmip.core.correlation import _chunked
 

@@ -58,6 +58,26 @@ MAX_BANDS = 8  # Python-level calls per image: progress and cancel points, never
 ProgressCallback = Callable[[int, int], None]
 
 
+class AffineDisplacement(NamedTuple):
+    """What :func:`find_displacement` returns with ``shape="affine"``: the displacement, the correlation at the
+    fitted warp and the displacement's gradients, arrays of one shape."""
+
+    dy: Any
+    """Row displacement (pixels) of the subset's centre, as :attr:`Displacement.dy`."""
+    dx: Any
+    """Column displacement (pixels)."""
+    peak: Any
+    """The ZNCC of the reference subset and img1 at the fitted affine warp, in [-1, 1]."""
+    dy_y: Any
+    """``d dy / dy``: the row displacement's gradient along rows (dimensionless, per pixel of img2)."""
+    dy_x: Any
+    """``d dy / dx``."""
+    dx_y: Any
+    """``d dx / dy``."""
+    dx_x: Any
+    """``d dx / dx``."""
+
+
 class Displacement(NamedTuple):
     """What :func:`find_displacement` returns: three arrays of one shape, which unpack as ``dy, dx, peak``."""
 
@@ -667,9 +687,10 @@ def find_displacement(
     step: int = 1,
     subpixel: str = "hessian",
     prefilter: float | str | None = "auto",
+    shape: str = "translation",
     dtype: Any = None,
     progress: ProgressCallback | None = None,
-) -> Displacement:
+) -> Displacement | AffineDisplacement:
     """The displacement field at the peak of every pixel's correlation map, without building the map.
 
     Parameters
@@ -701,6 +722,15 @@ def find_displacement(
         Opt. Lasers Eng. 51, 1161 (2013)). A translation commutes with the filter, so it is measured
         unchanged; the Hessian step's pixel locking is not helped by it. Borders are mirrored, as
         ``scipy.ndimage.gaussian_filter`` does.
+    shape
+        The subset's shape function. ``"translation"`` (default): each subset moves rigidly. ``"affine"``
+        (first-order subsets, DICe's and ncorr's default; needs a subset and ``subpixel="refine"``): each
+        subset also stretches, shears and rotates, fitted by the inverse-compositional Gauss-Newton method
+        (IC-GN) from the translation's result, with img1 interpolated by cubic B-splines. Under a 3% stretch
+        and a 2 degree rotation a 31-px translation subset errs by 0.1 px; the affine one by under 0.01 px,
+        with gradients to 2e-4 (``tests/core/correlation/test_affine.py``). Returns an
+        :class:`AffineDisplacement`, which also carries the gradients (pass them to :func:`strain_field` as
+        ``gradients=``).
 
     Returns
     -------
@@ -735,11 +765,21 @@ def find_displacement(
     """
     img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
     subset, step = subsets.check_subset(subset, step)
-    if subset != (1, 1) or step != 1:
-        return Displacement(
+    if subset != (1, 1) or step != 1 or shape != "translation":
+        kind = AffineDisplacement if shape == "affine" else Displacement
+        return kind(
             *subsets.subset_displacement(
-                img1, img2, window, subset, step, subpixel=subpixel, dtype=dtype, progress=progress, prefilter=prefilter
-            )
+                img1,
+                img2,
+                window,
+                subset,
+                step,
+                subpixel=subpixel,
+                dtype=dtype,
+                progress=progress,
+                prefilter=prefilter,
+                shape=shape,
+            )  # fmt: skip
         )
     shape, window = _check_inputs(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)

@@ -861,20 +861,34 @@ def _offsets_first(full_map: jax.Array) -> jax.Array:
     return jnp.moveaxis(full_map, (-2, -1), (-4, -3))
 
 
-def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, progress, prefilter):
-    """:func:`find_displacement` with a subset or a step: ``(dy, dx, peak)``. ``prefilter``: the option as given
-    (``"auto"``: :data:`~napari_gridmip.core.correlation.prefilter.DEFAULT_SIGMA` for ``"refine"``)."""
-    shape, window = check_pair(img1, img2, window, subset)
+def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, progress, prefilter, shape):
+    """:func:`find_displacement` with a subset or a step: ``(dy, dx, peak)``, or with ``shape="affine"`` also
+    the four gradients. ``prefilter``: the option as given (``"auto"``:
+    :data:`~napari_gridmip.core.correlation.prefilter.DEFAULT_SIGMA` for ``"refine"`` and ``"affine"``)."""
+    from napari_gridmip.core.correlation.affine import check_shape
+
+    _, window = check_pair(img1, img2, window, subset)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    shape = check_shape(shape)
+    if shape == "affine":
+        if subset == (1, 1):
+            raise ValueError("shape='affine' needs a subset larger than (1, 1): a subset's warp is what it fits")
+        if subpixel != "refine":
+            raise ValueError(
+                f"shape='affine' starts from subpixel='refine' (its only sub-pixel method); got {subpixel!r}"
+            )
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.subset_displacement(img1, img2, window, subset, step, subpixel, dtype, prefilter=sigma)
+        return _chunked.subset_displacement(
+            img1, img2, window, subset, step, subpixel, dtype, prefilter=sigma, shape=shape
+        )
     return run(
-        img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress, prefilter=sigma
-    )
+        img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress,
+        prefilter=sigma, subset_shape=shape,
+    )  # fmt: skip
 
 
 def _is_traced(img: Any) -> bool:
@@ -994,11 +1008,13 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
 
 
 def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
-        interpolation="bspline", prefilter=0.0):  # fmt: skip
+        interpolation="bspline", prefilter=0.0, subset_shape="translation"):  # fmt: skip
     """Run the subset kernel on in-memory stacks; a tuple of ``(..., rows, cols[, wm, wn])`` arrays
     (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
     ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``;
-    ``prefilter``: the standard deviation (px) of the Gaussian both stacks are smoothed by first (0: none)."""
+    ``prefilter``: the standard deviation (px) of the Gaussian both stacks are smoothed by first (0: none);
+    ``subset_shape="affine"``: then IC-GN from the translation's result (:mod:`.affine`), giving ``(dy, dx, zncc, dy_y,
+    dy_x, dx_y, dx_x)``."""
     shape = _validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
@@ -1017,6 +1033,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
         if prefilter > 0:  # after centring: the filter's sums then see small values (its weights sum to 1)
             x1, x2 = smooth_frames(x1, sigma=prefilter), smooth_frames(x2, sigma=prefilter)
+        unpadded = (x1, x2)
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
         coefficients = _spline_coefficients(x1) if plan.spline else None
         band, starts = _band_plan(plan, dtype)
@@ -1032,11 +1049,16 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         if progress is not None:
             progress(len(starts), len(starts))
         keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts))]
-        parts = []
-        for part in range(len(pieces[0])):
-            joined = jnp.concatenate([p[part][:, :n] for p, n in zip(pieces, keep)], axis=1)
-            parts.append(joined.reshape(batch + joined.shape[1:]))
-        return tuple(parts)
+        parts = [
+            jnp.concatenate([p[part][:, :n] for p, n in zip(pieces, keep)], axis=1) for part in range(len(pieces[0]))
+        ]
+        if subset_shape == "affine":
+            from napari_gridmip.core.correlation.affine import affine_refine
+
+            parts = affine_refine(
+                *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step
+            )
+        return tuple(part.reshape(batch + part.shape[1:]) for part in parts)
 
 
 def _wait(result: Any) -> None:

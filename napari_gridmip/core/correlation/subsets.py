@@ -405,12 +405,13 @@ class _Taps(NamedTuple):
     gram_c: jax.Array  # gram - mean mean' / count
     inv2: jax.Array  # img2's inverse norm
     sum2: jax.Array  # img2's box sum
+    count: int  # values per vector
 
 
 def _taps(cross, mean, gram, inv2, sum2, count) -> _Taps:
     centred = cross - mean * (sum2 / count)[:, None]
     gram_c = gram - mean[:, :, None] * mean[:, None, :] / count
-    return _Taps(cross, mean, gram, centred, gram_c, inv2, sum2)
+    return _Taps(cross, mean, gram, centred, gram_c, inv2, sum2, count)
 
 
 def _interpolated(taps: _Taps, py, px, a0, b0, *, sums: bool, kind: str) -> _Interpolated:
@@ -439,6 +440,9 @@ def _interpolated(taps: _Taps, py, px, a0, b0, *, sums: bool, kind: str) -> _Int
     n, n_y, n_x = dot(w, centred), dot(w_y, centred), dot(w_x, centred)
     n_yy, n_xx, n_xy = dot(w_yy, centred), dot(w_xx, centred), dot(w_xy, centred)
     s = dot(w, g)
+    if sums:  # w' gram w = w' gram_c w + (w . mean)^2 / count: no second product with the raw Gram matrix
+        sum_r = dot(w, taps.mean)
+        fit = (sum_r, s + sum_r * sum_r / taps.count, dot(w, taps.cross))
     s_y, s_x = 2 * dot(w_y, g), 2 * dot(w_x, g)
     s_yy = 2 * (dot(w_yy, g) + dot(w_y, g_y))
     s_xx = 2 * (dot(w_xx, g) + dot(w_x, g_x))
@@ -453,9 +457,7 @@ def _interpolated(taps: _Taps, py, px, a0, b0, *, sums: bool, kind: str) -> _Int
     hxx = (n_xx * a1 - n_x * a3 * s_x + 0.75 * n * a5 * s_x * s_x - 0.5 * n * a3 * s_xx) * inv2
     hxy = n_xy * a1 - 0.5 * n_y * a3 * s_x - 0.5 * n_x * a3 * s_y + 0.75 * n * a5 * s_x * s_y - 0.5 * n * a3 * s_xy
     hxy = hxy * inv2
-    if sums:
-        fit = (dot(w, taps.mean), dot(w, mv(w, taps.gram)), dot(w, taps.cross))
-    else:
+    if not sums:
         fit = (jnp.zeros_like(r),) * 3
     return _Interpolated(r, (gy, gx), (hyy, hxx, hxy), fit)
 

@@ -8,10 +8,13 @@
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
     napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
 
-Every subcommand reads lazily (dask), computes block by block with a progress
-bar, writes under a temporary name that is renamed when complete, and on bad
-input prints one line and exits with status 2 (1 for a failure while running).
-``--scheduler ADDRESS`` runs the work on an existing dask.distributed cluster.
+A thin reader and writer around the widgets' own plans (:mod:`napari_gridmip._jobs`): each subcommand reads its
+files as the plan's sources, executes the same plan as the widget's job with the same options (``merge_plan``,
+``correlation_plan``, ``stitch_plan``, ``timeseries_plan``), and writes the outputs with ``plan.record()``, the
+calls, inputs, versions and a script that reproduces them. Every subcommand reads lazily (dask), computes block
+by block with a progress bar, writes under a temporary name that is renamed when complete, and on bad input
+prints one line and exits with status 2 (1 for a failure while running). ``--scheduler ADDRESS`` runs the work
+on an existing dask.distributed cluster.
 """
 
 from __future__ import annotations

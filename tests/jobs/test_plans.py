@@ -250,3 +250,13 @@ def test_tiled_script_reproduces_the_job(monkeypatch):
     result = make_tiled_job(TiledRequest("i", image, plain_frame(2), "gaussian", (32, 32), {"sigma": 2.0})).run(Steps())
     replayed = replay_layers(result, {"i": image}, monkeypatch)["result"]
     np.testing.assert_array_equal(np.asarray(replayed), by_role(result)["result"])
+
+
+def test_correlate_help_names_phase_and_strain():
+    from napari_gridmip._cli import build_parser
+
+    parser = build_parser()
+    correlate = next(a for a in parser._subparsers._group_actions if a.choices).choices["correlate"]
+    text = " ".join(correlate.format_help().split())
+    assert "where this version has them" not in text
+    assert "phase (integrate_gradient" in text and "strain (strain_field" in text and "--strain-window" in text

@@ -17,6 +17,7 @@ of which evaluates itself) and its outputs (Python expressions over the calls' r
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -109,11 +110,7 @@ class Call:
 
     def accepts(self, keyword: str) -> bool:
         """Whether the public function takes ``keyword`` (``progress``, for the runners)."""
-        import inspect
-
-        import napari_gridmip
-
-        return keyword in inspect.signature(getattr(napari_gridmip, self.function)).parameters
+        return keyword in _parameters(self.function)
 
     def code(self) -> str:
         parts = [*self.data, *map(_literal, self.args), *(f"{k}={_literal(v)}" for k, v in self.kwargs.items())]
@@ -130,6 +127,16 @@ class Call:
         if self.index:
             out["index"] = self.index
         return out
+
+
+@functools.cache
+def _parameters(function: str) -> frozenset[str]:
+    """The parameter names of ``napari_gridmip.<function>`` (read once: ``inspect.signature`` is slow)."""
+    import inspect
+
+    import napari_gridmip
+
+    return frozenset(inspect.signature(getattr(napari_gridmip, function)).parameters)
 
 
 def versions() -> dict[str, str]:

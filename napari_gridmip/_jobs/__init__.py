@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._provenance import KEY, Call, Plan, now, versions
+from napari_gridmip._provenance import KEY, Call, Plan, Source, now, versions
 
 ProgressCallback = Callable[[int, int], None]
 LayerDataTuple = tuple[Any, dict, str]
@@ -51,16 +51,29 @@ DISPLAY_KEYS = ("colormap", "contrast_limits", "opacity", "visible", "blending",
 class Output:
     """One result layer: napari's (data, keyword arguments, kind), and which output of the job's plan it shows
     (``role``: a name of :attr:`Plan.outputs <napari_gridmip._provenance.Plan.outputs>`, whose expression is the
-    layer's data as code over the calls' results)."""
+    layer's data as code over the calls' results). ``expression`` is only for a job that has no plan yet."""
 
     data: Any
     meta: dict
     kind: str
     role: str
+    expression: str | None = None
 
 
-def layer_tuples(outputs: list[Output], *, widget: str, plan: Plan) -> list[LayerDataTuple]:
-    """napari layer-data tuples, each with its provenance (from ``plan``) in ``metadata["napari_gridmip"]``."""
+def layer_tuples(
+    outputs: list[Output],
+    *,
+    widget: str,
+    plan: Plan | None = None,
+    sources: list[Source] | None = None,
+    calls: list[Call] | None = None,
+) -> list[LayerDataTuple]:
+    """napari layer-data tuples, each with its provenance (from ``plan``) in ``metadata["napari_gridmip"]``.
+
+    (``sources`` and ``calls`` with each output's ``expression``, in place of a plan, make one from them.)
+    """
+    if plan is None:
+        plan = Plan(sources or [], calls or [], {out.role: out.expression or "" for out in outputs})
     stamp = {**versions(), "time": now()}
     tuples = []
     for out in outputs:

@@ -260,3 +260,18 @@ def test_correlate_help_names_phase_and_strain():
     text = " ".join(correlate.format_help().split())
     assert "where this version has them" not in text
     assert "phase (integrate_gradient" in text and "strain (strain_field" in text and "--strain-window" in text
+
+
+def test_a_plan_knows_its_layers():
+    """The re-run's "is this my layer" test reads the plan: same widget, input layers and output."""
+    from napari_gridmip._jobs.timeseries import TimeSeriesRequest, timeseries_plan
+
+    plan = timeseries_plan(TimeSeriesRequest("movie", None, plain_frame(3)))
+    metadata = {KEY: plan.provenance(widget="correlation", role="correlation image")}
+    assert plan.matches(metadata, widget="correlation", role="correlation image")
+    assert not plan.matches(metadata, widget="mipmap", role="correlation image")
+    other = timeseries_plan(TimeSeriesRequest("another movie", None, plain_frame(3), neighbours=4))
+    assert not other.matches(metadata, widget="correlation", role="correlation image")
+    assert timeseries_plan(TimeSeriesRequest("movie", None, plain_frame(3), neighbours=4)).matches(
+        metadata, widget="correlation", role="correlation image"
+    )  # other options, same inputs: a re-run replaces it

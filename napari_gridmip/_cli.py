@@ -8,10 +8,13 @@
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
     napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
 
-Every subcommand reads lazily (dask), computes block by block with a progress
-bar, writes under a temporary name that is renamed when complete, and on bad
-input prints one line and exits with status 2 (1 for a failure while running).
-``--scheduler ADDRESS`` runs the work on an existing dask.distributed cluster.
+A thin reader and writer around the widgets' own plans (:mod:`napari_gridmip._jobs`): each subcommand reads its
+files as the plan's sources, executes the same plan as the widget's job with the same options (``merge_plan``,
+``correlation_plan``, ``stitch_plan``, ``timeseries_plan``), and writes the outputs with ``plan.record()``, the
+calls, inputs, versions and a script that reproduces them. Every subcommand reads lazily (dask), computes block
+by block with a progress bar, writes under a temporary name that is renamed when complete, and on bad input
+prints one line and exits with status 2 (1 for a failure while running). ``--scheduler ADDRESS`` runs the work
+on an existing dask.distributed cluster.
 """
 
 from __future__ import annotations
@@ -48,15 +51,9 @@ EXAMPLES = {
     "corrimage": "napari-gridmip corrimage movie.tif correlation.tif --neighbours 8",
 }
 
-# --outputs of `correlate`: name -> (arrays written, what computes them)
-TRACKING_OUTPUTS = {
-    "transmission": ("transmission",),
-    "dark-field": ("dark_field",),
-    "residual": ("residual",),
-    "uncertainty": ("sigma_dy", "sigma_dx"),
-}
-# Derived from the displacement by functions of another part of the library; written when this version has them.
-DERIVED_OUTPUTS = {"phase": "integrate_gradient", "strain": "strain_field"}
+# --outputs of `correlate`: the correlation plan's outputs (napari_gridmip._jobs.correlation.PARTS), spelled with
+# hyphens on the command line
+OUTPUT_NAMES = ("transmission", "dark-field", "residual", "uncertainty", "phase", "strain")
 
 
 class UsageError(Exception):
@@ -137,10 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     correlate.add_argument(
         "--outputs", default="", metavar="NAMES",
-        help="comma-separated extra arrays: transmission, dark-field, residual, uncertainty (sigma_dy, sigma_dx); "
-        "phase and strain where this version has them. With any of them the field is track_speckles' (IMG1 the "
-        "sample, IMG2 the reference)",
+        help="comma-separated extra arrays: transmission, dark-field, residual, uncertainty (sigma_dy, sigma_dx), "
+        "phase (integrate_gradient of the field, px^2) and strain (strain_field: exx, eyy, exy); with --step S both "
+        "take the samples as S pixels apart. With transmission, dark-field, residual or uncertainty the field is "
+        "track_speckles' (IMG1 the sample, IMG2 the reference)",
     )  # fmt: skip
+    correlate.add_argument(
+        "--strain-window", type=int, default=11, help="odd window of the strain fit, in output pixels (default: 11)"
+    )
     correlate.add_argument("--dtype", default="float32", choices=["float32", "float64"])
 
     stitch = add(
@@ -251,13 +252,6 @@ def runner(address: str | None, *, quiet: bool) -> Iterator[Any]:
         yield compute
 
 
-def provenance(sources: list[Any], calls: list[Any], outputs: dict[str, str]) -> dict[str, Any]:
-    """The attributes a subcommand writes into its output: the same record as a layer's provenance."""
-    from napari_gridmip._provenance import KEY, file_provenance
-
-    return {KEY: file_provenance(sources, calls, outputs)}
-
-
 def _absolute(path: str) -> str:
     import os
 
@@ -265,25 +259,18 @@ def _absolute(path: str) -> str:
 
 
 def run_mipmap(args: argparse.Namespace, compute: Any) -> None:
-    from napari_gridmip._provenance import Call, Source
-    from napari_gridmip.io import read_array, write_mipmap
+    from napari_gridmip._provenance import Call, Plan, Source
+    from napari_gridmip.io import read_array
 
     volume = read_array(args.input)
     options = {"threshold": args.threshold, "scale": None if args.scale is None else tuple(args.scale)}
     if args.packed:
         options["packed"] = args.packed_order
     call = Call("write_mipmap", ("volume",), (_absolute(args.output),), options, result="path")
-    attributes = provenance([Source("volume", path=_absolute(args.input))], [call], {})
-    out = write_mipmap(
-        volume,
-        args.output,
-        threshold=args.threshold,
-        scale=args.scale,
-        overwrite=args.overwrite,
-        compute=compute,
-        attributes=attributes,
-        packed=args.packed_order if args.packed else None,
-    )
+    plan = Plan([Source("volume", path=_absolute(args.input))], [call], {})
+    attributes = plan.record()
+    written = {"overwrite": args.overwrite, "compute": compute, "attributes": attributes}
+    out = plan.execute({"volume": volume}, extras=lambda i, call: written)["path"]
     if args.bbox:
         print(bbox_line(out))
 
@@ -311,7 +298,8 @@ def bbox_line(path: Any) -> str:
 
 
 def run_merge(args: argparse.Namespace, compute: Any) -> None:
-    from napari_gridmip import merge_patches
+    from napari_gridmip._jobs.patches import MergeRequest, infer_image_shape, merge_plan
+    from napari_gridmip._provenance import Source
     from napari_gridmip.io import read_array, write_array
 
     patches = read_array(args.input)
@@ -320,90 +308,52 @@ def run_merge(args: argparse.Namespace, compute: Any) -> None:
         raise UsageError(f"a patch stack with {d} tiled axes needs at least {2 * d} axes; got shape {patches.shape}")
     image_shape = args.image_shape
     if image_shape is None:
-        from napari_gridmip._jobs.patches import infer_image_shape
-
         grid, patch = patches.shape[:d], patches.shape[patches.ndim - d :]
         image_shape = infer_image_shape(grid, patches.shape[d : patches.ndim - d], patch, tuple(args.stride))
-    merged = merge_patches(patches, image_shape, args.stride, blend=args.blend)
-    from napari_gridmip._provenance import Call, Source
-
-    call = Call(
-        "merge_patches", ("patches",), (tuple(image_shape), tuple(args.stride)), {"blend": args.blend}, "merged"
-    )
-    attributes = provenance([Source("patches", path=_absolute(args.input))], [call], {"merged": "merged"})
-    write_array(merged, args.output, overwrite=args.overwrite, compute=compute, attributes=attributes)
+    request = MergeRequest(args.input, patches, tuple(image_shape), tuple(args.stride), args.blend, None, ())
+    plan = merge_plan(request, source=Source("patches", path=_absolute(args.input)), display=False)
+    merged = plan.run({"patches": patches})["merged"]
+    write_array(merged, args.output, overwrite=args.overwrite, compute=compute, attributes=plan.record())
 
 
 def parse_outputs(text: str) -> list[str]:
-    """The ``--outputs`` names, checked (one-line errors for unknown or unavailable ones)."""
+    """The ``--outputs`` names, checked (one-line errors for unknown ones), as the correlation plan spells them."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    known = [*TRACKING_OUTPUTS, *DERIVED_OUTPUTS]
     for name in names:
-        if name not in known:
-            raise UsageError(f"--outputs: unknown output {name!r}; choose from {', '.join(known)}")
-    return names
+        if name not in OUTPUT_NAMES:
+            raise UsageError(f"--outputs: unknown output {name!r}; choose from {', '.join(OUTPUT_NAMES)}")
+    return [name.replace("-", "_") for name in names]
 
 
-def derived_outputs(names: list[str], dy: Any, dx: Any) -> dict[str, Any]:
-    """Phase and strain from the displacement, by the library's own functions (see ``DERIVED_OUTPUTS``).
+def correlate_plan(args: argparse.Namespace, img1: Any, img2: Any) -> tuple[Any, dict[str, Any]]:
+    """The correlation plan of ``correlate`` (the widget's, with the files as sources) and its inputs."""
+    from napari_gridmip._jobs.correlation import CorrelationRequest, correlation_plan
+    from napari_gridmip._provenance import Source
 
-    Here is where they plug in: ``integrate_gradient(dy, dx)`` (the integrated displacement, in px x px; the
-    phase once scaled by the pixel size, distance and wavelength) and ``strain_field(dy, dx)``'s named parts.
-    """
-    import napari_gridmip
-
-    out: dict[str, Any] = {}
-    if "phase" in names:
-        out["phase"] = napari_gridmip.integrate_gradient(dy, dx)
-    if "strain" in names:
-        strain = napari_gridmip.strain_field(dy, dx)
-        out.update({name: getattr(strain, name) for name in strain._fields})
-    return out
+    names = parse_outputs(args.outputs)
+    index = "[None]" if img1.ndim == 2 and img2.ndim == 2 else ""  # one image each (DIC): K = 1
+    request = CorrelationRequest(
+        args.img1, args.img2, img1, img2, None, tuple(args.window), subpixel=args.subpixel, dtype=args.dtype,
+        subset=tuple(args.subset), step=args.step, outputs=tuple(names), index=index,
+        strain_window=args.strain_window,
+    )  # fmt: skip
+    sources = (Source("img1", path=_absolute(args.img1), index=index),
+               Source("img2", path=_absolute(args.img2), index=index))  # fmt: skip
+    plan = correlation_plan(request, sources=sources, display=False)
+    return plan, {"img1": sources[0].take(img1), "img2": sources[1].take(img2)}
 
 
 def run_correlate(args: argparse.Namespace, compute: Any) -> None:
     import dask.array as da
     import zarr
 
-    from napari_gridmip import find_displacement, track_speckles
-    from napari_gridmip._provenance import Call, Source
     from napari_gridmip.io import read_array
     from napari_gridmip.io._write import atomic_path
 
-    names = parse_outputs(args.outputs)
-    img1, img2 = read_array(args.img1), read_array(args.img2)
-    index = ""
-    if img1.ndim == 2 and img2.ndim == 2:  # one image each (DIC): K = 1
-        img1, img2, index = img1[None], img2[None], "[None]"
-    sources = [Source("img1", path=_absolute(args.img1), index=index), Source(
-        "img2", path=_absolute(args.img2), index=index)]  # fmt: skip
-    options = {"subset": tuple(args.subset), "step": args.step, "subpixel": args.subpixel, "dtype": args.dtype}
-    window = (tuple(args.window),)
-    if any(name in TRACKING_OUTPUTS for name in names):
-        tracked = track_speckles(img1, img2, tuple(args.window), **options)
-        calls = [Call("track_speckles", ("img1", "img2"), window, options, result="tracked")]
-        arrays = {"dy": tracked.dy, "dx": tracked.dx, "peak": tracked.peak}
-        for name in names:
-            for part in TRACKING_OUTPUTS.get(name, ()):
-                arrays[part] = getattr(tracked, part)
-        expressions = {name: f"tracked.{name}" for name in arrays}
-    else:
-        dy, dx, peak = find_displacement(img1, img2, tuple(args.window), **options)
-        calls = [Call("find_displacement", ("img1", "img2"), window, options, result="dy, dx, peak")]
-        arrays = {"dy": dy, "dx": dx, "peak": peak}
-        expressions = {name: name for name in arrays}
-    derived = derived_outputs(names, arrays["dy"], arrays["dx"])
-    dy_name, dx_name = expressions["dy"], expressions["dx"]
-    if "phase" in derived:
-        calls.append(Call("integrate_gradient", (dy_name, dx_name), (), {}, result="phase"))
-        expressions["phase"] = "phase"
-    if "strain" in names:
-        calls.append(Call("strain_field", (dy_name, dx_name), (), {}, result="strain"))
-        expressions.update({name: f"strain.{name}" for name in derived if name != "phase"})
-    arrays.update(derived)
-    attributes = provenance(sources, calls, expressions)
+    plan, inputs = correlate_plan(args, read_array(args.img1), read_array(args.img2))
+    arrays = plan.run(inputs)  # lazy: the stacks are read band by band while OUT is written
     with atomic_path(args.output, overwrite=args.overwrite) as temporary:
-        zarr.open_group(str(temporary), mode="w").attrs.update(attributes)
+        zarr.open_group(str(temporary), mode="w").attrs.update(plan.record())
         writes = [da.to_zarr(da.asarray(array), str(temporary), component=name, compute=False)
                   for name, array in arrays.items()]  # fmt: skip
         compute(writes)
@@ -422,8 +372,9 @@ def positions_csv_path(output: str) -> Any:
     return path.with_name(f"{name}.positions.csv")
 
 
-def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int, ...], list[str] | None]:
-    """The tiles (dask), each tile's grid index, the grid shape and the tiles' file names (for a folder)."""
+def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int, ...], list[str] | None, bool]:
+    """The tiles (dask), each tile's grid index, the grid shape, the tiles' file names (for a folder) and whether
+    the grid index came from the file names (else from the acquisition order, ``--order``)."""
     from pathlib import Path
 
     from napari_gridmip.core.patches.stitch import grid_indices
@@ -440,7 +391,7 @@ def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int
             grid = tuple(int(g) for g in folder.grid_index.max(axis=0) + 1)
             if args.grid and tuple(args.grid) != grid:
                 raise UsageError(f"--grid {' '.join(map(str, args.grid))} disagrees with the files' {grid} grid")
-            return tiles, folder.grid_index, grid, names
+            return tiles, folder.grid_index, grid, names, True
     else:
         if args.pattern:
             raise UsageError(f"--pattern is for a folder of tiles; {args.tiles!r} is not a folder")
@@ -456,13 +407,28 @@ def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int
     from napari_gridmip.core import _validate
 
     order = _validate.check_choice("order", args.order, ("row-major", "column-major", "snake"))
-    return tiles, grid_indices(grid, order), grid, names
+    return tiles, grid_indices(grid, order), grid, names, False
+
+
+def stitch_plan_of(args: argparse.Namespace, tiles: Any, grid_index: np.ndarray, grid: tuple, by_name: bool) -> Any:
+    """The stitching plan of ``stitch`` (the widget's, with the files as sources): the stage from
+    ``grid_positions``, taken in the files' order for a folder whose names give each tile's grid index."""
+    from napari_gridmip._jobs.stitch import StitchRequest, stitch_plan
+    from napari_gridmip._provenance import Source
+
+    if args.pattern:
+        source = Source("tiles", expression=f"gm.read_tiles({_absolute(args.tiles)!r}, {args.pattern!r}).tiles")
+    else:
+        source = Source("tiles", path=_absolute(args.tiles))
+    order, stage_index = args.order, ""
+    if by_name:  # tile t sits at grid_index[t]: the row-major grid's tile ravel(grid_index[t])
+        order, stage_index = "row-major", f"[{np.ravel_multi_index(tuple(grid_index.T), grid).tolist()}]"
+    request = StitchRequest(args.tiles, tiles, None, tuple(grid), args.overlap, order=order,
+                            max_shift=args.max_shift, blend=args.blend, source=source)  # fmt: skip
+    return stitch_plan(request, stage_index=stage_index, channel=args.channel, display=False)
 
 
 def run_stitch(args: argparse.Namespace, compute: Any) -> None:
-    import dask.array as da
-
-    from napari_gridmip import fuse_tiles, register_tiles
     from napari_gridmip.io._write import atomic_path
 
     output = str(args.output)
@@ -475,45 +441,50 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
 
         if Path(path).exists() and not args.overwrite:
             raise UsageError(f"{str(Path(path).absolute())!r} already exists (pass --overwrite to replace it)")
-    tiles, grid_index, grid, names = _stitch_inputs(args)
+    tiles, grid_index, grid, names, by_name = _stitch_inputs(args)
     d = len(grid)
     if tiles.ndim not in (d + 1, d + 2):
         raise UsageError(f"a {d}D grid needs tiles (n, [C,] *tile) with {d} spatial axes; got shape {tiles.shape}")
-    tile_shape = tuple(int(s) for s in tiles.shape[tiles.ndim - d :])
-    from napari_gridmip.core.patches.stitch import _overlap_fractions
-
-    step = np.asarray(tile_shape, float) * (1 - _overlap_fractions(args.overlap, d))
-    stage = grid_index.astype(float) * step
+    plan = stitch_plan_of(args, tiles, grid_index, grid, by_name)
     from napari_gridmip._jobs import prepare_jax
 
     prepare_jax()  # compiled programs kept in the per-user cache, as the widgets do: a second run skips the compile
     small = tiles.nbytes < 2 * 2**30  # read once into memory for the registration, which reads each overlap
-    registration_tiles = tiles.compute() if small else tiles
 
     def report(done: int, total: int) -> None:
         if not args.quiet:
             print(f"\rregistering tile pairs: {done}/{total}", end="\n" if done == total else "", file=sys.stderr)
 
-    result = register_tiles(registration_tiles, stage, max_shift=args.max_shift, channel=args.channel, progress=report)
+    def extras(i: int, call: Any) -> dict[str, Any]:
+        return {"progress": report} if call.function == "register_tiles" else {}
+
+    values = plan.execute({"tiles": tiles.compute() if small else tiles}, extras=extras)
+    result = values["registration"]
     if not args.quiet:
         accepted, pairs = int(result.accepted.sum()), len(result.pairs)
         print(f"{accepted} of {pairs} pairs used, median residual {result.median_residual:.3f} px, "
               f"{int(result.placed_from_stage.sum())} tile(s) placed from the stage", file=sys.stderr)  # fmt: skip
-    mosaic = fuse_tiles(da.asarray(tiles), result.positions, blend=args.blend)
-    image, origin = mosaic.image, mosaic.origin
+    image, origin = plan.outputs_of(values)["mosaic"], values["mosaic"].origin
+    attributes = plan.record()
     with atomic_path(output, overwrite=args.overwrite) as temporary:
         if lower.endswith(".ome.zarr"):
-            _write_ome_zarr(image, origin, temporary, has_channels=tiles.ndim == d + 2, compute=compute)
+            has_channels = tiles.ndim == d + 2
+            _write_ome_zarr(image, origin, temporary, has_channels=has_channels, compute=compute, attributes=attributes)
         else:
+            import json
+
             import tifffile
 
-            tifffile.imwrite(temporary, np.asarray(compute([image])[0]))
+            pixels = np.asarray(compute([image])[0]) if hasattr(image, "dask") else np.asarray(image)
+            tifffile.imwrite(temporary, pixels, description=json.dumps(attributes))
         with atomic_path(csv_path, overwrite=args.overwrite) as csv_temporary:
             _write_positions(csv_temporary, result, grid_index, origin, names)
 
 
-def _write_ome_zarr(image: Any, origin: np.ndarray, path: Any, *, has_channels: bool, compute: Any) -> None:
-    """One OME-Zarr image (level 0 only) whose translation puts pixel 0 at ``origin``."""
+def _write_ome_zarr(
+    image: Any, origin: np.ndarray, path: Any, *, has_channels: bool, compute: Any, attributes: dict[str, Any]
+) -> None:
+    """One OME-Zarr image (level 0 only) whose translation puts pixel 0 at ``origin``, with ``attributes``."""
     import dask.array as da
     import zarr
     from ome_zarr.writer import write_multiscales_metadata
@@ -522,7 +493,8 @@ def _write_ome_zarr(image: Any, origin: np.ndarray, path: Any, *, has_channels: 
     names = ("z", "y", "x")[3 - len(origin) :]
     axes = [{"name": "c", "type": "channel"}] * lead + [{"name": n, "type": "space"} for n in names]
     group = zarr.open_group(str(path), mode="w")
-    compute([da.to_zarr(image, str(path), component="0", compute=False)])
+    group.attrs.update(attributes)
+    compute([da.to_zarr(da.asarray(image), str(path), component="0", compute=False)])
     transforms = [
         {"type": "scale", "scale": [1.0] * image.ndim},
         {"type": "translation", "translation": [0.0] * lead + [float(o) for o in origin]},
@@ -552,14 +524,16 @@ def _write_positions(path: Any, result: Any, grid_index: np.ndarray, origin: np.
 
 
 def run_corrimage(args: argparse.Namespace, compute: Any) -> None:
-    from napari_gridmip import local_correlation_image
+    from napari_gridmip._jobs.timeseries import TimeSeriesRequest, timeseries_plan
+    from napari_gridmip._provenance import Source
     from napari_gridmip.io import read_array, write_array
 
     movie = read_array(args.movie)
-    image = local_correlation_image(
-        movie, neighbours=args.neighbours, dtype=args.dtype, chunk_frames=args.chunk_frames
-    )  # lazy: the frames are read chunk by chunk while OUT is written
-    write_array(image, args.output, overwrite=args.overwrite, compute=compute)
+    request = TimeSeriesRequest(args.movie, movie, None, args.neighbours, args.dtype, args.chunk_frames)
+    plan = timeseries_plan(request, source=Source("movie", path=_absolute(args.movie)))
+    # lazy: the frames are read chunk by chunk while OUT is written
+    image = plan.run({"movie": movie})["correlation image"]
+    write_array(image, args.output, overwrite=args.overwrite, compute=compute, attributes=plan.record())
 
 
 RUNS = {

@@ -1,7 +1,8 @@
-"""One record of each public call, serving four readers (Qt-free).
+"""One record of each public call, which is also what runs (Qt-free).
 
-A job knows which public function it calls and with what. It keeps that as a
-:class:`Call`, and the same record gives:
+A job is a :class:`Plan`: its inputs (:class:`Source`), the public calls that compute it (:class:`Call`, each
+of which evaluates itself) and its outputs (Python expressions over the calls' results). Executing the plan
+(:meth:`Plan.run`) is how the widget's job and the command line's subcommand compute, and the same record gives:
 
 1. a layer's provenance, ``layer.metadata["napari_gridmip"]`` (:func:`layer_provenance`): the calls, the
    input layers, the package and JAX versions and the time, plus which output of which widget the layer is;
@@ -16,9 +17,10 @@ A job knows which public function it calls and with what. It keeps that as a
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,11 @@ class Source:
     path: str | None = None
     index: str = ""
     expression: str | None = None  # any other binding, as code (e.g. a function found by its import path)
+
+    def take(self, raw: Any) -> Any:
+        """The value this source binds from its layer's (or file's) data: ``raw`` with :attr:`index` applied, the
+        same code the script runs."""
+        return _evaluate(f"_raw{self.index}", {"_raw": raw}) if self.index else raw
 
     def code(self) -> str:
         if self.expression is not None:
@@ -73,19 +80,63 @@ class Call:
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     result: str = "result"
+    index: str = ""  # applied to the function's value, as code (``"[[0, 2, 1, 3]]"``: the stage in file order)
+
+    def evaluate(self, namespace: Mapping[str, Any], **runtime: Any) -> dict[str, Any]:
+        """Run the call on the values in ``namespace``; return its result's names bound to their values.
+
+        The arguments are the ones :meth:`code` prints (tuples where the record holds lists), so what runs is
+        what the script and the provenance say; ``runtime`` adds keywords that change how, never what, it
+        computes (``progress``).
+        """
+        import napari_gridmip
+
+        function = getattr(napari_gridmip, self.function)
+        data = [_evaluate(name, namespace) for name in self.data]
+        args = [_from_plain(_plain(a)) for a in self.args]
+        kwargs = {k: _from_plain(_plain(v)) for k, v in self.kwargs.items()}
+        value = function(*data, *args, **kwargs, **runtime)
+        return self.bind(_evaluate(f"_value{self.index}", {"_value": value}) if self.index else value)
+
+    def bind(self, value: Any) -> dict[str, Any]:
+        """``{name: value}`` for the assignment ``result = value`` (``"dy, dx, peak"`` unpacks)."""
+        targets = [t.strip() for t in self.result.split(",")]
+        if len(targets) == 1:
+            return {targets[0]: value}
+        values = tuple(value)
+        if len(values) != len(targets):
+            raise ValueError(f"{self.function} returned {len(values)} values; {self.result!r} takes {len(targets)}")
+        return dict(zip(targets, values))
+
+    def accepts(self, keyword: str) -> bool:
+        """Whether the public function takes ``keyword`` (``progress``, for the runners)."""
+        return keyword in _parameters(self.function)
 
     def code(self) -> str:
         parts = [*self.data, *map(_literal, self.args), *(f"{k}={_literal(v)}" for k, v in self.kwargs.items())]
-        return f"{self.result} = gm.{self.function}({', '.join(parts)})"
+        return f"{self.result} = gm.{self.function}({', '.join(parts)}){self.index}"
 
     def record(self) -> dict[str, Any]:
-        return {
+        out = {
             "function": f"napari_gridmip.{self.function}",
             "data": list(self.data),
             "args": [_plain(a) for a in self.args],
             "kwargs": {k: _plain(v) for k, v in self.kwargs.items()},
             "result": self.result,
         }
+        if self.index:
+            out["index"] = self.index
+        return out
+
+
+@functools.cache
+def _parameters(function: str) -> frozenset[str]:
+    """The parameter names of ``napari_gridmip.<function>`` (read once: ``inspect.signature`` is slow)."""
+    import inspect
+
+    import napari_gridmip
+
+    return frozenset(inspect.signature(getattr(napari_gridmip, function)).parameters)
 
 
 def versions() -> dict[str, str]:
@@ -212,7 +263,7 @@ def script_from_layers(layers: Sequence[Any]) -> str:
                 sources.append(Source(**{**record, "variable": name}))
         for c in provenance["calls"]:
             data = tuple(rename.get(d, d) for d in c["data"])
-            record = ("call", c["function"], data, repr(c["args"]), repr(sorted(c["kwargs"].items())))
+            record = ("call", c["function"], data, repr(c["args"]), repr(sorted(c["kwargs"].items())), c.get("index"))
             targets = [t.strip() for t in c["result"].split(",")]
             names = [bind(t, (record, i), rename) for i, t in enumerate(targets)]
             if any(new for _, new in names):
@@ -231,6 +282,7 @@ def call_from_record(record: Mapping[str, Any]) -> Call:
         args=tuple(_from_plain(a) for a in record["args"]),
         kwargs={k: _from_plain(v) for k, v in record["kwargs"].items()},
         result=record["result"],
+        index=record.get("index", ""),
     )
 
 
@@ -262,3 +314,127 @@ def _from_plain(value: Any) -> Any:
 def _literal(value: Any) -> str:
     value = _from_plain(_plain(value))
     return repr(value)
+
+
+def _evaluate(expression: str, namespace: Mapping[str, Any]) -> Any:
+    """The value of ``expression`` (code a plan wrote: a result's name, ``"tracked.dy"``, ``"levels[3]"``) as the
+    script computes it, with ``np`` and ``gm`` bound as the script binds them."""
+    import numpy as np
+
+    import napari_gridmip
+
+    # one dict of globals: a comprehension in the expression sees only globals
+    return eval(expression, {"np": np, "gm": napari_gridmip, **namespace})  # noqa: S307 - our own code
+
+
+Extras = Callable[[int, Call], Mapping[str, Any]]  # (call index, call) -> runtime keywords (progress)
+After = Callable[[int, Call, Any], Any]  # (call index, call, its value) -> the value kept (e.g. computed)
+Evaluator = Callable[[Call, Mapping[str, Any], Mapping[str, Any]], Any]  # (call, namespace, runtime) -> value
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One job as data: its inputs, the public calls that compute it, and its outputs.
+
+    ``sources`` bind the inputs (layers, files, or code such as a function found by its import path),
+    ``calls`` run in order, each on the values bound before it, and ``outputs`` name each result as an expression
+    over the calls' results (``{"dy": "tracked.dy", "merged": "merged"}``).
+
+    Executing the plan (:meth:`run`) is how the widgets and the command line compute; :meth:`script` prints the
+    same calls as Copy as Python, :meth:`record` is what the command line writes into its files,
+    :meth:`provenance` a layer's ``metadata["napari_gridmip"]`` and :meth:`matches` the re-run's "is this my
+    layer" test. A value that differs between the record and the computation cannot be written.
+
+    Examples
+    --------
+    >>> plan = Plan(
+    ...     (Source("patches", layer="tiles"),),
+    ...     (Call("merge_patches", ("patches",), ((4, 4), (2, 2)), {"blend": "mean"}, "merged"),),
+    ...     {"merged": "merged"},
+    ... )
+    >>> import numpy as np
+    >>> plan.run({"patches": np.ones((1, 1, 4, 4))})["merged"].shape
+    (4, 4)
+    >>> print(plan.script().splitlines()[-6])
+    merged = gm.merge_patches(patches, (4, 4), (2, 2), blend='mean')
+    """
+
+    sources: tuple[Source, ...]
+    calls: tuple[Call, ...]
+    outputs: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", tuple(self.sources))
+        object.__setattr__(self, "calls", tuple(self.calls))
+        object.__setattr__(self, "outputs", dict(self.outputs))
+
+    def execute(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        extras: Extras | None = None,
+        after: After | None = None,
+        evaluators: Mapping[str, Evaluator] | None = None,
+    ) -> dict[str, Any]:
+        """Bind the sources and run the calls in order; return every bound name's value.
+
+        ``inputs`` holds the value of each layer or file source, by variable (what its line in the script binds:
+        the layer's data with the source's index applied, :meth:`Source.take`); code sources are evaluated.
+        ``extras`` adds runtime keywords to a call (its progress); ``after`` may replace a call's value (compute a
+        lazy one, with progress); ``evaluators`` (by the call's ``result``) compute a call another way that gives
+        the same value from the same recorded arguments (the widget's band-by-band full map).
+        """
+        namespace: dict[str, Any] = {}
+        for source in self.sources:
+            if source.variable in inputs:
+                namespace[source.variable] = inputs[source.variable]
+            elif source.expression is not None:
+                namespace[source.variable] = _evaluate(source.expression, namespace)
+            else:
+                raise ValueError(f"no value given for the input {source.variable!r} ({source.record()})")
+        for i, call in enumerate(self.calls):
+            runtime = dict(extras(i, call)) if extras is not None else {}
+            evaluator = (evaluators or {}).get(call.result)
+            if evaluator is not None:
+                bound = call.bind(evaluator(call, namespace, runtime))
+            else:
+                bound = call.evaluate(namespace, **runtime)
+            if after is not None:
+                values = tuple(bound.values())
+                value = after(i, call, values if len(values) > 1 else values[0])
+                bound = dict(zip(bound, value)) if len(values) > 1 else {next(iter(bound)): value}
+            namespace.update(bound)
+        return namespace
+
+    def outputs_of(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """Each output's value, its expression evaluated over an executed namespace."""
+        return {name: _evaluate(expression, namespace) for name, expression in self.outputs.items()}
+
+    def run(self, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """``{output name: value}``: :meth:`execute`, then each output's expression (same options)."""
+        return self.outputs_of(self.execute(inputs, **options))
+
+    def script(self) -> str:
+        """The Copy as Python text of this plan (ends with ``results``, the outputs by name)."""
+        return python_script(self.sources, self.calls, self.outputs)
+
+    def record(self) -> dict[str, Any]:
+        """What the command line writes into its outputs: ``{KEY: the calls, sources, versions, time, script}``."""
+        return {KEY: file_provenance(self.sources, self.calls, self.outputs)}
+
+    def provenance(self, *, widget: str, role: str, stamp: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The ``metadata["napari_gridmip"]`` of the layer showing output ``role``."""
+        return layer_provenance(
+            widget=widget, role=role, sources=self.sources, calls=self.calls, expression=self.outputs[role], stamp=stamp
+        )
+
+    def matches(self, metadata: Mapping[str, Any], *, widget: str, role: str) -> bool:
+        """Whether a layer with ``metadata`` shows output ``role`` of an earlier run of this plan (same widget and
+        input layers): a re-run's target."""
+        return same_output(metadata, self.provenance(widget=widget, role=role, stamp={}))
+
+    def extended(self, *, sources: Sequence[Source] = (), calls: Sequence[Call] = (), outputs=None) -> Plan:
+        """This plan with more sources, calls and outputs (replacing its outputs when ``outputs`` is given)."""
+        return Plan(
+            (*self.sources, *sources), (*self.calls, *calls), dict(self.outputs) if outputs is None else outputs
+        )

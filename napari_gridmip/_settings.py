@@ -1,9 +1,16 @@
-"""The widgets' last choices, remembered across napari sessions (Qt-free).
+"""The widgets' last choices, remembered across napari sessions (Qt-free), where napari keeps plugin settings.
 
-One JSON file in the per-user config folder (``NAPARI_GRIDMIP_CONFIG_DIR``
-overrides it), holding ``{widget key: {field name: value}}``. Only plain
-parameters are stored (numbers, text, booleans), never layer choices. A
-missing or unreadable file means defaults, never an error.
+napari 0.9 and later keep a plugin's settings in its own file beside napari's, from the ``configurations`` of
+the plugin's manifest (``napari.yaml``: one section per widget, ``mipmap``, ``patches``, ``stitch``, ``tiled``,
+``correlation``), shown in napari's Preferences and read with
+``napari.settings.get_plugin_settings("napari-gridmip").<widget>.<field>``.
+
+Before those, the choices lived in a JSON file of our own (``widget-settings.json`` in the per-user config
+folder). Its values move into napari's settings once, the first time they are read there; the file then keeps
+only what napari's sections do not declare, marked as migrated. The file stays the store wherever napari has no
+plugin configurations (an older napari), and when ``NAPARI_GRIDMIP_CONFIG_DIR`` names a folder of our own
+(the tests use one, so that they never touch the user's settings). Only plain parameters are stored (numbers,
+text, booleans), never layer choices; a missing or unreadable store means defaults, never an error.
 """
 
 from __future__ import annotations
@@ -13,7 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+PLUGIN = "napari-gridmip"
 FILE_NAME = "widget-settings.json"
+MIGRATED = "migrated_to_napari"  # set in the JSON file once its values moved into napari's settings
+# widget fields whose property in napari.yaml has another name: napari's settings models keep "source" for
+# themselves (their event emitter's attribute)
+PROPERTY_NAMES = {"source": "tiles_from"}
+_DEFAULT: Any = object()
 
 
 def settings_file() -> Path:
@@ -25,7 +38,78 @@ def settings_file() -> Path:
     return Path(platformdirs.user_config_dir("napari-gridmip")) / FILE_NAME
 
 
-def _read_all() -> dict[str, dict[str, Any]]:
+def napari_settings() -> Any | None:
+    """The plugin's settings in napari (``get_plugin_settings("napari-gridmip")``), or ``None`` where the JSON file
+    is the store: ``NAPARI_GRIDMIP_CONFIG_DIR`` set, a napari without plugin configurations, or a manifest
+    without ours."""
+    if os.environ.get("NAPARI_GRIDMIP_CONFIG_DIR"):
+        return None
+    try:
+        from napari.settings import get_plugin_settings
+    except ImportError:  # napari before 0.9: no plugin configurations
+        return None
+    try:
+        return get_plugin_settings(PLUGIN)
+    except Exception:  # noqa: BLE001 - settings are a convenience: the file serves when napari's cannot
+        return None
+
+
+def load(key: str, *, store: Any = _DEFAULT) -> dict[str, Any]:
+    """The stored values of widget ``key`` (empty when none were stored). ``store``: napari's settings of the
+    plugin (default: :func:`napari_settings`; ``None``: the JSON file alone)."""
+    store = napari_settings() if store is _DEFAULT else store
+    if store is not None:
+        migrate(store)
+    values = _read_all().get(key, {})
+    values = dict(values) if isinstance(values, dict) else {}
+    section = getattr(store, key, None) if store is not None else None
+    if section is not None:
+        names = {prop: name for name, prop in PROPERTY_NAMES.items()}
+        values.update({names.get(prop, prop): getattr(section, prop) for prop in type(section).model_fields})
+    return values
+
+
+def save(key: str, values: dict[str, Any], *, store: Any = _DEFAULT) -> None:
+    """Store widget ``key``'s values: in napari's settings where they declare them (napari writes its file on each
+    change), the rest in the JSON file (written to a temporary file, then renamed: never half a file)."""
+    store = napari_settings() if store is _DEFAULT else store
+    rest = dict(values) if store is None else _put(store, key, values)
+    everything = _read_all()
+    if not rest and key not in everything:
+        return
+    everything[key] = rest
+    _write_all(everything)
+
+
+def migrate(store: Any) -> None:
+    """Move the JSON file's values into napari's settings, once (the file is then marked, keeping only values that
+    napari's sections do not declare)."""
+    everything = _read_all()
+    if not everything or everything.get(MIGRATED):
+        return
+    leftover: dict[str, Any] = {key: _put(store, key, values) for key, values in everything.items()
+                                if isinstance(values, dict)}  # fmt: skip
+    _write_all({**{key: values for key, values in leftover.items() if values}, MIGRATED: True})
+
+
+def _put(store: Any, key: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Set ``values`` in section ``key`` of napari's settings; return those it does not declare or accept."""
+    section = getattr(store, key, None)
+    rest = {}
+    for name, value in values.items():
+        prop = PROPERTY_NAMES.get(name, name)
+        if section is None or prop not in type(section).model_fields:
+            rest[name] = value
+            continue
+        try:
+            if getattr(section, prop) != value:
+                setattr(section, prop, value)
+        except ValueError:  # pydantic's ValidationError: a value outside the property's type, range or choices
+            rest[name] = value
+    return rest
+
+
+def _read_all() -> dict[str, Any]:
     try:
         data = json.loads(settings_file().read_text())
     except (OSError, ValueError):
@@ -33,16 +117,7 @@ def _read_all() -> dict[str, dict[str, Any]]:
     return data if isinstance(data, dict) else {}
 
 
-def load(key: str) -> dict[str, Any]:
-    """The stored values of widget ``key`` (empty when none were stored)."""
-    values = _read_all().get(key, {})
-    return values if isinstance(values, dict) else {}
-
-
-def save(key: str, values: dict[str, Any]) -> None:
-    """Store widget ``key``'s values (written to a temporary file, then renamed: never half a file)."""
-    everything = _read_all()
-    everything[key] = values
+def _write_all(everything: dict[str, Any]) -> None:
     path = settings_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,19 +5,25 @@ The model of the widget layer, in the manner of napari-animation's ``Animation``
 1. On the GUI thread a widget captures a *request*: the arrays (never read
    there), the input layer's transform (:class:`~napari_gridmip._placement.Frame`),
    the names and the parameters. Capturing reads layers; nothing later does.
-2. ``make_*_job(request)`` turns it into a :class:`Job`: a description and a
+2. ``<job>_plan(request)`` makes the job's :class:`~napari_gridmip._provenance.Plan`:
+   its sources, the public calls and the outputs. The command line makes the
+   same plan from the same options, with files for sources.
+3. ``make_*_job(request)`` turns it into a :class:`Job`: a description and a
    callable ``run(progress) -> JobResult``, which the widget's runner calls in a
-   napari thread worker. JAX runs only there.
-3. The :class:`JobResult` holds napari layer-data tuples, in the order they are
+   napari thread worker. It executes the plan there (JAX runs only there).
+4. The :class:`JobResult` holds napari layer-data tuples, in the order they are
    added (bottom first), and a one-line summary. The runner adds the layers on
    the GUI thread, all or none, or replaces the previous run's layers of the
    same output.
 
 Every layer a job makes carries its provenance in ``metadata["napari_gridmip"]``
-(:func:`layer_tuples`): the public calls that made it (one
-:class:`~napari_gridmip._provenance.Call` record each), the input layers, the
-versions and the time, and its data as code over the calls' results, from
+(:func:`layer_tuples`), read from the plan that computed it: the public calls
+(one :class:`~napari_gridmip._provenance.Call` record each), the input layers,
+the versions and the time, and its data as the plan's output expression, from
 which the widget's "Copy as Python" writes a script.
+
+The modules: ``mipmap``, ``patches`` (merge), ``tiled``, ``stitch``, ``correlation``
+(two stacks or one pair), ``timeseries`` and ``surface`` (one pixel's correlation).
 
 ``progress(done, total)`` may raise (the runner's Cancel does), which stops a
 job between steps; every job reports several steps.
@@ -32,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._provenance import KEY, Call, Source, layer_provenance, now, versions
+from napari_gridmip._provenance import KEY, Call, Plan, Source, now, versions
 
 ProgressCallback = Callable[[int, int], None]
 LayerDataTuple = tuple[Any, dict, str]
@@ -43,27 +49,36 @@ DISPLAY_KEYS = ("colormap", "contrast_limits", "opacity", "visible", "blending",
 
 @dataclass(frozen=True)
 class Output:
-    """One result layer: napari's (data, keyword arguments, kind), which output of the widget it is (``role``),
-    and its data as Python code over the calls' results (``expression``, e.g. ``"levels[3]"``)."""
+    """One result layer: napari's (data, keyword arguments, kind), and which output of the job's plan it shows
+    (``role``: a name of :attr:`Plan.outputs <napari_gridmip._provenance.Plan.outputs>`, whose expression is the
+    layer's data as code over the calls' results). ``expression`` is only for a job that has no plan yet."""
 
     data: Any
     meta: dict
     kind: str
     role: str
-    expression: str
+    expression: str | None = None
 
 
 def layer_tuples(
-    outputs: list[Output], *, widget: str, sources: list[Source], calls: list[Call]
+    outputs: list[Output],
+    *,
+    widget: str,
+    plan: Plan | None = None,
+    sources: list[Source] | None = None,
+    calls: list[Call] | None = None,
 ) -> list[LayerDataTuple]:
-    """napari layer-data tuples, each with its provenance in ``metadata["napari_gridmip"]``."""
+    """napari layer-data tuples, each with its provenance (from ``plan``) in ``metadata["napari_gridmip"]``.
+
+    (``sources`` and ``calls`` with each output's ``expression``, in place of a plan, make one from them.)
+    """
+    if plan is None:
+        plan = Plan(sources or [], calls or [], {out.role: out.expression or "" for out in outputs})
     stamp = {**versions(), "time": now()}
     tuples = []
     for out in outputs:
         meta = dict(out.meta)
-        provenance = layer_provenance(
-            widget=widget, role=out.role, sources=sources, calls=calls, expression=out.expression, stamp=stamp
-        )
+        provenance = plan.provenance(widget=widget, role=out.role, stamp=stamp)
         meta["metadata"] = {**meta.get("metadata", {}), KEY: provenance}
         tuples.append((out.data, meta, out.kind))
     return tuples
@@ -134,6 +149,73 @@ def as_dask(data: Any) -> Any:
     if hasattr(data, "dask"):
         return data
     return da.from_array(data, chunks=getattr(data, "chunks", "auto"))
+
+
+def is_lazy_value(value: Any) -> bool:
+    """A dask array, or a tuple (a named result) holding one."""
+    if isinstance(value, tuple):
+        return any(is_lazy_value(v) for v in value)
+    return hasattr(value, "dask")
+
+
+def staged(
+    plan: Plan,
+    progress: ProgressCallback,
+    weights: dict[str, int],
+    *,
+    pass_progress: bool = True,
+    always: tuple[str, ...] = (),
+    keep: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The ``extras`` and ``after`` of :meth:`Plan.execute <napari_gridmip._provenance.Plan.execute>` for a job
+    in the worker: each call (by its ``result``) gets ``weights[result]`` of the progress steps; a function that
+    reports progress is given its share (when ``pass_progress``; always to the calls named in ``always``, which
+    an evaluator computes), a lazy result is computed with one step per dask
+    task, and results come back as NumPy (as the layers hold them), except those named in ``keep``.
+    """
+    total = sum(weights.get(call.result, 0) for call in plan.calls)
+    starts, first = {}, 0
+    for call in plan.calls:
+        starts[call.result] = first
+        first += weights.get(call.result, 0)
+
+    def share(call: Call) -> ProgressCallback:
+        start, width = starts[call.result], weights.get(call.result, 0)
+        return lambda done, steps: progress(start + round(width * done / max(steps, 1)), total)
+
+    def extras(i: int, call: Call) -> dict[str, Any]:
+        progress(starts[call.result], total)
+        if call.result in always or (pass_progress and weights.get(call.result) and call.accepts("progress")):
+            return {"progress": share(call)}
+        return {}
+
+    def after(i: int, call: Call, value: Any) -> Any:
+        if call.result not in keep:
+            value = computed(value, share(call))
+        progress(starts[call.result] + weights.get(call.result, 0), total)
+        return value
+
+    return {"extras": extras, "after": after}
+
+
+def computed(value: Any, progress: ProgressCallback) -> Any:
+    """``value`` in memory: a dask array (or a named tuple of them) computed with one progress step per task,
+    JAX arrays fetched to NumPy; anything else as it is."""
+    if is_lazy_value(value):
+        import dask
+
+        with DaskProgress(progress):
+            if isinstance(value, tuple):
+                parts = dask.compute(*value, scheduler="threads")
+                value = type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+            else:
+                (value,) = dask.compute(value, scheduler="threads")
+    if isinstance(value, tuple):
+        parts = [computed(v, progress) for v in value]
+        return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+    if hasattr(value, "device") and hasattr(value, "shape"):  # a jax.Array
+        return np.asarray(value)
+    return value
 
 
 class DaskProgress:

@@ -1,6 +1,9 @@
-"""The correlation jobs: the displacement field between two stacks or images (dense, or with a subset and a
+"""The correlation job: the displacement field between two stacks or images (dense, or with a subset and a
 step), the outputs derived from it (transmission, dark-field, phase, strain, uncertainty), the full map on
-request; the local correlation image of a movie; and one pixel's correlation surface."""
+request. One plan (:func:`correlation_plan`) serves the widget's job and ``napari-gridmip correlate``.
+
+The time series' job is in :mod:`~napari_gridmip._jobs.timeseries`, one pixel's surface in
+:mod:`~napari_gridmip._jobs.surface`."""
 
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ from napari_gridmip._jobs import (
     as_dask,
     is_lazy,
     layer_tuples,
+    staged,
 )
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Source
+from napari_gridmip._provenance import Call, Plan, Source
 
 WIDGET = "correlation"
 
@@ -78,7 +82,10 @@ OUTPUTS = {
     "strain": ("exx", "eyy", "exy"),
     "uncertainty": ("sigma_dy", "sigma_dx"),
 }
-TRACKING_OUTPUTS = ("transmission", "dark_field", "uncertainty")  # parts of track_speckles' result
+# every output a plan can make (the command line also writes track_speckles' residual): name -> its arrays
+PARTS = {**OUTPUTS, "residual": ("residual",)}
+# parts of track_speckles' result: asking for one makes the field track_speckles'
+TRACKING_OUTPUTS = ("transmission", "dark_field", "residual", "uncertainty")
 
 
 def output_placement(
@@ -135,74 +142,90 @@ def _indexed(data: Any, index: str) -> Any:
     return data[None] if index == "[None]" else data
 
 
+def correlation_plan(
+    request: CorrelationRequest, *, sources: tuple[Source, Source] | None = None, display: bool = True
+) -> Plan:
+    """The job as public calls: the search (``find_displacement``, or ``track_speckles`` when a tracking output is
+    asked for), phase and strain from its field, the full map; outputs by role (``"dy"``, ``"exx"``, ``"map"``).
+
+    ``sources`` bind ``img1`` and ``img2`` (the layers by default; the command line's files); ``display`` adds
+    the widget's own outputs (the map laid out for napari's sliders, the displacement vectors).
+    """
+    index = request.index
+    if sources is None:
+        sources = (Source("img1", layer=request.name1, index=index), Source("img2", layer=request.name2, index=index))
+    options = search_options(request)
+    window = (tuple(request.window),)
+    chosen = [part for name in PARTS if name in request.outputs for part in PARTS[name]]
+    if request.tracking:
+        calls = [Call("track_speckles", ("img1", "img2"), window, options, result="tracked")]
+        parts = ("dy", "dx", "peak", *(p for p in chosen if p in ("transmission", "dark_field", "residual",
+                                                                      "sigma_dy", "sigma_dx")))  # fmt: skip
+        outputs = {name: f"tracked.{name}" for name in parts}
+    else:
+        calls = [Call("find_displacement", ("img1", "img2"), window, options, result="dy, dx, peak")]
+        outputs = {name: name for name in ("dy", "dx", "peak")}
+    dy, dx = outputs["dy"], outputs["dx"]
+    if "phase" in request.outputs:
+        calls.append(_phase_call(request, dy, dx))
+        outputs["phase"] = "phase"
+    if "strain" in request.outputs:
+        # with a step the samples are ``step`` pixels apart: the gradients are per pixel only with ``spacing``
+        kwargs = {"window": request.strain_window, "spacing": request.step, "dtype": request.dtype}
+        calls.append(Call("strain_field", (dy, dx), (), kwargs, result="strain"))
+        outputs.update({name: f"strain.{name}" for name in ("exx", "eyy", "exy")})
+    ndim = len(request.data2.shape) + index.count("None")  # the stacks' axes, (..., K, M, N)
+    if request.full_map:
+        kwargs = {"dtype": request.dtype, "offsets_first": True}
+        calls.append(Call("windowed_pearson", ("img1", "img2"), window, kwargs, result="planes"))
+        outputs["map"] = map_code(ndim - 3) if display else "planes"
+    if display and ndim == 3:  # one field (M', N'): arrows on it
+        every, origin = _vector_grid(request)
+        outputs["vectors"] = f"gm.displacement_vectors({dy}, {dx}, spacing={every}, origin={origin})"
+    return Plan(sources, calls, outputs)
+
+
+def _vector_grid(request: CorrelationRequest) -> tuple[int, tuple]:
+    """The arrows' spacing in output pixels and the output grid's origin in its own units.
+
+    The spacing is in input pixels; with a step the arrows are drawn on every (spacing / step)-th output pixel,
+    in the output grid's coordinates (each ``step`` input pixels).
+    """
+    step = request.step
+    every = max(1, round(request.spacing / step))
+    half = (request.window[0] // 2 + request.subset[0] // 2, request.window[1] // 2 + request.subset[1] // 2)
+    origin = (half[0] / step, half[1] / step) if step != 1 else half
+    return every, origin
+
+
 def make_correlation_job(request: CorrelationRequest) -> Job:
-    window = request.window
+    plan = correlation_plan(request)
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import find_displacement, track_speckles
-
         lazy = is_lazy(request.data1) or is_lazy(request.data2)
         if lazy:  # row band by row band, with a halo: the stacks are never loaded whole
             img1, img2 = as_dask(request.data1), as_dask(request.data2)
         else:
             img1, img2 = np.asarray(request.data1), np.asarray(request.data2)
-        img1, img2 = _indexed(img1, request.index), _indexed(img2, request.index)
-        search_steps = 100
-        derived_steps = 10 * sum(name in request.outputs for name in ("phase", "strain"))
-        with_map = request.full_map
-        total = search_steps + derived_steps + (search_steps if with_map else 0)
+        first, second = plan.sources
+        inputs = {"img1": first.take(img1), "img2": second.take(img2)}
+        search = plan.calls[0].result
+        weights = {search: 100, "phase": 10, "strain": 10, "planes": 100}
 
-        def search_progress(done: int, steps: int) -> None:
-            progress(round(search_steps * done / max(steps, 1)), total)
+        def map_evaluator(call: Call, namespace: dict, runtime: dict) -> Any:
+            """The planned ``windowed_pearson`` (its recorded window and dtype), band by band where it is large."""
+            window, dtype = call.args[0], call.kwargs["dtype"]
+            return full_map(
+                namespace["img1"], namespace["img2"], window, dtype, progress=runtime["progress"],
+                map_dir=request.map_dir,
+            )  # fmt: skip
 
-        options = search_options(request)
-        extras: dict[str, np.ndarray] = {}
-        if request.tracking:
-            tracked = track_speckles(img1, img2, window, **options, **({} if lazy else {"progress": search_progress}))
-            names = ("dy", "dx", "peak", "transmission", "dark_field", "sigma_dy", "sigma_dx")
-            parts = [getattr(tracked, name) for name in names]
-            if lazy:
-                import dask
-
-                with DaskProgress(search_progress):
-                    parts = dask.compute(*parts, scheduler="threads")
-            arrays = dict(zip(names, (np.asarray(part) for part in parts)))
-            dy, dx, peak = arrays.pop("dy"), arrays.pop("dx"), arrays.pop("peak")
-            chosen = {role for name in request.outputs for role in OUTPUTS[name]}
-            extras.update({role: array for role, array in arrays.items() if role in chosen})
-        elif lazy:
-            import dask
-
-            fields = find_displacement(img1, img2, window, **options)
-            with DaskProgress(search_progress):
-                dy, dx, peak = dask.compute(*fields, scheduler="threads")
-        else:
-            fields = find_displacement(img1, img2, window, **options, progress=search_progress)
-            dy, dx, peak = (np.asarray(r) for r in fields)
-        done = search_steps
-        progress(done, total)
-        if "phase" in request.outputs:
-            extras["phase"] = np.asarray(_phase(request, dy, dx))
-            done += 10
-            progress(done, total)
-        if "strain" in request.outputs:
-            from napari_gridmip.core import strain_field
-
-            strain = strain_field(dy, dx, window=request.strain_window, spacing=request.step, dtype=request.dtype)
-            extras.update({name: np.asarray(getattr(strain, name)) for name in ("exx", "eyy", "exy")})
-            done += 10
-            progress(done, total)
-        full = None
-        if with_map:
-
-            def map_progress(step_done: int, steps: int) -> None:
-                progress(done + round(search_steps * step_done / max(steps, 1)), total)
-
-            full = full_map(img1, img2, window, request.dtype, progress=map_progress, map_dir=request.map_dir)
-        summary = correlation_summary(dy, dx)
+        steps = staged(plan, progress, weights, pass_progress=not lazy, always=("planes",), keep=("planes",))
+        values = plan.run(inputs, **steps, evaluators={"planes": map_evaluator})
+        summary = correlation_summary(values["dy"], values["dx"])
         if request.tracking:
             summary += "; by track_speckles"
-        return JobResult(_correlation_layers(request, dy, dx, peak, full, extras), summary)
+        return JobResult(_correlation_layers(request, values, plan), summary)
 
     return Job(f"Correlating {request.name1!r} with {request.name2!r}", run)
 
@@ -229,40 +252,6 @@ def _phase_call(request: CorrelationRequest, dy: str, dx: str) -> Call:
     return Call("integrate_gradient", (dy, dx), (), {**kwargs, "dtype": request.dtype}, result="phase")
 
 
-def _phase(request: CorrelationRequest, dy: np.ndarray, dx: np.ndarray) -> Any:
-    import napari_gridmip.core as core
-
-    call = _phase_call(request, "dy", "dx")
-    return getattr(core, call.function)(dy, dx, **call.kwargs)
-
-
-def correlation_calls(request: CorrelationRequest) -> tuple[list[Source], list[Call], dict[str, str]]:
-    """What the job computes, as public calls, and each output's data as code over their results."""
-    index = request.index
-    sources = [Source("img1", layer=request.name1, index=index), Source("img2", layer=request.name2, index=index)]
-    options = search_options(request)
-    window = (tuple(request.window),)
-    if request.tracking:
-        calls = [Call("track_speckles", ("img1", "img2"), window, options, result="tracked")]
-        names = ("dy", "dx", "peak", "transmission", "dark_field", "sigma_dy", "sigma_dx")
-        expressions = {name: f"tracked.{name}" for name in names}
-    else:
-        calls = [Call("find_displacement", ("img1", "img2"), window, options, result="dy, dx, peak")]
-        expressions = {name: name for name in ("dy", "dx", "peak")}
-    dy, dx = expressions["dy"], expressions["dx"]
-    if "phase" in request.outputs:
-        calls.append(_phase_call(request, dy, dx))
-        expressions["phase"] = "phase"
-    if "strain" in request.outputs:
-        kwargs = {"window": request.strain_window, "spacing": request.step, "dtype": request.dtype}
-        calls.append(Call("strain_field", (dy, dx), (), kwargs, result="strain"))
-        expressions.update({name: f"strain.{name}" for name in ("exx", "eyy", "exy")})
-    if request.full_map:
-        kwargs = {"dtype": request.dtype, "offsets_first": True}
-        calls.append(Call("windowed_pearson", ("img1", "img2"), window, kwargs, result="planes"))
-    return sources, calls, expressions
-
-
 def map_for_display(planes: Any, batch: int) -> tuple[Any, str]:
     """The offsets-first map ``(*batch, wm, wn, M', N')`` as ``(wm, wn, *batch, 1, M', N')``, and that as code.
 
@@ -270,10 +259,15 @@ def map_for_display(planes: Any, batch: int) -> tuple[Any, str]:
     inputs have K, so that no slider of the map moves with the inputs' frame slider (napari lines axes
     up from the last one). A view of NumPy or dask data.
     """
-    if batch == 0:
-        return planes[:, :, None], "planes[:, :, None]"
-    moved = np.moveaxis(planes, (batch, batch + 1), (0, 1))[..., None, :, :]
-    return moved, f"np.moveaxis(planes, ({batch}, {batch + 1}), (0, 1))[..., None, :, :]"
+    code = map_code(batch)
+    return eval(code, {"np": np}, {"planes": planes}), code  # noqa: S307 - the code above
+
+
+def map_code(batch: int) -> str:
+    """:func:`map_for_display` as code over ``planes``."""
+    return (
+        "planes[:, :, None]" if batch == 0 else f"np.moveaxis(planes, ({batch}, {batch + 1}), (0, 1))[..., None, :, :]"
+    )
 
 
 # how each output reads at a glance: (colormap, how its contrast limits are chosen, its name's suffix)
@@ -298,38 +292,38 @@ def _limits(values: np.ndarray, how: str) -> tuple[float, float]:
     return percentile_limits(values)
 
 
-def _correlation_layers(request: CorrelationRequest, dy, dx, peak, full, extras=None) -> list[LayerDataTuple]:
+def _correlation_layers(request: CorrelationRequest, values: dict[str, Any], plan: Plan) -> list[LayerDataTuple]:
     """Bottom to top: peak (hidden), dx (hidden), dy, the derived outputs, the 4D map, the vectors.
 
     Of peak, dx, dy and the derived outputs only the topmost is visible (the others are a click away).
+    ``values`` are the plan's outputs.
     """
-    extras = extras or {}
+    dy, dx, peak = (np.asarray(values[name]) for name in ("dy", "dx", "peak"))
     name, window, step = request.grid_name, request.window, request.step
     frame = request.grid_frame
     frames_axis = request.index != "[None]"
     placement = output_placement(frame, window, subset=request.subset, step=step, frames_axis=frames_axis)
-    sources, calls, expressions = correlation_calls(request)
     limits = symmetric_limits(np.concatenate([dy.ravel(), dx.ravel()]))
     diverging = {"colormap": "coolwarm", "contrast_limits": limits, **placement}
     peak_style = {"colormap": "viridis", "contrast_limits": (0, 1), "visible": False}
     outputs = [
-        Output(peak, {"name": f"{name} peak", **peak_style, **placement}, "image", "peak", expressions["peak"]),
-        Output(dx, {"name": f"{name} dx", "visible": False, **diverging}, "image", "dx", expressions["dx"]),
-        Output(dy, {"name": f"{name} dy", **diverging}, "image", "dy", expressions["dy"]),
+        Output(peak, {"name": f"{name} peak", **peak_style, **placement}, "image", "peak"),
+        Output(dx, {"name": f"{name} dx", "visible": False, **diverging}, "image", "dx"),
+        Output(dy, {"name": f"{name} dy", **diverging}, "image", "dy"),
     ]
-    derived = [role for role in LAYER_ORDER if role in extras]
+    derived = [role for role in LAYER_ORDER if role in values]
     for role in derived:
         colormap, how, suffix = STYLES[role]
-        meta = {"name": f"{name} {suffix}", "colormap": colormap, "contrast_limits": _limits(extras[role], how)}
+        data = np.asarray(values[role])
+        meta = {"name": f"{name} {suffix}", "colormap": colormap, "contrast_limits": _limits(data, how)}
         if role == "phase":
             meta["metadata"] = {"gridmip_unit": "rad" if request.physics is not None else "px^2"}
-        outputs.append(Output(extras[role], {**meta, **placement}, "image", role, expressions[role]))
+        outputs.append(Output(data, {**meta, **placement}, "image", role))
     if derived:  # the topmost field is the one shown
         for out in outputs[:-1]:
             out.meta["visible"] = False
-    if full is not None:
+    if "map" in values:
         m, n = window[0] // 2, window[1] // 2
-        batch = dy.ndim - 2
         k_axis = frame.ndim - 3
         frames = request.data2.shape[k_axis]
         # (wm, wn, *batch, 1, M', N'): the offsets in unit steps from -m and -n; the length-1 K axis spans
@@ -348,19 +342,11 @@ def _correlation_layers(request: CorrelationRequest, dy, dx, peak, full, extras=
             "colormap": "magma",
             "opacity": 0.8,
         }
-        shown, expression = map_for_display(full, batch)
-        outputs.append(Output(shown, meta, "image", "map", expression))
-    if dy.ndim == 2:
-        from napari_gridmip.core import displacement_vectors
-
-        # the spacing is in input pixels; with a step the arrows are drawn on every (spacing / step)-th output
-        # pixel, in the output grid's coordinates (each s input pixels), so napari's length is divided by s
-        every = max(1, round(request.spacing / step))
+        outputs.append(Output(values["map"], meta, "image", "map"))
+    if "vectors" in values:
+        every, _ = _vector_grid(request)
         auto = auto_vector_length(dy, dx, every)
         length = (request.vector_scale / step) if request.vector_scale else auto
-        half = (window[0] // 2 + request.subset[0] // 2, window[1] // 2 + request.subset[1] // 2)
-        origin = (half[0] / step, half[1] / step) if step != 1 else half
-        vectors = displacement_vectors(dy, dx, spacing=every, origin=origin)
         vector_placement = derived_placement(frame, axes=[frame.ndim - 2, frame.ndim - 1], step=step)
         meta = {
             "name": f"{name} displacement",
@@ -370,11 +356,8 @@ def _correlation_layers(request: CorrelationRequest, dy, dx, peak, full, extras=
             "metadata": {"gridmip_auto_length": auto, "gridmip_step": step},
             **vector_placement,
         }
-        expression = (
-            f"gm.displacement_vectors({expressions['dy']}, {expressions['dx']}, spacing={every}, origin={origin})"
-        )
-        outputs.append(Output(vectors, meta, "vectors", "vectors", expression))
-    return layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
+        outputs.append(Output(np.asarray(values["vectors"]), meta, "vectors", "vectors"))
+    return layer_tuples(outputs, widget=WIDGET, plan=plan)
 
 
 def full_map(
@@ -436,172 +419,3 @@ def _temporary_folder() -> str:
     folder = tempfile.mkdtemp(prefix="napari-gridmip-map-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
-
-
-# -- time series: the local correlation image -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TimeSeriesRequest:
-    """A movie ``(..., T, Y, X)`` and the options of :func:`~napari_gridmip.local_correlation_image`."""
-
-    name: str
-    data: Any
-    frame: Frame
-    neighbours: int = 8
-    dtype: str = "float32"
-
-
-def make_timeseries_job(request: TimeSeriesRequest) -> Job:
-    def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import local_correlation_image
-
-        kwargs = {"neighbours": request.neighbours, "dtype": request.dtype}
-        if is_lazy(request.data):
-            import dask
-
-            graph = local_correlation_image(as_dask(request.data), **kwargs)
-            with DaskProgress(progress):
-                (image,) = dask.compute(graph, scheduler="threads")
-        else:
-            image = local_correlation_image(np.asarray(request.data), **kwargs, progress=progress)
-        image = np.asarray(image)
-        placement = output_placement(request.frame, (1, 1))
-        meta = {"name": f"{request.name} correlation image", "colormap": "magma", "contrast_limits": (0.0, 1.0)}
-        sources = [Source("movie", layer=request.name)]
-        calls = [Call("local_correlation_image", ("movie",), (), kwargs, result="image")]
-        outputs = [Output(image, {**meta, **placement}, "image", "correlation image", "image")]
-        finite = image[np.isfinite(image)]
-        median, top = np.percentile(finite, (50, 99)) if finite.size else (np.nan, np.nan)
-        summary = (
-            f"local correlation image ({request.neighbours} neighbours): median {median:.2f}, 99th percentile {top:.2f}"
-        )
-        return JobResult(layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls), summary)
-
-    return Job(f"Local correlation image of {request.name!r}", run)
-
-
-# -- one pixel's correlation surface ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SurfaceRequest:
-    """One output pixel of a correlation run, captured on the GUI thread when the user clicks it.
-
-    ``pixel`` is the output pixel's index (batch axes first); ``crop`` the input's index (Python code, e.g.
-    ``"[:, 40:61, 12:33]"``) around its input pixel, window plus subset wide, applied to both inputs.
-    ``fitted`` the run's sub-pixel ``(dy, dx)`` there (layer values), ``fitted_code`` the same as code over the
-    run's results. ``sources`` and ``calls`` are the run's (from its layers' provenance), so that the
-    surface's layers say everything that made them. ``surface_placement`` puts the surface beside the data;
-    ``grid_placement`` is the result layers' (for the marker of the clicked pixel).
-    """
-
-    name1: str
-    name2: str
-    data1: Any
-    data2: Any
-    crop: str
-    window: tuple[int, int]
-    subset: tuple[int, int]
-    dtype: str
-    tracking: bool  # the run was track_speckles': the surface is windowed_pearson(img2, img1), flipped
-    pixel: tuple[int, ...]
-    fitted: tuple[float, float]
-    fitted_code: tuple[str, str]
-    grid_name: str
-    sources: tuple[Source, ...]
-    calls: tuple[Call, ...]
-    surface_placement: dict
-    grid_placement: dict
-    crop_key: tuple = ()  # the same index as ``crop``, as a key
-    marker_size: float = 3.0  # the clicked pixel's ring, in output pixels
-
-
-def crop_index(
-    pixel: tuple[int, ...], centre: tuple[int, int], half: tuple[int, int], *, frames_axis: bool
-) -> tuple[str, tuple]:
-    """The input's index of the ``(2 half + 1)``-wide crop around ``centre``, at the batch index of ``pixel``:
-    as code, ``"[b, :, y0:y1, x0:x1]"`` (``"[None, y0:y1, x0:x1]"`` for a 2D image), and as a key."""
-    (y, x), (hy, hx) = centre, half
-    rows, cols = slice(y - hy, y + hy + 1), slice(x - hx, x + hx + 1)
-    lead = [int(i) for i in pixel[:-2]]
-    key = (*lead, slice(None), rows, cols) if frames_axis else (None, rows, cols)
-    parts = [*map(str, lead), ":"] if frames_axis else ["None"]
-    code = f"[{', '.join([*parts, f'{rows.start}:{rows.stop}', f'{cols.start}:{cols.stop}'])}]"
-    return code, key
-
-
-def make_surface_job(request: SurfaceRequest) -> Job:
-    """The clicked pixel's correlation over the window's offsets (a ``windowed_pearson`` of the small crops
-    around it), as an image beside the data with the fitted peak marked, and the clicked pixel marked."""
-    wm, wn = request.window
-    m, n = wm // 2, wn // 2
-
-    def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import windowed_pearson
-
-        progress(0, 2)
-        crops = {}
-        for variable, data in (("pixel1", request.data1), ("pixel2", request.data2)):
-            crops[variable] = np.asarray(data[request.crop_key])
-        first, second = ("pixel2", "pixel1") if request.tracking else ("pixel1", "pixel2")
-        kwargs: dict[str, Any] = {"subset": tuple(request.subset)} if tuple(request.subset) != (1, 1) else {}
-        kwargs["dtype"] = request.dtype
-        planes = np.asarray(windowed_pearson(crops[first], crops[second], (wm, wn), **kwargs))
-        progress(1, 2)
-        # the surface over the displacement (dy, dx) in the run's convention: pixel (k, l) is (k - m, l - n);
-        # track_speckles' displacement is minus find_displacement's of (reference, sample): flipped
-        expression = "surface[0, 0, ::-1, ::-1]" if request.tracking else "surface[0, 0]"
-        surface = planes[0, 0, ::-1, ::-1] if request.tracking else planes[0, 0]
-        finite = surface[np.isfinite(surface)]
-        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-        if high <= low:
-            low, high = low - 0.5, high + 0.5
-        fy, fx = request.fitted
-        label = f"peak dy {fy:.2f}, dx {fx:.2f}"
-        above = [-(fy + m) - 0.7, -(fx + n) - 0.5] if np.isfinite([fy, fx]).all() else [0.0, 0.0]  # the corner
-        dy_code, dx_code = request.fitted_code
-        if np.isfinite([fy, fx]).all():
-            peak = np.array([[fy + m, fx + n]])
-            peak_code = f"np.array([[float({dy_code}) + {m}, float({dx_code}) + {n}]])"
-            labels = [label]
-        else:  # the peak lies on the window's edge: no fitted position to mark
-            peak, peak_code, labels = np.empty((0, 2)), "np.empty((0, 2))", []
-        pixel = np.array([request.pixel], dtype=float)
-        sources = [*request.sources, Source("pixel1", layer=request.name1, index=request.crop),
-                   Source("pixel2", layer=request.name2, index=request.crop)]  # fmt: skip
-        calls = [*request.calls, Call("windowed_pearson", (first, second), ((wm, wn),), kwargs, result="surface")]
-        name = request.grid_name
-        size, grid = request.marker_size, request.grid_placement
-        outputs = [
-            Output(
-                surface,
-                {"name": f"{name} correlation surface", "colormap": "magma", "contrast_limits": (low, high),
-                 "interpolation2d": "nearest", **request.surface_placement},
-                "image", "surface", expression,
-            ),
-            Output(
-                peak,
-                {"name": f"{name} surface peak", "symbol": "cross", "face_color": "cyan", "size": 0.8,
-                 "features": {"label": labels}, **request.surface_placement,
-                 "text": {"string": "{label}", "color": "white", "size": 10, "anchor": "lower_left",
-                          "translation": above}},
-                "points", "surface peak", peak_code,
-            ),
-            Output(
-                pixel,
-                {"name": f"{name} clicked pixel", "symbol": "ring", "face_color": "cyan", "size": size, **grid},
-                "points", "clicked pixel", f"np.array([{list(map(float, request.pixel))}])",
-            ),
-        ]  # fmt: skip
-        progress(2, 2)
-        at = ", ".join(map(str, request.pixel))
-        iy, ix = np.unravel_index(np.nanargmax(surface), surface.shape) if finite.size else (m, n)
-        summary = (
-            f"pixel ({at}): fitted dy {fy:.3f}, dx {fx:.3f} px; the surface's highest value "
-            f"{high:.3f} at ({iy - m}, {ix - n})"
-        )
-        layers = layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
-        return JobResult(layers, summary, {"surface": surface, "peak": (fy, fx)})
-
-    return Job(f"Correlation surface at pixel {request.pixel}", run)

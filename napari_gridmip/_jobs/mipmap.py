@@ -21,7 +21,7 @@ from napari_gridmip._jobs import (
     layer_tuples,
 )
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Source
+from napari_gridmip._provenance import Call, Plan, Source
 
 WIDGET = "mipmap"
 MAX_BLOCKS = 4096  # the default level shown is the finest with at most this many occupied cells
@@ -76,7 +76,7 @@ def occupancy_output(name: str, level_data: Any, frame: Frame, level: int) -> Ou
         "metadata": {"gridmip_level": level},
         **level_placement(frame, level),
     }
-    return Output(as_labels(level_data), meta, "labels", "occupancy", level_expression(level))
+    return Output(as_labels(level_data), meta, "labels", "occupancy")
 
 
 def level_expression(level: int) -> str:
@@ -84,14 +84,24 @@ def level_expression(level: int) -> str:
     return f"levels[{level}]"
 
 
-def mipmap_call(name: str, index: str, threshold: float, *, volume: str = "volume") -> tuple[list[Source], list[Call]]:
-    """What the job computes, as public calls: the occupancy pyramid of the layer's volume at ``threshold``.
+def mipmap_plan(name: str, index: str, threshold: float, *, volume: str = "volume", shown: int | None = None) -> Plan:
+    """What the job computes, as public calls: the occupancy pyramid of the layer's volume at ``threshold``;
+    outputs ``"level k"`` (``levels[k]``) and, once the level shown is known, ``"occupancy"``.
 
-    (The job builds the max pyramid once and thresholds it; ``threshold_mipmap(max_mipmap(v), threshold=t)``
-    equals ``occupancy_mipmap(v, threshold=t)`` bit for bit, and the script says the shorter thing.)
+    (The widget's job builds the max pyramid once and thresholds it, which it keeps for the threshold slider;
+    ``threshold_mipmap(max_mipmap(v), threshold=t)`` equals ``occupancy_mipmap(v, threshold=t)`` bit for bit,
+    and the script says the shorter thing.)
     """
     sources = [Source(volume, layer=name, index=index)]
-    return sources, [Call("occupancy_mipmap", (volume,), kwargs={"threshold": float(threshold)}, result="levels")]
+    calls = [Call("occupancy_mipmap", (volume,), kwargs={"threshold": float(threshold)}, result="levels")]
+    outputs = {} if shown is None else {"occupancy": level_expression(shown)}
+    return Plan(sources, calls, outputs)
+
+
+def mipmap_call(name: str, index: str, threshold: float, *, volume: str = "volume") -> tuple[list[Source], list[Call]]:
+    """:func:`mipmap_plan`'s sources and calls."""
+    plan = mipmap_plan(name, index, threshold, volume=volume)
+    return list(plan.sources), list(plan.calls)
 
 
 # -- the pyramid a run leaves behind: any threshold's occupancy with NumPy alone ------------------------------------
@@ -167,19 +177,37 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
     """The max pyramid (in memory or block by block), then the occupancy at the request's threshold: the Labels
     layer of the default level, and per-level images if asked. ``details["pyramid"]`` is the :class:`Pyramid`."""
     _validate_volume(request.name, request.data)
+    plan = mipmap_plan(request.name, request.index, request.threshold)
 
     def run(progress: ProgressCallback) -> JobResult:
-        pyramid = _lazy_pyramid(request, progress) if is_lazy(request.data) else _pyramid_in_memory(request, progress)
-        t = request.threshold
-        levels = pyramid.levels(t)
+        kept: dict[str, Pyramid] = {}
+
+        def through_max_pyramid(call: Call, namespace: dict, runtime: dict) -> list:
+            """The planned ``occupancy_mipmap`` (its recorded threshold) as the max pyramid thresholded, which the
+            widget keeps: any other threshold is then NumPy alone."""
+            import dataclasses
+
+            planned = dataclasses.replace(request, data=namespace["volume"], threshold=call.kwargs["threshold"])
+            lazy = is_lazy(planned.data)
+            pyramid = _lazy_pyramid(planned, progress) if lazy else _pyramid_in_memory(planned, progress)
+            kept["pyramid"] = pyramid
+            return pyramid.levels(call.kwargs["threshold"])
+
+        namespace = plan.execute({"volume": request.data}, evaluators={"levels": through_max_pyramid})
+        pyramid, levels, t = kept["pyramid"], namespace["levels"], request.threshold
         counts = [pyramid.count(k, t, level) for k, level in enumerate(levels)]
         shown = default_level(counts)
+        done = plan.extended(outputs={"occupancy": level_expression(shown)})
+        if request.per_level:
+            done = done.extended(outputs={**done.outputs, **{f"level {k}": f"levels[{k}]" for k in range(len(levels))}})
+        values = done.outputs_of(namespace)
         outputs: list[Output] = []
         if request.per_level:
-            outputs += [per_level_output(request.name, level, request.frame, k) for k, level in enumerate(levels)]
-        outputs.append(occupancy_output(request.name, levels[shown], request.frame, shown))
-        sources, calls = mipmap_call(request.name, request.index, t)
-        layers = layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
+            outputs += [
+                per_level_output(request.name, values[f"level {k}"], request.frame, k) for k in range(len(levels))
+            ]
+        outputs.append(occupancy_output(request.name, values["occupancy"], request.frame, shown))
+        layers = layer_tuples(outputs, widget=WIDGET, plan=done)
         details = {"pyramid": pyramid, "counts": counts, "level": shown, "frame": request.frame, "threshold": t}
         return JobResult(layers, pyramid.summary(shown, t, counts[shown]), details)
 
@@ -189,7 +217,7 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
 def per_level_output(name: str, level: Any, frame: Frame, k: int) -> Output:
     common = {"contrast_limits": (0, 1), "colormap": "gray", "blending": "additive", "visible": False}
     meta = {"name": f"{name} mipmap level {k}", **common, **level_placement(frame, k)}
-    return Output(level, meta, "image", f"level {k}", f"levels[{k}]")
+    return Output(level, meta, "image", f"level {k}")
 
 
 def _value_range(low: Any, high: Any) -> tuple[float, float]:
@@ -297,20 +325,20 @@ def make_crop_job(pyramid: Pyramid, threshold: float, *, kind: str, display: dic
     _single_volume(pyramid, "Crop to occupied")
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import occupied_bbox
-
         progress(0, 2)
-        box = occupied_bbox(pyramid.levels(threshold))
+        plan = mipmap_plan(pyramid.name, pyramid.index, threshold).extended(
+            calls=[Call("occupied_bbox", ("levels",), result="box")], outputs={"crop": "volume[box.slices]"}
+        )
+        kept = {"levels": lambda call, namespace, runtime: pyramid.levels(call.kwargs["threshold"])}
+        namespace = plan.execute({"volume": pyramid.volume}, evaluators=kept)  # the kept pyramid's levels
+        box = namespace["box"]
         progress(1, 2)
         if box is None:
             raise ValueError(f"nothing in {pyramid.name!r} is above the threshold {threshold:g}: no crop to make")
-        volume = pyramid.volume
-        data = volume[box.slices] if pyramid.lazy else np.array(volume[box.slices])
+        crop = plan.outputs_of(namespace)["crop"]
+        data = crop if pyramid.lazy else np.array(crop)
         meta = {"name": f"{pyramid.name} crop", **display, **derived_placement(pyramid.frame, offset=box.lo)}
-        sources, calls = mipmap_call(pyramid.name, pyramid.index, threshold)
-        calls.append(Call("occupied_bbox", ("levels",), result="box"))
-        outputs = [Output(data, meta, kind, "crop", "volume[box.slices]")]
-        layers = layer_tuples(outputs, widget=WIDGET, sources=sources, calls=calls)
+        layers = layer_tuples([Output(data, meta, kind, "crop")], widget=WIDGET, plan=plan)
         progress(2, 2)
         return JobResult(layers, f"crop {box.shape} from {box.lo} (z, y, x) to {box.hi}", {"box": box})
 
@@ -484,8 +512,9 @@ def make_render_job(
                           result="levels")]  # fmt: skip
         calls.append(Call("render_volume", ("volume", "levels", "origins", "directions"), kwargs={"mode": mode},
                           result="view"))  # fmt: skip
-        outputs = [Output(image, {"name": name, **meta}, "image", f"render {mode}", "view")]
-        layers = layer_tuples(outputs, widget=WIDGET, sources=[*sources, *rays.sources], calls=calls)
+        plan = Plan([*sources, *rays.sources], calls, {f"render {mode}": "view"})
+        outputs = [Output(image, {"name": name, **meta}, "image", f"render {mode}")]
+        layers = layer_tuples(outputs, widget=WIDGET, plan=plan)
         summary = f"{name}: {rays.shape[1]} x {rays.shape[0]} px in {seconds:.2f} s"
         return JobResult(layers, summary, {"seconds": seconds, "shape": rays.shape})
 

@@ -1,4 +1,5 @@
-"""The merge job: a patch stack back into one image (in colour for 3- or 4-channel pictures)."""
+"""The merge job: a patch stack back into one image (in colour for 3- or 4-channel pictures); one plan
+(:func:`merge_plan`) for the widget's job and ``napari-gridmip merge``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._jobs import DaskProgress, Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples
+from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Source
+from napari_gridmip._provenance import Call, Plan, Source
 
 WIDGET = "patches"
 
@@ -39,48 +40,37 @@ def is_colour(image_shape: Sequence[int], tiled_axes: int) -> bool:
     return tiled_axes == 2 and len(image_shape) == 3 and image_shape[0] in (3, 4)
 
 
+def merge_plan(request: MergeRequest, *, source: Source | None = None, display: bool = True) -> Plan:
+    """``merge_patches(patches, image_shape, stride, blend=)``; output ``"merged"`` (channels last for a colour
+    picture when ``display``: napari shows RGB(A) that way)."""
+    call = Call(
+        "merge_patches",
+        ("patches",),
+        args=(tuple(request.image_shape), tuple(request.stride)),
+        kwargs={"blend": request.blend},
+        result="merged",
+    )
+    colour = display and is_colour(request.image_shape, len(request.stride))
+    expression = "np.moveaxis(np.asarray(merged), 0, -1)" if colour else "merged"
+    return Plan([source or Source("patches", layer=request.name, index=request.index)], [call], {"merged": expression})
+
+
 def make_merge_job(request: MergeRequest) -> Job:
     d = len(request.stride)
+    plan = merge_plan(request)
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import merge_patches
-
-        if is_lazy(request.patches):  # output chunk by output chunk, one progress step per task
-            import dask
-
-            patches = as_dask(request.patches)
-            lazy = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
-            with DaskProgress(progress):
-                (merged,) = dask.compute(lazy, scheduler="threads")
-        else:
-            progress(0, 3)
-            patches = np.asarray(request.patches)
-            progress(1, 3)
-            merged = merge_patches(patches, request.image_shape, request.stride, blend=request.blend)
-            progress(2, 3)
-            merged = np.asarray(merged)
-            progress(3, 3)
+        # a lazy stack: output chunk by output chunk, one progress step per task
+        patches = as_dask(request.patches) if is_lazy(request.patches) else np.asarray(request.patches)
+        merged = np.asarray(plan.run({"patches": patches}, **staged(plan, progress, {"merged": 3}))["merged"])
         meta: dict[str, Any] = {"name": f"{request.name} merged"}
-        expression = "merged"
         if is_colour(request.image_shape, d):
             # channels last with rgb=True: a colour picture, placed by its two pixel axes
-            merged = np.moveaxis(merged, 0, -1)
-            expression = "np.moveaxis(np.asarray(merged), 0, -1)"
             meta.update(derived_placement(request.frame, axes=request.placement_axes[1:]), rgb=True)
             meta["contrast_limits"] = _rgb_limits(patches.dtype, merged)
         else:
             meta.update(derived_placement(request.frame, axes=request.placement_axes))
-        sources = [Source("patches", layer=request.name, index=request.index)]
-        call = Call(
-            "merge_patches",
-            ("patches",),
-            args=(tuple(request.image_shape), tuple(request.stride)),
-            kwargs={"blend": request.blend},
-            result="merged",
-        )
-        layers = layer_tuples(
-            [Output(merged, meta, "image", "merged", expression)], widget=WIDGET, sources=sources, calls=[call]
-        )
+        layers = layer_tuples([Output(merged, meta, "image", "merged")], widget=WIDGET, plan=plan)
         summary = f"merged {patches.shape} into {tuple(request.image_shape)} ({request.blend})"
         return JobResult(layers, summary)
 

@@ -1,5 +1,6 @@
 """The stitching job: tiles at roughly known stage positions registered, placed, fused, and shown with the
-placement's confidence (tile outlines) and the pairs used or rejected (links between tile centres)."""
+placement's confidence (tile outlines) and the pairs used or rejected (links between tile centres). One plan
+(:func:`stitch_plan`) for the widget's job and ``napari-gridmip stitch``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples
+from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Source
+from napari_gridmip._provenance import Call, Plan, Source
 
 WIDGET = "stitch"
 ACCEPTED_COLOR = (0.2, 0.9, 0.3, 1.0)  # a used pair's link
@@ -55,43 +56,61 @@ def _tile_geometry(request: StitchRequest) -> tuple[int, tuple[int, ...], int | 
     return d, shape[-d:], 0 if len(shape) == d + 2 else None
 
 
+def stitch_plan(
+    request: StitchRequest, *, stage_index: str = "", channel: int | None | str = "auto", display: bool = True
+) -> Plan:
+    """Stage positions (``grid_positions``, unless the tiles came with theirs), ``register_tiles`` and
+    ``fuse_tiles``; outputs ``"mosaic"`` (and, with ``display``, the tile outlines and the pairs' links).
+
+    ``stage_index`` picks the grid's positions in the tiles' order (a folder's tiles, by their file names);
+    ``channel`` is the channel registered (``"auto"``: none for one-channel tiles, else the channels' mean).
+    """
+    d, tile_shape, auto_channel = _tile_geometry(request)
+    channel = auto_channel if channel == "auto" else channel
+    sources = [request.source or Source("tiles", layer=request.name)]
+    calls = []
+    if request.positions is None:
+        args = (tuple(request.grid_shape), tile_shape, request.overlap)
+        calls.append(Call("grid_positions", (), args, {"order": request.order}, "stage", index=stage_index))
+    else:
+        positions = np.asarray(request.positions, dtype=float)
+        sources.append(Source("stage", expression=request.positions_code or repr(positions.tolist())))
+    options = {"max_shift": request.max_shift, "channel": channel}
+    calls.append(Call("register_tiles", ("tiles", "stage"), (), options, "registration"))
+    calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), {"blend": request.blend}, "mosaic"))
+    outputs = {"mosaic": "np.asarray(mosaic.image)" if display else "mosaic.image"}  # the command line writes it lazily
+    if display:
+        if d == 2:
+            outputs["outlines"] = f"[p + np.array({_corners(tile_shape).tolist()}) for p in registration.positions]"
+        centre = f"np.array({(np.asarray(tile_shape, dtype=float) / 2).tolist()})"
+        outputs["pairs"] = (
+            f"np.array([[registration.positions[i] + {centre}, registration.positions[j] - registration.positions[i]]"
+            " for i, j in registration.pairs])"
+        )
+    return Plan(sources, calls, outputs)
+
+
+def _corners(tile_shape: tuple[int, ...]) -> np.ndarray:
+    return np.array([[0, 0], [tile_shape[0], 0], [tile_shape[0], tile_shape[1]], [0, tile_shape[1]]], float)
+
+
 def make_stitch_job(request: StitchRequest) -> Job:
     d, tile_shape, channel = _tile_geometry(request)
+    plan = stitch_plan(request)
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip import fuse_tiles, grid_positions, register_tiles
-
         tiles = as_dask(request.tiles) if is_lazy(request.tiles) else np.asarray(request.tiles)
-        steps = 100  # registration 0..70, fusion 70..100
-
-        def stage(first: int, width: int):
-            return lambda done, total: progress(first + round(width * done / max(total, 1)), steps)
-
-        progress(0, steps)
-        calls = []
-        if request.positions is None:
-            stage_positions = grid_positions(request.grid_shape, tile_shape, request.overlap, order=request.order)
-            args = (tuple(request.grid_shape), tile_shape, request.overlap)
-            calls.append(Call("grid_positions", (), args, {"order": request.order}, "stage"))
-        else:
-            stage_positions = np.asarray(request.positions, dtype=float)
-        registration = register_tiles(
-            tiles, stage_positions, max_shift=request.max_shift, channel=channel, progress=stage(0, 70)
-        )
-        mosaic = fuse_tiles(tiles, registration.positions, blend=request.blend, progress=stage(70, 30))
-        image = np.asarray(mosaic.image)
-        progress(steps, steps)
-        options = {"max_shift": request.max_shift, "channel": channel}
-        calls.append(Call("register_tiles", ("tiles", "stage"), (), options, "registration"))
-        calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), {"blend": request.blend}, "mosaic"))
-        sources = [request.source or Source("tiles", layer=request.name)]
+        # registration 0..70, fusion 70..100; the tiles' progress is passed even when they are lazy
+        steps = staged(plan, progress, {"registration": 70, "mosaic": 30})
+        inputs = {"tiles": tiles}
         if request.positions is not None:
-            sources.append(Source("stage", expression=request.positions_code or repr(stage_positions.tolist())))
+            inputs["stage"] = np.asarray(request.positions, dtype=float)
+        values = plan.execute(inputs, **steps)
+        registration, mosaic = values["registration"], values["mosaic"]
         layers = layer_tuples(
-            _outputs(request, registration, mosaic, image, d, tile_shape, channel),
+            _outputs(request, plan.outputs_of(values), registration, mosaic, d, tile_shape, channel),
             widget=WIDGET,
-            sources=sources,
-            calls=calls,
+            plan=plan,
         )
         return JobResult(layers, stitch_summary(registration), {"registration": registration})
 
@@ -108,7 +127,8 @@ def stitch_summary(registration: Any) -> str:
     return f"{used} of {pairs} pairs used; median residual {residual_text}; {stage} tile{plural} placed from the stage"
 
 
-def _outputs(request, registration, mosaic, image, d, tile_shape, channel) -> list[Output]:
+def _outputs(request, values, registration, mosaic, d, tile_shape, channel) -> list[Output]:
+    image = np.asarray(values["mosaic"])
     frame = request.frame
     spatial = frame.last_axes(d)
     origin = np.asarray(mosaic.origin, dtype=float)
@@ -116,15 +136,10 @@ def _outputs(request, registration, mosaic, image, d, tile_shape, channel) -> li
         placement = derived_placement(spatial, offset=origin)
     else:  # ([C,] *shape): the channel axis keeps a unit step
         placement = derived_placement(frame.last_axes(d + 1), offset=np.concatenate([[0.0], origin]))
-    outputs = [
-        Output(image, {"name": f"{request.name} mosaic", **placement}, "image", "mosaic", "np.asarray(mosaic.image)")
-    ]
+    outputs = [Output(image, {"name": f"{request.name} mosaic", **placement}, "image", "mosaic")]
     scene = derived_placement(spatial)  # shapes are drawn in the positions' frame (tile pixels)
     positions = registration.positions
-    half = np.asarray(tile_shape, dtype=float) / 2
     if d == 2:
-        corners = np.array([[0, 0], [tile_shape[0], 0], [tile_shape[0], tile_shape[1]], [0, tile_shape[1]]], float)
-        outlines = [p + corners for p in positions]
         confidence, from_stage = registration.tile_confidence, registration.placed_from_stage
         colors = [STAGE_COLOR if stage else _confidence_color(c) for stage, c in zip(from_stage, confidence)]
         text = [f"{t}: {'stage' if stage else f'{c:.2f}'}" for t, (stage, c) in enumerate(zip(from_stage, confidence))]
@@ -138,28 +153,20 @@ def _outputs(request, registration, mosaic, image, d, tile_shape, channel) -> li
             "text": {"string": "{label}", "size": 9, "color": "white"},
             **scene,
         }
-        expression = f"[p + np.array({corners.tolist()}) for p in registration.positions]"
-        outputs.append(Output(outlines, meta, "shapes", "outlines", expression))
+        outputs.append(Output(values["outlines"], meta, "shapes", "outlines"))
     if len(registration.pairs):
         # a Vectors layer of (start, step) segments between the tile centres: napari shows it in a fifth of the
         # time a second Shapes layer took (benchmarks/bench_layer_insert.py: ~160 ms against ~720 ms)
-        links = np.stack([np.stack([positions[i] + half, positions[j] - positions[i]]) for i, j in registration.pairs])
         colors = np.array([ACCEPTED_COLOR if ok else REJECTED_COLOR for ok in registration.accepted], float)
-        reasons = registration.reasons
         meta = {
             "name": f"{request.name} pairs",
             "vector_style": "line",
             "edge_color": colors,
             "edge_width": max(1.0, 0.004 * float(max(image.shape[-2:]))),
-            "features": {"reason": reasons, "ncc": registration.ncc, "residual": registration.residual},
+            "features": {"reason": registration.reasons, "ncc": registration.ncc, "residual": registration.residual},
             **scene,
         }
-        centre = f"np.array({half.tolist()})"
-        expression = (
-            f"np.array([[registration.positions[i] + {centre}, registration.positions[j] - registration.positions[i]]"
-            " for i, j in registration.pairs])"
-        )
-        outputs.append(Output(links, meta, "vectors", "pairs", expression))
+        outputs.append(Output(values["pairs"], meta, "vectors", "pairs"))
     return outputs
 
 

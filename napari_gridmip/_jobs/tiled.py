@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples
+from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Source
+from napari_gridmip._provenance import Call, Plan, Source
 
 WIDGET = "tiled"
 CUSTOM = "function (import path)"  # the filter choice that runs the user's own function
@@ -72,6 +72,32 @@ def _placement(frame: Frame, ndim: int) -> dict[str, Any]:
     return out
 
 
+def tiled_plan(request: TiledRequest, *, source: Source | None = None) -> Plan:
+    """``filter_tiled(image, tile, name=, ...)``, or ``apply_tiled(fn, image, tile, ...)`` with the user's function
+    bound by its import path (and its keywords, by ``functools.partial``); output ``"result"``."""
+    from napari_gridmip.core.patches.tiled_filters import TILED_FILTERS
+
+    image = source or Source("image", layer=request.name)
+    if request.filter == CUSTOM:
+        labels = request.labels
+        options: dict[str, Any] = {"halo": request.halo, "overlap": request.overlap, "blend": request.blend}
+        if labels:
+            options = {"halo": request.halo, "overlap": max(request.overlap, 1), "labels": True}
+        module, name = _split_path(request.import_path)
+        fn_code = f"__import__({module!r}, fromlist=[{name.split('.')[0]!r}]).{name}"
+        if request.parameters:
+            keywords = ", ".join(f"{k}={v!r}" for k, v in request.parameters.items())
+            fn_code = f"__import__('functools').partial({fn_code}, {keywords})"
+        sources = [Source("fn", expression=fn_code), image]
+        call = Call("apply_tiled", ("fn", "image"), (request.tile,), {**options, "backend": "numpy"}, "result")
+    else:
+        TILED_FILTERS[request.filter].values(**request.parameters)  # checks the parameters
+        options = {"name": request.filter, "overlap": request.overlap, "blend": request.blend}
+        sources = [image]
+        call = Call("filter_tiled", ("image",), (request.tile,), {**options, **request.parameters}, "result")
+    return Plan(sources, [call], {"result": "result"})
+
+
 def make_tiled_job(request: TiledRequest) -> Job:
     from napari_gridmip.core.patches.tiled_filters import TILED_FILTERS, load_callable
 
@@ -80,50 +106,25 @@ def make_tiled_job(request: TiledRequest) -> Job:
         raise ValueError(f"layer {request.name!r} has {len(request.data.shape)} axes, fewer than the {d} to tile")
     custom = request.filter == CUSTOM
     if custom:
-        function = load_callable(request.import_path)  # a clear error now, on the GUI thread, not in the worker
+        load_callable(request.import_path)  # a clear error now, on the GUI thread, not in the worker
         labels = request.labels
     else:
-        TILED_FILTERS[request.filter].values(**request.parameters)  # checks the parameters
         labels = TILED_FILTERS[request.filter].labels
+    plan = tiled_plan(request)  # checks a named filter's parameters
     lazy = is_lazy(request.data)
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import apply_tiled, filter_tiled
-
         image = as_dask(request.data) if lazy else np.asarray(request.data)
-        watch = None if lazy else progress  # a dask result stays lazy: napari computes what it shows
-        progress(0, 1)
-        if custom:
-            import functools
-
-            fn = functools.partial(function, **request.parameters) if request.parameters else function
-            options = {"halo": request.halo, "overlap": request.overlap, "blend": request.blend}
-            if labels:
-                options = {"halo": request.halo, "overlap": max(request.overlap, 1), "labels": True}
-            result = apply_tiled(fn, image, request.tile, backend="numpy", progress=watch, **options)
-            module, name = _split_path(request.import_path)
-            fn_code = f"__import__({module!r}, fromlist=[{name.split('.')[0]!r}]).{name}"
-            if request.parameters:
-                keywords = ", ".join(f"{k}={v!r}" for k, v in request.parameters.items())
-                fn_code = f"__import__('functools').partial({fn_code}, {keywords})"
-            sources = [Source("fn", expression=fn_code), Source("image", layer=request.name)]
-            call = Call("apply_tiled", ("fn", "image"), (request.tile,), {**options, "backend": "numpy"}, "result")
-            title = name.split(".")[-1]
-        else:
-            options = {"name": request.filter, "overlap": request.overlap, "blend": request.blend}
-            result = filter_tiled(image, request.tile, progress=watch, **options, **request.parameters)
-            sources = [Source("image", layer=request.name)]
-            call = Call("filter_tiled", ("image",), (request.tile,), {**options, **request.parameters}, "result")
-            title = request.filter
+        # a dask result stays lazy: napari computes what it shows
+        steps = staged(plan, progress, {"result": 100}, pass_progress=not lazy, keep=("result",) if lazy else ())
+        result = plan.run({"image": image}, **steps)["result"]
         if not lazy:
             result = np.asarray(result)
-        progress(1, 1)
+        title = _split_path(request.import_path)[1].split(".")[-1] if custom else request.filter
         placement = _placement(request.frame, len(result.shape))
         meta = {"name": f"{request.name} {title}", **placement}
         kind = "labels" if labels else "image"
-        layers = layer_tuples(
-            [Output(result, meta, kind, "result", "result")], widget=WIDGET, sources=sources, calls=[call]
-        )
+        layers = layer_tuples([Output(result, meta, kind, "result")], widget=WIDGET, plan=plan)
         what = "lazily (napari computes the tiles it shows)" if lazy else f"in tiles of {request.tile}"
         return JobResult(layers, f"{title} of {tuple(request.data.shape)} {what}")
 

@@ -10,15 +10,9 @@ from magicgui.widgets import CheckBox, ComboBox, Container, FloatSpinBox, SpinBo
 from napari.layers import Image, Vectors
 
 from napari_gridmip._jobs import Job, JobResult
-from napari_gridmip._jobs.correlation import (
-    CorrelationRequest,
-    SurfaceRequest,
-    TimeSeriesRequest,
-    crop_index,
-    make_correlation_job,
-    make_surface_job,
-    make_timeseries_job,
-)
+from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
+from napari_gridmip._jobs.surface import SurfaceRequest, crop_index, make_surface_job
+from napari_gridmip._jobs.timeseries import TimeSeriesRequest, make_timeseries_job
 from napari_gridmip._placement import Frame, derived_placement
 from napari_gridmip._provenance import KEY, Source, call_from_record, script_from_layers
 from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label

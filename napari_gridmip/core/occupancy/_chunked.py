@@ -16,41 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip.core.occupancy._shapes import mipmap_shapes
+
 BLOCK_LEVELS = 7  # mipmap blocks of up to 2**7 = 128 voxels a side: 2 MiB of uint8, bounded memory per task
 
 
-def occupancy_mipmap(volume: Any, threshold: float) -> list[Any]:
-    """Levels of a dask ``(..., D, H, W)`` volume as dask bool arrays (validated by the caller)."""
-
-    def levels_of(block: np.ndarray) -> list[Any]:
-        from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
-
-        return in_memory(block, threshold=threshold)
-
-    def coarse(level: np.ndarray) -> list[Any]:  # a bool level with threshold 0.5 is its own level 0
-        from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
-
-        return in_memory(level, threshold=0.5)
-
-    return _mipmap(volume, levels_of, coarse, np.dtype(bool))
-
-
-def max_mipmap(volume: Any) -> list[Any]:
-    """Max-pyramid levels of a dask ``(..., D, H, W)`` volume, in its dtype (validated by the caller)."""
-
-    def levels_of(block: np.ndarray) -> list[Any]:
-        from napari_gridmip.core.occupancy.pyramid import max_mipmap as in_memory
-
-        return in_memory(block)
-
-    return _mipmap(volume, levels_of, levels_of, volume.dtype)
-
-
-def _mipmap(volume: Any, levels_of: Callable, coarse: Callable, dtype: np.dtype) -> list[Any]:
-    """The pyramid of ``volume`` made block by block with ``levels_of`` (block -> its levels), and the
-    coarsest levels reduced from level ``b`` with ``coarse`` (level -> its levels)."""
-    from napari_gridmip.core.occupancy.pyramid import mipmap_shapes
-
+def pyramid(volume: Any, levels_of: Callable, coarse: Callable, dtype: np.dtype) -> list[Any]:
+    """The pyramid of a dask ``(..., D, H, W)`` volume (validated by the caller), made block by block with the
+    in-memory kernel ``levels_of`` (3D block -> its levels), and the coarsest levels reduced from level ``b``
+    with ``coarse`` (level -> its levels); the levels are dask arrays of ``dtype``. The kernels are handed in:
+    this module imports nothing back from the public functions."""
     lead = volume.ndim - 3
     shapes = mipmap_shapes(volume.shape[-3:])
     top = len(shapes) - 1

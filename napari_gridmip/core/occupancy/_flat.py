@@ -80,7 +80,7 @@ def flatten(levels: list[Any]) -> FlatPyramid:
     Packed by NumPy on the CPU backend (reading a JAX CPU array costs nothing),
     by a jitted program where the levels live on an accelerator.
     """
-    from napari_gridmip.core.occupancy.queries import bbox_of
+    from napari_gridmip.core.occupancy._bbox import bbox_of
 
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     offsets, table = layout(shapes)

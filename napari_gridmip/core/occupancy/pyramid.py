@@ -26,20 +26,9 @@ from jax import lax
 from napari_gridmip.core import _validate
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core.occupancy._shapes import mipmap_shapes
 
 __all__ = ["max_mipmap", "mipmap_shapes", "occupancy_mipmap", "threshold_mipmap"]
-
-
-def mipmap_shapes(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Shapes of every level for a volume of ``shape``, level 0 first.
-
-    >>> mipmap_shapes((5, 2, 1))
-    [(5, 2, 1), (3, 1, 1), (2, 1, 1), (1, 1, 1)]
-    """
-    shapes = [tuple(int(n) for n in shape)]
-    while any(n > 1 for n in shapes[-1]):
-        shapes.append(tuple((n + 1) // 2 for n in shapes[-1]))
-    return shapes
 
 
 class Reduction(NamedTuple):
@@ -316,10 +305,15 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
     threshold = _validate.check_finite_scalar("threshold", threshold)
-    if _validate.is_dask(volume):
+    if _validate.is_dask(volume):  # block by block, each block by the validated kernel
+        import functools
+
         from napari_gridmip.core.occupancy import _chunked
 
-        return _chunked.occupancy_mipmap(volume, threshold)
+        kernel = functools.partial(_occupancy_kernel, threshold=threshold)
+        # a bool level with threshold 0.5 is its own level 0: the coarsest levels come from level b that way
+        coarse = functools.partial(_occupancy_kernel, threshold=0.5)
+        return _chunked.pyramid(volume, kernel, coarse, np.dtype(bool))
     if len(shape) == 3:
         return _volume_levels(volume, dtype, threshold)
     # one pyramid per leading index: the same compiled program for each
@@ -327,6 +321,20 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     stacked = volume.reshape((-1, *shape[-3:]))
     pyramids = [_volume_levels(stacked[i], dtype, threshold) for i in range(stacked.shape[0])]
     return [jnp.stack(levels).reshape(lead + levels[0].shape) for levels in zip(*pyramids)]
+
+
+def _occupancy_kernel(block: np.ndarray, *, threshold: float) -> list[jax.Array]:
+    """:func:`occupancy_mipmap` of one 3D NumPy block of a validated volume (the dask twin's kernel)."""
+    return _volume_levels(block, _validate.dtype_of(block), threshold)
+
+
+def _max_kernel(block: np.ndarray) -> list[jax.Array]:
+    """:func:`max_mipmap` of one 3D NumPy block of a validated volume (the dask twin's kernel)."""
+    from napari_gridmip.core._transfer import to_device
+
+    with precision_scope(_validate.dtype_of(block)):
+        level0 = to_device(block)
+        return [level0, *_max_levels(level0)]
 
 
 def _volume_levels(volume: Any, dtype: np.dtype, threshold: float) -> list[jax.Array]:
@@ -418,10 +426,10 @@ def max_mipmap(volume: Any) -> list[Any]:
     dtype = _validate.check_real("volume", volume)
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
-    if _validate.is_dask(volume):
+    if _validate.is_dask(volume):  # block by block, each block by the validated kernel
         from napari_gridmip.core.occupancy import _chunked
 
-        return _chunked.max_mipmap(volume)
+        return _chunked.pyramid(volume, _max_kernel, _max_kernel, volume.dtype)
     from napari_gridmip.core._transfer import to_device
 
     with precision_scope(dtype):

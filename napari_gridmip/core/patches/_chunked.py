@@ -1,81 +1,20 @@
-"""Dask twins: the merge of a patch stack and the fusion of a tile mosaic, output chunk by output chunk.
+"""Dask twins: tiled runs on a dask image, and the fusion of a tile mosaic, output chunk by output chunk (the
+merge's twin is :mod:`~napari_gridmip.core.patches._chunked_merge`, named here too).
 
-Each output chunk is made from the patches (tiles) that touch it, by the in-memory kernel.
-
-Max and overwrite merges equal the in-memory result bit for bit; weighted
-merges (mean, gaussian, hann) agree within 2 ulp, since a chunk's sub-grid sums
-its patches in another order (tests/core/test_chunked.py states it).
+Each output chunk is made from the tiles that touch it, by the in-memory engine that the public function hands
+in (:class:`TiledEngine`), so that nothing here imports the public functions back.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
-MERGE_CHUNK = 1024  # output chunk of a merge along each tiled axis, unless the caller gives one
-
-
-def merge_patches(
-    patches: Any,
-    image_shape: tuple[int, ...],
-    stride: tuple[int, ...],
-    *,
-    blend: str,
-    sigma_scale: float,
-    result_dtype: np.dtype,
-    chunk: int = MERGE_CHUNK,
-) -> Any:
-    """The merged image of a dask patch stack, one task per output chunk (validated by the caller).
-
-    Each output chunk merges only the patches that touch it, as a sub-grid
-    with the same origin rule (its first patch at 0, its last one flush with
-    its end when the whole grid's is), so each pixel sums the same patches
-    with the same weights as the whole merge.
-    """
-    import dask
-    import dask.array as da
-
-    from napari_gridmip.core.patches.grid import patch_origins
-
-    d = len(stride)
-    patch_size = patches.shape[patches.ndim - d :]
-    lead = image_shape[: len(image_shape) - d]
-    tiled = image_shape[len(image_shape) - d :]
-    origins = [patch_origins(n, p, s) for n, p, s in zip(tiled, patch_size, stride)]
-    bounds = [[(start, min(start + chunk, n)) for start in range(0, n, chunk)] for n in tiled]
-
-    def merged_block(sub_patches: np.ndarray, sub_shape: tuple[int, ...], crop: tuple[slice, ...]) -> np.ndarray:
-        from napari_gridmip.core.patches.grid import merge_patches as in_memory
-
-        out = np.asarray(in_memory(sub_patches, sub_shape, stride, blend=blend, sigma_scale=sigma_scale))
-        return out[(Ellipsis, *crop)]
-
-    def block_at(index: tuple[int, ...]) -> Any:
-        grid_slices, sub_tiled, crop = [], [], []
-        for axis, i in enumerate(index):
-            start, stop = bounds[axis][i]
-            o = origins[axis]
-            first = int(np.searchsorted(o + patch_size[axis], start, side="right"))  # first patch ending past start
-            last = int(np.searchsorted(o, stop, side="left")) - 1  # last patch starting before stop
-            grid_slices.append(slice(first, last + 1))
-            sub_tiled.append(int(o[last] + patch_size[axis] - o[first]))
-            crop.append(slice(start - int(o[first]), stop - int(o[first])))
-        sub = patches[tuple(grid_slices)]
-        shape = tuple(stop - start for start, stop in (bounds[axis][i] for axis, i in enumerate(index)))
-        task = dask.delayed(merged_block, pure=True)(sub, lead + tuple(sub_tiled), tuple(crop))
-        return da.from_delayed(task, shape=lead + shape, dtype=result_dtype)
-
-    def nest(prefix: tuple[int, ...]) -> Any:
-        axis = len(prefix)
-        if axis == d:
-            return block_at(prefix)
-        return [nest((*prefix, i)) for i in range(len(bounds[axis]))]
-
-    # da.block joins the nested list along the last d axes
-    return da.block(nest(()))
-
+from napari_gridmip.core.patches._chunked_merge import MERGE_CHUNK, merge_patches  # noqa: F401 - the merge's twin
+from napari_gridmip.core.patches._merge import merge_dtypes
 
 # -- apply_tiled on a dask image ----------------------------------------------------
 
@@ -123,8 +62,20 @@ def _tasks(prefix: str) -> Any:
     return task
 
 
-def apply_tiled(plan: Any, runner: Any, image: Any, batch: int) -> Any:
-    """The lazy twin of the in-memory run (validated and planned by the caller).
+class TiledEngine(NamedTuple):
+    """The in-memory engine of :func:`~napari_gridmip.apply_tiled` that its dask twin runs in each task, handed
+    in by the public function (this module imports nothing back from it)."""
+
+    check_output: Callable
+    make_merger: Callable
+    run_windows: Callable
+    label_dtype: Callable
+    weighted_compute: Callable
+    components: Callable
+
+
+def apply_tiled(plan: Any, runner: Any, image: Any, batch: int, engine: TiledEngine) -> Any:
+    """The lazy twin of the in-memory run (validated and planned by the caller, whose ``engine`` runs the windows).
 
     Windows are grouped, as many per axis as fit the image's first chunk along
     it (at least one), so output blocks follow the input's chunking; each
@@ -140,12 +91,11 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int) -> Any:
     """
     import dask.array as da
 
-    from napari_gridmip.core.patches import tiled
-
+    tiled = engine
     task = _tasks("apply_tiled")
     d = len(plan.axes)
     out_shape, out_dtype = runner.probe(plan.lead + plan.window, image.dtype)
-    tiled._check_output(plan, np.broadcast_to(np.zeros((), out_dtype), out_shape), None)
+    tiled.check_output(plan, np.broadcast_to(np.zeros((), out_dtype), out_shape), None)
     lead_out = tuple(out_shape[: len(out_shape) - d])
     chunk_sides = [c[0] for c in image.chunks[len(image.chunks) - d :]]
     per_group = [max(1, round(side / a.stride)) for a, side in zip(plan.axes, chunk_sides)]
@@ -170,14 +120,15 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int) -> Any:
         return lead_out + tuple(hi - lo for lo, hi in box)
 
     if plan.labels:
-        blocks = _label_blocks(groups, owned, valid, group_task, shape_of, tiled.label_dtype(out_dtype), task)
+        dtype = tiled.label_dtype(out_dtype)
+        blocks = _label_blocks(groups, owned, valid, group_task, shape_of, dtype, task, tiled.components)
     elif plan.blend == "crop":
         blocks = {
             g: da.from_delayed(group_task(g, owned[g]), shape=shape_of(owned[g]), dtype=out_dtype) for g in groups
         }
     else:
-        compute = tiled._weighted_compute(np.dtype(out_dtype))
-        result = tiled.merge_dtypes(np.dtype(out_dtype), "mean")[1]
+        compute = tiled.weighted_compute(np.dtype(out_dtype))
+        result = merge_dtypes(np.dtype(out_dtype), "mean")[1]
         partials = {g: group_task(g, valid[g]) for g in groups}
 
         def combine(region: list[tuple[int, int]], parts: list[tuple[np.ndarray, list[tuple[int, int]]]]) -> np.ndarray:
@@ -203,11 +154,9 @@ def apply_tiled(plan: Any, runner: Any, image: Any, batch: int) -> Any:
     return da.block(nest(()))
 
 
-def _label_blocks(groups, owned, valid, group_task, shape_of, dtype, task) -> dict:
+def _label_blocks(groups, owned, valid, group_task, shape_of, dtype, task, components: Callable) -> dict:
     """Labels: per-group ids linked across groups by one lookup-table task (see :func:`apply_tiled`)."""
     import dask.array as da
-
-    from napari_gridmip.core.patches import tiled
 
     labelled = {g: group_task(g, valid[g]) for g in groups}  # (ids over the valid box, count)
     ids = {g: labelled[g][0] for g in groups}
@@ -239,7 +188,7 @@ def _label_blocks(groups, owned, valid, group_task, shape_of, dtype, task) -> di
         glued = [p + [offsets[i], offsets[j]] for (i, j, _), p in zip(links, pairs) if len(p)]
         if glued:
             both = np.concatenate(glued)
-            root = tiled._components(n, both[:, 0], both[:, 1])
+            root = components(n, both[:, 0], both[:, 1])
         else:
             root = np.arange(n)
         alive = np.zeros(n, bool)

@@ -41,7 +41,7 @@ import numpy as np
 
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import PAD_MODES, TILED_BACKENDS, TILED_BLENDS
-from napari_gridmip.core.patches.grid import blend_window, merge_dtypes, patch_origins
+from napari_gridmip.core.patches._merge import blend_window, merge_dtypes, patch_origins
 
 __all__ = ["apply_tiled"]
 
@@ -783,7 +783,10 @@ def apply_tiled(
     if lazy:
         from napari_gridmip.core.patches import _chunked
 
-        out = _chunked.apply_tiled(plan, runner, image, batch_size)
+        engine = _chunked.TiledEngine(
+            _check_output, make_merger, run_windows, label_dtype, _weighted_compute, _components
+        )  # handed in: the twin imports nothing back
+        out = _chunked.apply_tiled(plan, runner, image, batch_size, engine)
     else:
         host = image if isinstance(image, np.ndarray) else np.asarray(image)
         merger = make_merger(plan, [(0, n) for n in plan.tiled], [(0, k) for k in plan.grid])

@@ -151,7 +151,12 @@ def _outputs(request, registration, mosaic, image, d, tile_shape, channel) -> li
             "vector_style": "line",
             "edge_color": colors,
             "edge_width": max(1.0, 0.004 * float(max(image.shape[-2:]))),
-            "features": {"reason": reasons, "ncc": registration.ncc, "residual": registration.residual},
+            "features": {
+                "reason": reasons,
+                "refinement": registration.refinements,
+                "ncc": registration.ncc,
+                "residual": registration.residual,
+            },
             **scene,
         }
         centre = f"np.array({half.tolist()})"

@@ -43,6 +43,9 @@ def test_mosaic_sample_end_to_end(viewer_and_widget, wait_idle):
     reasons = list(pairs.features["reason"])
     assert any(r != "accepted" for r in reasons) and "accepted" in reasons
     rejected = [i for i, r in enumerate(reasons) if r != "accepted"]
+    # how each used pair's sub-pixel shift was found rides along
+    refinements = list(pairs.features["refinement"])
+    assert all(refinements[i] in ("refined", "peak-fit") for i, r in enumerate(reasons) if r == "accepted")
     assert all(np.allclose(pairs.edge_color[i][:3], (1.0, 0.25, 0.25)) for i in rejected)
     # the mosaic sits where the tiles are, in one frame with the outlines
     names = [layer.name for layer in viewer.layers]

@@ -25,9 +25,14 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    regions of pairs far apart on the stage), per pair shape. Featureless
    overlaps (zero variance) and peaks on the edge of the search are rejected too.
    Then a second pass refines each significant pair on its whole overlap at
-   the coarse offset (searched +-2 px, away from the tiles' borders, low-passed
-   only): Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled by Keys
-   cubic convolution, which also gives each shift its covariance.
+   the coarse offset (searched +-2 px, away from the tiles' borders where the
+   overlap has room, up to them where it is narrow, low-passed only):
+   Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled by Keys
+   cubic convolution, which also gives each shift its covariance. A pair
+   with no room even then (overlaps of a few pixels), or whose refinement
+   does not converge, keeps the quadratic fit of its NCC peak (weighted a
+   quarter of a typical refined pair): a significant pair is never dropped
+   for its refinement.
 3. All accepted pairs are placed at once by weighted least squares (each pair
    weighted by the inverse covariance of its shift: a pair whose overlap has
    structure along one direction only constrains that direction only), so
@@ -87,6 +92,11 @@ REASONS = (
     "overlap too small",
 )
 """Why a pair was (not) used: ``TileRegistration.reason`` indexes this tuple."""
+
+REFINEMENTS = ("none", "peak-fit", "refined")
+"""How a pair's sub-pixel shift was found: ``TileRegistration.refinement`` indexes this tuple."""
+MIN_REFINE = 3  # the refinement's box must be at least this wide (px) along every axis
+PEAK_FIT_WEIGHT = 0.25  # a peak-fit pair's weight relative to the median refined pair's (its error is about 2x)
 
 
 # -- the stage grid ---------------------------------------------------------------------
@@ -206,6 +216,15 @@ class TileRegistration:
     """``(n,)`` float64: the best ``ncc`` among a tile's accepted pairs (0 where none)."""
     median_residual: float
     """The median ``residual`` of the accepted pairs (px; NaN if none)."""
+    refinement: np.ndarray
+    """``(p,)`` int: index into :data:`REFINEMENTS`, how a significant pair's sub-pixel shift was found:
+    ``"refined"`` (Gauss-Newton on the overlap), ``"peak-fit"`` (the quadratic fit of the NCC around its integer
+    peak: the overlap left too little room for the refinement, or it did not converge) or ``"none"``."""
+
+    @property
+    def refinements(self) -> list[str]:
+        """``refinement`` as text, pair by pair."""
+        return [REFINEMENTS[r] for r in self.refinement]
 
     @property
     def reasons(self) -> list[str]:
@@ -259,6 +278,39 @@ def _geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], reac
     lo = np.maximum(border, reach + border - rounded)
     hi = np.minimum(size - border, size - reach - border - rounded)
     return _Pairs(pairs, delta, rounded, lo, hi - lo, tuple(shape))
+
+
+def _fine_geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], halo: int) -> _Pairs:
+    """The refinement's boxes: ``halo`` px inside both tiles where the overlap has room, else at their borders.
+
+    The low-pass is a normalised convolution, so a box that reaches a tile's
+    border sees a one-sided (but unbiased in intensity) average there: a
+    slightly worse refinement, far better than none. Narrow overlaps (10 to
+    20 px, as microscopes take them) leave fewer than ``MIN_REFINE`` px once
+    the halo is kept on both sides.
+    """
+    reach = FINE_SHIFT + MARGIN
+    inner = _geometry(pairs, delta, shape, reach, halo)
+    tight = _geometry(pairs, delta, shape, reach, 0)
+    narrow = np.any(inner.extent < MIN_REFINE, axis=1)[:, None]
+    inner.lo = np.where(narrow, tight.lo, inner.lo)
+    inner.extent = np.where(narrow, tight.extent, inner.extent)
+    return inner
+
+
+def _peak_fit_information(info: np.ndarray, refinement: np.ndarray, significant: np.ndarray) -> None:
+    """Weights for the pairs that kept their peak fit: ``PEAK_FIT_WEIGHT`` of the median refined pair's, isotropic.
+
+    (The refinement's inverse covariances carry the data's scale; the peak fit
+    has none, and its error is about twice the refinement's.)
+    """
+    refined = significant[refinement[significant] == REFINEMENTS.index("refined")]
+    peak = significant[refinement[significant] == REFINEMENTS.index("peak-fit")]
+    if not len(peak):
+        return
+    d = info.shape[1]
+    typical = float(np.median([np.trace(info[k]) / d for k in refined])) if len(refined) else 1.0
+    info[peak] = PEAK_FIT_WEIGHT * (typical if np.isfinite(typical) and typical > 0 else 1.0) * np.eye(d)
 
 
 def _long_axes(geometry: _Pairs, k: int) -> tuple[bool, ...]:
@@ -704,9 +756,11 @@ def register_tiles(
         first) and the placement solved again.
     min_overlap
         Pairs whose nominal overlap (from the stage) is narrower than this
-        along an axis are not registered ("overlap too small"); those whose
-        overlap at the measured offset leaves fewer than 3 px for the
-        refinement (away from the tiles' borders) are "refinement failed".
+        along an axis are not registered ("overlap too small"). A significant
+        pair is never dropped for its refinement: where the overlap at the
+        measured offset leaves fewer than 3 px for it (even reaching the
+        tiles' borders), or it does not converge, the pair keeps the quadratic
+        fit of its NCC peak, weighted down (``refinement`` says which).
     filter_sigma
         Both regions of a pair are band-passed before matching (a difference
         of Gaussians, ``sigma`` and ``2 sigma`` px, by normalised convolution so
@@ -812,11 +866,14 @@ def register_tiles(
                 reason[k] = REASONS.index("accepted")
     info[:] = np.eye(d)
     significant = np.flatnonzero(reason == REASONS.index("accepted"))
+    refinement = np.full(p, REFINEMENTS.index("none"), np.int64)
+    if subpixel != "none":
+        refinement[significant] = REFINEMENTS.index("peak-fit")
     if subpixel == "refine" and len(significant):
         fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
-        fine = _geometry(pairs, delta + shift, shape, FINE_SHIFT + MARGIN, fine_reader.halo)
-        usable = significant[np.all(fine.extent[significant] >= 3, axis=1)]
-        reason[np.setdiff1d(significant, usable)] = REASONS.index("refinement failed")
+        fine = _fine_geometry(pairs, delta + shift, shape, fine_reader.halo)
+        # a pair too narrow even for the tight box keeps its quadratic fit of the NCC peak ("peak-fit")
+        usable = significant[np.all(fine.extent[significant] >= MIN_REFINE, axis=1)]
         for members in _groups(usable, fine):
             plan = _plan_group(members, fine, stage, FINE_SHIFT + MARGIN, seed, nulls=False)
             out, _, done = _run_group(
@@ -825,16 +882,20 @@ def register_tiles(
             for slot, k in enumerate(members):
                 s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
                 if featureless or on_edge or failed or not np.all(np.isfinite(inv_cov)):
-                    reason[k] = REASONS.index("refinement failed")
+                    # the integer peak was significant: keep its peak fit (weighted down) rather than drop the
+                    # pair; the placement's residual test still rejects it if it disagrees with the others
                     continue
                 shift[k] = s + fine.rounded[k] - delta[k]
                 info[k] = inv_cov
+                refinement[k] = REFINEMENTS.index("refined")
+        _peak_fit_information(info, refinement, significant)
     geometry = coarse
 
     accepted = reason == REASONS.index("accepted")
     positions, residual = _placement(stage, geometry, shift, info, accepted, reason, max_residual)
     _report(progress, total, total)
     accepted = reason == REASONS.index("accepted")
+    refinement[~np.isfinite(ncc) | (reason == REASONS.index("overlap too small"))] = REFINEMENTS.index("none")
     placed_from_stage = np.ones(n, bool)
     confidence = np.zeros(n)
     for (i, j), ok, c in zip(geometry.pairs, accepted, ncc):
@@ -856,6 +917,7 @@ def register_tiles(
         placed_from_stage=placed_from_stage,
         tile_confidence=confidence,
         median_residual=float(np.median(residual[accepted])) if accepted.any() else float("nan"),
+        refinement=refinement,
     )
 
 

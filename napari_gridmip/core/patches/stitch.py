@@ -15,9 +15,12 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    cross-correlation (over the pixels both hold at each shift, so the whole
    overlap is used even when ``max_shift`` is close to its width; a shift
    that keeps less than half of it is not a candidate) for every integer
-   shift within ``max_shift`` (FFTs; one compiled program per pair shape,
-   pairs batched and padded to static shapes, horizontal pairs transposed
-   into vertical ones).
+   shift within ``max_shift`` (FFTs; horizontal pairs transposed into
+   vertical ones). Small mosaics on a CPU run a NumPy/SciPy kernel
+   (``_stitch_numpy``: nothing to compile, each tile band-passed once);
+   large ones, or on an accelerator, one compiled JAX program per pair
+   shape, pairs batched and padded to static shapes. Both give the same
+   results.
 2. A peak counts only if it beats a threshold calibrated on the data: the
    ``1 - false_positive_rate`` quantile of a Gumbel law fitted by moments to
    the peaks of pairs known not to match (each template turned by 180
@@ -33,7 +36,7 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    does not converge, keeps the quadratic fit of its NCC peak (weighted a
    quarter of a typical refined pair): a significant pair is never dropped
    for its refinement.
-3. All accepted pairs are placed at once by weighted least squares (each pair
+3. All accepted pairs are placed at once by weighted least squares (sparse normal equations, SciPy; each pair
    weighted by the inverse covariance of its shift: a pair whose overlap has
    structure along one direction only constrains that direction only), so
    errors do not pile up along a spanning tree; then pairs whose residual
@@ -65,7 +68,7 @@ from jax import lax
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import GRID_ORDERS, STITCH_SUBPIXEL
 from napari_gridmip.core._peak import quadratic_peak
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core.patches import _stitch_numpy
 
 __all__ = ["grid_positions", "register_tiles"]
 
@@ -81,6 +84,8 @@ BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working me
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
+NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
+FORCE_ENGINE: str | None = None  # "numpy" or "jax" to override the choice (tests, benchmarks)
 
 REASONS = (
     "accepted",
@@ -627,20 +632,42 @@ def _register_batch(search, template, mask, *, max_shift, subpixel, sigma):
     return jax.vmap(kernel)(search, template, mask)
 
 
-# -- the global placement (JAX, float64) ------------------------------------------------------
+# -- the global placement (SciPy sparse, float64) ----------------------------------------------
 
 
-@jax.jit
 def _place(stage, i, j, offset, weight, prior):
-    """Weighted least squares: ``sum_p (x_j - x_i - o_p)^T W_p (x_j - x_i - o_p) + prior * sum |x - stage|^2``."""
+    """Weighted least squares: ``sum_p (x_j - x_i - o_p)^T W_p (x_j - x_i - o_p) + prior * sum |x - stage|^2``.
+
+    The normal equations are sparse (each pair couples two tiles: ``4 d^2``
+    entries per pair), so they are assembled as a sparse matrix and solved
+    directly (SuperLU): memory and time grow with the pairs, not with the
+    square of the tiles, and nothing is compiled.
+    """
+    from scipy import sparse
+    from scipy.sparse.linalg import spsolve
+
     n, d = stage.shape
-    a = jnp.zeros((n, d, n, d), stage.dtype)
-    a = a.at[i, :, i, :].add(weight).at[j, :, j, :].add(weight)
-    a = a.at[i, :, j, :].add(-weight).at[j, :, i, :].add(-weight)
-    a = a.reshape(n * d, n * d) + prior * jnp.eye(n * d, dtype=stage.dtype)
-    wo = jnp.einsum("pab,pb->pa", weight, offset)
-    b = jnp.zeros((n, d), stage.dtype).at[j].add(wo).at[i].add(-wo) + prior * stage
-    return jnp.linalg.solve(a, b.reshape(-1)).reshape(n, d)
+    ax = np.arange(d)
+    rows, cols, values = [], [], []
+    shape = (len(i), d, d)  # block (a, b) of pair p: entry [a d + r, b d + c] += sign * W_p[r, c]
+    for a, b, sign in ((i, i, 1.0), (j, j, 1.0), (i, j, -1.0), (j, i, -1.0)):
+        rows.append(np.broadcast_to(a[:, None, None] * d + ax[None, :, None], shape))
+        cols.append(np.broadcast_to(b[:, None, None] * d + ax[None, None, :], shape))
+        values.append(sign * weight)
+    rows.append(np.arange(n * d))
+    cols.append(np.arange(n * d))
+    values.append(np.full(n * d, prior))
+    a = sparse.csc_matrix(
+        (np.concatenate([v.ravel() for v in values]), (np.concatenate([r.ravel() for r in rows]),
+                                                        np.concatenate([c.ravel() for c in cols]))),
+        shape=(n * d, n * d),
+    )  # fmt: skip
+    wo = np.einsum("pab,pb->pa", weight, offset)
+    b = np.zeros((n, d))
+    np.add.at(b, j, wo)
+    np.add.at(b, i, -wo)
+    b += prior * stage
+    return spsolve(a, b.reshape(-1)).reshape(n, d)
 
 
 # -- the public function --------------------------------------------------------------------
@@ -844,13 +871,18 @@ def register_tiles(
     coarse = _geometry(pairs, delta, shape, 0, 0)  # the whole nominal overlap: masked NCC handles the edges
     groups = _groups(np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1)), coarse)
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
+    engine = _engine(plans, max_shift)
+    if engine == "numpy":  # each tile band-passed once, its regions cut out (the same values, less work)
+        reader = _stitch_numpy.FilteredTiles(_TileReader(tiles, channel, has_channels, 0), sigma, low_only=False)
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
     total = sum(plan.batches for plan in plans) * (2 if subpixel == "refine" else 1) + 1
     done = 0
     _report(progress, done, total)
     first = "quadratic" if subpixel == "refine" else subpixel
     for members, plan in zip(groups, plans):
-        out, nulls, done = _run_group(plan, members, coarse, reader, max_shift, first, sigma, progress, done, total)
+        out, nulls, done = _run_group(
+            plan, members, coarse, reader, max_shift, first, sigma, progress, done, total, engine
+        )
         group_threshold = _gumbel_quantile(nulls, 1 - alpha)
         for slot, k in enumerate(members):
             s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
@@ -872,12 +904,14 @@ def register_tiles(
     if subpixel == "refine" and len(significant):
         fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
         fine = _fine_geometry(pairs, delta + shift, shape, fine_reader.halo)
+        if engine == "numpy":
+            fine_reader = _stitch_numpy.FilteredTiles(reader.reader, sigma, low_only=True)
         # a pair too narrow even for the tight box keeps its quadratic fit of the NCC peak ("peak-fit")
         usable = significant[np.all(fine.extent[significant] >= MIN_REFINE, axis=1)]
         for members in _groups(usable, fine):
             plan = _plan_group(members, fine, stage, FINE_SHIFT + MARGIN, seed, nulls=False)
             out, _, done = _run_group(
-                plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total
+                plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total, engine
             )
             for slot, k in enumerate(members):
                 s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
@@ -960,6 +994,27 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
     return _Plan(t_shape, batch, batches, samples)
 
 
+def _engine(plans: Sequence[_Plan], max_shift: int) -> str:
+    """``"numpy"`` (SciPy's FFTs, nothing to compile) for small mosaics on a CPU, else ``"jax"``.
+
+    JAX compiles one program per pair shape and pass, seconds each, once per
+    process; on a CPU its warm kernels are not faster than SciPy's per pixel.
+    So NumPy runs every mosaic whose pair work (pairs and null samples times
+    their search regions' pixels) stays under ``NUMPY_MAX_WORK``; a larger
+    one, or one on an accelerator, goes to the compiled programs. The two
+    give the same results (tests/core/patches/test_stitch_engines.py).
+    """
+    if FORCE_ENGINE is not None:
+        return FORCE_ENGINE
+    if jax.default_backend() != "cpu":
+        return "jax"
+    work = 0
+    for plan in plans:
+        pixels = math.prod(t + 2 * (max_shift + MARGIN) for t in plan.t_shape)
+        work += pixels * plan.batch * plan.batches
+    return "numpy" if work <= NUMPY_MAX_WORK else "jax"
+
+
 def _far_apart(a, b, geometry, stage, reach) -> bool:
     """Whether pair ``a``'s template (in tile j_a) and pair ``b``'s search region (in tile i_b) can share content."""
     ja, ib = geometry.pairs[a][1], geometry.pairs[b][0]
@@ -971,7 +1026,7 @@ def _far_apart(a, b, geometry, stage, reach) -> bool:
     return bool(np.any((t_hi + margin <= s_lo) | (s_hi + margin <= t_lo)))
 
 
-def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total):
+def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total, engine="jax"):
     """Register a group's pairs and its null samples in batches of one static shape (axes in canonical order).
 
     Returns the pairs' results (shift and information in the tiles' axis
@@ -1011,18 +1066,24 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                 searches.append(search)
                 templates.append(template)
                 masks.append(mask)
-            while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
-                searches.append(np.zeros(raw_s, np.float32))
-                templates.append(np.zeros(raw_t, np.float32))
-                masks.append(np.zeros(t_shape, np.float32))
-            out = _register_batch(
-                jnp.asarray(np.stack(searches)),
-                jnp.asarray(np.stack(templates)),
-                jnp.asarray(np.stack(masks)),
-                max_shift=max_shift,
-                subpixel=subpixel,
-                sigma=sigma,
-            )
+            if engine == "numpy":  # nothing compiled: no need for one batch shape
+                out = _stitch_numpy.register_batch(
+                    np.stack(searches), np.stack(templates), np.stack(masks), max_shift=max_shift,
+                    subpixel=subpixel, sigma=sigma, filtered=isinstance(reader, _stitch_numpy.FilteredTiles),
+                )  # fmt: skip
+            else:
+                while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
+                    searches.append(np.zeros(raw_s, np.float32))
+                    templates.append(np.zeros(raw_t, np.float32))
+                    masks.append(np.zeros(t_shape, np.float32))
+                out = _register_batch(
+                    jnp.asarray(np.stack(searches)),
+                    jnp.asarray(np.stack(templates)),
+                    jnp.asarray(np.stack(masks)),
+                    max_shift=max_shift,
+                    subpixel=subpixel,
+                    sigma=sigma,
+                )
             results.append([np.asarray(x)[: len(chunk)] for x in out])
             done += 1
             _report(progress, done, total)
@@ -1070,33 +1131,23 @@ def _placement(stage, geometry, shift, info, accepted, reason, max_residual):
     scale = scale if np.isfinite(scale) and scale > 0 else 1.0
     strong = info / scale
     weak = WEAK_WEIGHT * np.eye(d)
-    with precision_scope(np.float64):
-        while True:
-            weight = np.where(accepted[:, None, None], strong + weak, weak)
-            offset = np.where(accepted[:, None], measured, geometry.delta)
-            positions = np.asarray(
-                _place(
-                    jnp.asarray(stage),
-                    jnp.asarray(i),
-                    jnp.asarray(j),
-                    jnp.asarray(offset),
-                    jnp.asarray(weight),
-                    PRIOR_WEIGHT,
-                )  # fmt: skip
-            )
-            residual = np.linalg.norm(positions[j] - positions[i] - measured, axis=1)
-            if not accepted.any():
-                break
-            limit = max(max_residual, 4 * float(np.median(residual[accepted])))
-            bad = accepted & (residual > limit)
-            if not bad.any():
-                break
-            # reject the pairs that are the worst among the accepted pairs sharing a tile with them
-            worst_at = np.zeros(n)
-            for k in np.flatnonzero(accepted):
-                worst_at[i[k]] = max(worst_at[i[k]], residual[k])
-                worst_at[j[k]] = max(worst_at[j[k]], residual[k])
-            local = bad & (residual >= worst_at[i]) & (residual >= worst_at[j])
-            accepted &= ~local
-            reason[local] = REASONS.index("residual")
+    while True:
+        weight = np.where(accepted[:, None, None], strong + weak, weak)
+        offset = np.where(accepted[:, None], measured, geometry.delta)
+        positions = _place(stage, i, j, offset, weight, PRIOR_WEIGHT)
+        residual = np.linalg.norm(positions[j] - positions[i] - measured, axis=1)
+        if not accepted.any():
+            break
+        limit = max(max_residual, 4 * float(np.median(residual[accepted])))
+        bad = accepted & (residual > limit)
+        if not bad.any():
+            break
+        # reject the pairs that are the worst among the accepted pairs sharing a tile with them
+        worst_at = np.zeros(n)
+        for k in np.flatnonzero(accepted):
+            worst_at[i[k]] = max(worst_at[i[k]], residual[k])
+            worst_at[j[k]] = max(worst_at[j[k]], residual[k])
+        local = bad & (residual >= worst_at[i]) & (residual >= worst_at[j])
+        accepted &= ~local
+        reason[local] = REASONS.index("residual")
     return positions, residual

@@ -34,7 +34,26 @@ def _expand(x: np.ndarray, d: int) -> np.ndarray:
     return x.reshape(x.shape + (1,) * d)
 
 
-def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np.ndarray:
+def _boxes(have: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Per axis, ``(lo, hi)`` (each ``(B,)``) of the box the finite pixels fill; None if they fill no box."""
+    out = []
+    for axis in range(d):
+        other = tuple(a for a in range(1, d + 1) if a != axis + 1)
+        line = have.any(axis=other) if other else have
+        lo, hi = line.argmax(axis=1), line.shape[1] - line[:, ::-1].argmax(axis=1)
+        out.append((lo, hi))
+    grids = np.indices(have.shape[1:])
+    inside = np.ones(have.shape, bool)
+    for axis, (lo, hi) in enumerate(out):
+        inside &= (grids[axis][None] >= _col(lo, d)) & (grids[axis][None] < _col(hi, d))
+    return out if np.array_equal(inside, have) else None
+
+
+def _col(x: np.ndarray, d: int) -> np.ndarray:
+    return x.reshape((-1,) + (1,) * d)
+
+
+def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool = False) -> np.ndarray:
     """``stitch._band_pass`` on a batch ``(B, *raw)``: the output is each region less its halo.
 
     The same truncated Gaussians (radius: the halo), applied separably in real
@@ -54,14 +73,30 @@ def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np.ndarr
     w = have.astype(np.float32)
     x = np.arange(-halo, halo + 1, dtype=np.float64)
     crop = (Ellipsis, *(slice(halo, n - halo) for n in shape))
+    # where the data fill a box (a whole tile, NaN around it), the smoothed weights are an outer product of
+    # 1D profiles: only f needs the separable passes
+    boxes = _boxes(have, d) if box else None
     lows = []
     for width in (sigma,) if low_only else (sigma, 2 * sigma):
         taps = np.exp(-0.5 * (x / width) ** 2)
         taps /= taps.sum()
-        pair = np.stack([f, w], axis=1)  # (B, 2, ...): f and w smoothed alike
-        for axis in range(d):
-            pair = ndimage.correlate1d(pair, taps, axis=pair.ndim - d + axis, mode="constant", cval=0.0)
-        pair = pair[crop]
+        if boxes is not None:
+            smooth_f = f
+            for axis in range(d):
+                smooth_f = ndimage.correlate1d(smooth_f, taps, axis=f.ndim - d + axis, mode="constant", cval=0.0)
+            smooth_w = np.ones((len(f),) + (1,) * d, np.float32)
+            for axis, (lo, hi) in enumerate(boxes):
+                line = np.zeros((len(f), shape[axis]), np.float32)
+                line[np.arange(shape[axis])[None, :] >= lo[:, None]] = 1
+                line[np.arange(shape[axis])[None, :] >= hi[:, None]] = 0
+                line = ndimage.correlate1d(line, taps, axis=1, mode="constant", cval=0.0)
+                smooth_w = smooth_w * line.reshape((len(f),) + tuple(-1 if k == axis else 1 for k in range(d)))
+            pair = np.stack([smooth_f, np.broadcast_to(smooth_w, f.shape)], axis=1)[crop]
+        else:
+            pair = np.stack([f, w], axis=1)  # (B, 2, ...): f and w smoothed alike
+            for axis in range(d):
+                pair = ndimage.correlate1d(pair, taps, axis=pair.ndim - d + axis, mode="constant", cval=0.0)
+            pair = pair[crop]
         lows.append((pair[:, 0] / np.maximum(pair[:, 1], np.float32(1e-3)), pair[:, 1]))
     out = lows[0][0] if low_only else lows[0][0] - lows[1][0]
     return np.where(lows[0][1] > 1e-3, out, np.float32(0)).astype(np.float32)
@@ -320,7 +355,7 @@ class FilteredTiles:
             raw = self.reader.region(index, (-halo,) * d, tuple(n + 2 * halo for n in self.shape))  # NaN beyond
             if self.reader.halo:
                 raw = raw[tuple(slice(self.reader.halo, n - self.reader.halo) for n in raw.shape)]
-            self.tiles[index] = band_pass(raw[None], self.sigma, self.low_only, d)[0]
+            self.tiles[index] = band_pass(raw[None], self.sigma, self.low_only, d, box=True)[0]
         return self.tiles[index]
 
     def region(self, index: int, start, extent) -> np.ndarray:

@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     stitch.add_argument("--pattern", help="tile file names, e.g. 'tile_{row}_{col}.tif' or 'img_{index:03}.tif'")
     stitch.add_argument("--blend", default="linear", help="linear, mean, max or overwrite (default: linear)")
     stitch.add_argument("--channel", type=int, help="the channel to register (default: the channels' mean)")
+    stitch.add_argument(
+        "--flat-field", action="store_true", help="divide out the illumination profile estimated from the tiles"
+    )
 
     corrimage = add("corrimage", "The local correlation image of a movie (CaImAn's correlation image, Cn).")
     corrimage.add_argument("movie", metavar="MOVIE", help="the movie (..., T, Y, X): .npy, .tif/.tiff or Zarr")
@@ -499,7 +502,7 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
         accepted, pairs = int(result.accepted.sum()), len(result.pairs)
         print(f"{accepted} of {pairs} pairs used, median residual {result.median_residual:.3f} px, "
               f"{int(result.placed_from_stage.sum())} tile(s) placed from the stage", file=sys.stderr)  # fmt: skip
-    mosaic = fuse_tiles(da.asarray(tiles), result.positions, blend=args.blend)
+    mosaic = fuse_tiles(da.asarray(tiles), result.positions, blend=args.blend, flat_field=args.flat_field)
     image, origin = mosaic.image, mosaic.origin
     with atomic_path(output, overwrite=args.overwrite) as temporary:
         if lower.endswith(".ome.zarr"):

@@ -36,6 +36,7 @@ class StitchRequest:
     positions: Any = None
     max_shift: int = 16
     blend: str = "linear"
+    flat_field: bool = False  # divide out the illumination profile estimated from the tiles before fusing
     source: Source | None = None  # how the tiles are read, for the script (a layer by default)
     positions_code: str | None = None  # how the stage positions are read, for the script
 
@@ -78,12 +79,13 @@ def make_stitch_job(request: StitchRequest) -> Job:
         registration = register_tiles(
             tiles, stage_positions, max_shift=request.max_shift, channel=channel, progress=stage(0, 70)
         )
-        mosaic = fuse_tiles(tiles, registration.positions, blend=request.blend, progress=stage(70, 30))
+        fuse_options = {"blend": request.blend, **({"flat_field": True} if request.flat_field else {})}
+        mosaic = fuse_tiles(tiles, registration.positions, **fuse_options, progress=stage(70, 30))
         image = np.asarray(mosaic.image)
         progress(steps, steps)
         options = {"max_shift": request.max_shift, "channel": channel}
         calls.append(Call("register_tiles", ("tiles", "stage"), (), options, "registration"))
-        calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), {"blend": request.blend}, "mosaic"))
+        calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), fuse_options, "mosaic"))
         sources = [request.source or Source("tiles", layer=request.name)]
         if request.positions is not None:
             sources.append(Source("stage", expression=request.positions_code or repr(stage_positions.tolist())))

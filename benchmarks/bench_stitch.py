@@ -271,6 +271,86 @@ def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep
               f"cold import + call: {by['m2stitch, cold'].median_s / by['ours, cold'].median_s:.1f}x")  # fmt: skip
 
 
+# -- scale: a large grid from a Zarr store, read lazily ----------------------------------------------------------
+
+
+def procedural_region(y0: int, x0: int, shape, seed: int = 0, components: int = 48) -> np.ndarray:
+    """A fluorescence-like picture at any window, without holding the whole: products of random cosines, exp'd.
+
+    ``sum_k a_k cos(2 pi fy_k y + p_k) cos(2 pi fx_k x + q_k)`` (one matrix product per window), random
+    frequencies from 1/300 to 1/5 cycles per pixel (log-uniform), amplitudes falling as f^-0.5; the same
+    numbers at a pixel whichever window asks.
+    """
+    rng = np.random.default_rng(seed)
+    fy, fx = (np.exp(rng.uniform(np.log(1 / 300), np.log(1 / 5), components)) for _ in range(2))
+    py, px = rng.uniform(0, 2 * np.pi, (2, components))
+    a = (fy * fx) ** -0.25
+    a /= np.sqrt((a**2).sum() / 4)
+    y = np.arange(y0, y0 + shape[0])[:, None]
+    x = np.arange(x0, x0 + shape[1])[:, None]
+    field = (np.cos(2 * np.pi * y * fy + py) * a) @ np.cos(2 * np.pi * x * fx + px).T
+    return np.exp(0.8 * field)
+
+
+def write_scale_mosaic(folder: Path, grid: int, tile: int, overlap: float, error: int, hole: int):
+    """A grid x grid mosaic of tile x tile uint16 tiles in a Zarr store (one chunk per tile), written tile by tile.
+
+    Integer true positions (stage grid + uniform errors up to ``error``); Poisson noise; a background-only
+    square of ``hole`` x ``hole`` tiles in the middle (no specimen: shot noise on the background only).
+    Returns (the Zarr path, stage positions, true positions, which tiles lie in the hole).
+    """
+    import zarr
+
+    rng = np.random.default_rng(5)
+    step = int(round(tile * (1 - overlap)))
+    index = np.stack(np.divmod(np.arange(grid * grid), grid), 1)
+    stage = (index * step).astype(float)
+    true = stage + rng.integers(-error, error + 1, stage.shape)
+    lo, hi = (grid - hole) // 2, (grid - hole) // 2 + hole
+    in_hole = np.all((index >= lo) & (index < hi), axis=1)
+    hole_lo, hole_hi = lo * step - error, (hi - 1) * step + tile + error  # scene pixels without specimen
+    path = folder / "tiles.zarr"
+    store = zarr.open(str(path), mode="w", shape=(grid * grid, tile, tile), chunks=(1, tile, tile), dtype="uint16")
+    for t, (y0, x0) in enumerate(true.astype(int)):
+        picture = procedural_region(y0, x0, (tile, tile))
+        ys, xs = np.arange(y0, y0 + tile)[:, None], np.arange(x0, x0 + tile)[None, :]
+        blank = (ys >= hole_lo) & (ys < hole_hi) & (xs >= hole_lo) & (xs < hole_hi)
+        picture = np.where(blank, 0.0, picture)
+        store[t] = (rng.poisson(200 * (0.1 + picture)) + 100).astype(np.uint16)
+    return path, stage, true, in_hole
+
+
+def bench_scale(args) -> None:
+    import dask.array as da
+    from _harness import PeakMemory
+
+    from napari_gridmip import register_tiles
+    from napari_gridmip.core.patches import stitch
+
+    grid, tile, overlap, error = args.scale, 512, 0.1, 8
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        hole = max(grid // 6, 1)
+        path, stage, true, in_hole = write_scale_mosaic(Path(folder), grid, tile, overlap, error, hole=hole)
+        print(f"# wrote {grid * grid} tiles of {tile}x{tile} uint16 ({grid * grid * tile * tile * 2 / 2**30:.2f} GiB) "
+              f"to Zarr in {time.perf_counter() - start:.0f} s")  # fmt: skip
+        tiles = da.from_zarr(str(path))
+        for engine in args.engines:
+            stitch.FORCE_ENGINE = None if engine == "auto" else engine
+            with PeakMemory() as memory:
+                start = time.perf_counter()
+                result = register_tiles(tiles, stage, max_shift=16)
+                elapsed = time.perf_counter() - start
+            textured = ~in_hole
+            rms, worst = errors(result.positions[textured], true[textured])
+            correction = result.positions - stage
+            drift = np.abs(correction[in_hole] - correction.mean(axis=0)).max()
+            print(f"| {engine} | {elapsed:.1f} | {memory.extra_mb:.0f} | {int(result.accepted.sum())}/"
+                  f"{len(result.pairs)} | {rms:.3f} / {worst:.3f} | {int(result.placed_from_stage.sum())} "
+                  f"({int(in_hole.sum())} in the hole) | {drift:.2f} |")  # fmt: skip
+        stitch.FORCE_ENGINE = None
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
@@ -284,10 +364,18 @@ def main() -> None:
     parser.add_argument("--real", type=Path, help="a folder of real tiles (see the docstring)")
     parser.add_argument("--grid", type=int, nargs=2, help="rows, columns of --real")
     parser.add_argument("--overlap", type=float, help="nominal overlap of --real, a fraction")
+    parser.add_argument("--scale", type=int, metavar="N", help="an N x N grid of 512^2 tiles from Zarr (e.g. 30)")
+    parser.add_argument("--engines", nargs="+", default=["auto"], help="--scale: auto, numpy and/or jax")
     args = parser.parse_args()
     from _harness import machine
 
     print(f"# {machine()}")
+    if args.scale:
+        print("| engine | time s | peak extra MiB | pairs used | RMS / max error px (textured tiles) "
+              "| tiles from the stage | background drift px |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        bench_scale(args)
+        return
     if args.real:
         tiles, stage, grid, overlap, ref = read_real(args.real, tuple(args.grid), args.overlap)
         bench_case(f"real tiles from {args.real.name}", tiles, stage, grid, overlap, ref, args, real=True)

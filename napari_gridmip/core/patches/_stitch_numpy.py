@@ -16,6 +16,8 @@ Keys, "Cubic convolution interpolation for digital image processing", IEEE TASSP
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 from scipy import fft as sfft
 
@@ -344,19 +346,22 @@ class FilteredTiles:
     def __init__(self, reader, sigma: float, low_only: bool):
         self.reader, self.sigma, self.low_only = reader, sigma, low_only
         self.shape = reader.shape
-        self.tiles: dict[int, np.ndarray] = {}
+        self.tiles: OrderedDict[int, np.ndarray] = OrderedDict()  # least recently used first
 
     def tile(self, index: int) -> np.ndarray:
-        if index not in self.tiles:
-            from napari_gridmip.core.patches.stitch import filter_halo
+        from napari_gridmip.core.patches.stitch import CACHE_BYTES, filter_halo
 
-            d = len(self.shape)
-            halo = filter_halo(self.sigma, self.low_only)
-            raw = self.reader.region(index, (-halo,) * d, tuple(n + 2 * halo for n in self.shape))  # NaN beyond
-            if self.reader.halo:
-                raw = raw[tuple(slice(self.reader.halo, n - self.reader.halo) for n in raw.shape)]
-            self.tiles[index] = band_pass(raw[None], self.sigma, self.low_only, d, box=True)[0]
-        return self.tiles[index]
+        if index in self.tiles:
+            self.tiles.move_to_end(index)
+            return self.tiles[index]
+        d = len(self.shape)
+        halo = filter_halo(self.sigma, self.low_only)
+        raw = self.reader.read(index, (0,) * d, self.shape, halo=halo)  # NaN around the tile
+        filtered = band_pass(raw[None], self.sigma, self.low_only, d, box=True)[0]
+        self.tiles[index] = filtered
+        while len(self.tiles) > max(1, CACHE_BYTES // max(filtered.nbytes, 1)):
+            self.tiles.popitem(last=False)
+        return filtered
 
     def region(self, index: int, start, extent) -> np.ndarray:
         """Tile ``index``'s filtered pixels ``[start, start + extent)``, float32, NaN beyond the tile."""

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,7 @@ BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosa
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
+CACHE_BYTES = 512 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most
 FORCE_ENGINE: str | None = None  # "numpy" or "jax" to override the choice (tests, benchmarks)
 
 REASONS = (
@@ -444,34 +446,54 @@ def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
 
 
 class _TileReader:
-    """Regions of the registration channel of the tiles as float32 NumPy, each read once (dask reads only them)."""
+    """Regions of the registration channel of the tiles as float32 NumPy (dask and Zarr read only them).
+
+    The regions read are kept, up to ``CACHE_BYTES`` (least recently used
+    dropped first): a tile's regions serve its pairs and their null samples,
+    which come close together, so a mosaic of any size registers in bounded
+    memory, and one that fits reads every region once.
+    """
 
     def __init__(self, tiles: Any, channel: int | None, has_channels: bool, halo: int):
         self.tiles, self.channel, self.has_channels, self.halo = tiles, channel, has_channels, halo
         self.shape = tuple(int(n) for n in tiles.shape[1 + int(has_channels) :])
-        self.cache: dict[tuple, np.ndarray] = {}
+        self.cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.cached_bytes = 0
 
-    def region(self, index: int, start: Sequence[int], extent: Sequence[int]) -> np.ndarray:
+    def read(self, index: int, start: Sequence[int], extent: Sequence[int], halo: int | None = None) -> np.ndarray:
         """The region ``[start - halo, start + extent + halo)`` of tile ``index``, float32, NaN beyond the tile.
 
-        Channels are averaged unless one was chosen.
+        Not kept. Channels are averaged unless one was chosen.
         """
+        h = self.halo if halo is None else halo
+        lo = [max(int(s) - h, 0) for s in start]
+        hi = [min(int(s) + int(e) + h, n) for s, e, n in zip(start, extent, self.shape)]
+        out = np.full(tuple(int(e) + 2 * h for e in extent), np.nan, np.float32)
+        if any(b <= a for a, b in zip(lo, hi)):
+            return out
+        spatial = tuple(slice(a, b) for a, b in zip(lo, hi))
+        if not self.has_channels:
+            data = np.asarray(self.tiles[(int(index), *spatial)], dtype=np.float32)
+        elif self.channel is not None:
+            data = np.asarray(self.tiles[(int(index), self.channel, *spatial)], dtype=np.float32)
+        else:
+            data = np.asarray(self.tiles[(int(index), slice(None), *spatial)], dtype=np.float32).mean(axis=0)
+        out[tuple(slice(a - (int(s) - h), b - (int(s) - h)) for a, b, s in zip(lo, hi, start))] = data
+        return out
+
+    def region(self, index: int, start: Sequence[int], extent: Sequence[int]) -> np.ndarray:
+        """:meth:`read`, kept for the next request of the same region (up to ``CACHE_BYTES`` in all)."""
         key = (int(index), *map(int, start), *map(int, extent))
-        if key not in self.cache:
-            h = self.halo
-            lo = [max(int(s) - h, 0) for s in start]
-            hi = [min(int(s) + int(e) + h, n) for s, e, n in zip(start, extent, self.shape)]
-            spatial = tuple(slice(a, b) for a, b in zip(lo, hi))
-            if not self.has_channels:
-                data = np.asarray(self.tiles[(int(index), *spatial)], dtype=np.float32)
-            elif self.channel is not None:
-                data = np.asarray(self.tiles[(int(index), self.channel, *spatial)], dtype=np.float32)
-            else:
-                data = np.asarray(self.tiles[(int(index), slice(None), *spatial)], dtype=np.float32).mean(axis=0)
-            out = np.full(tuple(int(e) + 2 * h for e in extent), np.nan, np.float32)
-            out[tuple(slice(a - (int(s) - h), b - (int(s) - h)) for a, b, s in zip(lo, hi, start))] = data
-            self.cache[key] = out
-        return self.cache[key]
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        out = self.read(index, start, extent)
+        self.cache[key] = out
+        self.cached_bytes += out.nbytes
+        while self.cached_bytes > CACHE_BYTES and len(self.cache) > 1:
+            _, dropped = self.cache.popitem(last=False)
+            self.cached_bytes -= dropped.nbytes
+        return out
 
 
 def _padded(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -112,3 +112,29 @@ def test_featureless_background_tiles_come_from_the_stage():
     touching = np.all(r.pairs >= 6, axis=1)
     assert not r.accepted[touching].any()
     assert r.placed_from_stage[6:].all() and not r.placed_from_stage[:3].any()
+
+
+def test_background_hole_stays_tied_to_the_stage():
+    """A 2x2 block of background-only tiles inside a 5x5 mosaic: placed from the stage relative to the registered
+    ring around it, so it neither drifts nor tears away (the weak stage ties and the prior bound it)."""
+    base = make_mosaic(grid_shape=(5, 5), tile_shape=(64, 80), overlap=0.2, stage_error=3, noise=0.0, seed=14)
+    picture = base.image.copy()
+    lo = np.floor(base.true_positions[6] - 4).astype(int)  # tiles 6, 7, 11, 12: rows 1-2, columns 1-2
+    hi = np.ceil(base.true_positions[12] + (64, 80) + 4).astype(int)
+    picture[lo[0] : hi[0], lo[1] : hi[1]] = 0
+    sample = make_mosaic(grid_shape=(5, 5), tile_shape=(64, 80), overlap=0.2, stage_error=3, noise=0.0,
+                         picture=picture, seed=14)  # fmt: skip
+    np.testing.assert_allclose(sample.true_positions, base.true_positions)
+    tiles = microscope_tiles(sample, photons=400, seed=14)
+    r = register_tiles(tiles, sample.stage_positions, max_shift=8)
+    hole = np.zeros(25, bool)
+    hole[[6, 7, 11, 12]] = True
+    assert r.placed_from_stage.tolist() == hole.tolist()
+    correction = r.positions - r.stage_positions
+    ring = ~hole
+    # bounded: the hole moves with its registered neighbours, within the stage's error of them
+    assert np.abs(correction[hole] - correction[ring].mean(axis=0)).max() <= 2 * 3
+    error = r.positions - sample.true_positions
+    error -= error[ring].mean(axis=0)
+    assert np.abs(error[ring]).max() < 1.0
+    assert np.abs(error[hole]).max() <= 2 * 3 + 0.5  # no worse than the stage's own error, twice

@@ -348,6 +348,9 @@ class FilteredTiles:
         self.shape = reader.shape
         self.tiles: OrderedDict[int, np.ndarray] = OrderedDict()  # least recently used first
 
+    def clear(self) -> None:
+        self.tiles.clear()
+
     def tile(self, index: int) -> np.ndarray:
         from napari_gridmip.core.patches.stitch import CACHE_BYTES, filter_halo
 

@@ -81,7 +81,7 @@ BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosa
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
-CACHE_BYTES = 512 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most
+CACHE_BYTES = 256 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most, per pass
 FORCE_ENGINE: str | None = None  # "numpy" or "jax" to override the choice (tests, benchmarks)
 
 REASONS = (
@@ -481,6 +481,10 @@ class _TileReader:
         out[tuple(slice(a - (int(s) - h), b - (int(s) - h)) for a, b, s in zip(lo, hi, start))] = data
         return out
 
+    def clear(self) -> None:
+        self.cache.clear()
+        self.cached_bytes = 0
+
     def region(self, index: int, start: Sequence[int], extent: Sequence[int]) -> np.ndarray:
         """:meth:`read`, kept for the next request of the same region (up to ``CACHE_BYTES`` in all)."""
         key = (int(index), *map(int, start), *map(int, extent))
@@ -662,6 +666,7 @@ def register_tiles(
             else:
                 reason[k] = REASONS.index("accepted")
     info[:] = np.eye(d)
+    reader.clear()  # pass 1 is done with its regions: the memory bound holds one pass's cache at a time
     significant = np.flatnonzero(reason == REASONS.index("accepted"))
     refinement = np.full(p, REFINEMENTS.index("none"), np.int64)
     if subpixel != "none":

@@ -65,8 +65,7 @@ def make_case(name: str, quick: bool):
                              noise=0.0 if camera else 0.01, blank_corner=camera, seed=1)  # fmt: skip
         tiles = microscope_tiles(sample, photons=2000, seed=1) if camera else sample.tiles
     else:
-        grid, tile, overlap = ((3, 3), (256, 256)) if quick else ((6, 6), (512, 512))
-        overlap = 0.1
+        (grid, tile), overlap = ((3, 3), (256, 256)) if quick else ((6, 6), (512, 512)), 0.1
         sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=8, noise=0.01, seed=0)
         tiles = sample.tiles
     stage = grid_positions(grid, tile, overlap)  # what the stage reports, in the grid's frame

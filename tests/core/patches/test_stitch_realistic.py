@@ -138,3 +138,16 @@ def test_background_hole_stays_tied_to_the_stage():
     error -= error[ring].mean(axis=0)
     assert np.abs(error[ring]).max() < 1.0
     assert np.abs(error[hole]).max() <= 2 * 3 + 0.5  # no worse than the stage's own error, twice
+
+
+def test_five_percent_overlap_camera_tiles():
+    """5% of 160x200 tiles: 8 and 10 px overlaps, stage errors up to 2 px per tile, uint16 with vignetting."""
+    sample = make_mosaic(grid_shape=(3, 3), tile_shape=(160, 200), overlap=0.05, stage_error=2, noise=0.0, seed=15)
+    tiles = microscope_tiles(sample, photons=1000, seed=15)
+    r = register_tiles(tiles, sample.stage_positions, max_shift=6)
+    assert not r.placed_from_stage.any()
+    edges = edge_pairs(r)
+    assert r.accepted[edges].all(), np.array(r.reasons)[edges]
+    error = np.linalg.norm(r.shift - true_shifts(r, sample), axis=1)
+    assert np.median(error[r.accepted]) < 0.35, np.median(error[r.accepted])
+    assert tile_rms(r, sample) < 0.35, tile_rms(r, sample)

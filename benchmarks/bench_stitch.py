@@ -1,7 +1,9 @@
 """Stitching a mosaic with rough stage positions: register_tiles against m2stitch (and ASHLAR), cold and warm.
 
-    python benchmarks/bench_stitch.py [--case camera|synthetic|all] [--quick] [--repeats 5]
-                                      [--skip-ashlar] [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
+    python benchmarks/bench_stitch.py [--case small|camera|synthetic|all] [--quick] [--repeats 5] [--ashlar]
+                                      [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
+    python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax]
+    xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
 
 Cases (each tool gets the tiles and the regular grid the stage reports, the same information):
 
@@ -350,6 +352,37 @@ def bench_scale(args) -> None:
         stitch.FORCE_ENGINE = None
 
 
+FIRST_RUN = """
+import time
+import napari
+from qtpy.QtWidgets import QApplication
+from napari_gridmip._widgets.stitch_widget import StitchWidget
+viewer = napari.Viewer(show=False)
+widget = StitchWidget(viewer)
+viewer.window.add_dock_widget(widget)
+viewer.open_sample("napari-gridmip", "mosaic")
+app = QApplication.instance()
+start = time.perf_counter()
+widget.run_button.native.click()
+while widget.runner.busy:
+    app.processEvents()
+    time.sleep(0.005)
+print(f"{time.perf_counter() - start:.2f} s from the click to done; {widget.summary.value}")
+viewer.close()
+"""
+
+
+def bench_first_run(repeats: int) -> None:
+    """The Stitch tiles widget's first Run on the mosaic sample, each in a new process with empty caches."""
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as folder:
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": str(Path(folder) / "jax"),
+                   "NAPARI_GRIDMIP_CACHE_DIR": str(Path(folder) / "gridmip")}  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", FIRST_RUN], env=env, capture_output=True, text=True, cwd=ROOT)
+            lines = [line for line in out.stdout.splitlines() if "from the click" in line]
+            print(f"- widget first Run: {lines[-1] if lines else out.stderr.strip().splitlines()[-1]}")
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
@@ -365,10 +398,14 @@ def main() -> None:
     parser.add_argument("--overlap", type=float, help="nominal overlap of --real, a fraction")
     parser.add_argument("--scale", type=int, metavar="N", help="an N x N grid of 512^2 tiles from Zarr (e.g. 30)")
     parser.add_argument("--engines", nargs="+", default=["auto"], help="--scale: auto, numpy and/or jax")
+    parser.add_argument("--first-run", action="store_true", help="the widget's first Run, new process (xvfb-run)")
     args = parser.parse_args()
     from _harness import machine
 
     print(f"# {machine()}")
+    if args.first_run:
+        bench_first_run(args.repeats)
+        return
     if args.scale:
         print("| engine | time s | peak extra MiB | pairs used | RMS / max error px (textured tiles) "
               "| tiles from the stage | background drift px |")  # fmt: skip

@@ -15,8 +15,9 @@ Cases (each tool gets the tiles and the regular grid the stage reports, the same
   count the tiles with texture.
 - ``synthetic``: a 6x6 mosaic of 512x512 float32 tiles, 10% overlap, +-8 px stage errors, Gaussian noise.
 - ``--real FOLDER``: tiles ``img_r{row:03}_c{col:03}.tif`` (or any ``*.tif``, sorted, row-major) of a real
-  acquisition, with ``--grid`` and ``--overlap``; optional ``FOLDER/reference_positions.csv`` (``y,x`` per tile in
-  the same order, e.g. MIST's or m2stitch's). Never downloaded here: give it a folder you fetched.
+  acquisition, with ``--grid`` and ``--overlap`` (one fraction, or ``y x``); reference positions from MIST's
+  stitching vector ``FOLDER/img-global-positions-1.txt`` or ``FOLDER/reference_positions.csv`` (``y,x`` per
+  tile in the same order). Never downloaded here: give it a folder you fetched (docs/stitching.md says which).
 
 Tools:
 
@@ -75,6 +76,13 @@ def make_case(name: str, quick: bool):
 
 
 def read_real(folder: Path, grid, overlap):
+    """Real tiles (sorted ``*.tif``, row-major), the stage grid, and reference positions if the folder has them.
+
+    References: MIST's stitching vector ``img-global-positions-*.txt`` (``file: NAME; ... position: (x, y)``)
+    or ``reference_positions.csv`` (``y,x`` per tile, in the tiles' order).
+    """
+    import re
+
     import tifffile
 
     from napari_gridmip import grid_positions
@@ -83,9 +91,18 @@ def read_real(folder: Path, grid, overlap):
     tiles = np.stack([tifffile.imread(f) for f in files])
     if len(tiles) != grid[0] * grid[1]:
         raise SystemExit(f"{folder}: {len(tiles)} tiles for a {grid[0]}x{grid[1]} grid")
-    stage = grid_positions(grid, tiles.shape[1:], overlap)
-    reference = folder / "reference_positions.csv"
-    ref = np.loadtxt(reference, delimiter=",", skiprows=1)[:, :2] if reference.exists() else None
+    stage = grid_positions(grid, tiles.shape[1:], overlap if len(overlap) > 1 else overlap[0])
+    ref = None
+    vectors = sorted(folder.glob("img-global-positions-*.txt"))
+    if vectors:
+        found = {}
+        for line in vectors[0].read_text().splitlines():
+            match = re.search(r"file: ([^;]+);.*position: \((-?\d+), (-?\d+)\)", line)
+            if match:
+                found[Path(match[1]).name.split(".")[0]] = (float(match[3]), float(match[2]))  # (y, x)
+        ref = np.array([found[f.name.split(".")[0]] for f in files])
+    elif (folder / "reference_positions.csv").exists():
+        ref = np.loadtxt(folder / "reference_positions.csv", delimiter=",", skiprows=1)[:, :2]
     return tiles, stage, grid, overlap, ref
 
 
@@ -395,7 +412,7 @@ def main() -> None:
     parser.add_argument("--skip-m2stitch", action="store_true")
     parser.add_argument("--real", type=Path, help="a folder of real tiles (see the docstring)")
     parser.add_argument("--grid", type=int, nargs=2, help="rows, columns of --real")
-    parser.add_argument("--overlap", type=float, help="nominal overlap of --real, a fraction")
+    parser.add_argument("--overlap", type=float, nargs="+", help="nominal overlap of --real, a fraction (or y x)")
     parser.add_argument("--scale", type=int, metavar="N", help="an N x N grid of 512^2 tiles from Zarr (e.g. 30)")
     parser.add_argument("--engines", nargs="+", default=["auto"], help="--scale: auto, numpy and/or jax")
     parser.add_argument("--first-run", action="store_true", help="the widget's first Run, new process (xvfb-run)")

@@ -1,33 +1,46 @@
-"""Stitching a mosaic with rough stage positions: register_tiles against m2stitch and ASHLAR.
+"""Stitching a mosaic with rough stage positions: register_tiles against m2stitch (and ASHLAR), cold and warm.
 
-    python benchmarks/bench_stitch.py [--quick] [--repeats 3] [--skip-ashlar] [--skip-m2stitch]
+    python benchmarks/bench_stitch.py [--case small|camera|synthetic|all] [--quick] [--repeats 5] [--ashlar]
+                                      [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
+    python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax]
+    xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
 
-A synthetic 6x6 mosaic of 512x512 float32 tiles, 10% overlap, cut at known
-fractional positions from a generated fluorescence-like picture
-(``napari_gridmip._sample_data.mosaic``), with +-8 px uniform stage errors
-per tile and axis and Gaussian noise. Every tool gets the tiles and the
-regular grid the stage reports (the same information):
+Cases (each tool gets the tiles and the regular grid the stage reports, the same information):
+
+- ``small``: a 5x5 mosaic of 183x245 float32 tiles, 6% overlap (11 and 15 px), +-3 px stage errors, Gaussian
+  noise: the size of the real mosaic of issue 22, clean enough for m2stitch to run.
+- ``camera``: the same grid as a camera records it (``microscope_tiles``: cos^4 vignetting off-centre, shot noise
+  at 2000 photo-electrons, a dark offset, uint16) with one background-only corner. (m2stitch 0.7 stops on it:
+  "no good left pair" even at ``ncc_threshold=0.1``, and a NaN edge weight with the blank corner.) RMS errors
+  count the tiles with texture.
+- ``synthetic``: a 6x6 mosaic of 512x512 float32 tiles, 10% overlap, +-8 px stage errors, Gaussian noise.
+- ``--real FOLDER``: tiles ``img_r{row:03}_c{col:03}.tif`` (or any ``*.tif``, sorted, row-major) of a real
+  acquisition, with ``--grid`` and ``--overlap`` (one fraction, or ``y x``); reference positions from MIST's
+  stitching vector ``FOLDER/img-global-positions-1.txt`` or ``FOLDER/reference_positions.csv`` (``y,x`` per
+  tile in the same order). Never downloaded here: give it a folder you fetched (docs/stitching.md says which).
+
+Tools:
 
 - ours: ``register_tiles(tiles, grid_positions(...), max_shift=16)``;
-- m2stitch (MIST's algorithm): ``stitch_images(tiles, rows, cols,
-  position_initial_guess=grid, row_col_transpose=False)``;
-- ASHLAR: the tiles written as TIFF files, read by its ``FileSeriesReader``
-  (overlap, width, height: the grid) and aligned by ``EdgeAligner(reader,
-  max_shift=16, do_make_thumbnail=False).run()``, its command line's path;
-  with its default ``filter_sigma=0`` and with ``--filter-sigma 1``, which
-  its documentation suggests for noisy images.
+- m2stitch (MIST's algorithm): ``stitch_images(tiles, rows, cols, position_initial_guess=grid,
+  row_col_transpose=False)`` (``ncc_threshold=0.1`` if its default finds no pair, as its error suggests);
+- ASHLAR (``--ashlar``): ``EdgeAligner(FileSeriesReader(...), max_shift=16).run()``.
 
-Error: each tool's positions against the truth, the common translation
-removed (positions are defined up to one), RMS and max over tiles. Time: end
-to end from the tiles in memory (ASHLAR: from the files it reads). Ours is
-timed cold (a fresh process's first call, compiling its programs) and warm
-(best of ``--repeats``); the peers have nothing to compile and run once.
-``--quick``: a 3x3 mosaic of 256x256 tiles, seconds.
+Cold: a new Python process with an empty JAX compilation cache (``JAX_COMPILATION_CACHE_DIR`` set to a fresh
+temporary folder; the library itself never turns the persistent cache on, only the napari worker does), timing
+the import and then the first call. Warm: best and median of ``--repeats`` calls in this process, ours and
+m2stitch alternating. Peak memory: the resident set's growth during one call (PeakMemory; cold: the child's
+``ru_maxrss``). Accuracy: RMS and max tile error against the truth, common translation removed; and
+"exact pairs": neighbour pairs whose overlap at the integer positions correlates above 0.999 (the measure of
+MIST's paper; meaningful on real, integer-shifted tiles).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,11 +48,65 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _harness import PeakMemory, Row, machine, table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # this checkout's package, then the harness
+# the harness (which imports JAX) is imported where it is used, so that a cold child imports nothing it needn't
 
-from napari_gridmip import grid_positions, register_tiles  # noqa: E402
-from napari_gridmip._sample_data.mosaic import make_mosaic  # noqa: E402
+
+# -- the cases --------------------------------------------------------------------------------
+
+
+def make_case(name: str, quick: bool):
+    """(tiles, stage positions, grid, overlap, truth, the tiles with texture)."""
+    from napari_gridmip import grid_positions
+    from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
+
+    if name in ("small", "camera"):
+        grid, tile, overlap = ((3, 3) if quick else (5, 5)), (183, 245), 0.06
+        camera = name == "camera"
+        sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=3,
+                             noise=0.0 if camera else 0.01, blank_corner=camera, seed=1)  # fmt: skip
+        tiles = microscope_tiles(sample, photons=2000, seed=1) if camera else sample.tiles
+    else:
+        (grid, tile), overlap = ((3, 3), (256, 256)) if quick else ((6, 6), (512, 512)), 0.1
+        sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=8, noise=0.01, seed=0)
+        tiles = sample.tiles
+    stage = grid_positions(grid, tile, overlap)  # what the stage reports, in the grid's frame
+    return tiles, stage, grid, overlap, sample.true_positions, ~sample.blank
+
+
+def read_real(folder: Path, grid, overlap):
+    """Real tiles (sorted ``*.tif``, row-major), the stage grid, and reference positions if the folder has them.
+
+    References: MIST's stitching vector ``img-global-positions-*.txt`` (``file: NAME; ... position: (x, y)``)
+    or ``reference_positions.csv`` (``y,x`` per tile, in the tiles' order).
+    """
+    import re
+
+    import tifffile
+
+    from napari_gridmip import grid_positions
+
+    files = sorted(folder.glob("*.tif")) + sorted(folder.glob("*.tiff"))
+    tiles = np.stack([tifffile.imread(f) for f in files])
+    if len(tiles) != grid[0] * grid[1]:
+        raise SystemExit(f"{folder}: {len(tiles)} tiles for a {grid[0]}x{grid[1]} grid")
+    stage = grid_positions(grid, tiles.shape[1:], overlap if len(overlap) > 1 else overlap[0])
+    ref = None
+    vectors = sorted(folder.glob("img-global-positions-*.txt"))
+    if vectors:
+        found = {}
+        for line in vectors[0].read_text().splitlines():
+            match = re.search(r"file: ([^;]+);.*position: \((-?\d+), (-?\d+)\)", line)
+            if match:
+                found[Path(match[1]).name.split(".")[0]] = (float(match[3]), float(match[2]))  # (y, x)
+        ref = np.array([found[f.name.split(".")[0]] for f in files])
+    elif (folder / "reference_positions.csv").exists():
+        ref = np.loadtxt(folder / "reference_positions.csv", delimiter=",", skiprows=1)[:, :2]
+    return tiles, stage, grid, overlap, ref
+
+
+# -- measures ---------------------------------------------------------------------------------
 
 
 def errors(positions: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
@@ -49,7 +116,102 @@ def errors(positions: np.ndarray, truth: np.ndarray) -> tuple[float, float]:
     return float(np.sqrt((norm**2).mean())), float(norm.max())
 
 
+def exact_pairs(tiles: np.ndarray, positions: np.ndarray, grid, threshold: float = 0.999) -> tuple[int, int]:
+    """Neighbour pairs (sharing an edge in the grid) whose overlap at the rounded positions has NCC > threshold."""
+    rounded = np.round(positions).astype(int)
+    shape = np.array(tiles.shape[1:3])
+    count = total = 0
+    for t in range(len(tiles)):
+        r, c = divmod(t, grid[1])
+        for u in ([t + 1] if c + 1 < grid[1] else []) + ([t + grid[1]] if r + 1 < grid[0] else []):
+            total += 1
+            delta = rounded[u] - rounded[t]
+            lo, hi = np.maximum(0, delta), np.minimum(shape, shape + delta)
+            if np.any(hi - lo < 2):
+                continue
+            a = tiles[t][lo[0] : hi[0], lo[1] : hi[1]].astype(np.float64).ravel()
+            b = tiles[u][lo[0] - delta[0] : hi[0] - delta[0], lo[1] - delta[1] : hi[1] - delta[1]]
+            b = b.astype(np.float64).ravel()
+            a, b = a - a.mean(), b - b.mean()
+            ncc = float(a @ b / max(np.sqrt((a @ a) * (b @ b)), 1e-30))
+            count += ncc > threshold
+    return count, total
+
+
+# -- the tools --------------------------------------------------------------------------------
+
+
+def run_ours(tiles, stage, grid):
+    from napari_gridmip import register_tiles
+
+    return register_tiles(tiles, stage, max_shift=16).positions, ""
+
+
+def run_m2stitch(tiles, stage, grid):
+    import m2stitch
+
+    rows, cols = np.divmod(np.arange(len(tiles)), grid[1])
+    options = {"rows": list(rows), "cols": list(cols), "position_initial_guess": stage, "row_col_transpose": False}
+    images = np.asarray(tiles, np.float32)
+    try:
+        result, _ = m2stitch.stitch_images(images, **options)
+        note = ""
+    except AssertionError:  # "there is no good top pair, (try lowering the ncc_threshold)": as it says
+        result, _ = m2stitch.stitch_images(images, **options, ncc_threshold=0.1)
+        note = " (ncc_threshold=0.1: its default found no pair)"
+    return result[["y_pos", "x_pos"]].to_numpy(dtype=float), note
+
+
+def run_ashlar(folder, grid, overlap, max_shift=16):
+    import warnings
+
+    from ashlar import reg
+    from ashlar.fileseries import FileSeriesReader
+
+    reader = FileSeriesReader(str(folder), "img_{series:03}.tif", overlap, grid[1], grid[0], pixel_size=1.0)
+    aligner = reg.EdgeAligner(reader, channel=0, max_shift=max_shift, do_make_thumbnail=False, verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        aligner.run()
+    return np.asarray(aligner.positions, dtype=float), ""
+
+
+TOOLS = {"ours": run_ours, "m2stitch": run_m2stitch}
+
+
+def child(tool: str, data: str) -> None:
+    """In a new process: import, then the first call; print the timings as JSON."""
+    import resource
+
+    loaded = np.load(data)
+    tiles, stage, grid = loaded["tiles"], loaded["stage"], tuple(loaded["grid"])
+    start = time.perf_counter()
+    if tool == "ours":
+        import napari_gridmip  # noqa: F401
+    else:
+        import m2stitch  # noqa: F401
+    imported = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    positions, note = TOOLS[tool](tiles, stage, grid)
+    called = time.perf_counter()
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    print(json.dumps({"import_s": imported - start, "call_s": called - imported, "peak_mb": peak,
+                      "positions": positions.tolist(), "note": note}))  # fmt: skip
+
+
+def cold(tool: str, tiles, stage, grid) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        data = Path(folder) / "case.npz"
+        np.savez(data, tiles=tiles, stage=stage, grid=np.array(grid))
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(Path(folder) / "jax-cache"), "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, __file__, "--child", tool, str(data)], env=env, capture_output=True,
+                             text=True, check=True, cwd=ROOT)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def timed(fn):
+    from _harness import PeakMemory
+
     with PeakMemory() as memory:
         start = time.perf_counter()
         out = fn()
@@ -57,85 +219,225 @@ def timed(fn):
     return out, elapsed, memory.extra_mb
 
 
-def run_m2stitch(tiles, grid, stage):
-    import m2stitch
+def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep=None) -> None:
+    from _harness import Row, table
 
-    rows, cols = np.divmod(np.arange(len(tiles)), grid[1])
-    options = {"rows": list(rows), "cols": list(cols), "position_initial_guess": stage, "row_col_transpose": False}
-    try:
-        result, _ = m2stitch.stitch_images(tiles, **options)
-        note = ""
-    except AssertionError as error:  # "there is no good top pair, (try lowering the ncc_threshold)": as it says
-        result, _ = m2stitch.stitch_images(tiles, **options, ncc_threshold=0.1)
-        note = f" (default threshold failed: {error}; ncc_threshold=0.1)"
-    return result[["y_pos", "x_pos"]].to_numpy(dtype=float), note
-
-
-def run_ashlar(folder, grid, overlap, max_shift, filter_sigma):
-    import warnings
-
-    from ashlar import reg
-    from ashlar.fileseries import FileSeriesReader
-
-    reader = FileSeriesReader(str(folder), "img_{series:03}.tif", overlap, grid[1], grid[0], pixel_size=1.0)
-    aligner = reg.EdgeAligner(
-        reader, channel=0, max_shift=max_shift, filter_sigma=filter_sigma, do_make_thumbnail=False, verbose=False
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        aligner.run()
-    return np.asarray(aligner.positions, dtype=float)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 3x3 mosaic of 256 px tiles")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip-ashlar", action="store_true")
-    parser.add_argument("--skip-m2stitch", action="store_true")
-    args = parser.parse_args()
-    grid, tile = ((3, 3), (256, 256)) if args.quick else ((6, 6), (512, 512))
-    overlap, error, max_shift = 0.1, 8.0, 16
-    sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=error, noise=0.01, seed=0)
-    tiles, truth = sample.tiles, sample.true_positions
-    stage = grid_positions(grid, tile, overlap)  # what the stage reports, in the grid's frame
-    stage_rms, stage_max = errors(stage, truth)
-    print(f"# {machine()}")
-    print(f"# {grid[0]}x{grid[1]} tiles of {tile[0]}x{tile[1]}, {overlap:.0%} overlap, +-{error:g} px stage error")
+    tools = ["ours"] + ([] if args.skip_m2stitch else ["m2stitch"])
     rows: list[Row] = []
-    notes: dict[str, str] = {}
 
-    result, cold, memory = timed(lambda: register_tiles(tiles, stage, max_shift=max_shift))
-    rms, worst = errors(result.positions, truth)
-    notes["ours, cold"] = f"{rms:.3f} px RMS, {worst:.3f} px max"
-    rows.append(Row("ours, cold (compiles)", cold, cold, memory, notes["ours, cold"]))
-    warm = []
-    for _ in range(args.repeats):
-        result, elapsed, memory = timed(lambda: register_tiles(tiles, stage, max_shift=max_shift))
-        warm.append(elapsed)
-    rows.append(Row("ours", min(warm), float(np.median(warm)), memory, notes["ours, cold"]))
-    used = f"{int(result.accepted.sum())}/{len(result.pairs)} pairs used"
-    print(f"# ours: {used}, median residual {result.median_residual:.3f} px")
+    def describe(positions, note=""):
+        parts = []
+        if truth is not None and not real:
+            chosen = slice(None) if keep is None else keep
+            rms, worst = errors(positions[chosen], truth[chosen])
+            parts.append(f"{rms:.3f} px RMS, {worst:.3f} px max")
+        if real:  # fractional synthetic shifts and noise never reach 0.999: the count is for real tiles
+            count, total = exact_pairs(tiles, positions, grid)
+            parts.append(f"exact pairs {count}/{total}")
+        return ", ".join(parts) + note
 
-    if not args.skip_m2stitch:
-        (positions, note), elapsed, memory = timed(lambda: run_m2stitch(tiles, grid, stage))
-        rms, worst = errors(positions, truth)
-        rows.append(Row("m2stitch", elapsed, elapsed, memory, f"{rms:.3f} px RMS, {worst:.3f} px max{note}"))
-    if not args.skip_ashlar:
+    colds = {}
+    for tool in tools:
+        try:
+            colds[tool] = cold(tool, tiles, stage, grid)
+        except subprocess.CalledProcessError as error:
+            colds[tool] = {"error": error.stderr.strip().splitlines()[-1]}
+    warm: dict[str, list[float]] = {tool: [] for tool in tools}
+    results = {}
+    for r in range(args.repeats):  # alternate, so that the machine's load falls on both
+        for tool in tools[r % len(tools) :] + tools[: r % len(tools)]:
+            try:
+                (positions, note), elapsed, memory = timed(lambda t=tool: TOOLS[t](tiles, stage, grid))
+            except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                results[tool] = (None, f"failed: {error}", 0.0)
+                continue
+            warm[tool].append(elapsed)
+            results[tool] = (positions, note, memory)
+    for tool in tools:
+        c = colds[tool]
+        if "error" in c:
+            rows.append(Row(f"{tool}, cold", float("nan"), float("nan"), 0, f"failed: {c['error']}"))
+        else:
+            note = f"import {c['import_s']:.2f} s + first call; {describe(np.array(c['positions']), c['note'])}"
+            rows.append(Row(f"{tool}, cold", c["call_s"], c["import_s"] + c["call_s"], c["peak_mb"], note))
+    for tool in tools:
+        positions, note, memory = results.get(tool, (None, "not run", 0.0))
+        if positions is None or not warm[tool]:
+            rows.append(Row(f"{tool}, warm", float("nan"), float("nan"), 0, note))
+            continue
+        rows.append(
+            Row(f"{tool}, warm", min(warm[tool]), float(np.median(warm[tool])), memory, describe(positions, note))
+        )
+    if args.ashlar and not real:
         import tifffile
 
         with tempfile.TemporaryDirectory() as folder:
             for t, image in enumerate(tiles):
                 tifffile.imwrite(Path(folder) / f"img_{t:03}.tif", image)
-            for sigma in (0.0, 1.0):  # its default, and its --filter-sigma for noisy images (ours band-passes at 1)
-                positions, elapsed, memory = timed(lambda s=sigma: run_ashlar(folder, grid, overlap, max_shift, s))
-                rms, worst = errors(positions, truth)
-                name = "ASHLAR" if sigma == 0 else f"ASHLAR --filter-sigma {sigma:g}"
-                rows.append(Row(name, elapsed, elapsed, memory, f"{rms:.3f} px RMS, {worst:.3f} px max"))
-    stage_note = f"{stage_rms:.3f} px RMS, {stage_max:.3f} px max"
-    rows.append(Row("stage positions", float("nan"), float("nan"), 0, stage_note))
+            (positions, note), elapsed, memory = timed(lambda: run_ashlar(folder, grid, overlap))
+            rows.append(Row("ASHLAR", elapsed, elapsed, memory, describe(positions, note)))
+    if truth is not None:
+        rows.append(Row("reference positions" if real else "true positions", float("nan"), float("nan"), 0,
+                        describe(truth)))  # fmt: skip
+    rows.append(Row("stage positions", float("nan"), float("nan"), 0, describe(stage)))
     print()
-    print(table("register_tiles against m2stitch and ASHLAR (error: tile positions against the truth)", rows, "ours"))
+    print(table(title + " (cold: 'best' is the first call, 'median' adds the import)", rows, "ours, warm"))
+    by = {r.name: r for r in rows}
+    if "m2stitch, warm" in by and np.isfinite(by["m2stitch, warm"].best_s):
+        print(f"\nwarm: ours {by['m2stitch, warm'].best_s / by['ours, warm'].best_s:.1f}x faster than m2stitch; "
+              f"cold first call: {by['m2stitch, cold'].best_s / by['ours, cold'].best_s:.1f}x; "
+              f"cold import + call: {by['m2stitch, cold'].median_s / by['ours, cold'].median_s:.1f}x")  # fmt: skip
+
+
+# -- scale: a large grid from a Zarr store, read lazily ----------------------------------------------------------
+
+
+def procedural_region(y0: int, x0: int, shape, seed: int = 0, components: int = 48) -> np.ndarray:
+    """A fluorescence-like picture at any window, without holding the whole: products of random cosines, exp'd.
+
+    ``sum_k a_k cos(2 pi fy_k y + p_k) cos(2 pi fx_k x + q_k)`` (one matrix product per window), random
+    frequencies from 1/300 to 1/5 cycles per pixel (log-uniform), amplitudes falling as f^-0.5; the same
+    numbers at a pixel whichever window asks.
+    """
+    rng = np.random.default_rng(seed)
+    fy, fx = (np.exp(rng.uniform(np.log(1 / 300), np.log(1 / 5), components)) for _ in range(2))
+    py, px = rng.uniform(0, 2 * np.pi, (2, components))
+    a = (fy * fx) ** -0.25
+    a /= np.sqrt((a**2).sum() / 4)
+    y = np.arange(y0, y0 + shape[0])[:, None]
+    x = np.arange(x0, x0 + shape[1])[:, None]
+    field = (np.cos(2 * np.pi * y * fy + py) * a) @ np.cos(2 * np.pi * x * fx + px).T
+    return np.exp(0.8 * field)
+
+
+def write_scale_mosaic(folder: Path, grid: int, tile: int, overlap: float, error: int, hole: int):
+    """A grid x grid mosaic of tile x tile uint16 tiles in a Zarr store (one chunk per tile), written tile by tile.
+
+    Integer true positions (stage grid + uniform errors up to ``error``); Poisson noise; a background-only
+    square of ``hole`` x ``hole`` tiles in the middle (no specimen: shot noise on the background only).
+    Returns (the Zarr path, stage positions, true positions, which tiles lie in the hole).
+    """
+    import zarr
+
+    rng = np.random.default_rng(5)
+    step = int(round(tile * (1 - overlap)))
+    index = np.stack(np.divmod(np.arange(grid * grid), grid), 1)
+    stage = (index * step).astype(float)
+    true = stage + rng.integers(-error, error + 1, stage.shape)
+    lo, hi = (grid - hole) // 2, (grid - hole) // 2 + hole
+    in_hole = np.all((index >= lo) & (index < hi), axis=1)
+    hole_lo, hole_hi = lo * step - error, (hi - 1) * step + tile + error  # scene pixels without specimen
+    path = folder / "tiles.zarr"
+    store = zarr.open(str(path), mode="w", shape=(grid * grid, tile, tile), chunks=(1, tile, tile), dtype="uint16")
+    for t, (y0, x0) in enumerate(true.astype(int)):
+        picture = procedural_region(y0, x0, (tile, tile))
+        ys, xs = np.arange(y0, y0 + tile)[:, None], np.arange(x0, x0 + tile)[None, :]
+        blank = (ys >= hole_lo) & (ys < hole_hi) & (xs >= hole_lo) & (xs < hole_hi)
+        picture = np.where(blank, 0.0, picture)
+        store[t] = (rng.poisson(200 * (0.1 + picture)) + 100).astype(np.uint16)
+    return path, stage, true, in_hole
+
+
+def bench_scale(args) -> None:
+    import dask.array as da
+    from _harness import PeakMemory
+
+    from napari_gridmip import register_tiles
+    from napari_gridmip.core.patches import stitch
+
+    grid, tile, overlap, error = args.scale, 512, 0.1, 8
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        hole = max(grid // 6, 1)
+        path, stage, true, in_hole = write_scale_mosaic(Path(folder), grid, tile, overlap, error, hole=hole)
+        print(f"# wrote {grid * grid} tiles of {tile}x{tile} uint16 ({grid * grid * tile * tile * 2 / 2**30:.2f} GiB) "
+              f"to Zarr in {time.perf_counter() - start:.0f} s")  # fmt: skip
+        tiles = da.from_zarr(str(path))
+        for engine in args.engines:
+            stitch.FORCE_ENGINE = None if engine == "auto" else engine
+            with PeakMemory() as memory:
+                start = time.perf_counter()
+                result = register_tiles(tiles, stage, max_shift=16)
+                elapsed = time.perf_counter() - start
+            textured = ~in_hole
+            rms, worst = errors(result.positions[textured], true[textured])
+            correction = result.positions - stage
+            drift = np.abs(correction[in_hole] - correction.mean(axis=0)).max()
+            print(f"| {engine} | {elapsed:.1f} | {memory.extra_mb:.0f} | {int(result.accepted.sum())}/"
+                  f"{len(result.pairs)} | {rms:.3f} / {worst:.3f} | {int(result.placed_from_stage.sum())} "
+                  f"({int(in_hole.sum())} in the hole) | {drift:.2f} |")  # fmt: skip
+        stitch.FORCE_ENGINE = None
+
+
+FIRST_RUN = """
+import time
+import napari
+from qtpy.QtWidgets import QApplication
+from napari_gridmip._widgets.stitch_widget import StitchWidget
+viewer = napari.Viewer(show=False)
+widget = StitchWidget(viewer)
+viewer.window.add_dock_widget(widget)
+viewer.open_sample("napari-gridmip", "mosaic")
+app = QApplication.instance()
+start = time.perf_counter()
+widget.run_button.native.click()
+while widget.runner.busy:
+    app.processEvents()
+    time.sleep(0.005)
+print(f"{time.perf_counter() - start:.2f} s from the click to done; {widget.summary.value}")
+viewer.close()
+"""
+
+
+def bench_first_run(repeats: int) -> None:
+    """The Stitch tiles widget's first Run on the mosaic sample, each in a new process with empty caches."""
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as folder:
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": str(Path(folder) / "jax"),
+                   "NAPARI_GRIDMIP_CACHE_DIR": str(Path(folder) / "gridmip")}  # fmt: skip
+            out = subprocess.run([sys.executable, "-c", FIRST_RUN], env=env, capture_output=True, text=True, cwd=ROOT)
+            lines = [line for line in out.stdout.splitlines() if "from the click" in line]
+            print(f"- widget first Run: {lines[-1] if lines else out.stderr.strip().splitlines()[-1]}")
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=("small", "camera", "synthetic", "all"), default="all")
+    parser.add_argument("--quick", action="store_true", help="3x3 mosaics")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ashlar", action="store_true", help="also ASHLAR on the synthetic case")
+    parser.add_argument("--skip-m2stitch", action="store_true")
+    parser.add_argument("--real", type=Path, help="a folder of real tiles (see the docstring)")
+    parser.add_argument("--grid", type=int, nargs=2, help="rows, columns of --real")
+    parser.add_argument("--overlap", type=float, nargs="+", help="nominal overlap of --real, a fraction (or y x)")
+    parser.add_argument("--scale", type=int, metavar="N", help="an N x N grid of 512^2 tiles from Zarr (e.g. 30)")
+    parser.add_argument("--engines", nargs="+", default=["auto"], help="--scale: auto, numpy and/or jax")
+    parser.add_argument("--first-run", action="store_true", help="the widget's first Run, new process (xvfb-run)")
+    args = parser.parse_args()
+    from _harness import machine
+
+    print(f"# {machine()}")
+    if args.first_run:
+        bench_first_run(args.repeats)
+        return
+    if args.scale:
+        print("| engine | time s | peak extra MiB | pairs used | RMS / max error px (textured tiles) "
+              "| tiles from the stage | background drift px |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        bench_scale(args)
+        return
+    if args.real:
+        tiles, stage, grid, overlap, ref = read_real(args.real, tuple(args.grid), args.overlap)
+        bench_case(f"real tiles from {args.real.name}", tiles, stage, grid, overlap, ref, args, real=True)
+        return
+    for case in ("small", "camera", "synthetic") if args.case == "all" else (args.case,):
+        tiles, stage, grid, overlap, truth, keep = make_case(case, args.quick)
+        shape = "x".join(map(str, tiles.shape[1:]))
+        title = f"{case}: {grid[0]}x{grid[1]} tiles of {shape} {tiles.dtype}, {overlap:.0%} overlap"
+        bench_case(title, tiles, stage, grid, overlap, truth, args, keep=keep)
 
 
 if __name__ == "__main__":

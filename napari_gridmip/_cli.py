@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     stitch.add_argument("--pattern", help="tile file names, e.g. 'tile_{row}_{col}.tif' or 'img_{index:03}.tif'")
     stitch.add_argument("--blend", default="linear", help="linear, mean, max or overwrite (default: linear)")
     stitch.add_argument("--channel", type=int, help="the channel to register (default: the channels' mean)")
+    stitch.add_argument(
+        "--flat-field", action="store_true", help="divide out the illumination profile estimated from the tiles"
+    )
 
     corrimage = add("corrimage", "The local correlation image of a movie (CaImAn's correlation image, Cn).")
     corrimage.add_argument("movie", metavar="MOVIE", help="the movie (..., T, Y, X): .npy, .tif/.tiff or Zarr")
@@ -424,7 +427,8 @@ def stitch_plan_of(args: argparse.Namespace, tiles: Any, grid_index: np.ndarray,
     if by_name:  # tile t sits at grid_index[t]: the row-major grid's tile ravel(grid_index[t])
         order, stage_index = "row-major", f"[{np.ravel_multi_index(tuple(grid_index.T), grid).tolist()}]"
     request = StitchRequest(args.tiles, tiles, None, tuple(grid), args.overlap, order=order,
-                            max_shift=args.max_shift, blend=args.blend, source=source)  # fmt: skip
+                            max_shift=args.max_shift, blend=args.blend, flat_field=args.flat_field,
+                            source=source)  # fmt: skip
     return stitch_plan(request, stage_index=stage_index, channel=args.channel, display=False)
 
 

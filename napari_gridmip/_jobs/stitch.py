@@ -37,6 +37,7 @@ class StitchRequest:
     positions: Any = None
     max_shift: int = 16
     blend: str = "linear"
+    flat_field: bool = False  # divide out the illumination profile estimated from the tiles before fusing
     source: Source | None = None  # how the tiles are read, for the script (a layer by default)
     positions_code: str | None = None  # how the stage positions are read, for the script
 
@@ -77,7 +78,8 @@ def stitch_plan(
         sources.append(Source("stage", expression=request.positions_code or repr(positions.tolist())))
     options = {"max_shift": request.max_shift, "channel": channel}
     calls.append(Call("register_tiles", ("tiles", "stage"), (), options, "registration"))
-    calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), {"blend": request.blend}, "mosaic"))
+    fuse_options = {"blend": request.blend, **({"flat_field": True} if request.flat_field else {})}
+    calls.append(Call("fuse_tiles", ("tiles", "registration.positions"), (), fuse_options, "mosaic"))
     outputs = {"mosaic": "np.asarray(mosaic.image)" if display else "mosaic.image"}  # the command line writes it lazily
     if display:
         if d == 2:
@@ -163,7 +165,12 @@ def _outputs(request, values, registration, mosaic, d, tile_shape, channel) -> l
             "vector_style": "line",
             "edge_color": colors,
             "edge_width": max(1.0, 0.004 * float(max(image.shape[-2:]))),
-            "features": {"reason": registration.reasons, "ncc": registration.ncc, "residual": registration.residual},
+            "features": {
+                "reason": registration.reasons,
+                "refinement": registration.refinements,
+                "ncc": registration.ncc,
+                "residual": registration.residual,
+            },
             **scene,
         }
         outputs.append(Output(values["pairs"], meta, "vectors", "pairs"))

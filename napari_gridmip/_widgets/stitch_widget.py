@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from magicgui.widgets import ComboBox, FileEdit, FloatSpinBox, LineEdit, SpinBox
+from magicgui.widgets import CheckBox, ComboBox, FileEdit, FloatSpinBox, LineEdit, SpinBox
 from napari.layers import Image
 
 from napari_gridmip._jobs import Job
@@ -30,7 +30,7 @@ class StitchWidget(JobWidget):
     """Register, place and fuse tiles into a mosaic, showing how sure each tile's placement is."""
 
     settings_key = "stitch"
-    persisted = ("source", "pattern", "overlap", "order", "max_shift", "blend")
+    persisted = ("source", "pattern", "overlap", "order", "max_shift", "blend", "flat_field")
 
     def __init__(self, napari_viewer: napari.viewer.Viewer) -> None:
         super().__init__(napari_viewer)
@@ -67,6 +67,11 @@ class StitchWidget(JobWidget):
         )
         self.blend = ComboBox(name="blend", label="Blend", choices=list(FUSE_BLENDS), value=FUSE_BLENDS[0])
         self.blend.tooltip = "linear: weights falling off towards each tile's edges (no seams)"
+        self.flat_field = CheckBox(name="flat_field", label="Flat-field correction", value=False)
+        self.flat_field.tooltip = (
+            "Estimate the illumination profile (vignetting) from the tiles and divide it out before fusing: "
+            "no seams from uneven light"
+        )
         self.stage_note = wrapping_label("stage_note", "Stage", "positions from the grid")
         self._finish(
             [
@@ -80,6 +85,7 @@ class StitchWidget(JobWidget):
                 self.stage_note,
                 self.max_shift,
                 self.blend,
+                self.flat_field,
             ]
         )
         self.source.changed.connect(self._source_changed)
@@ -150,6 +156,7 @@ class StitchWidget(JobWidget):
             positions=positions,
             max_shift=int(self.max_shift.value),
             blend=self.blend.value,
+            flat_field=bool(self.flat_field.value),
             source=source,
             positions_code=code,
         )

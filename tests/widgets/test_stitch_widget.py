@@ -43,6 +43,9 @@ def test_mosaic_sample_end_to_end(viewer_and_widget, wait_idle):
     reasons = list(pairs.features["reason"])
     assert any(r != "accepted" for r in reasons) and "accepted" in reasons
     rejected = [i for i, r in enumerate(reasons) if r != "accepted"]
+    # how each used pair's sub-pixel shift was found rides along
+    refinements = list(pairs.features["refinement"])
+    assert all(refinements[i] in ("refined", "peak-fit") for i, r in enumerate(reasons) if r == "accepted")
     assert all(np.allclose(pairs.edge_color[i][:3], (1.0, 0.25, 0.25)) for i in rejected)
     # the mosaic sits where the tiles are, in one frame with the outlines
     names = [layer.name for layer in viewer.layers]
@@ -95,3 +98,32 @@ def test_folder_of_tiles_and_bad_input(viewer_and_widget, wait_idle, tmp_path, m
     widget.pattern.value = "img_{index:03}.tif"
     widget.run_button.native.click()
     assert "no file" in shown[-1].lower() or "match" in shown[-1].lower()
+
+
+def test_flat_field_checkbox_evens_out_vignetted_tiles(viewer_and_widget, wait_idle):
+    from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
+
+    viewer, widget = viewer_and_widget
+    sample = make_mosaic(grid_shape=(3, 3), tile_shape=(96, 128), overlap=0.15, stage_error=0, noise=0.0, seed=41)
+    tiles = microscope_tiles(sample, photons=20000, dark=0, vignetting=0.9, seed=41)
+    metadata = {"gridmip_mosaic": {"grid_shape": (3, 3), "overlap": 0.15, "stage_positions": sample.true_positions}}
+    viewer.add_image(tiles, name="vignetted", metadata=metadata)
+    widget.layer.value = viewer.layers["vignetted"]
+    widget.max_shift.value = 4
+    ratios = {}
+    for flat in (False, True):
+        widget.flat_field.value = flat
+        widget.run_button.native.click()
+        wait_idle(widget, timeout=600_000)
+        assert widget.status.value.startswith("Done"), widget.status.value
+        layer = viewer.layers["vignetted mosaic"]
+        fuse = layer.metadata[KEY]["calls"][-1]
+        assert fuse["function"] == "napari_gridmip.fuse_tiles"
+        assert ("flat_field" in str(fuse)) == flat
+        image = np.asarray(layer.data, float)[20:-20, 20:-20]
+        ratios[flat] = float(image.std() / image.mean())
+        viewer.layers.remove(layer)
+        for name in ("vignetted tile placement", "vignetted pairs"):
+            viewer.layers.remove(viewer.layers[name])
+    # the vignetting's periodic dimming adds to the picture's own variation; corrected, only the picture's is left
+    assert ratios[True] < ratios[False] - 0.05, ratios

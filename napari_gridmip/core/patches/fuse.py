@@ -219,6 +219,42 @@ def mosaic_frame(positions: np.ndarray, shape: tuple[int, ...], interpolation: s
     return lo, hi - lo
 
 
+FLAT_FIELD_SAMPLE = 64  # tiles read (evenly spaced) to estimate the flat field
+FLAT_FIELD_SMOOTH = 8  # its Gaussian's sigma: the tile's smaller side over this
+
+
+def estimate_flat_field(tiles: Any, *, has_channels: bool, d: int) -> np.ndarray:
+    """The illumination profile shared by all tiles, estimated from the tiles themselves: ``([C,] *shape)`` float32.
+
+    BaSiC's idea (Peng et al. 2017) in its simplest form: the specimen
+    differs from tile to tile but the optics' fall-off (vignetting, uneven
+    light) does not, so the per-pixel median over many tiles follows the
+    profile; a wide Gaussian (sigma: the tile's smaller side over
+    ``FLAT_FIELD_SMOOTH``) removes what is left of the specimen; the profile
+    is scaled to mean 1 so that dividing by it keeps the intensities' level.
+    Each channel gets its own. Up to ``FLAT_FIELD_SAMPLE`` tiles are read,
+    evenly spaced (a lazy stack reads only those).
+
+    References
+    ----------
+    Peng, T. et al. "A BaSiC tool for background and shading correction of
+    optical microscopy images", Nat. Commun. 8, 14836 (2017).
+    """
+    from scipy import ndimage
+
+    n = int(tiles.shape[0])
+    picks = np.unique(np.linspace(0, n - 1, min(n, FLAT_FIELD_SAMPLE)).round().astype(int))
+    sample = np.stack([np.asarray(tiles[int(t)], np.float32) for t in picks])
+    if not has_channels:
+        sample = sample[:, None]
+    median = np.median(sample, axis=0)  # (C, *shape)
+    sigma = max(min(median.shape[1:]) / FLAT_FIELD_SMOOTH, 1.0)
+    smooth = np.stack([ndimage.gaussian_filter(m, sigma, mode="nearest") for m in median])
+    smooth = np.maximum(smooth, 1e-6 * max(float(np.abs(smooth).max()), 1e-30))
+    flat = (smooth / smooth.reshape(len(smooth), -1).mean(axis=1).reshape((-1,) + (1,) * d)).astype(np.float32)
+    return flat if has_channels else flat[0]
+
+
 def fuse_tiles(
     tiles: Any,
     positions: Any,
@@ -226,6 +262,7 @@ def fuse_tiles(
     blend: str = "linear",
     interpolation: str = "linear",
     fill: float = 0.0,
+    flat_field: Any = False,
     chunk: int = FUSE_CHUNK,
     progress: ProgressCallback | None = None,
 ) -> Mosaic:
@@ -252,6 +289,14 @@ def fuse_tiles(
     fill
         The value of pixels no tile covers (NaN allowed; an integer result
         casts it).
+    flat_field
+        Correct uneven illumination (vignetting) before fusing, so that the
+        seams it makes vanish: ``True`` estimates the profile from the tiles
+        themselves (the per-pixel median over the tiles, smoothed, mean 1;
+        see :func:`estimate_flat_field`); an array ``([C,] *shape)`` gives it;
+        ``False`` (default) fuses the tiles as they are. Each tile is divided
+        by the profile (the result is then floating point, as the weighted
+        blends').
     chunk
         Dask tiles: the output chunk along each spatial axis (channels whole).
     progress
@@ -286,6 +331,7 @@ def fuse_tiles(
     chunk = _validate.int_tuple("chunk", [chunk])[0]
     tiles = _validate.as_array("tiles", tiles)
     stage, n, shape, has_channels = _check_tiles(tiles, positions)
+    tiles = _flat_fielded(tiles, flat_field, has_channels, shape)
     dtype = _validate.dtype_of(tiles)
     compute, weighted_result = merge_dtypes(dtype, "mean")
     exact = interpolation == "nearest" or bool(np.all(stage == np.round(stage)))
@@ -313,3 +359,23 @@ def fuse_tiles(
         progress=progress,
     )
     return Mosaic(out if has_channels else out[0], origin)
+
+
+def _flat_fielded(tiles: Any, flat_field: Any, has_channels: bool, shape: tuple[int, ...]) -> Any:
+    """The tiles divided by the flat field (lazily for dask), or the tiles themselves for ``False``."""
+    if isinstance(flat_field, (bool, np.bool_)):
+        if not flat_field:
+            return tiles
+        flat = estimate_flat_field(tiles, has_channels=has_channels, d=len(shape))
+    else:
+        flat = np.asarray(_validate.as_array("flat_field", flat_field), np.float32)
+        expected = ((int(tiles.shape[1]),) if has_channels else ()) + shape
+        if flat.shape not in (expected, shape):
+            raise ValueError(f"flat_field must have shape {expected} (or {shape}); got {flat.shape}")
+        if not np.all(np.isfinite(flat)) or np.any(flat <= 0):
+            raise ValueError("flat_field must be finite and positive")
+    if has_channels and flat.ndim == len(shape):
+        flat = np.broadcast_to(flat, (int(tiles.shape[1]), *shape))
+    if _validate.is_dask(tiles):
+        return tiles.astype(np.float32) / flat
+    return np.asarray(tiles, np.float32) / flat

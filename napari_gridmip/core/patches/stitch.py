@@ -15,9 +15,12 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    cross-correlation (over the pixels both hold at each shift, so the whole
    overlap is used even when ``max_shift`` is close to its width; a shift
    that keeps less than half of it is not a candidate) for every integer
-   shift within ``max_shift`` (FFTs; one compiled program per pair shape,
-   pairs batched and padded to static shapes, horizontal pairs transposed
-   into vertical ones).
+   shift within ``max_shift`` (FFTs; horizontal pairs transposed into
+   vertical ones). Small mosaics on a CPU run a NumPy/SciPy kernel
+   (``_stitch_numpy``: nothing to compile, each tile band-passed once);
+   large ones, or on an accelerator, one compiled JAX program per pair
+   shape, pairs batched and padded to static shapes. Both give the same
+   results.
 2. A peak counts only if it beats a threshold calibrated on the data: the
    ``1 - false_positive_rate`` quantile of a Gumbel law fitted by moments to
    the peaks of pairs known not to match (each template turned by 180
@@ -25,10 +28,15 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    regions of pairs far apart on the stage), per pair shape. Featureless
    overlaps (zero variance) and peaks on the edge of the search are rejected too.
    Then a second pass refines each significant pair on its whole overlap at
-   the coarse offset (searched +-2 px, away from the tiles' borders, low-passed
-   only): Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled by Keys
-   cubic convolution, which also gives each shift its covariance.
-3. All accepted pairs are placed at once by weighted least squares (each pair
+   the coarse offset (searched +-2 px, away from the tiles' borders where the
+   overlap has room, up to them where it is narrow, low-passed only):
+   Gauss-Newton on ``t = a * f(x + s) + b`` with ``f`` resampled by Keys
+   cubic convolution, which also gives each shift its covariance. A pair
+   with no room even then (overlaps of a few pixels), or whose refinement
+   does not converge, keeps the quadratic fit of its NCC peak (weighted a
+   quarter of a typical refined pair): a significant pair is never dropped
+   for its refinement.
+3. All accepted pairs are placed at once by weighted least squares (sparse normal equations, SciPy; each pair
    weighted by the inverse covariance of its shift: a pair whose overlap has
    structure along one direction only constrains that direction only), so
    errors do not pile up along a spanning tree; then pairs whose residual
@@ -47,20 +55,16 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import GRID_ORDERS, STITCH_SUBPIXEL
-from napari_gridmip.core._peak import quadratic_peak
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core.patches import _stitch_numpy
 
 __all__ = ["grid_positions", "register_tiles"]
 
@@ -76,6 +80,9 @@ BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working me
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
+NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
+CACHE_BYTES = 256 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most, per pass
+FORCE_ENGINE: str | None = None  # "numpy" or "jax" to override the choice (tests, benchmarks)
 
 REASONS = (
     "accepted",
@@ -87,6 +94,11 @@ REASONS = (
     "overlap too small",
 )
 """Why a pair was (not) used: ``TileRegistration.reason`` indexes this tuple."""
+
+REFINEMENTS = ("none", "peak-fit", "refined")
+"""How a pair's sub-pixel shift was found: ``TileRegistration.refinement`` indexes this tuple."""
+MIN_REFINE = 3  # the refinement's box must be at least this wide (px) along every axis
+PEAK_FIT_WEIGHT = 0.25  # a peak-fit pair's weight relative to the median refined pair's (its error is about 2x)
 
 
 # -- the stage grid ---------------------------------------------------------------------
@@ -206,6 +218,15 @@ class TileRegistration:
     """``(n,)`` float64: the best ``ncc`` among a tile's accepted pairs (0 where none)."""
     median_residual: float
     """The median ``residual`` of the accepted pairs (px; NaN if none)."""
+    refinement: np.ndarray
+    """``(p,)`` int: index into :data:`REFINEMENTS`, how a significant pair's sub-pixel shift was found:
+    ``"refined"`` (Gauss-Newton on the overlap), ``"peak-fit"`` (the quadratic fit of the NCC around its integer
+    peak: the overlap left too little room for the refinement, or it did not converge) or ``"none"``."""
+
+    @property
+    def refinements(self) -> list[str]:
+        """``refinement`` as text, pair by pair."""
+        return [REFINEMENTS[r] for r in self.refinement]
 
     @property
     def reasons(self) -> list[str]:
@@ -261,6 +282,39 @@ def _geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], reac
     return _Pairs(pairs, delta, rounded, lo, hi - lo, tuple(shape))
 
 
+def _fine_geometry(pairs: np.ndarray, delta: np.ndarray, shape: tuple[int, ...], halo: int) -> _Pairs:
+    """The refinement's boxes: ``halo`` px inside both tiles where the overlap has room, else at their borders.
+
+    The low-pass is a normalised convolution, so a box that reaches a tile's
+    border sees a one-sided (but unbiased in intensity) average there: a
+    slightly worse refinement, far better than none. Narrow overlaps (10 to
+    20 px, as microscopes take them) leave fewer than ``MIN_REFINE`` px once
+    the halo is kept on both sides.
+    """
+    reach = FINE_SHIFT + MARGIN
+    inner = _geometry(pairs, delta, shape, reach, halo)
+    tight = _geometry(pairs, delta, shape, reach, 0)
+    narrow = np.any(inner.extent < MIN_REFINE, axis=1)[:, None]
+    inner.lo = np.where(narrow, tight.lo, inner.lo)
+    inner.extent = np.where(narrow, tight.extent, inner.extent)
+    return inner
+
+
+def _peak_fit_information(info: np.ndarray, refinement: np.ndarray, significant: np.ndarray) -> None:
+    """Weights for the pairs that kept their peak fit: ``PEAK_FIT_WEIGHT`` of the median refined pair's, isotropic.
+
+    (The refinement's inverse covariances carry the data's scale; the peak fit
+    has none, and its error is about twice the refinement's.)
+    """
+    refined = significant[refinement[significant] == REFINEMENTS.index("refined")]
+    peak = significant[refinement[significant] == REFINEMENTS.index("peak-fit")]
+    if not len(peak):
+        return
+    d = info.shape[1]
+    typical = float(np.median([np.trace(info[k]) / d for k in refined])) if len(refined) else 1.0
+    info[peak] = PEAK_FIT_WEIGHT * (typical if np.isfinite(typical) and typical > 0 else 1.0) * np.eye(d)
+
+
 def _long_axes(geometry: _Pairs, k: int) -> tuple[bool, ...]:
     return tuple(bool(e > s // 2) for e, s in zip(geometry.extent[k], geometry.shape))
 
@@ -286,122 +340,23 @@ def _static_shape(extents: np.ndarray) -> tuple[int, ...]:
     return tuple(int(8 * math.ceil(e / 8)) for e in extents.max(axis=0))
 
 
-# -- the pair kernel (JAX) ----------------------------------------------------------------
-
-
-def _keys(x: jax.Array) -> jax.Array:
-    """Keys' cubic convolution kernel (a = -0.5) at signed distances ``x``."""
-    a = -0.5
-    s = jnp.abs(x)
-    near = (a + 2) * s**3 - (a + 3) * s**2 + 1
-    far = a * s**3 - 5 * a * s**2 + 8 * a * s - 4 * a
-    return jnp.where(s <= 1, near, jnp.where(s < 2, far, 0.0))
-
-
-def _keys_derivative(x: jax.Array) -> jax.Array:
-    a = -0.5
-    s = jnp.abs(x)
-    near = 3 * (a + 2) * s**2 - 2 * (a + 3) * s
-    far = 3 * a * s**2 - 10 * a * s + 8 * a
-    return jnp.sign(x) * jnp.where(s <= 1, near, jnp.where(s < 2, far, 0.0))
-
+# -- the pair kernel's pieces shared by both engines (NumPy) ------------------------------------
 
 _TAPS = np.arange(-1, 3)  # the 4 taps of a cubic sample at q + phi: q - 1 .. q + 2
 
-
-def _resample(f: jax.Array, position: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, list[jax.Array]]:
-    """``g[x] = f(x + position)`` over ``out_shape`` by separable Keys cubic convolution, and its gradient.
-
-    ``position`` (d,) is real; ``f`` must hold the taps (checked by the caller's margins).
-    Each axis is one pass: its 4 taps stacked, contracted with the value and
-    slope kernels at once, so that value and gradient share the passes.
-    """
-    d = len(out_shape)
-    base = jnp.floor(position)
-    phi = position - base
-    start = tuple((base.astype(jnp.int32) - 1)[k] for k in range(d))
-    block = lax.dynamic_slice(f, start, tuple(o + 3 for o in out_shape))
-    # out[v] for v in 0..d: v = 0 the value, v = k + 1 the derivative along axis k
-    out = block[None]
-    for axis in range(d):
-        kernels = jnp.stack([_keys_derivative(phi[axis] - _TAPS), _keys(phi[axis] - _TAPS)])  # (slope, value)
-        # which kernel each output variant takes along this axis: the slope for the derivative along it
-        pick = jnp.asarray([0 if v == axis + 1 else 1 for v in range(d + 1)])
-        taps = jnp.stack([lax.slice_in_dim(out, t, t + out_shape[axis], axis=axis + 1) for t in range(4)], axis=1)
-        weights = kernels[pick]  # (d + 1, 4)
-        if out.shape[0] == 1:
-            taps = jnp.broadcast_to(taps, (d + 1, *taps.shape[1:]))
-        out = jnp.einsum("vt,vt...->v...", weights, taps)
-    return out[0], [out[k + 1] for k in range(d)]
+# the JAX kernel lives in _stitch_jax (imported on first use: small mosaics never import JAX)
+_JAX_NAMES = frozenset({
+    "_keys", "_keys_derivative", "_resample", "_spd_solve", "_leading_minors_positive", "_quadratic_nd",
+    "_band_pass", "_pair_kernel", "_gauss_newton", "_register_batch",
+})  # fmt: skip
 
 
-def _spd_solve(a: jax.Array, b: jax.Array) -> jax.Array:
-    """``a^-1 b`` for a small symmetric positive definite ``a`` (n <= 5), by an unrolled Cholesky factorisation.
+def __getattr__(name: str):
+    if name in _JAX_NAMES:
+        from napari_gridmip.core.patches import _stitch_jax
 
-    XLA's batched LU and inverse take seconds to compile for 4x4 systems; this
-    is a few dozen scalar operations. ``b`` is ``(n,)`` or ``(n, m)``.
-    """
-    n = a.shape[0]
-    tiny = jnp.asarray(1e-30, a.dtype)
-    low = [[None] * n for _ in range(n)]
-    for i in range(n):
-        for j in range(i + 1):
-            rest = a[i, j] - sum((low[i][k] * low[j][k] for k in range(j)), jnp.zeros((), a.dtype))
-            low[i][j] = jnp.sqrt(jnp.maximum(rest, tiny)) if i == j else rest / low[j][j]
-    y: list[Any] = []
-    for i in range(n):
-        y.append((b[i] - sum((low[i][k] * y[k] for k in range(i)), jnp.zeros_like(b[i]))) / low[i][i])
-    x: list[Any] = [None] * n
-    for i in reversed(range(n)):
-        x[i] = (y[i] - sum((low[k][i] * x[k] for k in range(i + 1, n)), jnp.zeros_like(b[i]))) / low[i][i]
-    return jnp.stack(x)
-
-
-def _leading_minors_positive(a: jax.Array) -> jax.Array:
-    """Sylvester's criterion for a symmetric ``a`` of size 1 to 3: positive definite."""
-    n = a.shape[0]
-    ok = a[0, 0] > 0
-    if n >= 2:
-        ok &= a[0, 0] * a[1, 1] - a[0, 1] * a[1, 0] > 0
-    if n >= 3:
-        ok &= jnp.linalg.det(a) > 0
-    return ok
-
-
-def _quadratic_nd(hood: jax.Array) -> jax.Array:
-    """The sub-pixel offset (d,) of the peak of a 3^d neighbourhood (centre = the integer peak)."""
-    d = hood.ndim
-    c = (1,) * d
-
-    def at(offsets):
-        return hood[tuple(ci + o for ci, o in zip(c, offsets))]
-
-    unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
-    grad = jnp.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit])
-    if d == 2:  # this package's 2D peak fit (Newton step, 1D fallbacks)
-        hyy = at((1, 0)) + at((-1, 0)) - 2 * hood[c]
-        hxx = at((0, 1)) + at((0, -1)) - 2 * hood[c]
-        hxy = (at((1, 1)) - at((1, -1)) - at((-1, 1)) + at((-1, -1))) / 4
-        return jnp.stack(quadratic_peak(grad[0], grad[1], hyy, hxx, hxy))
-    hess = []
-    for a in range(d):
-        row = []
-        for b in range(d):
-            if a == b:
-                row.append(at(unit[a]) + at(tuple(-v for v in unit[a])) - 2 * hood[c])
-            else:
-                pp = tuple(unit[a][k] + unit[b][k] for k in range(d))
-                pm = tuple(unit[a][k] - unit[b][k] for k in range(d))
-                row.append((at(pp) - at(pm) - at(tuple(-v for v in pm)) + at(tuple(-v for v in pp))) / 4)
-        hess.append(jnp.stack(row))
-    hess = jnp.stack(hess)
-    definite = _leading_minors_positive(-hess)  # the Hessian is negative definite: a maximum
-    step = _spd_solve(jnp.where(definite, -hess, jnp.eye(d, dtype=hess.dtype)), grad)
-    diag = jnp.diagonal(hess)
-    # a maximum within one pixel, else per-axis parabolas
-    ok = definite & jnp.all(jnp.abs(step) <= 1)
-    one_d = jnp.where(diag < 0, jnp.clip(-grad / jnp.where(diag < 0, diag, -1), -0.5, 0.5), 0.0)
-    return jnp.where(ok, step, one_d)
+        return getattr(_stitch_jax, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def filter_halo(sigma: float, low_only: bool = False) -> int:
@@ -422,173 +377,42 @@ def _gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.
     return np.fft.rfftn(kernel).astype(np.complex64)
 
 
-def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Array:
-    """``G_sigma * f - G_2sigma * f`` by normalised convolution, 'valid' (the output is ``raw`` less its halo).
-
-    ``low_only``: ``G_sigma * f`` alone (the refinement's filter: it keeps the
-    coarse structure, which carries most of the signal, and removes the
-    finest detail, which cubic interpolation would resample worst).
-
-    NaN in ``raw`` marks pixels without data (beyond the tile): each Gaussian
-    averages the pixels that exist (``G * (f w) / G * w``), so a tile's border
-    gets no artificial structure. ``sigma = 0``: no filter, NaN read as 0.
-    The convolutions go through FFTs of the region (circular, but the halo
-    that is cropped holds all the wrapped pixels).
-    """
-    have = jnp.isfinite(raw)
-    f = jnp.where(have, raw, 0)
-    if sigma <= 0:
-        return f
-    halo = filter_halo(sigma, low_only)
-    w = have.astype(raw.dtype)
-    axes = tuple(range(1, raw.ndim + 1))  # the stacked f and w are not transformed along the stack
-    spectra = jnp.fft.rfftn(jnp.stack([f, w]), axes=axes)
-    crop = tuple(slice(halo, n - halo) for n in raw.shape)
-
-    widths = (sigma,) if low_only else (sigma, 2 * sigma)
-    kernels = np.stack([_gaussian_spectrum(raw.shape, width, halo) for width in widths])[:, None]
-    # one inverse FFT for both Gaussians and both of f and w: (widths, 2, *raw)
-    smooth = jnp.fft.irfftn(spectra[None] * kernels, s=raw.shape, axes=tuple(a + 1 for a in axes))
-    smooth = smooth[(slice(None), slice(None), *crop)]
-    low = smooth[:, 0] / jnp.maximum(smooth[:, 1], 1e-3)
-    out = low[0] if low_only else low[0] - low[1]
-    return jnp.where(smooth[0, 1] > 1e-3, out, 0)
+# -- the global placement (SciPy sparse, float64) ----------------------------------------------
 
 
-def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma: float):
-    """Register one pair: the NCC map over integer shifts within ``max_shift``, its peak, and the refinement.
-
-    ``search`` and ``template`` come with a halo of :func:`filter_halo` pixels
-    (NaN where there is no data: beyond the tile, or padding) and are
-    band-passed first. Then ``search`` is ``template.shape + 2 * (max_shift +
-    MARGIN)``; the template's valid pixels (``mask``) at shift ``s`` meet
-    ``search[x + max_shift + MARGIN + s]``, where ``search`` has data.
-    Returns the shift (d,), the NCC at the integer peak, an inverse covariance
-    (d, d) and flags (featureless, on the edge, refinement failed).
-    """
-    low_only = subpixel == "refine"  # the refinement pass: low-pass only (see _band_pass)
-    halo = filter_halo(sigma, low_only)
-    have = jnp.isfinite(search)[tuple(slice(halo, n - halo) for n in search.shape)].astype(search.dtype)
-    search, template = _band_pass(search, sigma, low_only), _band_pass(template, sigma, low_only)
-    d = template.ndim
-    reach = max_shift + MARGIN
-    t_shape = template.shape
-    count = jnp.maximum(mask.sum(), 1)
-    t = jnp.where(mask > 0, template - (template * mask).sum() / count, 0)
-    t_norm = jnp.sqrt((t * t).sum())
-    t = t / jnp.where(t_norm > 0, t_norm, 1) * jnp.sqrt(count)  # unit variance: sums stay O(count) in float32
-    have_count = jnp.maximum(have.sum(), 1)
-    f_mean = (search * have).sum() / have_count
-    f_scale = jnp.sqrt((((search - f_mean) * have) ** 2).sum() / have_count)
-    f = jnp.where(have > 0, (search - f_mean) / jnp.where(f_scale > 0, f_scale, 1), 0)
-    featureless = t_norm <= 1e-6 * jnp.sqrt(count)
-    if subpixel == "refine":  # the second pass: Gauss-Newton from the coarse offset, no map
-        zero = jnp.zeros(d, f.dtype)
-        shift, info, failed, ncc = _gauss_newton(f, t, mask, zero, zero, reach, t_shape)
-        return shift, jnp.where(featureless, jnp.nan, ncc), info, featureless, jnp.asarray(False), failed
-    # NCC over the pixels that both regions hold at each shift (masked NCC, Padfield 2012): the template may
-    # reach beyond tile i at some shifts, so that it can span the whole nominal overlap
-    s_shape = f.shape
-    stacked = tuple(a + 1 for a in range(d))  # FFTs of stacks: one call for several arrays
-    searched = jnp.fft.rfftn(jnp.stack([f, f * f, have]), axes=stacked)
-    pad = [(0, 0)] + [(0, s - n) for s, n in zip(s_shape, t_shape)]
-    tm = t * mask
-    templated = jnp.conj(jnp.fft.rfftn(jnp.pad(jnp.stack([tm, tm * t, mask]), pad), axes=stacked))
-    ff, ff2, fv = searched
-    ft, ft2, fm = templated
-    products = jnp.stack([ft * ff, ft * fv, ft2 * fv, fm * fv, fm * ff, fm * ff2])
-    window = (slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
-    num, sum_t, sum_t2, n, sum_f, sum_f2 = jnp.fft.irfftn(products, s=s_shape, axes=stacked)[window]
-    n_safe = jnp.maximum(n, 1)
-    cov = num - sum_t * sum_f / n_safe
-    var_t = jnp.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
-    var_f = jnp.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
-    denominator = jnp.sqrt(var_t * var_f)
-    # at least half the template must overlap; a variance at rounding level (1e-6) is as flat as none
-    ok = (n > 0.5 * count - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
-    ncc = jnp.where(ok, cov / jnp.where(denominator > 0, denominator, 1), jnp.nan)
-    inner = tuple(slice(MARGIN, MARGIN + 2 * max_shift + 1) for _ in range(d))
-    core = ncc[inner]
-    flat = jnp.argmax(jnp.where(jnp.isnan(core), -jnp.inf, core))
-    peak_index = jnp.stack(jnp.unravel_index(flat, core.shape)).astype(jnp.int32)
-    peak = core.reshape(-1)[flat]
-    featureless = featureless | ~jnp.isfinite(peak)
-    peak = jnp.where(featureless, jnp.nan, peak)
-    on_edge = jnp.any((peak_index == 0) | (peak_index == 2 * max_shift))
-    integer = peak_index - max_shift  # the shift s at the integer peak
-    hood = lax.dynamic_slice(jnp.nan_to_num(ncc), tuple(peak_index[k] + MARGIN - 1 for k in range(d)), (3,) * d)
-    quadratic = _quadratic_nd(hood)
-    start = integer.astype(f.dtype) + (quadratic if subpixel != "none" else 0)
-    return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False)
-
-
-def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
-    """Minimise ``sum(mask * (t - a f(x + reach + s) - b)**2)`` over ``(s, a, b)`` from ``s = start``.
-
-    Returns the shift, its inverse covariance (the inverse of the shift block of
-    ``sigma^2 (J^T J)^-1``: the nuisance gain and offset profiled out), whether
-    the refinement reached ``MAX_REFINE_STEP`` from ``integer``, and the NCC at the shift.
-    """
-    d = len(t_shape)
-    m = mask
-    count = jnp.maximum(m.sum(), 1)
-    t_mean = (t * m).sum() / count
-
-    def normal_equations(s):
-        g, grad = _resample(f, reach + s, t_shape)
-        gm = (g * m).sum() / count
-        gc = (g - gm) * m
-        a = (gc * t).sum() / jnp.maximum((gc * gc).sum(), 1e-30)
-        b = t_mean - a * gm
-        r = (t - a * g - b) * m
-        columns = jnp.stack([a * gk * m for gk in grad] + [g * m, m]).reshape(d + 2, -1)
-        jtj = columns @ columns.T
-        return jtj, columns @ r.reshape(-1), r
-
-    def ridge(jtj):
-        return jtj + 1e-7 * jnp.trace(jtj) * jnp.eye(d + 2, dtype=jtj.dtype)
-
-    def step(_, carry):
-        s, _, _ = carry
-        jtj, jtr, r = normal_equations(s)
-        s = s + _spd_solve(ridge(jtj), jtr)[:d]
-        return jnp.clip(s, integer - MAX_REFINE_STEP, integer + MAX_REFINE_STEP), jtj, r
-
-    # the information comes from the last step's normal equations (the step before it is below 1e-3 px)
-    empty = (jnp.zeros((d + 2, d + 2), t.dtype), jnp.zeros_like(t))
-    s, jtj, r = lax.fori_loop(0, GN_ITERATIONS, step, (start, *empty))
-    # the residual variance, floored at 1e-4 of the template's (noise-free synthetic data would weigh infinitely)
-    sigma2 = jnp.maximum((r * r).sum() / jnp.maximum(count - d - 2, 1), 1e-4 * (t * t).sum() / count)
-    # the shift's information with gain and offset profiled out: the Schur complement of their block
-    a = ridge(jtj)
-    info = (a[:d, :d] - a[:d, d:] @ _spd_solve(a[d:, d:], a[d:, :d])) / sigma2
-    failed = jnp.any(jnp.abs(s - integer) >= MAX_REFINE_STEP - 1e-6) | ~jnp.all(jnp.isfinite(s))
-    fit = t - r  # a g + b over the mask: its correlation with t is the NCC at s
-    fit = (fit - (fit * m).sum() / count) * m
-    ncc = (fit * t).sum() / jnp.maximum(jnp.sqrt((fit * fit).sum() * (t * t).sum()), 1e-30)
-    return s, info, failed, ncc
-
-
-@partial(jax.jit, static_argnames=("max_shift", "subpixel", "sigma"))
-def _register_batch(search, template, mask, *, max_shift, subpixel, sigma):
-    kernel = partial(_pair_kernel, max_shift=max_shift, subpixel=subpixel, sigma=sigma)
-    return jax.vmap(kernel)(search, template, mask)
-
-
-# -- the global placement (JAX, float64) ------------------------------------------------------
-
-
-@jax.jit
 def _place(stage, i, j, offset, weight, prior):
-    """Weighted least squares: ``sum_p (x_j - x_i - o_p)^T W_p (x_j - x_i - o_p) + prior * sum |x - stage|^2``."""
+    """Weighted least squares: ``sum_p (x_j - x_i - o_p)^T W_p (x_j - x_i - o_p) + prior * sum |x - stage|^2``.
+
+    The normal equations are sparse (each pair couples two tiles: ``4 d^2``
+    entries per pair), so they are assembled as a sparse matrix and solved
+    directly (SuperLU): memory and time grow with the pairs, not with the
+    square of the tiles, and nothing is compiled.
+    """
+    from scipy import sparse
+    from scipy.sparse.linalg import spsolve
+
     n, d = stage.shape
-    a = jnp.zeros((n, d, n, d), stage.dtype)
-    a = a.at[i, :, i, :].add(weight).at[j, :, j, :].add(weight)
-    a = a.at[i, :, j, :].add(-weight).at[j, :, i, :].add(-weight)
-    a = a.reshape(n * d, n * d) + prior * jnp.eye(n * d, dtype=stage.dtype)
-    wo = jnp.einsum("pab,pb->pa", weight, offset)
-    b = jnp.zeros((n, d), stage.dtype).at[j].add(wo).at[i].add(-wo) + prior * stage
-    return jnp.linalg.solve(a, b.reshape(-1)).reshape(n, d)
+    ax = np.arange(d)
+    rows, cols, values = [], [], []
+    shape = (len(i), d, d)  # block (a, b) of pair p: entry [a d + r, b d + c] += sign * W_p[r, c]
+    for a, b, sign in ((i, i, 1.0), (j, j, 1.0), (i, j, -1.0), (j, i, -1.0)):
+        rows.append(np.broadcast_to(a[:, None, None] * d + ax[None, :, None], shape))
+        cols.append(np.broadcast_to(b[:, None, None] * d + ax[None, None, :], shape))
+        values.append(sign * weight)
+    rows.append(np.arange(n * d))
+    cols.append(np.arange(n * d))
+    values.append(np.full(n * d, prior))
+    a = sparse.csc_matrix(
+        (np.concatenate([v.ravel() for v in values]), (np.concatenate([r.ravel() for r in rows]),
+                                                        np.concatenate([c.ravel() for c in cols]))),
+        shape=(n * d, n * d),
+    )  # fmt: skip
+    wo = np.einsum("pab,pb->pa", weight, offset)
+    b = np.zeros((n, d))
+    np.add.at(b, j, wo)
+    np.add.at(b, i, -wo)
+    b += prior * stage
+    return spsolve(a, b.reshape(-1)).reshape(n, d)
 
 
 # -- the public function --------------------------------------------------------------------
@@ -622,34 +446,58 @@ def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
 
 
 class _TileReader:
-    """Regions of the registration channel of the tiles as float32 NumPy, each read once (dask reads only them)."""
+    """Regions of the registration channel of the tiles as float32 NumPy (dask and Zarr read only them).
+
+    The regions read are kept, up to ``CACHE_BYTES`` (least recently used
+    dropped first): a tile's regions serve its pairs and their null samples,
+    which come close together, so a mosaic of any size registers in bounded
+    memory, and one that fits reads every region once.
+    """
 
     def __init__(self, tiles: Any, channel: int | None, has_channels: bool, halo: int):
         self.tiles, self.channel, self.has_channels, self.halo = tiles, channel, has_channels, halo
         self.shape = tuple(int(n) for n in tiles.shape[1 + int(has_channels) :])
-        self.cache: dict[tuple, np.ndarray] = {}
+        self.cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.cached_bytes = 0
 
-    def region(self, index: int, start: Sequence[int], extent: Sequence[int]) -> np.ndarray:
+    def read(self, index: int, start: Sequence[int], extent: Sequence[int], halo: int | None = None) -> np.ndarray:
         """The region ``[start - halo, start + extent + halo)`` of tile ``index``, float32, NaN beyond the tile.
 
-        Channels are averaged unless one was chosen.
+        Not kept. Channels are averaged unless one was chosen.
         """
+        h = self.halo if halo is None else halo
+        lo = [max(int(s) - h, 0) for s in start]
+        hi = [min(int(s) + int(e) + h, n) for s, e, n in zip(start, extent, self.shape)]
+        out = np.full(tuple(int(e) + 2 * h for e in extent), np.nan, np.float32)
+        if any(b <= a for a, b in zip(lo, hi)):
+            return out
+        spatial = tuple(slice(a, b) for a, b in zip(lo, hi))
+        if not self.has_channels:
+            data = np.asarray(self.tiles[(int(index), *spatial)], dtype=np.float32)
+        elif self.channel is not None:
+            data = np.asarray(self.tiles[(int(index), self.channel, *spatial)], dtype=np.float32)
+        else:
+            data = np.asarray(self.tiles[(int(index), slice(None), *spatial)], dtype=np.float32).mean(axis=0)
+        out[tuple(slice(a - (int(s) - h), b - (int(s) - h)) for a, b, s in zip(lo, hi, start))] = data
+        return out
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.cached_bytes = 0
+
+    def region(self, index: int, start: Sequence[int], extent: Sequence[int]) -> np.ndarray:
+        """:meth:`read`, kept for the next request of the same region (up to ``CACHE_BYTES`` in all)."""
         key = (int(index), *map(int, start), *map(int, extent))
-        if key not in self.cache:
-            h = self.halo
-            lo = [max(int(s) - h, 0) for s in start]
-            hi = [min(int(s) + int(e) + h, n) for s, e, n in zip(start, extent, self.shape)]
-            spatial = tuple(slice(a, b) for a, b in zip(lo, hi))
-            if not self.has_channels:
-                data = np.asarray(self.tiles[(int(index), *spatial)], dtype=np.float32)
-            elif self.channel is not None:
-                data = np.asarray(self.tiles[(int(index), self.channel, *spatial)], dtype=np.float32)
-            else:
-                data = np.asarray(self.tiles[(int(index), slice(None), *spatial)], dtype=np.float32).mean(axis=0)
-            out = np.full(tuple(int(e) + 2 * h for e in extent), np.nan, np.float32)
-            out[tuple(slice(a - (int(s) - h), b - (int(s) - h)) for a, b, s in zip(lo, hi, start))] = data
-            self.cache[key] = out
-        return self.cache[key]
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        out = self.read(index, start, extent)
+        self.cache[key] = out
+        self.cached_bytes += out.nbytes
+        while self.cached_bytes > CACHE_BYTES and len(self.cache) > 1:
+            _, dropped = self.cache.popitem(last=False)
+            self.cached_bytes -= dropped.nbytes
+        return out
 
 
 def _padded(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -704,9 +552,11 @@ def register_tiles(
         first) and the placement solved again.
     min_overlap
         Pairs whose nominal overlap (from the stage) is narrower than this
-        along an axis are not registered ("overlap too small"); those whose
-        overlap at the measured offset leaves fewer than 3 px for the
-        refinement (away from the tiles' borders) are "refinement failed".
+        along an axis are not registered ("overlap too small"). A significant
+        pair is never dropped for its refinement: where the overlap at the
+        measured offset leaves fewer than 3 px for it (even reaching the
+        tiles' borders), or it does not converge, the pair keeps the quadratic
+        fit of its NCC peak, weighted down (``refinement`` says which).
     filter_sigma
         Both regions of a pair are band-passed before matching (a difference
         of Gaussians, ``sigma`` and ``2 sigma`` px, by normalised convolution so
@@ -790,13 +640,18 @@ def register_tiles(
     coarse = _geometry(pairs, delta, shape, 0, 0)  # the whole nominal overlap: masked NCC handles the edges
     groups = _groups(np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1)), coarse)
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
+    engine = _engine(plans, max_shift)
+    if engine == "numpy":  # each tile band-passed once, its regions cut out (the same values, less work)
+        reader = _stitch_numpy.FilteredTiles(_TileReader(tiles, channel, has_channels, 0), sigma, low_only=False)
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
     total = sum(plan.batches for plan in plans) * (2 if subpixel == "refine" else 1) + 1
     done = 0
     _report(progress, done, total)
     first = "quadratic" if subpixel == "refine" else subpixel
     for members, plan in zip(groups, plans):
-        out, nulls, done = _run_group(plan, members, coarse, reader, max_shift, first, sigma, progress, done, total)
+        out, nulls, done = _run_group(
+            plan, members, coarse, reader, max_shift, first, sigma, progress, done, total, engine
+        )
         group_threshold = _gumbel_quantile(nulls, 1 - alpha)
         for slot, k in enumerate(members):
             s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
@@ -811,30 +666,40 @@ def register_tiles(
             else:
                 reason[k] = REASONS.index("accepted")
     info[:] = np.eye(d)
+    reader.clear()  # pass 1 is done with its regions: the memory bound holds one pass's cache at a time
     significant = np.flatnonzero(reason == REASONS.index("accepted"))
+    refinement = np.full(p, REFINEMENTS.index("none"), np.int64)
+    if subpixel != "none":
+        refinement[significant] = REFINEMENTS.index("peak-fit")
     if subpixel == "refine" and len(significant):
         fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
-        fine = _geometry(pairs, delta + shift, shape, FINE_SHIFT + MARGIN, fine_reader.halo)
-        usable = significant[np.all(fine.extent[significant] >= 3, axis=1)]
-        reason[np.setdiff1d(significant, usable)] = REASONS.index("refinement failed")
+        fine = _fine_geometry(pairs, delta + shift, shape, fine_reader.halo)
+        if engine == "numpy":
+            fine_reader = _stitch_numpy.FilteredTiles(reader.reader, sigma, low_only=True)
+        # a pair too narrow even for the tight box keeps its quadratic fit of the NCC peak ("peak-fit")
+        usable = significant[np.all(fine.extent[significant] >= MIN_REFINE, axis=1)]
         for members in _groups(usable, fine):
             plan = _plan_group(members, fine, stage, FINE_SHIFT + MARGIN, seed, nulls=False)
             out, _, done = _run_group(
-                plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total
+                plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total, engine
             )
             for slot, k in enumerate(members):
                 s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
                 if featureless or on_edge or failed or not np.all(np.isfinite(inv_cov)):
-                    reason[k] = REASONS.index("refinement failed")
+                    # the integer peak was significant: keep its peak fit (weighted down) rather than drop the
+                    # pair; the placement's residual test still rejects it if it disagrees with the others
                     continue
                 shift[k] = s + fine.rounded[k] - delta[k]
                 info[k] = inv_cov
+                refinement[k] = REFINEMENTS.index("refined")
+        _peak_fit_information(info, refinement, significant)
     geometry = coarse
 
     accepted = reason == REASONS.index("accepted")
     positions, residual = _placement(stage, geometry, shift, info, accepted, reason, max_residual)
     _report(progress, total, total)
     accepted = reason == REASONS.index("accepted")
+    refinement[~np.isfinite(ncc) | (reason == REASONS.index("overlap too small"))] = REFINEMENTS.index("none")
     placed_from_stage = np.ones(n, bool)
     confidence = np.zeros(n)
     for (i, j), ok, c in zip(geometry.pairs, accepted, ncc):
@@ -856,6 +721,7 @@ def register_tiles(
         placed_from_stage=placed_from_stage,
         tile_confidence=confidence,
         median_residual=float(np.median(residual[accepted])) if accepted.any() else float("nan"),
+        refinement=refinement,
     )
 
 
@@ -898,6 +764,26 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
     return _Plan(t_shape, batch, batches, samples)
 
 
+def _engine(plans: Sequence[_Plan], max_shift: int) -> str:
+    """``"numpy"`` (SciPy, nothing to compile, JAX not even imported) for small mosaics, else ``"jax"``.
+
+    JAX compiles one program per pair shape and pass, seconds each, once per
+    process (and importing it takes a second or two); on a CPU its warm
+    kernels are not faster than SciPy's per pixel. So NumPy runs every mosaic
+    whose pair work (pairs and null samples times their search regions'
+    pixels) stays under ``NUMPY_MAX_WORK``; a larger one goes to the compiled
+    programs (on an accelerator, if there is one). The two give the same
+    results (tests/core/patches/test_stitch_engines.py).
+    """
+    if FORCE_ENGINE is not None:
+        return FORCE_ENGINE
+    work = 0
+    for plan in plans:
+        pixels = math.prod(t + 2 * (max_shift + MARGIN) for t in plan.t_shape)
+        work += pixels * plan.batch * plan.batches
+    return "numpy" if work <= NUMPY_MAX_WORK else "jax"
+
+
 def _far_apart(a, b, geometry, stage, reach) -> bool:
     """Whether pair ``a``'s template (in tile j_a) and pair ``b``'s search region (in tile i_b) can share content."""
     ja, ib = geometry.pairs[a][1], geometry.pairs[b][0]
@@ -909,7 +795,7 @@ def _far_apart(a, b, geometry, stage, reach) -> bool:
     return bool(np.any((t_hi + margin <= s_lo) | (s_hi + margin <= t_lo)))
 
 
-def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total):
+def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total, engine="jax"):
     """Register a group's pairs and its null samples in batches of one static shape (axes in canonical order).
 
     Returns the pairs' results (shift and information in the tiles' axis
@@ -949,18 +835,28 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                 searches.append(search)
                 templates.append(template)
                 masks.append(mask)
-            while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
-                searches.append(np.zeros(raw_s, np.float32))
-                templates.append(np.zeros(raw_t, np.float32))
-                masks.append(np.zeros(t_shape, np.float32))
-            out = _register_batch(
-                jnp.asarray(np.stack(searches)),
-                jnp.asarray(np.stack(templates)),
-                jnp.asarray(np.stack(masks)),
-                max_shift=max_shift,
-                subpixel=subpixel,
-                sigma=sigma,
-            )
+            if engine == "numpy":  # nothing compiled: no need for one batch shape
+                out = _stitch_numpy.register_batch(
+                    np.stack(searches), np.stack(templates), np.stack(masks), max_shift=max_shift,
+                    subpixel=subpixel, sigma=sigma, filtered=isinstance(reader, _stitch_numpy.FilteredTiles),
+                )  # fmt: skip
+            else:
+                while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
+                    searches.append(np.zeros(raw_s, np.float32))
+                    templates.append(np.zeros(raw_t, np.float32))
+                    masks.append(np.zeros(t_shape, np.float32))
+                import jax.numpy as jnp
+
+                from napari_gridmip.core.patches._stitch_jax import _register_batch
+
+                out = _register_batch(
+                    jnp.asarray(np.stack(searches)),
+                    jnp.asarray(np.stack(templates)),
+                    jnp.asarray(np.stack(masks)),
+                    max_shift=max_shift,
+                    subpixel=subpixel,
+                    sigma=sigma,
+                )
             results.append([np.asarray(x)[: len(chunk)] for x in out])
             done += 1
             _report(progress, done, total)
@@ -1008,33 +904,23 @@ def _placement(stage, geometry, shift, info, accepted, reason, max_residual):
     scale = scale if np.isfinite(scale) and scale > 0 else 1.0
     strong = info / scale
     weak = WEAK_WEIGHT * np.eye(d)
-    with precision_scope(np.float64):
-        while True:
-            weight = np.where(accepted[:, None, None], strong + weak, weak)
-            offset = np.where(accepted[:, None], measured, geometry.delta)
-            positions = np.asarray(
-                _place(
-                    jnp.asarray(stage),
-                    jnp.asarray(i),
-                    jnp.asarray(j),
-                    jnp.asarray(offset),
-                    jnp.asarray(weight),
-                    PRIOR_WEIGHT,
-                )  # fmt: skip
-            )
-            residual = np.linalg.norm(positions[j] - positions[i] - measured, axis=1)
-            if not accepted.any():
-                break
-            limit = max(max_residual, 4 * float(np.median(residual[accepted])))
-            bad = accepted & (residual > limit)
-            if not bad.any():
-                break
-            # reject the pairs that are the worst among the accepted pairs sharing a tile with them
-            worst_at = np.zeros(n)
-            for k in np.flatnonzero(accepted):
-                worst_at[i[k]] = max(worst_at[i[k]], residual[k])
-                worst_at[j[k]] = max(worst_at[j[k]], residual[k])
-            local = bad & (residual >= worst_at[i]) & (residual >= worst_at[j])
-            accepted &= ~local
-            reason[local] = REASONS.index("residual")
+    while True:
+        weight = np.where(accepted[:, None, None], strong + weak, weak)
+        offset = np.where(accepted[:, None], measured, geometry.delta)
+        positions = _place(stage, i, j, offset, weight, PRIOR_WEIGHT)
+        residual = np.linalg.norm(positions[j] - positions[i] - measured, axis=1)
+        if not accepted.any():
+            break
+        limit = max(max_residual, 4 * float(np.median(residual[accepted])))
+        bad = accepted & (residual > limit)
+        if not bad.any():
+            break
+        # reject the pairs that are the worst among the accepted pairs sharing a tile with them
+        worst_at = np.zeros(n)
+        for k in np.flatnonzero(accepted):
+            worst_at[i[k]] = max(worst_at[i[k]], residual[k])
+            worst_at[j[k]] = max(worst_at[j[k]], residual[k])
+        local = bad & (residual >= worst_at[i]) & (residual >= worst_at[j])
+        accepted &= ~local
+        reason[local] = REASONS.index("residual")
     return positions, residual

@@ -1,0 +1,379 @@
+"""The pair kernel of :mod:`~napari_gridmip.core.patches.stitch` in NumPy/SciPy: nothing to compile.
+
+The same computation as ``stitch._register_batch`` (band-pass by normalised
+convolution, masked NCC over every integer shift by FFTs, the 3^d quadratic
+peak fit, the Gauss-Newton refinement with Keys cubic resampling), on the
+same padded float32 batches, step for step, vectorised over the batch.
+``register_tiles`` takes it for small mosaics, where compiling the JAX
+programs (seconds, once per process and pair shape) would cost far more than
+the work; the tests hold the two to the same results.
+
+References
+----------
+Padfield, "Masked object registration in the Fourier domain", IEEE TIP 2012 (masked NCC).
+Keys, "Cubic convolution interpolation for digital image processing", IEEE TASSP 1981.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from scipy import fft as sfft
+
+__all__: list[str] = []
+
+WORKERS = 2  # scipy.fft threads for a batch (the FFTs of one pair are small; a batch's are not)
+
+
+def _sum(x: np.ndarray, d: int) -> np.ndarray:
+    """Sum over the last ``d`` (spatial) axes."""
+    return x.sum(axis=tuple(range(x.ndim - d, x.ndim)))
+
+
+def _expand(x: np.ndarray, d: int) -> np.ndarray:
+    """A per-pair value ``(B, ...)`` broadcast against ``(B, ..., *spatial)``."""
+    return x.reshape(x.shape + (1,) * d)
+
+
+def _boxes(have: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """Per axis, ``(lo, hi)`` (each ``(B,)``) of the box the finite pixels fill; None if they fill no box."""
+    out = []
+    for axis in range(d):
+        other = tuple(a for a in range(1, d + 1) if a != axis + 1)
+        line = have.any(axis=other) if other else have
+        lo, hi = line.argmax(axis=1), line.shape[1] - line[:, ::-1].argmax(axis=1)
+        out.append((lo, hi))
+    grids = np.indices(have.shape[1:])
+    inside = np.ones(have.shape, bool)
+    for axis, (lo, hi) in enumerate(out):
+        inside &= (grids[axis][None] >= _col(lo, d)) & (grids[axis][None] < _col(hi, d))
+    return out if np.array_equal(inside, have) else None
+
+
+def _col(x: np.ndarray, d: int) -> np.ndarray:
+    return x.reshape((-1,) + (1,) * d)
+
+
+def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool = False) -> np.ndarray:
+    """``stitch._band_pass`` on a batch ``(B, *raw)``: the output is each region less its halo.
+
+    The same truncated Gaussians (radius: the halo), applied separably in real
+    space (JAX's circular FFT convolution equals the linear one on the cropped
+    output; separable passes are cheaper here).
+    """
+    from scipy import ndimage
+
+    from napari_gridmip.core.patches.stitch import filter_halo
+
+    have = np.isfinite(raw)
+    f = np.where(have, raw, np.float32(0)).astype(np.float32)
+    if sigma <= 0:
+        return f
+    halo = filter_halo(sigma, low_only)
+    shape = raw.shape[-d:]
+    w = have.astype(np.float32)
+    x = np.arange(-halo, halo + 1, dtype=np.float64)
+    crop = (Ellipsis, *(slice(halo, n - halo) for n in shape))
+    # where the data fill a box (a whole tile, NaN around it), the smoothed weights are an outer product of
+    # 1D profiles: only f needs the separable passes
+    boxes = _boxes(have, d) if box else None
+    lows = []
+    for width in (sigma,) if low_only else (sigma, 2 * sigma):
+        taps = np.exp(-0.5 * (x / width) ** 2)
+        taps /= taps.sum()
+        if boxes is not None:
+            smooth_f = f
+            for axis in range(d):
+                smooth_f = ndimage.correlate1d(smooth_f, taps, axis=f.ndim - d + axis, mode="constant", cval=0.0)
+            smooth_w = np.ones((len(f),) + (1,) * d, np.float32)
+            for axis, (lo, hi) in enumerate(boxes):
+                line = np.zeros((len(f), shape[axis]), np.float32)
+                line[np.arange(shape[axis])[None, :] >= lo[:, None]] = 1
+                line[np.arange(shape[axis])[None, :] >= hi[:, None]] = 0
+                line = ndimage.correlate1d(line, taps, axis=1, mode="constant", cval=0.0)
+                smooth_w = smooth_w * line.reshape((len(f),) + tuple(-1 if k == axis else 1 for k in range(d)))
+            pair = np.stack([smooth_f, np.broadcast_to(smooth_w, f.shape)], axis=1)[crop]
+        else:
+            pair = np.stack([f, w], axis=1)  # (B, 2, ...): f and w smoothed alike
+            for axis in range(d):
+                pair = ndimage.correlate1d(pair, taps, axis=pair.ndim - d + axis, mode="constant", cval=0.0)
+            pair = pair[crop]
+        lows.append((pair[:, 0] / np.maximum(pair[:, 1], np.float32(1e-3)), pair[:, 1]))
+    out = lows[0][0] if low_only else lows[0][0] - lows[1][0]
+    return np.where(lows[0][1] > 1e-3, out, np.float32(0)).astype(np.float32)
+
+
+def spd_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``stitch._spd_solve`` on a batch: ``a (B, n, n)``, ``b (B, n)`` or ``(B, n, m)``; the same unrolled Cholesky
+    (with its floor on the pivots, so that a singular system of padding gives finite numbers, as there)."""
+    n = a.shape[1]
+    tiny = np.asarray(1e-30, a.dtype)
+    low = [[None] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1):
+            rest = a[:, i, j] - sum((low[i][k] * low[j][k] for k in range(j)), np.zeros((), a.dtype))
+            low[i][j] = np.sqrt(np.maximum(rest, tiny)) if i == j else rest / low[j][j]
+
+    def per(x):  # a (B,) factor against b's (B,) or (B, m) rows
+        return x if b.ndim == 2 else x[:, None]
+
+    y: list = []
+    for i in range(n):
+        y.append((b[:, i] - sum((per(low[i][k]) * y[k] for k in range(i)), np.zeros_like(b[:, i]))) / per(low[i][i]))
+    x: list = [None] * n
+    for i in reversed(range(n)):
+        rest = sum((per(low[k][i]) * x[k] for k in range(i + 1, n)), np.zeros_like(b[:, i]))
+        x[i] = (y[i] - rest) / per(low[i][i])
+    return np.stack(x, axis=1)
+
+
+def quadratic_nd(hood: np.ndarray) -> np.ndarray:
+    """``stitch._quadratic_nd`` on a batch of 3^d neighbourhoods ``(B, 3, ..., 3)``: the offsets ``(B, d)``."""
+    d = hood.ndim - 1
+    c = (1,) * d
+
+    def at(offsets):
+        return hood[(slice(None), *(ci + o for ci, o in zip(c, offsets)))]
+
+    centre = hood[(slice(None), *c)]
+    unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
+    grad = np.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit], axis=1)  # (B, d)
+    if d == 2:  # core._peak.quadratic_peak
+        gy, gx = grad[:, 0], grad[:, 1]
+        hyy = at((1, 0)) + at((-1, 0)) - 2 * centre
+        hxx = at((0, 1)) + at((0, -1)) - 2 * centre
+        hxy = (at((1, 1)) - at((1, -1)) - at((-1, 1)) + at((-1, -1))) / 4
+        det = hyy * hxx - hxy * hxy
+        safe_det = np.where(det > 0, det, 1)
+        dy = -(hxx * gy - hxy * gx) / safe_det
+        dx = -(hyy * gx - hxy * gy) / safe_det
+        ok = (det > 0) & (hyy < 0) & (np.abs(dy) <= 1) & (np.abs(dx) <= 1)
+        dy_1d = np.where(hyy < 0, np.clip(-gy / np.where(hyy < 0, hyy, -1), -0.5, 0.5), 0)
+        dx_1d = np.where(hxx < 0, np.clip(-gx / np.where(hxx < 0, hxx, -1), -0.5, 0.5), 0)
+        return np.stack([np.where(ok, dy, dy_1d), np.where(ok, dx, dx_1d)], axis=1).astype(hood.dtype)
+    hess = np.zeros((len(hood), d, d), hood.dtype)
+    for a in range(d):
+        for b in range(d):
+            if a == b:
+                hess[:, a, a] = at(unit[a]) + at(tuple(-v for v in unit[a])) - 2 * centre
+            else:
+                pp = tuple(unit[a][k] + unit[b][k] for k in range(d))
+                pm = tuple(unit[a][k] - unit[b][k] for k in range(d))
+                hess[:, a, b] = (at(pp) - at(pm) - at(tuple(-v for v in pm)) + at(tuple(-v for v in pp))) / 4
+    neg = -hess
+    definite = neg[:, 0, 0] > 0  # Sylvester's criterion on -hess (stitch._leading_minors_positive)
+    if d >= 2:
+        definite &= neg[:, 0, 0] * neg[:, 1, 1] - neg[:, 0, 1] * neg[:, 1, 0] > 0
+    if d >= 3:
+        definite &= np.linalg.det(neg) > 0
+    eye = np.broadcast_to(np.eye(d, dtype=hess.dtype), hess.shape)
+    step = spd_solve(np.where(definite[:, None, None], neg, eye), grad)
+    diag = np.diagonal(hess, axis1=1, axis2=2)
+    ok = definite & np.all(np.abs(step) <= 1, axis=1)
+    one_d = np.where(diag < 0, np.clip(-grad / np.where(diag < 0, diag, -1), -0.5, 0.5), 0.0)
+    return np.where(ok[:, None], step, one_d).astype(hood.dtype)
+
+
+def _keys(x: np.ndarray) -> np.ndarray:
+    a = -0.5
+    s = np.abs(x)
+    near = (a + 2) * s**3 - (a + 3) * s**2 + 1
+    far = a * s**3 - 5 * a * s**2 + 8 * a * s - 4 * a
+    return np.where(s <= 1, near, np.where(s < 2, far, 0.0))
+
+
+def _keys_derivative(x: np.ndarray) -> np.ndarray:
+    a = -0.5
+    s = np.abs(x)
+    near = 3 * (a + 2) * s**2 - 2 * (a + 3) * s
+    far = 3 * a * s**2 - 10 * a * s + 8 * a
+    return np.sign(x) * np.where(s <= 1, near, np.where(s < 2, far, 0.0))
+
+
+_TAPS = np.arange(-1, 3)
+
+
+def resample(f: np.ndarray, position: np.ndarray, out_shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``stitch._resample`` on a batch: ``f (B, *S)``, ``position (B, d)``: the values and the gradient."""
+    d = len(out_shape)
+    base = np.floor(position)
+    phi = (position - base).astype(f.dtype)
+    start = base.astype(np.int64) - 1
+    block = np.stack(
+        [f[(b, *(slice(int(start[b, k]), int(start[b, k]) + o + 3) for k, o in enumerate(out_shape)))]
+         for b in range(len(f))]
+    )  # fmt: skip
+    out = block[:, None]  # (B, variants, ...): variant 0 the value, k + 1 the derivative along axis k
+    for axis in range(d):
+        x = phi[:, axis, None] - _TAPS  # (B, 4)
+        kernels = np.stack([_keys_derivative(x), _keys(x)], axis=1).astype(f.dtype)  # (B, 2, 4)
+        pick = [0 if v == axis + 1 else 1 for v in range(d + 1)]
+        weights = kernels[:, pick]  # (B, d + 1, 4)
+        n = out_shape[axis]
+        taps = np.stack([np.take(out, np.arange(t, t + n), axis=axis + 2) for t in range(4)], axis=2)
+        if taps.shape[1] == 1:
+            taps = np.broadcast_to(taps, (taps.shape[0], d + 1, *taps.shape[2:]))
+        out = np.einsum("bvt,bvt...->bv...", weights, taps)
+    return out[:, 0], [out[:, k + 1] for k in range(d)]
+
+
+def gauss_newton(f, t, mask, start, integer, reach, t_shape, iterations, max_step):
+    """``stitch._gauss_newton`` on a batch: shift ``(B, d)``, information ``(B, d, d)``, failed ``(B,)``, NCC."""
+    d = len(t_shape)
+    batch = len(f)
+    m = mask
+    count = np.maximum(_sum(m, d), 1)
+    t_mean = _sum(t * m, d) / count
+    eye = np.eye(d + 2, dtype=t.dtype)
+
+    def normal_equations(s):
+        g, grad = resample(f, reach + s, t_shape)
+        gm = _sum(g * m, d) / count
+        gc = (g - _expand(gm, d)) * m
+        a = _sum(gc * t, d) / np.maximum(_sum(gc * gc, d), np.float32(1e-30))
+        b = t_mean - a * gm
+        r = (t - _expand(a, d) * g - _expand(b, d)) * m
+        columns = np.stack([_expand(a, d) * gk * m for gk in grad] + [g * m, m], axis=1).reshape(batch, d + 2, -1)
+        jtj = columns @ np.swapaxes(columns, 1, 2)
+        return jtj, np.einsum("bkp,bp->bk", columns, r.reshape(batch, -1)), r
+
+    def ridge(jtj):
+        return jtj + 1e-7 * np.trace(jtj, axis1=1, axis2=2)[:, None, None] * eye
+
+    s = start.astype(t.dtype)
+    jtj, r = np.zeros((batch, d + 2, d + 2), t.dtype), np.zeros_like(t)
+    for _ in range(iterations):
+        new_jtj, jtr, new_r = normal_equations(s)
+        s = np.clip(s + spd_solve(ridge(new_jtj), jtr)[:, :d], integer - max_step, integer + max_step)
+        jtj, r = new_jtj, new_r
+    sigma2 = np.maximum(_sum(r * r, d) / np.maximum(count - d - 2, 1), 1e-4 * _sum(t * t, d) / count)
+    a = ridge(jtj)
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty (padding) templates: NaN, as in JAX
+        info = (a[:, :d, :d] - a[:, :d, d:] @ spd_solve(a[:, d:, d:], a[:, d:, :d])) / sigma2[:, None, None]
+    failed = np.any(np.abs(s - integer) >= max_step - 1e-6, axis=1) | ~np.all(np.isfinite(s), axis=1)
+    fit = t - r
+    fit = (fit - _expand(_sum(fit * m, d) / count, d)) * m
+    ncc = _sum(fit * t, d) / np.maximum(np.sqrt(_sum(fit * fit, d) * _sum(t * t, d)), np.float32(1e-30))
+    return s, info, failed, ncc
+
+
+def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sigma: float, filtered: bool = False):
+    """``stitch._register_batch`` in NumPy: the same six outputs for the same ``(B, ...)`` float32 batches.
+
+    ``filtered``: the regions come band-passed already (from :class:`FilteredTiles`, without a halo).
+    """
+    from napari_gridmip.core.patches import stitch
+
+    search, template, mask = (np.asarray(x, np.float32) for x in (search, template, mask))
+    batch = len(search)
+    d = mask.ndim - 1
+    low_only = subpixel == "refine"
+    sigma = 0.0 if filtered else sigma
+    halo = stitch.filter_halo(sigma, low_only)
+    have = np.isfinite(search)[(slice(None), *(slice(halo, n - halo) for n in search.shape[1:]))].astype(np.float32)
+    search, template = band_pass(search, sigma, low_only, d), band_pass(template, sigma, low_only, d)
+    reach = max_shift + stitch.MARGIN
+    t_shape = template.shape[1:]
+    count = np.maximum(_sum(mask, d), 1)
+    t = np.where(mask > 0, template - _expand(_sum(template * mask, d) / count, d), np.float32(0))
+    t_norm = np.sqrt(_sum(t * t, d))
+    t = t / _expand(np.where(t_norm > 0, t_norm, 1), d) * _expand(np.sqrt(count), d)
+    have_count = np.maximum(_sum(have, d), 1)
+    f_mean = _sum(search * have, d) / have_count
+    centred = search - _expand(f_mean, d)
+    f_scale = np.sqrt(_sum((centred * have) ** 2, d) / have_count)
+    f = np.where(have > 0, centred / _expand(np.where(f_scale > 0, f_scale, 1), d), np.float32(0))
+    t, f = t.astype(np.float32), f.astype(np.float32)
+    featureless = t_norm <= 1e-6 * np.sqrt(count)
+    false = np.zeros(batch, bool)
+    if low_only:
+        zero = np.zeros((batch, d), np.float32)
+        shift, info, failed, ncc = gauss_newton(
+            f, t, mask, zero, zero, reach, t_shape, stitch.GN_ITERATIONS, stitch.MAX_REFINE_STEP
+        )
+        return shift, np.where(featureless, np.nan, ncc), info, featureless, false, failed
+    # FFT sizes padded to fast lengths (the search's padding holds no data: the masked NCC is unchanged)
+    s_shape = tuple(sfft.next_fast_len(n, real=True) for n in f.shape[1:])
+    axes = tuple(range(-d, 0))
+    searched = sfft.rfftn(np.stack([f, f * f, have], axis=1), s=s_shape, axes=axes, workers=WORKERS)
+    tm = t * mask
+    templated = np.conj(sfft.rfftn(np.stack([tm, tm * t, mask], axis=1), s=s_shape, axes=axes, workers=WORKERS))
+    ff, ff2, fv = searched[:, 0], searched[:, 1], searched[:, 2]
+    ft, ft2, fm = templated[:, 0], templated[:, 1], templated[:, 2]
+    products = np.stack([ft * ff, ft * fv, ft2 * fv, fm * fv, fm * ff, fm * ff2], axis=1)
+    window = (slice(None), slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
+    maps = sfft.irfftn(products, s=s_shape, axes=axes, workers=WORKERS)[window]
+    num, sum_t, sum_t2, n, sum_f, sum_f2 = (maps[:, q] for q in range(6))
+    n_safe = np.maximum(n, 1)
+    cov = num - sum_t * sum_f / n_safe
+    var_t = np.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
+    var_f = np.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
+    denominator = np.sqrt(var_t * var_f)
+    ok = (n > 0.5 * _expand(count, d) - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ncc = np.where(ok, cov / np.where(denominator > 0, denominator, 1), np.nan).astype(np.float32)
+    margin = stitch.MARGIN
+    core = ncc[(slice(None), *(slice(margin, margin + 2 * max_shift + 1) for _ in range(d)))]
+    flat = np.argmax(np.where(np.isnan(core), -np.inf, core).reshape(batch, -1), axis=1)
+    peak_index = np.stack(np.unravel_index(flat, core.shape[1:]), axis=1)  # (B, d)
+    peak = core.reshape(batch, -1)[np.arange(batch), flat]
+    featureless = featureless | ~np.isfinite(peak)
+    peak = np.where(featureless, np.nan, peak)
+    on_edge = np.any((peak_index == 0) | (peak_index == 2 * max_shift), axis=1)
+    integer = (peak_index - max_shift).astype(np.float32)
+    filled = np.nan_to_num(ncc)
+    hood = np.stack(
+        [filled[(b, *(slice(int(i) + margin - 1, int(i) + margin + 2) for i in peak_index[b]))] for b in range(batch)]
+    )
+    start = integer + (quadratic_nd(hood) if subpixel != "none" else 0)
+    info = np.broadcast_to(np.eye(d, dtype=np.float32), (batch, d, d)).copy()
+    return start.astype(np.float32), peak, info, featureless, on_edge, false
+
+
+class FilteredTiles:
+    """Regions of band-passed tiles (NaN beyond the tile), each tile filtered once as a whole.
+
+    The JAX kernel band-passes every region it is given (with a halo, by
+    normalised convolution over the tile's pixels); each output pixel sees
+    only its own tile's pixels within the halo, so filtering the whole tile
+    once and cutting the regions out gives the same values, and a tile's many
+    regions (its pairs and the null samples) cost one filter.
+    """
+
+    halo = 0
+
+    def __init__(self, reader, sigma: float, low_only: bool):
+        self.reader, self.sigma, self.low_only = reader, sigma, low_only
+        self.shape = reader.shape
+        self.tiles: OrderedDict[int, np.ndarray] = OrderedDict()  # least recently used first
+
+    def clear(self) -> None:
+        self.tiles.clear()
+
+    def tile(self, index: int) -> np.ndarray:
+        from napari_gridmip.core.patches.stitch import CACHE_BYTES, filter_halo
+
+        if index in self.tiles:
+            self.tiles.move_to_end(index)
+            return self.tiles[index]
+        d = len(self.shape)
+        halo = filter_halo(self.sigma, self.low_only)
+        raw = self.reader.read(index, (0,) * d, self.shape, halo=halo)  # NaN around the tile
+        filtered = band_pass(raw[None], self.sigma, self.low_only, d, box=True)[0]
+        self.tiles[index] = filtered
+        while len(self.tiles) > max(1, CACHE_BYTES // max(filtered.nbytes, 1)):
+            self.tiles.popitem(last=False)
+        return filtered
+
+    def region(self, index: int, start, extent) -> np.ndarray:
+        """Tile ``index``'s filtered pixels ``[start, start + extent)``, float32, NaN beyond the tile."""
+        tile = self.tile(int(index))
+        out = np.full(tuple(int(e) for e in extent), np.nan, np.float32)
+        lo = [max(int(s), 0) for s in start]
+        hi = [min(int(s) + int(e), n) for s, e, n in zip(start, extent, self.shape)]
+        if all(b > a for a, b in zip(lo, hi)):
+            out[tuple(slice(a - int(s), b - int(s)) for a, b, s in zip(lo, hi, start))] = tile[
+                tuple(slice(a, b) for a, b in zip(lo, hi))
+            ]
+        return out

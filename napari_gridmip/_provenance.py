@@ -67,6 +67,14 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Ref:
+    """A keyword value that is code over earlier results (``Ref("field.dy_y")``), not a literal: the script prints
+    the code, the record keeps ``{"ref": code}``, and evaluating the call evaluates it."""
+
+    expression: str
+
+
+@dataclass(frozen=True)
 class Call:
     """``result = napari_gridmip.function(*data, *args, **kwargs)``, with the data named by variable.
 
@@ -94,7 +102,10 @@ class Call:
         function = getattr(napari_gridmip, self.function)
         data = [_evaluate(name, namespace) for name in self.data]
         args = [_from_plain(_plain(a)) for a in self.args]
-        kwargs = {k: _from_plain(_plain(v)) for k, v in self.kwargs.items()}
+        kwargs = {
+            k: _evaluate(v.expression, namespace) if isinstance(v, Ref) else _from_plain(_plain(v))
+            for k, v in self.kwargs.items()
+        }
         value = function(*data, *args, **kwargs, **runtime)
         return self.bind(_evaluate(f"_value{self.index}", {"_value": value}) if self.index else value)
 
@@ -295,7 +306,10 @@ def same_output(metadata: Mapping[str, Any], provenance: Mapping[str, Any]) -> b
 
 
 def _plain(value: Any) -> Any:
-    """JSON-able: tuples become lists, NumPy scalars Python numbers, dtypes their names."""
+    """JSON-able: tuples become lists, NumPy scalars Python numbers, dtypes their names, a :class:`Ref`
+    ``{"ref": code}``."""
+    if isinstance(value, Ref):
+        return {"ref": value.expression}
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
@@ -307,11 +321,15 @@ def _plain(value: Any) -> Any:
 
 
 def _from_plain(value: Any) -> Any:
-    """Lists back to tuples (the API's sizes and windows are tuples)."""
+    """Lists back to tuples (the API's sizes and windows are tuples), ``{"ref": code}`` back to a :class:`Ref`."""
+    if isinstance(value, dict) and set(value) == {"ref"}:
+        return Ref(value["ref"])
     return tuple(_from_plain(v) for v in value) if isinstance(value, list) else value
 
 
 def _literal(value: Any) -> str:
+    if isinstance(value, Ref):
+        return value.expression
     value = _from_plain(_plain(value))
     return repr(value)
 

@@ -27,7 +27,7 @@ from napari_gridmip._jobs import (
     staged,
 )
 from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Plan, Source
+from napari_gridmip._provenance import Call, Plan, Ref, Source
 
 WIDGET = "correlation"
 
@@ -58,6 +58,7 @@ class CorrelationRequest:
     index: str = ""  # applied to both arrays: "[None]" makes two 2D images stacks of one frame
     strain_window: int = 11  # odd, in output pixels
     physics: tuple[float, float, float] | None = None  # (pixel_size, distance, wavelength) in metres: phase in rad
+    shape: str = "translation"  # the subsets' shape function: "affine" fits each subset's gradients too (IC-GN)
 
     @property
     def tracking(self) -> bool:
@@ -157,11 +158,19 @@ def correlation_plan(
     options = search_options(request)
     window = (tuple(request.window),)
     chosen = [part for name in PARTS if name in request.outputs for part in PARTS[name]]
+    if request.shape == "affine" and request.tracking:
+        raise ValueError(
+            "affine subsets give the displacement, phase and strain; transmission, dark-field, residual and "
+            f"uncertainty come from track_speckles, whose subsets translate only: got outputs {request.outputs}"
+        )
     if request.tracking:
         calls = [Call("track_speckles", ("img1", "img2"), window, options, result="tracked")]
         parts = ("dy", "dx", "peak", *(p for p in chosen if p in ("transmission", "dark_field", "residual",
                                                                       "sigma_dy", "sigma_dx")))  # fmt: skip
         outputs = {name: f"tracked.{name}" for name in parts}
+    elif request.shape == "affine":
+        calls = [Call("find_displacement", ("img1", "img2"), window, options, result="field")]
+        outputs = {name: f"field.{name}" for name in ("dy", "dx", "peak")}
     else:
         calls = [Call("find_displacement", ("img1", "img2"), window, options, result="dy, dx, peak")]
         outputs = {name: name for name in ("dy", "dx", "peak")}
@@ -172,6 +181,9 @@ def correlation_plan(
     if "strain" in request.outputs:
         # with a step the samples are ``step`` pixels apart: the gradients are per pixel only with ``spacing``
         kwargs = {"window": request.strain_window, "spacing": request.step, "dtype": request.dtype}
+        if request.shape == "affine":  # the subsets' own gradients: no plane fit, no second differentiation
+            gradients = Ref("(field.dy_y, field.dy_x, field.dx_y, field.dx_x)")
+            kwargs = {"gradients": gradients, "dtype": request.dtype}
         calls.append(Call("strain_field", (dy, dx), (), kwargs, result="strain"))
         outputs.update({name: f"strain.{name}" for name in ("exx", "eyy", "exy")})
     ndim = len(request.data2.shape) + index.count("None")  # the stacks' axes, (..., K, M, N)
@@ -235,7 +247,15 @@ def search_options(request: CorrelationRequest) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if tuple(request.subset) != (1, 1) or request.step != 1:
         options.update(subset=tuple(request.subset), step=int(request.step))
-    return {**options, "subpixel": request.subpixel, "dtype": request.dtype}
+    options = {**options, "subpixel": request.subpixel, "dtype": request.dtype}
+    if request.shape != "translation":
+        options["shape"] = request.shape
+    dic = tuple(request.subset) != (1, 1) and request.subpixel == "refine"
+    if request.tracking and dic and not {"transmission", "dark_field"} & set(request.outputs):
+        # a DIC field with its uncertainty: the same prefiltered field find_displacement gives without it
+        # (track_speckles leaves the prefilter off for the dark-field's sake)
+        options["prefilter"] = "auto"
+    return options
 
 
 def _phase_call(request: CorrelationRequest, dy: str, dx: str) -> Call:

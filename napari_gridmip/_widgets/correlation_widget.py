@@ -45,7 +45,8 @@ class CorrelationWidget(JobWidget):
 
     settings_key = "correlation"
     persisted = (
-        "mode", "window_rows", "window_cols", "subset_rows", "subset_cols", "step", "subpixel", "precision",
+        "mode", "window_rows", "window_cols", "subset_rows", "subset_cols", "step", "subpixel", "subset_shape",
+        "precision",
         "neighbours", "out_transmission", "out_dark_field", "out_phase", "out_strain", "out_uncertainty",
         "strain_window", "pixel_size", "distance", "wavelength", "spacing", "vector_scale", "full_map",
         "show_surface",
@@ -83,6 +84,13 @@ class CorrelationWidget(JobWidget):
             tooltip="Results on every step-th pixel only; each output pixel then covers step x step input pixels",
         )
         self.subpixel = ComboBox(name="subpixel", label="Sub-pixel", choices=list(SUBPIXEL_METHODS), value="hessian")
+        self.subset_shape = ComboBox(
+            name="subset_shape", label="Subset shape", choices=["translation", "affine"], value="translation"
+        )
+        self.subset_shape.tooltip = (
+            "affine: each subset also stretches, shears and rotates (first-order subsets, IC-GN as DICe and ncorr; "
+            "needs Sub-pixel refine); strain then comes from the subsets' own gradients"
+        )
         self.precision = ComboBox(name="precision", label="Precision", choices=list(PRECISIONS), value="float32")
         self.neighbours = ComboBox(
             name="neighbours",
@@ -174,6 +182,7 @@ class CorrelationWidget(JobWidget):
                 self.subset_cols,
                 self.step,
                 self.subpixel,
+                self.subset_shape,
                 self.precision,
                 self.neighbours,
                 self.outputs,
@@ -224,6 +233,7 @@ class CorrelationWidget(JobWidget):
             self.subset_cols: mode == PAIR,
             self.step: mode == PAIR,
             self.subpixel: pair,
+            self.subset_shape: mode == PAIR,
             self.neighbours: mode == TIME_SERIES,
             self.outputs: pair,
             self.strain_window: pair and self.out_strain.value,
@@ -396,6 +406,7 @@ class CorrelationWidget(JobWidget):
             index=index,
             strain_window=int(self.strain_window.value),
             physics=self._physics() if "phase" in outputs else None,
+            shape=self.subset_shape.value if mode == PAIR else "translation",
         )
         self._pending = {
             "name1": layer1.name,

@@ -117,6 +117,66 @@ def test_correlation_pair_with_step_phase_and_strain(stretched, tmp_path, monkey
         np.testing.assert_array_equal(np.asarray(replayed_layers[name]), field[name][:], err_msg=name)
 
 
+def test_affine_subsets_with_strain_from_their_gradients(stretched, tmp_path, monkeypatch):
+    """shape='affine' in the widget's job and `correlate --shape affine` run one plan: equal arrays, the strain from
+    the subsets' own gradients (a 1% stretch: exx 0.010 without a plane fit), and both scripts reproduce them."""
+    folder, reference, deformed = stretched
+    options = ["--subset", "21", "21", "--step", "4", "--subpixel", "refine", "--shape", "affine", "--outputs",
+               "strain"]  # fmt: skip
+    field = _correlate(folder, tmp_path / "a.zarr", *options)
+    request = CorrelationRequest("def", "ref", deformed, reference, plain_frame(2), (7, 7), subpixel="refine",
+                                 subset=(21, 21), step=4, outputs=("strain",), index="[None]",
+                                 shape="affine")  # fmt: skip
+    result = make_correlation_job(request).run(Steps())
+    layers = by_role(result)
+    assert abs(np.nanmedian(field["exx"][:]) - 0.010) < 0.0005
+    script = field.attrs[KEY]["python"]
+    assert 'shape="affine"' in script.replace("'", '"') and "gradients=(field.dy_y" in script
+    replayed_file = replay_file(field.attrs[KEY])
+    replayed_layers = replay_layers(result, {"def": deformed, "ref": reference}, monkeypatch)
+    for name in ("dy", "dx", "peak", "exx", "eyy", "exy"):
+        np.testing.assert_array_equal(layers[name], field[name][:], err_msg=name)
+        np.testing.assert_array_equal(np.asarray(replayed_file[name]), field[name][:], err_msg=name)
+        np.testing.assert_array_equal(np.asarray(replayed_layers[name]), field[name][:], err_msg=name)
+    with pytest.raises(ValueError, match="whose subsets translate only"):
+        make_correlation_job(
+            CorrelationRequest(
+                "def",
+                "ref",
+                deformed,
+                reference,
+                plain_frame(2),
+                (7, 7),
+                subpixel="refine",
+                subset=(21, 21),
+                outputs=("uncertainty",),
+                index="[None]",
+                shape="affine",
+            )  # fmt: skip
+        )
+
+
+def test_dic_uncertainty_keeps_the_prefiltered_field(stretched):
+    """Ticking uncertainty makes the field track_speckles' (on img1's grid), with the prefilter find_displacement
+    applies by default: it is find_displacement's field of the swapped pair, negated; with a dark-field output the
+    prefilter stays off (it would change the dark-field)."""
+    from napari_gridmip import find_displacement
+    from napari_gridmip._jobs.correlation import search_options
+
+    folder, reference, deformed = stretched
+    common = {"subpixel": "refine", "subset": (21, 21), "step": 4, "index": "[None]"}
+    tracked = make_correlation_job(
+        CorrelationRequest(
+            "def", "ref", deformed, reference, plain_frame(2), (7, 7), outputs=("uncertainty",), **common
+        )  # fmt: skip
+    ).run(Steps())
+    swapped = find_displacement(reference[None], deformed[None], (7, 7), subset=(21, 21), step=4, subpixel="refine")
+    np.testing.assert_allclose(by_role(tracked)["dx"], -np.asarray(swapped.dx), atol=1e-5)
+    dark = CorrelationRequest("def", "ref", deformed, reference, plain_frame(2), (7, 7), outputs=("dark_field",),
+                              **common)  # fmt: skip
+    assert "prefilter" not in search_options(dark)
+
+
 def test_strain_and_phase_with_a_step_are_per_pixel(stretched, tmp_path):
     """A uniform 1% stretch sampled every 4th pixel: strain 0.010 (the samples are 4 px apart), not 0.040; and the
     phase's gradient per pixel is the displacement, not a quarter of it."""

@@ -243,6 +243,32 @@ def test_dic_sample_opens_pair_mode_and_gives_strain(viewer_and_widget, wait_idl
     assert_copy_reproduces(widget, viewer)
 
 
+def test_dic_sample_with_affine_subsets(viewer_and_widget, wait_idle, small_samples):
+    """Subset shape affine in the DIC mode: the field and strain of find_displacement(..., shape="affine") and
+    strain_field(gradients=...), shown only in the pair mode, reproduced by Copy as Python."""
+    from napari_gridmip import strain_field
+
+    viewer, widget = viewer_and_widget
+
+    def shown() -> bool:  # would be on screen with the dock (the test's window is not shown)
+        return widget.subset_shape.native.isVisibleTo(widget.native)
+
+    viewer.open_sample("napari-gridmip", "dic")
+    deformed, reference = viewer.layers["DIC deformed (img1)"], viewer.layers["DIC reference (img2)"]
+    assert shown()
+    widget.subset_shape.value = "affine"
+    run(widget, wait_idle)
+    name = "DIC reference (img2)"
+    expected = find_displacement(deformed.data[None], reference.data[None], (11, 11), subset=(31, 31), step=4,
+                                 subpixel="refine", shape="affine")  # fmt: skip
+    np.testing.assert_allclose(viewer.layers[f"{name} dx"].data, np.asarray(expected.dx), **EXACT)
+    strain = strain_field(expected.dy, expected.dx, gradients=expected[3:])
+    np.testing.assert_allclose(viewer.layers[f"{name} exx"].data, np.asarray(strain.exx), **EXACT)
+    assert_copy_reproduces(widget, viewer)
+    widget.mode.value = STACKS
+    assert not shown()
+
+
 def test_speckle_contrast_sample_tracks_and_shows_a_clicked_surface(viewer_and_widget, wait_idle, small_samples):
     from napari_gridmip import integrate_gradient, track_speckles
 

@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core._peak import quadratic_peak
-from napari_gridmip.core.patches.stitch import (
+from napari_gridmip.core.patches._stitch_shared import (
     _TAPS,
     GN_ITERATIONS,
     MARGIN,

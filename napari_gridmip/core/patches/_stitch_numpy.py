@@ -64,7 +64,7 @@ def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool =
     """
     from scipy import ndimage
 
-    from napari_gridmip.core.patches.stitch import filter_halo
+    from napari_gridmip.core.patches._stitch_shared import filter_halo
 
     have = np.isfinite(raw)
     f = np.where(have, raw, np.float32(0)).astype(np.float32)
@@ -263,7 +263,7 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
 
     ``filtered``: the regions come band-passed already (from :class:`FilteredTiles`, without a halo).
     """
-    from napari_gridmip.core.patches import stitch
+    from napari_gridmip.core.patches import _stitch_shared as stitch
 
     search, template, mask = (np.asarray(x, np.float32) for x in (search, template, mask))
     batch = len(search)
@@ -352,7 +352,7 @@ class FilteredTiles:
         self.tiles.clear()
 
     def tile(self, index: int) -> np.ndarray:
-        from napari_gridmip.core.patches.stitch import CACHE_BYTES, filter_halo
+        from napari_gridmip.core.patches._stitch_shared import CACHE_BYTES, filter_halo
 
         if index in self.tiles:
             self.tiles.move_to_end(index)

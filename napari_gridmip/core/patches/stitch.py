@@ -65,15 +65,21 @@ import numpy as np
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import GRID_ORDERS, STITCH_SUBPIXEL
 from napari_gridmip.core.patches import _stitch_numpy
+from napari_gridmip.core.patches._stitch_shared import (  # noqa: F401 - re-exported for the tests
+    _TAPS,
+    CACHE_BYTES,
+    GN_ITERATIONS,
+    MARGIN,
+    MAX_REFINE_STEP,
+    _gaussian_spectrum,
+    filter_halo,
+)
 
 __all__ = ["grid_positions", "register_tiles"]
 
 ProgressCallback = Callable[[int, int], None]
 
 FINE_SHIFT = 0  # the refinement pass starts at the coarse peak (within 0.5 px) and may move MAX_REFINE_STEP
-MARGIN = 3  # extra search beyond max_shift: the quadratic fit's neighbours, cubic taps and refinement room
-GN_ITERATIONS = 5  # Gauss-Newton steps of the refinement (converged to 1e-4 px after 3 on the tests' mosaics)
-MAX_REFINE_STEP = 1.5  # the refinement may move at most this far (px, per axis) from the integer peak
 WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accepted pair's weight
 PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
@@ -81,7 +87,6 @@ BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosa
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
-CACHE_BYTES = 256 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most, per pass
 FORCE_ENGINE: str | None = None  # "numpy" or "jax" to override the choice (tests, benchmarks)
 
 REASONS = (
@@ -342,7 +347,6 @@ def _static_shape(extents: np.ndarray) -> tuple[int, ...]:
 
 # -- the pair kernel's pieces shared by both engines (NumPy) ------------------------------------
 
-_TAPS = np.arange(-1, 3)  # the 4 taps of a cubic sample at q + phi: q - 1 .. q + 2
 
 # the JAX kernel lives in _stitch_jax (imported on first use: small mosaics never import JAX)
 _JAX_NAMES = frozenset({
@@ -357,24 +361,6 @@ def __getattr__(name: str):
 
         return getattr(_stitch_jax, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def filter_halo(sigma: float, low_only: bool = False) -> int:
-    """The halo a region needs for the filter of ``sigma`` (4 standard deviations of its widest Gaussian; 0: none)."""
-    return int(math.ceil((4 if low_only else 8) * sigma)) if sigma > 0 else 0
-
-
-def _gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.ndarray:
-    """The real FFT of a normalised Gaussian (truncated at ``radius``) centred on pixel 0 of ``shape``, wrapped."""
-    x = np.arange(-radius, radius + 1, dtype=np.float64)
-    taps = np.exp(-0.5 * (x / sigma) ** 2)
-    taps /= taps.sum()
-    kernel = np.ones((1,) * len(shape))
-    for axis, n in enumerate(shape):
-        line = np.zeros(n)
-        line[np.arange(-radius, radius + 1) % n] += taps
-        kernel = kernel * line.reshape([-1 if k == axis else 1 for k in range(len(shape))])
-    return np.fft.rfftn(kernel).astype(np.complex64)
 
 
 # -- the global placement (SciPy sparse, float64) ----------------------------------------------

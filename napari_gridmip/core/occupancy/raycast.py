@@ -18,7 +18,6 @@ sum_{j <= k} clip((v_j - lo) / (hi - lo), 0, 1)``; ``iso`` the first sample abov
 from __future__ import annotations
 
 import functools
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -79,12 +78,16 @@ def _chunk_shape(volume: Any) -> tuple[int, int, int]:
 
 
 class ChunkCache:
-    """Chunks of one volume, read on demand (in parallel threads), at most ``capacity`` bytes kept (LRU).
+    """Chunks of one volume, read on demand (in parallel threads) into a fixed atlas of ``capacity`` bytes (LRU).
 
-    One cache may serve many renders of the same volume (a live view keeps one), and is thread-safe.
+    The atlas is one aligned host array of ``slots`` chunks, which JAX's CPU backend reads without a copy
+    (``jax.device_put`` aliases it; other backends copy it once per band of a render). One cache may serve many
+    renders of the same volume (a live view keeps one); it is used by one render at a time.
     """
 
     def __init__(self, volume: Any, *, capacity: int = 512 << 20) -> None:
+        from napari_gridmip.core._transfer import aligned_empty
+
         self.volume = volume
         self.shape = tuple(int(n) for n in volume.shape)
         self.chunk = _chunk_shape(volume)
@@ -94,52 +97,57 @@ class ChunkCache:
         if capacity < self.chunk_bytes:
             raise ValueError(f"capacity must hold one chunk ({self.chunk_bytes} bytes); got {capacity}")
         self.capacity = int(capacity)
-        self.blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.slots = min(self.capacity // self.chunk_bytes, int(np.prod(self.grid)))
+        self.atlas = aligned_empty((self.slots, *self.chunk), self.dtype)  # pages are committed as chunks arrive
+        self.slot_of: OrderedDict[int, int] = OrderedDict()  # chunk id -> slot, least recently used first
         self.reads = 0
-        self.peak_bytes = 0
-        self._lock = threading.Lock()
 
     @property
-    def slots(self) -> int:
-        """How many chunks fit at once."""
-        return self.capacity // self.chunk_bytes
+    def blocks(self) -> list[int]:
+        """The chunk ids held."""
+        return list(self.slot_of)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of chunks held (the atlas's committed part)."""
+        return len(self.slot_of) * self.chunk_bytes
 
     def _read(self, flat: int) -> np.ndarray:
         index = np.unravel_index(flat, self.grid)
         region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, self.chunk, self.shape))
         block = self.volume[region]
-        block = np.asarray(block.compute() if _validate.is_dask(block) else block)
-        if block.shape != self.chunk:  # an edge chunk: padded to the full chunk (never sampled beyond the volume)
-            full = np.zeros(self.chunk, self.dtype)
-            full[tuple(slice(0, n) for n in block.shape)] = block
-            block = full
-        return block
+        return np.asarray(block.compute() if _validate.is_dask(block) else block)
 
-    def get(self, ids: np.ndarray) -> list[np.ndarray]:
-        """The chunks with flat ids ``ids`` (at most :attr:`slots` of them), reading the missing ones."""
+    def load(self, ids: np.ndarray) -> np.ndarray:
+        """Hold the chunks ``ids`` (at most :attr:`slots`), reading the missing ones; returns their slots."""
         ids = [int(i) for i in ids]
-        with self._lock:
-            missing = [i for i in ids if i not in self.blocks]
+        if len(ids) > self.slots:
+            raise ValueError(f"{len(ids)} chunks asked for at once; the cache holds {self.slots}")
+        wanted = set(ids)
+        missing = [i for i in ids if i not in self.slot_of]
+        free = sorted(set(range(self.slots)) - set(self.slot_of.values()))
+        for chunk_id in list(self.slot_of):  # evict the least recently used chunks not wanted now
+            if len(free) >= len(missing):
+                break
+            if chunk_id not in wanted:
+                free.append(self.slot_of.pop(chunk_id))
         if missing:
             with ThreadPoolExecutor(max_workers=4) as pool:  # Zarr decompression releases the GIL
-                loaded = list(pool.map(self._read, missing))
-            with self._lock:
-                self.reads += len(missing)
-                for i, block in zip(missing, loaded):
-                    self.blocks[i] = block
-        with self._lock:
-            out = []
-            for i in ids:
-                self.blocks.move_to_end(i)
-                out.append(self.blocks[i])
-            keep = set(ids)
-            self.peak_bytes = max(self.peak_bytes, len(self.blocks) * self.chunk_bytes)
-            while len(self.blocks) * self.chunk_bytes > self.capacity:
-                oldest = next(iter(self.blocks))
-                if oldest in keep:
-                    break
-                self.blocks.popitem(last=False)
-        return out
+                for chunk_id, slot, block in zip(missing, free, pool.map(self._read, missing)):
+                    target = self.atlas[slot]
+                    if block.shape != self.chunk:  # an edge chunk (never sampled beyond the volume)
+                        target = target[tuple(slice(0, n) for n in block.shape)]
+                    target[...] = block
+                    self.slot_of[chunk_id] = slot
+            self.reads += len(missing)
+        slots = np.empty(len(ids), np.int32)
+        for j, chunk_id in enumerate(ids):
+            self.slot_of.move_to_end(chunk_id)
+            slots[j] = self.slot_of[chunk_id]
+        return slots
+
+    def device_atlas(self) -> jax.Array:
+        return jax.device_put(self.atlas)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -147,27 +155,39 @@ class ChunkCache:
 
 
 def _voxels(o, d, t0, k, step, shape):
-    """The voxel (int32 (..., 3), clipped into the volume) of sample ``k`` of rays ``(o, d, t0)``."""
+    """The voxel (int32 (..., 3), clipped into the volume) and t of sample ``k`` of rays ``(o, d, t0)``."""
     t = t0 + (k.astype(jnp.float32) + 0.5) * step
     p = o + t[..., None] * d
     return jnp.clip(jnp.floor(p).astype(jnp.int32), 0, shape - 1), t
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "count", "cell"))
-def _scan(o, d, t0, n, cells, step, shape, segment, count, cell):
-    """(rays, count) occupied flags of each ray's segments: any cell between the first and last sample occupied."""
-    first = jnp.arange(count, dtype=jnp.int32) * segment
-    last = jnp.minimum(first[None, :] + segment - 1, n[:, None] - 1)
-    valid = first[None, :] < n[:, None]
-    ob, db, tb = o[:, None, :], d[:, None, :], t0[:, None]
-    vf, _ = _voxels(ob, db, tb, jnp.broadcast_to(first[None, :], last.shape), step, shape)
-    vl, _ = _voxels(ob, db, tb, jnp.maximum(last, 0), step, shape)
-    lo, hi = jnp.minimum(vf, vl) // cell, jnp.maximum(vf, vl) // cell  # a segment spans at most 2 cells per axis
-    occupied = jnp.zeros(last.shape, bool)
+def _segments_occupied(o, d, t0, n, first, length, cells, step, shape, cell):
+    """Whether any cell between a segment's first and last sample is occupied (a segment spans at most 2 cells
+    per axis, so the 8 corners of that box are all its cells), for segments starting at sample ``first``."""
+    last = jnp.minimum(first + length - 1, n - 1)
+    vf, _ = _voxels(o, d, t0, first, step, shape)
+    vl, _ = _voxels(o, d, t0, jnp.maximum(last, 0), step, shape)
+    lo, hi = jnp.minimum(vf, vl) // cell, jnp.maximum(vf, vl) // cell
+    occupied = jnp.zeros(first.shape, bool)
     for corner in np.ndindex(2, 2, 2):
         c = jnp.minimum(lo + jnp.asarray(corner, jnp.int32), hi)
         occupied = occupied | cells[c[..., 0], c[..., 1], c[..., 2]]
-    return occupied & valid
+    return occupied & (first < n)
+
+
+@functools.partial(jax.jit, static_argnames=("length", "count", "cell"))
+def _scan(o, d, t0, n, cells, step, shape, length, count, cell):
+    """(rays, count): which of each ray's first ``count`` segments of ``length`` samples meet an occupied cell."""
+    first = jnp.broadcast_to(jnp.arange(count, dtype=jnp.int32)[None, :] * length, (o.shape[0], count))
+    return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, cells, step, shape, cell)
+
+
+@functools.partial(jax.jit, static_argnames=("length", "split", "cell"))
+def _refine(o, d, t0, n, rays, coarse, cells, step, shape, length, split, cell):
+    """(P, split): which of the ``split`` segments of ``length`` samples inside each coarse segment meet one."""
+    first = (coarse[:, None] * split + jnp.arange(split, dtype=jnp.int32)[None, :]) * length
+    ob, db, tb, nb = o[rays][:, None], d[rays][:, None], t0[rays][:, None], n[rays][:, None]
+    return _segments_occupied(ob, db, tb, nb, first, length, cells, step, shape, cell)
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell"))
@@ -182,7 +202,6 @@ def _mark(o, d, t0, n, rays, segs, cells, step, shape, chunk, grid, segment, cel
     return jnp.where(hit, flat, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("segment",))
 def _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment):
     """Values (float32 (P, segment)), validity and t of the samples of the given segments."""
     k = segs[:, None] * segment + jnp.arange(segment, dtype=jnp.int32)[None, :]
@@ -208,15 +227,24 @@ def _pick(values, t, better, rays, size):
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "mode", "size"))
-def _reduce(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, params, segment, mode, size):
-    """One batch of occupied segments reduced per ray: (value, t) of each of ``size`` rays (-inf/+inf: none)."""
+def _reduce(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, params, prefix, segment, mode,
+            size):  # fmt: skip
+    """One batch of occupied segments reduced per ray: (value, t) of each of ``size`` rays (-inf/inf: none).
+
+    ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment.
+    """
     value, valid, t = _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment)
     if mode == "mip":
         return _pick(jnp.where(valid, value, -jnp.inf), t, jnp.maximum, rays, size)
     if mode == "minip":
         return _pick(jnp.where(valid, value, jnp.inf), t, jnp.minimum, rays, size)
-    # iso: the first sample above params[0]
-    hit = valid & (value > params[0])
+    if mode == "attenuated_mip":
+        lo, hi, attenuation = params[0], params[1], params[2]
+        contribution = jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0)
+        total = prefix[:, None] + jnp.cumsum(contribution, axis=1)
+        scaled = jnp.where(valid, value * jnp.exp(-attenuation * (total - 1)), -jnp.inf)
+        return _pick(scaled, t, jnp.maximum, rays, size)
+    hit = valid & (value > params[0])  # iso: the first sample above the threshold
     first = jnp.min(jnp.where(hit, t, jnp.inf), axis=1)
     at = jnp.argmax(hit, axis=1)
     hit_value = jnp.where(jnp.isfinite(first), jnp.take_along_axis(value, at[:, None], 1)[:, 0], -jnp.inf)
@@ -240,6 +268,14 @@ def _pad(a: np.ndarray, size: int, value: Any = 0) -> np.ndarray:
     out = np.full((size, *a.shape[1:]), value, a.dtype)
     out[: len(a)] = a
     return out
+
+
+def _coarser(cells: np.ndarray, factor: int) -> np.ndarray:
+    """The occupancy of cells ``factor`` times larger (any of the cells inside)."""
+    padded = np.zeros(tuple(-(-n // factor) * factor for n in cells.shape), bool)
+    padded[tuple(slice(0, n) for n in cells.shape)] = cells
+    g = padded.shape
+    return padded.reshape(g[0] // factor, factor, g[1] // factor, factor, g[2] // factor, factor).any(axis=(1, 3, 5))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -340,8 +376,10 @@ def render_view(
     >>> volume = np.zeros((32, 32, 32), np.uint16); volume[4, 8, 8] = 7; volume[20, 8, 8] = 9
     >>> cells = np.asarray(occupancy_mipmap(volume)[3])
     >>> o, d = np.array([[0.0, 8.5, 8.5]]), np.array([[1.0, 0, 0]])
-    >>> float(render_view(volume, cells, o, d).values[0]), float(render_view(volume, cells, o, d, mode="minip").values[0])
-    (9.0, 0.0)
+    >>> float(render_view(volume, cells, o, d).values[0])
+    9.0
+    >>> float(render_view(volume, cells, o, d, mode="minip").values[0])
+    0.0
     """
     volume = _validate.as_array("volume", volume)
     _validate.check_real("volume", volume)
@@ -384,28 +422,141 @@ def render_view(
         raise ValueError(f"cache is for a volume of shape {cache.shape}, not {shape}")
     reads_before = cache.reads
 
-    # the largest segment whose samples span less than a cell along every axis (at most 2 cells per axis)
-    segment = 1 << int(np.floor(np.log2((cell - 1) / step + 1)))
-    segment = min(segment, 64)
+    # the largest segment whose samples span less than a cell along every axis (at most 2 cells per axis), and
+    # coarse segments of 4 times as many samples against cells 4 times as large, scanned first
+    segment = min(1 << int(np.floor(np.log2((cell - 1) / step + 1))), 64)
+    coarse = 1 << int(np.floor(np.log2((4 * cell - 1) / step + 1)))
+    split = coarse // segment
     t0, n = sample_plan(o, d, shape, step, t_near)
-    count = int(n.max(initial=0))
-    values = np.full(len(o), np.nan, np.float32)
-    depth = np.full(len(o), np.nan, np.float32)
-    used: set[int] = set()
-    samples = 0
-    context = _Context(cells, shape, cache, step, background, segment, cell, mode, params)
     hit = np.flatnonzero(n > 0)
-    for start in range(0, len(hit), RAY_BATCH):
+    size = _padded(len(hit))
+    plan = _Plan(
+        o=jnp.asarray(_pad(o[hit].astype(np.float32), size, -1)),
+        d=jnp.asarray(_pad(d[hit].astype(np.float32), size, 0)),
+        t0=jnp.asarray(_pad(t0[hit].astype(np.float32), size, 0)),
+        n=jnp.asarray(_pad(n[hit].astype(np.int32), size, 0)),
+        step=np.float32(step),
+        shape=jnp.asarray(shape, jnp.int32),
+    )
+    cells_device = jnp.asarray(cells)
+    coarse_cells = jnp.asarray(_coarser(cells, 4))
+
+    def check() -> None:
         if cancel is not None and cancel():
             raise RenderCancelled
-        rays = hit[start : start + RAY_BATCH]
-        v, t, u, s = context.batch(o[rays], d[rays], t0[rays], n[rays], cancel)
-        values[rays], depth[rays] = v, t
-        used |= u
-        samples += s
+
+    # 1. which segments meet an occupied cell: coarse segments of each batch of rays, then their fine segments
+    rays_list, segs_list = [], []
+    for start in range(0, len(hit), RAY_BATCH):
+        check()
+        batch = np.arange(start, min(start + RAY_BATCH, len(hit)))
+        count = _padded(int(-(-int(n[hit[batch]].max()) // coarse)), 8)
+        b = _padded(len(batch))
+        part = [jnp.asarray(_pad(np.asarray(a)[batch], b, fill)) for a, fill in zip(plan[:4], (-1, 0, 0, 0))]
+        occupied = np.asarray(_scan(*part, coarse_cells, plan.step, plan.shape, coarse, count, 4 * cell))
+        r, c = np.nonzero(occupied[: len(batch)])
+        r = batch[r]
+        for a in range(0, len(r), SEGMENT_BATCH):
+            rr, cc = r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]
+            m = _padded(len(rr))
+            fine = np.asarray(_refine(*plan[:4], jnp.asarray(_pad(rr.astype(np.int32), m)),
+                                      jnp.asarray(_pad(cc.astype(np.int32), m)), cells_device, plan.step,
+                                      plan.shape, segment, split, cell))[: len(rr)]  # fmt: skip
+            i, j = np.nonzero(fine)
+            rays_list.append(rr[i])
+            segs_list.append(cc[i] * split + j)
+    rays = np.concatenate(rays_list) if rays_list else np.zeros(0, np.int64)
+    segs = np.concatenate(segs_list) if segs_list else np.zeros(0, np.int64)
+    order = np.lexsort((segs, rays))  # by ray, then along it
+    rays, segs = rays[order].astype(np.int32), segs[order].astype(np.int32)
+
+    # 2. the chunks their samples in occupied cells fall in, per batch of segments; bands of batches that fit
+    batches = []
+    pending = [(rays[a : a + SEGMENT_BATCH], segs[a : a + SEGMENT_BATCH]) for a in range(0, len(rays), SEGMENT_BATCH)]
+    chunk_device, grid_device = jnp.asarray(cache.chunk, jnp.int32), jnp.asarray(cache.grid, jnp.int32)
+    while pending:
+        check()
+        r, s = pending.pop(0)
+        m = _padded(len(r))
+        flat = _mark(*plan[:4], jnp.asarray(_pad(r, m)), jnp.asarray(_pad(s, m)), cells_device, plan.step,
+                     plan.shape, chunk_device, grid_device, segment, cell)  # fmt: skip
+        ids = np.unique(np.asarray(flat)[: len(r)])
+        ids = ids[ids >= 0]
+        if len(ids) > cache.slots:  # more chunks than the cache holds: two halves (bands of rows), in order
+            if len(r) == 1:
+                raise ValueError(f"cache_bytes holds {cache.slots} chunks; one segment needs {len(ids)}")
+            half = len(r) // 2
+            pending[:0] = [(r[:half], s[:half]), (r[half:], s[half:])]
+            continue
+        batches.append((r, s, ids))
+    bands, band, band_ids = [], [], np.zeros(0, np.int64)
+    for r, s, ids in batches:
+        union = np.union1d(band_ids, ids)
+        if len(union) > cache.slots and band:
+            bands.append((band, band_ids))
+            band, union = [], ids
+        band.append((r, s))
+        band_ids = union
+    if band:
+        bands.append((band, band_ids))
+    used = np.unique(np.concatenate([ids for _, ids in bands])) if bands else np.zeros(0)
+
+    # 3. the skipped segments: each ray's samples outside the occupied segments are all background
+    ray_n = n[hit]
+    valid_counts = np.clip(ray_n[rays] - segs.astype(np.int64) * segment, 0, segment)
+    first_of_ray = np.r_[True, rays[1:] != rays[:-1]] if len(rays) else np.zeros(0, bool)
+    rank = np.arange(len(rays)) - np.maximum.accumulate(np.where(first_of_ray, np.arange(len(rays)), 0))
+    gap = np.full(len(hit), np.iinfo(np.int64).max)  # the first segment of each ray not occupied
+    np.minimum.at(gap, rays, np.where(segs != rank, rank, np.iinfo(np.int64).max))
+    covered = np.bincount(rays, valid_counts, minlength=len(hit)).astype(np.int64)
+    occupied_count = np.bincount(rays, minlength=len(hit))
+    gap = np.where(gap == np.iinfo(np.int64).max, occupied_count, gap)  # occupied from 0 on: the first gap after
+    any_skipped = covered < ray_n
+    first_skipped = np.where(any_skipped, gap * segment, 0)
+    t_skipped = (t0[hit] + (first_skipped + 0.5) * step).astype(np.float32)
+
+    # 4. the values, band by band (attenuated_mip: the sums before each segment first)
+    lo, hi, attenuation = (float(p) for p in params)
+    prefix = np.zeros(len(rays), np.float32)
+    per_sample, totals_before_gap = 0.0, None
+    if mode == "attenuated_mip":
+        per_sample = step * float(np.clip((background - lo) / (hi - lo), 0, 1))
+        totals = np.zeros(len(rays), np.float64)
+        for index, part in _band_batches(bands, cache, check):
+            out = _totals(*plan[:4], *part, plan.step, plan.shape, jnp.asarray(cache.chunk, jnp.int32),
+                          np.float32(background), np.float32(lo), np.float32(hi), segment)  # fmt: skip
+            totals[index] = np.asarray(out)[: len(index)]
+        # the occupied segments before each one, and the background samples between them
+        before = np.cumsum(totals) - totals
+        before -= np.repeat((np.cumsum(totals) - totals)[first_of_ray], np.diff(np.r_[np.flatnonzero(first_of_ray),
+                                                                                        len(rays)]))  # fmt: skip
+        counted = np.cumsum(valid_counts) - valid_counts
+        counted -= np.repeat(counted[first_of_ray], np.diff(np.r_[np.flatnonzero(first_of_ray), len(rays)]))
+        skipped_before = np.minimum(segs.astype(np.int64) * segment, ray_n[rays]) - counted
+        prefix = (before + skipped_before * per_sample).astype(np.float32)
+        totals_before_gap = np.zeros(len(hit))
+        np.add.at(totals_before_gap, rays, np.where(segs < gap[rays], totals, 0))
+    values = np.full(len(hit), np.nan, np.float32)
+    depth = np.full(len(hit), np.nan, np.float32)
+    samples = len(rays) * segment
+    for index, part in _band_batches(bands, cache, check):
+        seg_prefix = jnp.asarray(_pad(prefix[index], len(part[0])))
+        v, t = _reduce(*plan[:4], *part, plan.step, plan.shape, jnp.asarray(cache.chunk, jnp.int32),
+                       np.float32(background), jnp.asarray(params), seg_prefix, segment, mode, size)  # fmt: skip
+        values, depth = _combine(mode, values, depth, np.asarray(v)[: len(hit)], np.asarray(t)[: len(hit)])
+    if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
+        bg = np.where(any_skipped, background, np.nan).astype(np.float32)
+        values, depth = _combine(mode, values, depth, bg, np.where(any_skipped, t_skipped, np.inf))
+    elif mode == "attenuated_mip":  # the first background sample skipped is the least attenuated of them
+        total = totals_before_gap + per_sample  # every sample before the first skipped one is in an occupied segment
+        scaled = np.where(any_skipped, background * np.exp(-attenuation * (total - 1)), np.nan).astype(np.float32)
+        values, depth = _combine("mip", values, depth, scaled, np.where(any_skipped, t_skipped, np.inf))
+    out_values = np.full(len(o), np.nan, np.float32)
+    out_depth = np.full(len(o), np.nan, np.float32)
+    out_values[hit], out_depth[hit] = values, depth
     return ViewRender(
-        values.reshape(out_shape),
-        depth.reshape(out_shape),
+        out_values.reshape(out_shape),
+        out_depth.reshape(out_shape),
         cache.reads - reads_before,
         len(used),
         int(np.prod(cache.grid)),
@@ -414,132 +565,30 @@ def render_view(
     )
 
 
-class _Context:
-    """The device arrays and constants of one render, and one batch of rays at a time."""
-
-    def __init__(self, cells, shape, cache, step, background, segment, cell, mode, params):
-        self.cells = jnp.asarray(cells)
-        self.shape = jnp.asarray(shape, jnp.int32)
-        self.chunk = jnp.asarray(cache.chunk, jnp.int32)
-        self.grid = jnp.asarray(cache.grid, jnp.int32)
-        self.cache, self.step, self.background = cache, np.float32(step), np.float32(background)
-        self.segment, self.cell, self.mode, self.params = segment, cell, mode, params
-
-    def batch(self, o, d, t0, n, cancel):
-        m = len(o)
-        size = _padded(m)
-        count = int(-(-int(n.max()) // self.segment))
-        count = _padded(count, 8)
-        args = (
-            jnp.asarray(_pad(o.astype(np.float32), size, -1)),
-            jnp.asarray(_pad(d.astype(np.float32), size, 0)),
-            jnp.asarray(_pad(t0.astype(np.float32), size, 0)),
-            jnp.asarray(_pad(n.astype(np.int32), size, 0)),
-        )
-        occupied = np.asarray(_scan(*args, self.cells, self.step, self.shape, self.segment, count, self.cell))
-        valid = np.arange(count)[None, :] * self.segment < n[:, None]
-        valid = _pad(valid, size, False)
-        skipped = valid & ~occupied  # segments whose samples are all background
-        rays, segs = np.nonzero(occupied)
-        best = np.full(size, np.nan, np.float32)
-        best_t = np.full(size, np.nan, np.float32)
-        # the background's own contribution where segments were skipped (exact under the module's assumption)
-        any_skipped = skipped.any(axis=1)
-        first_skipped = np.where(any_skipped, np.argmax(skipped, axis=1), 0)
-        t0_pad = _pad(t0, size, 0.0)
-        t_first_skipped = t0_pad + (first_skipped * self.segment + 0.5) * float(self.step)
-        prefix = None
-        if self.mode == "attenuated_mip":
-            lo, hi, attenuation = (float(p) for p in self.params)
-            per_sample = float(self.step) * float(np.clip((self.background - lo) / (hi - lo), 0, 1))
-            counts = np.clip(_pad(n, size, 0)[:, None] - np.arange(count)[None, :] * self.segment, 0, self.segment)
-            totals = np.where(skipped, counts * per_sample, 0.0)
-        used: set[int] = set()
-        groups = self._groups(args, rays, segs, used, cancel)
-        if self.mode == "attenuated_mip":
-            for r, s, atlas, slots in groups:
-                part = _totals(*args, *self._segments(r, s), atlas, slots, self.step, self.shape, self.chunk,
-                               self.background, self.params[0], self.params[1], self.segment)  # fmt: skip
-                totals[r, s] = np.asarray(part)[: len(r)]
-            prefix = np.cumsum(totals, axis=1) - totals  # the sum before each segment
-        for r, s, atlas, slots in groups:
-            if prefix is not None:
-                seg_prefix = _pad(prefix[r, s].astype(np.float32), _padded(len(r)), 0)[:, None]
-                lo, hi, attenuation = (np.float32(p) for p in self.params)
-                v, t = _reduce_attenuated(*args, *self._segments(r, s), atlas, slots, self.step, self.shape,
-                                          self.chunk, self.background, lo, hi, attenuation, jnp.asarray(seg_prefix),
-                                          self.segment, size)  # fmt: skip
-            else:
-                v, t = _reduce(*args, *self._segments(r, s), atlas, slots, self.step, self.shape, self.chunk,
-                               self.background, jnp.asarray(self.params), self.segment, self.mode, size)  # fmt: skip
-            v, t = np.asarray(v), np.asarray(t)
-            best, best_t = _combine(self.mode, best, best_t, v, t)
-        # the skipped segments' samples, all background
-        if self.mode in ("mip", "minip"):
-            bg = np.where(any_skipped, self.background, np.nan).astype(np.float32)
-            best, best_t = _combine(self.mode, best, best_t, bg, np.where(any_skipped, t_first_skipped, np.inf))
-        elif self.mode == "iso":
-            if self.background > self.params[0]:
-                bg = np.where(any_skipped, self.background, -np.inf).astype(np.float32)
-                best, best_t = _combine("iso", best, best_t, bg, np.where(any_skipped, t_first_skipped, np.inf))
-        else:
-            lo, hi, attenuation = (float(p) for p in self.params)
-            # the first sample of each skipped segment has the least attenuation of the segment
-            k_first = np.arange(count) * self.segment
-            seg_total_before = prefix + float(self.step) * float(np.clip((self.background - lo) / (hi - lo), 0, 1))
-            scaled = np.where(skipped, self.background * np.exp(-attenuation * (seg_total_before - 1)), -np.inf)
-            at = np.argmax(scaled, axis=1)
-            v = scaled[np.arange(size), at].astype(np.float32)
-            t = t0_pad + (k_first[at] + 0.5) * float(self.step)
-            best, best_t = _combine("mip", best, best_t, np.where(any_skipped, v, np.nan), t)
-        samples = len(rays) * self.segment
-        return best[:m], best_t[:m], used, samples
-
-    def _segments(self, r, s):
-        size = _padded(len(r))
-        return jnp.asarray(_pad(r.astype(np.int32), size, 0)), jnp.asarray(_pad(s.astype(np.int32), size, 0))
-
-    def _groups(self, args, rays, segs, used, cancel):
-        """(rays, segments, atlas, slot table) per group of occupied segments whose chunks fit in the cache."""
-        groups = []
-        pending = [(rays, segs)]
-        while pending:
-            r, s = pending.pop()
-            if len(r) == 0:
-                continue
-            if cancel is not None and cancel():
-                raise RenderCancelled
-            chunks = []
-            for a in range(0, len(r), SEGMENT_BATCH):
-                part = self._segments(r[a : a + SEGMENT_BATCH], s[a : a + SEGMENT_BATCH])
-                flat = _mark(*args, *part, self.cells, self.step, self.shape, self.chunk, self.grid, self.segment,
-                             self.cell)  # fmt: skip
-                chunks.append(np.unique(np.asarray(flat)))
-            ids = np.unique(np.concatenate(chunks))
-            ids = ids[ids >= 0]
-            if len(ids) > self.cache.slots and len(r) > 1:
-                half = len(r) // 2  # the segments are in ray order, rays in row order: two bands of rows
-                pending += [(r[half:], s[half:]), (r[:half], s[:half])]
-                continue
-            used.update(int(i) for i in ids)
-            blocks = self.cache.get(ids) if len(ids) else [np.zeros(self.cache.chunk, self.cache.dtype)]
-            atlas = jnp.asarray(np.stack(blocks))
-            slots = np.full(self.cache.grid, -1, np.int32)
-            slots.flat[ids] = np.arange(len(ids), dtype=np.int32)
-            slots = jnp.asarray(slots)
-            for a in range(0, len(r), SEGMENT_BATCH):
-                groups.append((r[a : a + SEGMENT_BATCH], s[a : a + SEGMENT_BATCH], atlas, slots))
-        return groups
+class _Plan(NamedTuple):
+    o: Any
+    d: Any
+    t0: Any
+    n: Any
+    step: Any
+    shape: Any
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "size"))
-def _reduce_attenuated(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, lo, hi, attenuation,
-                       prefix, segment, size):  # fmt: skip
-    value, valid, t = _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment)
-    contribution = jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0)
-    total = prefix + jnp.cumsum(contribution, axis=1)
-    scaled = jnp.where(valid, value * jnp.exp(-attenuation * (total - 1)), -jnp.inf)
-    return _pick(scaled, t, jnp.maximum, rays, size)
+def _band_batches(bands, cache, check):
+    """(indices into the segment list, (rays, segments, atlas, slot table)) per batch, loading each band's chunks."""
+    start = 0
+    for band, ids in bands:
+        check()
+        slots_of = cache.load(ids)
+        table = np.full(cache.grid, -1, np.int32)
+        table.flat[ids] = slots_of
+        table = jnp.asarray(table)
+        atlas = cache.device_atlas()
+        for r, s in band:
+            index = np.arange(start, start + len(r))
+            start += len(r)
+            m = _padded(len(r))
+            yield index, (jnp.asarray(_pad(r, m)), jnp.asarray(_pad(s, m)), atlas, table)
 
 
 def _combine(mode, best, best_t, v, t):

@@ -95,6 +95,7 @@ class Picture:
     plane through the camera's centre (top-left, top-right, bottom-right, bottom-left), and what it took."""
 
     rgba: np.ndarray
+    values: np.ndarray  # the render's values before the colormap (float32 (rows, columns), NaN: nothing)
     corners: np.ndarray
     final: bool
     level: int
@@ -197,9 +198,10 @@ class LiveSource:
         depth = result.depth * rays.world_per_t if mode == "iso" else None
         rgba = colorize_view(result.values, colormap=display.colormap, contrast_limits=display.contrast_limits,
                              gamma=display.gamma, depth=depth)  # fmt: skip
-        return Picture(rgba, canvas_corners(state), level == 0 and tuple(image_shape) == tuple(state.canvas), level,
-                       time.perf_counter() - start, result.chunks_read, result.chunks_used, result.chunks_total,
-                       result.samples, result.samples_dense)  # fmt: skip
+        final = level == 0 and tuple(image_shape) == tuple(state.canvas)
+        seconds = time.perf_counter() - start
+        return Picture(rgba, result.values, canvas_corners(state), final, level, seconds, result.chunks_read,
+                       result.chunks_used, result.chunks_total, result.samples, result.samples_dense)  # fmt: skip
 
     def progressive(self, state: ViewState, *, cancel: Callable[[], bool] | None = None) -> Iterator[Picture]:
         """The coarse pass, then the full resolution."""

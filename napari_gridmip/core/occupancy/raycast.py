@@ -190,16 +190,16 @@ def _refine(o, d, t0, n, rays, coarse, cells, step, shape, length, split, cell):
     return _segments_occupied(ob, db, tb, nb, first, length, cells, step, shape, cell)
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "cell"))
-def _mark(o, d, t0, n, rays, segs, cells, step, shape, chunk, grid, segment, cell):
-    """Flat chunk id of each sample of the given segments that falls in an occupied cell, else -1."""
+@functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks"))
+def _mark(o, d, t0, n, rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
+    """Which of the ``chunks`` chunks hold a sample of the given segments that falls in an occupied cell."""
     k = segs[:, None] * segment + jnp.arange(segment, dtype=jnp.int32)[None, :]
     v, _ = _voxels(o[rays][:, None, :], d[rays][:, None, :], t0[rays][:, None], k, step, shape)
     c = v // cell
     hit = cells[c[..., 0], c[..., 1], c[..., 2]] & (k < n[rays][:, None])
     q = v // chunk
     flat = (q[..., 0] * grid[1] + q[..., 1]) * grid[2] + q[..., 2]
-    return jnp.where(hit, flat, -1)
+    return jnp.zeros(chunks + 1, bool).at[jnp.where(hit, flat, chunks)].set(True)[:chunks]
 
 
 def _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment):
@@ -467,8 +467,8 @@ def render_view(
             segs_list.append(cc[i] * split + j)
     rays = np.concatenate(rays_list) if rays_list else np.zeros(0, np.int64)
     segs = np.concatenate(segs_list) if segs_list else np.zeros(0, np.int64)
-    order = np.lexsort((segs, rays))  # by ray, then along it
-    rays, segs = rays[order].astype(np.int32), segs[order].astype(np.int32)
+    # sorted by ray, then along it, as made: batches in ray order, np.nonzero in row-major order
+    rays, segs = rays.astype(np.int32), segs.astype(np.int32)
 
     # 2. the chunks their samples in occupied cells fall in, per batch of segments; bands of batches that fit
     batches = []
@@ -479,9 +479,8 @@ def render_view(
         r, s = pending.pop(0)
         m = _padded(len(r))
         flat = _mark(*plan[:4], jnp.asarray(_pad(r, m)), jnp.asarray(_pad(s, m)), cells_device, plan.step,
-                     plan.shape, chunk_device, grid_device, segment, cell)  # fmt: skip
-        ids = np.unique(np.asarray(flat)[: len(r)])
-        ids = ids[ids >= 0]
+                     plan.shape, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
+        ids = np.flatnonzero(np.asarray(flat))
         if len(ids) > cache.slots:  # more chunks than the cache holds: two halves (bands of rows), in order
             if len(r) == 1:
                 raise ValueError(f"cache_bytes holds {cache.slots} chunks; one segment needs {len(ids)}")
@@ -507,7 +506,9 @@ def render_view(
     first_of_ray = np.r_[True, rays[1:] != rays[:-1]] if len(rays) else np.zeros(0, bool)
     rank = np.arange(len(rays)) - np.maximum.accumulate(np.where(first_of_ray, np.arange(len(rays)), 0))
     gap = np.full(len(hit), np.iinfo(np.int64).max)  # the first segment of each ray not occupied
-    np.minimum.at(gap, rays, np.where(segs != rank, rank, np.iinfo(np.int64).max))
+    if len(rays):
+        starts = np.flatnonzero(first_of_ray)
+        gap[rays[starts]] = np.minimum.reduceat(np.where(segs != rank, rank, np.iinfo(np.int64).max), starts)
     covered = np.bincount(rays, valid_counts, minlength=len(hit)).astype(np.int64)
     occupied_count = np.bincount(rays, minlength=len(hit))
     gap = np.where(gap == np.iinfo(np.int64).max, occupied_count, gap)  # occupied from 0 on: the first gap after
@@ -534,8 +535,7 @@ def render_view(
         counted -= np.repeat(counted[first_of_ray], np.diff(np.r_[np.flatnonzero(first_of_ray), len(rays)]))
         skipped_before = np.minimum(segs.astype(np.int64) * segment, ray_n[rays]) - counted
         prefix = (before + skipped_before * per_sample).astype(np.float32)
-        totals_before_gap = np.zeros(len(hit))
-        np.add.at(totals_before_gap, rays, np.where(segs < gap[rays], totals, 0))
+        totals_before_gap = np.bincount(rays, np.where(segs < gap[rays], totals, 0), minlength=len(hit))
     values = np.full(len(hit), np.nan, np.float32)
     depth = np.full(len(hit), np.nan, np.float32)
     samples = len(rays) * segment

@@ -37,3 +37,17 @@ def test_coarse_levels_are_strided_and_the_layer_is_multiscale(tmp_path, monkeyp
     assert "vanish" in kwargs["metadata"]["description"]
     cells = kwargs["metadata"]["gridmip_cells"]
     assert cells["cell"] == 16 and cells["cells"].shape == (32, 32, 32)
+
+
+def test_registered_in_the_manifest():
+    import importlib
+    from pathlib import Path
+
+    import yaml
+
+    manifest = yaml.safe_load((Path(__file__).parents[2] / "napari.yaml").read_text())
+    (entry,) = [s for s in manifest["contributions"]["sample_data"] if s["key"] == "sparse-volume"]
+    assert entry["display_name"] == "Sparse volume (large)"
+    (command,) = [c for c in manifest["contributions"]["commands"] if c["id"] == entry["command"]]
+    module, name = command["python_name"].split(":")
+    assert getattr(importlib.import_module(module), name) is sparse.sparse_volume_sample

@@ -102,11 +102,77 @@ def run_size(size: int, folder: Path) -> list[str]:
     return rows
 
 
+def gui(size: int, folder: Path) -> list[str]:
+    """The live view in a real viewer: camera moves, then rests; the GUI thread's longest stall while it renders.
+
+    A 5 ms QTimer on the GUI thread records when the event loop runs; the longest gap between two ticks is the
+    freeze. Run under xvfb-run.
+    """
+    import napari
+    from qtpy.QtCore import QTimer
+    from qtpy.QtWidgets import QApplication
+
+    from napari_gridmip._widgets.live_render import DEBOUNCE_MS
+    from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+
+    app = QApplication.instance() or QApplication([])
+    viewer = napari.Viewer(show=True)
+    viewer.window._qt_window.resize(1400, 900)
+    widget = MipmapWidget(viewer)
+    viewer.window.add_dock_widget(widget)
+    levels, attrs = open_sparse_volume(size, folder=folder)
+    layer = viewer.add_image(levels, multiscale=True, contrast_limits=(0, 2000), colormap="magma",
+                             metadata={"gridmip_cells": {"cells": attrs["cells"], "cell": attrs["cell"],
+                                                         "threshold": 0.0}})  # fmt: skip
+    widget.layer.value = layer
+    viewer.dims.ndisplay = 3
+    viewer.reset_view()
+    ticks = []
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    timer.start(5)
+    widget.live_3d.native.click()
+    rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
+            "| camera | first pixels after rest s | full resolution after rest s | longest GUI stall ms |",
+            "|---|---|---|---|"]  # fmt: skip
+    fitted = viewer.scene.camera.zoom
+    for name, angles, zoom in (("overview", (-20, 30, 145), 1.0), ("rotated", (-40, 10, 100), 1.0),
+                               ("zoomed x4", (-40, 10, 100), 4.0)):  # fmt: skip
+        live = widget._live
+        live.pictures.clear()
+        viewer.scene.camera.angles = angles
+        viewer.scene.camera.zoom = fitted * zoom
+        moved = time.perf_counter()
+        ticks.clear()
+        shown = []
+        while not any(p.final for p in live.pictures) or live.worker is not None:
+            app.processEvents()
+            if len(live.pictures) > len(shown):
+                shown.append(time.perf_counter())
+            time.sleep(0.002)
+        rest = DEBOUNCE_MS / 1000
+        stall = max(np.diff(ticks)) * 1000 if len(ticks) > 1 else float("nan")
+        rows.append(f"| {name} | {shown[0] - moved - rest:.2f} | {shown[-1] - moved - rest:.2f} | {stall:.0f} |")
+        print(rows[-1], flush=True)
+    widget.live_3d.native.click()
+    timer.stop()
+    viewer.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
+    parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
     args = parser.parse_args()
+    if args.gui:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for size in args.sizes:
+                rows += gui(size, args.cache or Path(tmp))
+        print("\n".join(rows))
+        return
     rows = [f"Canvas {CANVAS[1]} x {CANVAS[0]} px; {machine()}"]
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.cache or Path(tmp)

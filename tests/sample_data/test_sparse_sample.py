@@ -17,8 +17,8 @@ def test_small_sparse_volume_is_written_once_with_only_occupied_chunks(tmp_path)
     chunk_max = volume.reshape(4, 64, 4, 64, 4, 64).max(axis=(1, 3, 5))
     assert attrs["chunks_written"][0] == int((chunk_max > 0).sum()) < attrs["chunks_total"][0]
     assert levels[0].nchunks_initialized == attrs["chunks_written"][0]
-    # the stored cells are the occupancy of 16^3 cells
-    np.testing.assert_array_equal(attrs["cells"], occupied.reshape(16, 16, 16, 16, 16, 16).any(axis=(1, 3, 5)))
+    # the stored cells are the occupancy of 8^3 cells
+    np.testing.assert_array_equal(attrs["cells"], occupied.reshape(32, 8, 32, 8, 32, 8).any(axis=(1, 3, 5)))
     # thin filaments: many occupied voxels have few occupied neighbours
     assert (occupied[1:-1, 1:-1, 1:-1] & ~occupied[2:, 1:-1, 1:-1] & ~occupied[:-2, 1:-1, 1:-1]).sum() > 1000
     # a second open reads the cache (same folder, no rewrite)
@@ -36,7 +36,7 @@ def test_coarse_levels_are_strided_and_the_layer_is_multiscale(tmp_path, monkeyp
     np.testing.assert_array_equal(coarse, fine[::2, ::2, ::2])
     assert "vanish" in kwargs["metadata"]["description"]
     cells = kwargs["metadata"]["gridmip_cells"]
-    assert cells["cell"] == 16 and cells["cells"].shape == (32, 32, 32)
+    assert cells["cell"] == 8 and cells["cells"].shape == (64, 64, 64)
 
 
 def test_registered_in_the_manifest():

@@ -127,10 +127,38 @@ def gui(size: int, folder: Path) -> list[str]:
     widget.layer.value = layer
     viewer.dims.ndisplay = 3
     viewer.reset_view()
+    import threading
+    import traceback
+
     ticks = []
+    stalls: dict[str, float] = {}  # where the GUI thread was when it had not ticked for 250 ms: the innermost frames
+    main = threading.main_thread().ident
+    done = threading.Event()
+
+    def watchdog() -> None:
+        while not done.is_set():
+            time.sleep(0.05)
+            if ticks and time.perf_counter() - ticks[-1] > 0.25:
+                frame = sys._current_frames().get(main)
+                if frame is not None:
+                    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                        for f in reversed(traceback.extract_stack(frame)[-6:]))  # fmt: skip
+                    stalls[where] = stalls.get(where, 0) + 0.05
+
+    threading.Thread(target=watchdog, daemon=True).start()
     timer = QTimer()
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
     timer.start(5)
+    # napari alone, the switch off: the same camera moves, 3 s of events each
+    alone = []
+    for angles in ((-20, 30, 145), (-40, 10, 100)):
+        viewer.scene.camera.angles = angles
+        ticks.clear()
+        end = time.perf_counter() + 3
+        while time.perf_counter() < end:
+            app.processEvents()
+            time.sleep(0.002)
+        alone.append(max(np.diff(ticks)) * 1000 if len(ticks) > 1 else float("nan"))
     widget.live_3d.native.click()
     rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
             "| camera | first pixels after rest s | full resolution after rest s | longest GUI stall ms |",
@@ -154,8 +182,12 @@ def gui(size: int, folder: Path) -> list[str]:
         stall = max(np.diff(ticks)) * 1000 if len(ticks) > 1 else float("nan")
         rows.append(f"| {name} | {shown[0] - moved - rest:.2f} | {shown[-1] - moved - rest:.2f} | {stall:.0f} |")
         print(rows[-1], flush=True)
+    rows.append(f"| napari alone (switch off), two camera moves | | | {max(alone):.0f} |")
     widget.live_3d.native.click()
     timer.stop()
+    done.set()
+    rows.append("\nWhere the GUI thread stood during stalls over 250 ms (seconds sampled, innermost first):\n")
+    rows += [f"- {seconds:.2f} s: {where}" for where, seconds in sorted(stalls.items(), key=lambda kv: -kv[1])[:8]]
     viewer.close()
     return rows
 

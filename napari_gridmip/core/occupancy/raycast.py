@@ -32,8 +32,8 @@ from napari_gridmip.core import _validate
 __all__ = ["colorize_view", "render_view"]
 
 MODES = ("mip", "minip", "attenuated_mip", "iso")
-RAY_BATCH = 1 << 14  # rays per compiled call: (rays, segments) arrays stay tens of MB
-SEGMENT_BATCH = 1 << 15  # occupied segments per gather call
+RAY_BATCH = 1 << 12  # rays per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
+SEGMENT_BATCH = 1 << 13  # occupied segments per gather call (short, as RAY_BATCH)
 IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
 
 
@@ -227,29 +227,30 @@ def _pick(values, t, better, rays, size):
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "mode", "size"))
-def _reduce(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, params, prefix, segment, mode,
-            size):  # fmt: skip
+def _reduce(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, params, prefix, ids, segment,
+            mode, size):  # fmt: skip
     """One batch of occupied segments reduced per ray: (value, t) of each of ``size`` rays (-inf/inf: none).
 
-    ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment.
+    ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment;
+    ``ids``: each segment's ray counted from the batch's first ray (the outputs cover ``size`` rays from there).
     """
     value, valid, t = _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment)
     if mode == "mip":
-        return _pick(jnp.where(valid, value, -jnp.inf), t, jnp.maximum, rays, size)
+        return _pick(jnp.where(valid, value, -jnp.inf), t, jnp.maximum, ids, size)
     if mode == "minip":
-        return _pick(jnp.where(valid, value, jnp.inf), t, jnp.minimum, rays, size)
+        return _pick(jnp.where(valid, value, jnp.inf), t, jnp.minimum, ids, size)
     if mode == "attenuated_mip":
         lo, hi, attenuation = params[0], params[1], params[2]
         contribution = jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0)
         total = prefix[:, None] + jnp.cumsum(contribution, axis=1)
         scaled = jnp.where(valid, value * jnp.exp(-attenuation * (total - 1)), -jnp.inf)
-        return _pick(scaled, t, jnp.maximum, rays, size)
+        return _pick(scaled, t, jnp.maximum, ids, size)
     hit = valid & (value > params[0])  # iso: the first sample above the threshold
     first = jnp.min(jnp.where(hit, t, jnp.inf), axis=1)
     at = jnp.argmax(hit, axis=1)
     hit_value = jnp.where(jnp.isfinite(first), jnp.take_along_axis(value, at[:, None], 1)[:, 0], -jnp.inf)
-    ray_t = jax.ops.segment_min(first, rays, num_segments=size)
-    ray_value = jax.ops.segment_max(jnp.where(first == ray_t[rays], hit_value, -jnp.inf), rays, num_segments=size)
+    ray_t = jax.ops.segment_min(first, ids, num_segments=size)
+    ray_value = jax.ops.segment_max(jnp.where(first == ray_t[ids], hit_value, -jnp.inf), ids, num_segments=size)
     return ray_value, ray_t
 
 
@@ -540,10 +541,16 @@ def render_view(
     depth = np.full(len(hit), np.nan, np.float32)
     samples = len(rays) * segment
     for index, part in _band_batches(bands, cache, check):
-        seg_prefix = jnp.asarray(_pad(prefix[index], len(part[0])))
+        m = len(part[0])
+        seg_prefix = jnp.asarray(_pad(prefix[index], m))
+        first = int(rays[index[0]])
+        span = _padded(int(rays[index[-1]]) - first + 1, 64)  # the batch's rays: a contiguous run (sorted)
+        ids = jnp.asarray(_pad(rays[index] - first, m, span))  # padding: out of range, dropped by the reductions
         v, t = _reduce(*plan[:4], *part, plan.step, plan.shape, jnp.asarray(cache.chunk, jnp.int32),
-                       np.float32(background), jnp.asarray(params), seg_prefix, segment, mode, size)  # fmt: skip
-        values, depth = _combine(mode, values, depth, np.asarray(v)[: len(hit)], np.asarray(t)[: len(hit)])
+                       np.float32(background), jnp.asarray(params), seg_prefix, ids, segment, mode, span)  # fmt: skip
+        run = slice(first, min(first + span, len(hit)))
+        count = run.stop - run.start
+        values[run], depth[run] = _combine(mode, values[run], depth[run], np.asarray(v)[:count], np.asarray(t)[:count])
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
         values, depth = _combine(mode, values, depth, bg, np.where(any_skipped, t_skipped, np.inf))

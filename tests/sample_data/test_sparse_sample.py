@@ -1,6 +1,7 @@
 """The "Sparse volume (large)" sample, at a small size: sparse, only occupied chunks stored, cached, multiscale."""
 
 import numpy as np
+import pytest
 
 from napari_gridmip._sample_data import sparse
 
@@ -28,6 +29,7 @@ def test_small_sparse_volume_is_written_once_with_only_occupied_chunks(tmp_path)
     assert path.stat().st_mtime_ns == stamp
 
 
+@pytest.mark.slow  # writes a 512^3 sample (two levels)
 def test_coarse_levels_are_strided_and_the_layer_is_multiscale(tmp_path, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
     [(levels, kwargs, kind)] = sparse.sparse_volume_sample(size=512)

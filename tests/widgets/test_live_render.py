@@ -138,6 +138,7 @@ def test_the_switch_shows_full_resolution_in_the_3d_canvas(live_viewer, qtbot):
     assert not live.pictures[0].final and live.pictures[0].rgba.shape[0] < height
 
 
+@pytest.mark.slow  # five renders; the switch test above keeps the default run covered
 def test_it_follows_the_camera_and_the_layer_display(live_viewer, qtbot):
     viewer, widget, layer = live_viewer
     widget.live_3d.native.click()
@@ -207,6 +208,7 @@ def test_off_layer_closed_and_widget_closed_stop_everything(live_viewer, qtbot):
     assert not live.active and live.worker is None and not _connected(camera.events.zoom, live)
 
 
+@pytest.mark.slow
 def test_a_4d_layer_follows_the_dims_slider(shown, qtbot):
     viewer, widget = shown()
     movie = np.stack([sparse_volume(seed=s) for s in (0, 1)])

@@ -22,8 +22,8 @@ import numpy as np
 DEBOUNCE_MS = 300  # the camera has rested this long: render
 FACES = np.array([[0, 1, 2], [0, 2, 3]])
 TEXCOORDS = np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # napari flips textures vertically
-LAYER_EVENTS = ("colormap", "contrast_limits", "gamma", "rendering", "iso_threshold", "attenuation", "data",
-                "scale", "translate")  # fmt: skip
+LAYER_EVENTS = ("colormap", "contrast_limits", "gamma", "rendering", "iso_threshold", "attenuation")
+DATA_EVENTS = ("data", "scale", "translate")  # what the render's source (levels, cells, placement) is made from
 CAMERA_EVENTS = ("center", "zoom", "angles", "perspective")
 
 
@@ -86,6 +86,7 @@ class LiveRender:
             (viewer.canvas.events.size, self._changed),
             (viewer.layers.events.removed, self._removed),
             *[(getattr(layer.events, name), self._changed) for name in LAYER_EVENTS],
+            *[(getattr(layer.events, name), self._data_changed) for name in DATA_EVENTS],
         ]
         for emitter, callback in self._connections:
             emitter.connect(callback)
@@ -118,6 +119,14 @@ class LiveRender:
         self._cancel()
         self._timer.start()
 
+    def _data_changed(self, *_: Any) -> None:
+        """New data or placement: a new source (levels, cells, caches), and a new render."""
+        self._source = self._source_key = None
+        self._final_state = None
+        self._hide()
+        self._cancel()
+        self._changed()
+
     def _removed(self, event: Any) -> None:
         removed = event.value
         if removed is self._layer() or (self.overlay is not None and removed is self.overlay):
@@ -143,7 +152,7 @@ class LiveRender:
         self._cancel()
         self._pending_state = state
         token = self._token = _Token()
-        key = (id(layer), state.index, self.threshold)
+        key = (id(layer), state.index, self.threshold, tuple(layer.scale), tuple(layer.translate))
         source = self._source if key == self._source_key else None
 
         def work():

@@ -166,6 +166,10 @@ def test_it_follows_the_camera_and_the_layer_display(live_viewer, qtbot):
     iso = _final(widget, qtbot)
     assert live._final_state.display.iso_threshold == 450
     assert not np.allclose(iso.rgba, minip.rgba)
+    layer.data = sparse_volume(seed=2)  # new data: a new source and picture
+    live.pictures.clear()
+    swapped = _final(widget, qtbot)
+    assert not np.allclose(swapped.values[np.isfinite(swapped.values)], iso.values[np.isfinite(swapped.values)])
     layer.colormap = "gray"
     live.pictures.clear()
     gray = _final(widget, qtbot)

@@ -106,6 +106,14 @@ class MipmapWidget(JobWidget):
             "side), skipping empty space with the pyramid. The picture is a 2D layer: switch to 2D to see it "
             "face on."
         )
+        self.live_3d = CheckBox(
+            name="live_3d",
+            text="Full resolution in 3D",
+            value=False,
+            tooltip="Follow the 3D camera: when it rests, the chosen layer's view is rendered from its full-resolution "
+            "data (reading only the chunks the rays need) and shown in the canvas over napari's coarse view.",
+        )
+        self._live: Any = None  # the LiveRender while the switch is on (see _widgets/live_render.py)
         self.view_info = wrapping_label("view_info", "Made")
         self.threshold_box = Container(
             layout="horizontal", widgets=[self.threshold, self.threshold_slider], labels=False
@@ -120,13 +128,15 @@ class MipmapWidget(JobWidget):
         self.threshold_slider.native.setMinimumWidth(60)
         self.threshold_box.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.threshold_box.native.setMinimumWidth(0)
-        outputs = [self.level, self.crop_button, self.render_mode, self.render_button, self.view_info]
+        outputs = [self.level, self.crop_button, self.render_mode, self.render_button, self.live_3d, self.view_info]
         self._finish([self.layer, self.threshold_box, self.all_time_points, self.per_level], outputs)
         self.level.changed.connect(self._show_level)
         self.threshold.changed.connect(self._threshold_changed)
         self.threshold_slider.changed.connect(self._slider_moved)
         self.crop_button.changed.connect(self.crop)
         self.render_button.changed.connect(self.render)
+        self.live_3d.changed.connect(self._live_switched)
+        self.layer.changed.connect(self._live_switched)
         self.runner.on_idle.append(self._busy_changed)
         self._sync_slider()
 
@@ -208,6 +218,33 @@ class MipmapWidget(JobWidget):
         if not self._shown:
             self._sync_slider()  # before a run: the chosen layer's range
 
+    # -- Full resolution in 3D (the controller lives in live_render.py) ---------------------------------------------
+    def _live_switched(self, *_: Any) -> None:
+        """The switch or the chosen layer changed: stop the live view, and start it again for the layer if on."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        layer = self.layer.value if self._ready else None
+        if not self.live_3d.value or self.released:
+            return
+        if not isinstance(layer, Image) or layer.ndim < 3 or layer.rgb:
+            notify_error("Full resolution in 3D: choose a 3D (or 4D+) Image layer")
+            return
+        from napari_gridmip._widgets.live_render import LiveRender
+
+        def status(text: str) -> None:
+            if not self.released:
+                self.view_info.value = text
+                self.view_info.tooltip = text
+
+        self._live = LiveRender(self._viewer, layer, threshold=float(self.threshold.value), on_status=status)
+
+    def release(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        super().release()
+
     def _slider_moved(self, value: float) -> None:
         self.threshold.value = float(value)  # the spin box is the value; it updates what is shown
 
@@ -216,6 +253,8 @@ class MipmapWidget(JobWidget):
         with slider.changed.blocked():  # the slider's own limits: it rounds the value range to its decimals
             slider.value = min(max(float(value), slider.min), slider.max)
         self._apply_threshold(float(value))
+        if self._live is not None:
+            self._live.set_threshold(float(value))
 
     def _result_layers(self) -> list[tuple[int | None, Any]]:
         """(level or None for the occupancy layer, layer) of the last run still in the viewer."""

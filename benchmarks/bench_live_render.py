@@ -1,0 +1,221 @@
+"""Full resolution in 3D: per view of the sparse sample, what the live view costs and what it shows.
+
+For each size (the "Sparse volume (large)" sample's generator at that size, written into a temporary cache on
+first use) and each view (an orthographic overview of the whole volume, a perspective close-up), the live
+view's two passes as the widget runs them (``LiveSource.progressive``):
+
+- time to first pixels (the coarse pass) and to full resolution, cold (first render: compiles, reads chunks)
+  and warm (the same view again: chunks in the cache);
+- chunks read against chunks in the volume's box;
+- peak resident memory above the start (the chunk cache is 2 GiB at most; no dense copy is made);
+- samples per ray against a dense ray march with the same step;
+- napari's coarse view from the same camera (its coarsest level, which napari shows in 3D) against ours: pixels
+  brighter than the filaments' floor (700) in each.
+
+Run:  flock /tmp/bench.lock python benchmarks/bench_live_render.py --sizes 512 2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._harness import PeakMemory, machine  # noqa: E402
+from napari_gridmip._jobs.live_render import Display, LiveSource, ViewState  # noqa: E402
+from napari_gridmip._sample_data.sparse import open_sparse_volume  # noqa: E402
+
+CANVAS = (600, 800)
+BRIGHT = 700  # the filaments' values start near here (their floor is 700 - 250)
+
+
+def views(size: int) -> dict[str, ViewState]:
+    from napari.utils.colormaps import ensure_colormap
+
+    display = Display("mip", ensure_colormap("magma"), "magma", (0.0, 2000.0), 1.0, 1000.0, 0.05)
+    center = (size / 2,) * 3
+    view = np.array([-0.62, 0.45, 0.64])
+    view /= np.linalg.norm(view)
+    up = np.array([0.3, -0.9, 0.2])
+    fit = min(CANVAS) / (size * 1.5)
+    close = tuple(np.array(center) + np.array([0.1, -0.12, 0.08]) * size)
+    return {
+        "overview (orthographic)": ViewState(center, tuple(view), tuple(up), fit, 0.0, "right", CANVAS, (), display),
+        "close-up (perspective 40)": ViewState(
+            close, tuple(view), tuple(up), fit * 6, 40.0, "right", CANVAS, (), display
+        ),  # fmt: skip
+    }
+
+
+def coarse_bright(source: LiveSource, state: ViewState) -> tuple[int, int]:
+    """Bright pixels in napari's coarse view (the coarsest level) and in ours (level 0), same camera."""
+    from napari_gridmip.core.occupancy.camera import camera_rays
+    from napari_gridmip.core.occupancy.raycast import render_view
+
+    top = len(source.levels) - 1
+    factor = source.factors[top]
+    scale = source.scale * factor
+    translate = source.translate - 0.5 * source.scale + 0.5 * scale
+    rays = camera_rays(state.center, state.view, state.up, state.canvas, zoom=state.zoom,
+                       perspective=state.perspective, scale=scale, translate=translate)  # fmt: skip
+    level = np.asarray(source.levels[top][...])  # napari holds this level in memory in 3D anyway
+    cells = np.ones(tuple(-(-n // 4) for n in level.shape), bool)  # a dense march (no skipping)
+    coarse = render_view(level, cells, rays.origins, rays.directions, t_near=rays.t_near, step=0.5).values
+    return int(np.sum(coarse > BRIGHT))
+
+
+def run_size(size: int, folder: Path) -> list[str]:
+    start = time.perf_counter()
+    levels, attrs = open_sparse_volume(size, folder=folder)
+    written = time.perf_counter() - start
+    rows = [
+        f"\n### {size}^3 (uint16, {attrs['occupied']:.3%} occupied, {attrs['chunks_written'][0]} of "
+        f"{attrs['chunks_total'][0]} chunks stored, {len(levels)} levels; sample opened in {written:.1f} s)\n",
+        "| view | pass | cold s | warm s | chunks read (cold) / used / in box | samples per ray vs dense | "
+        "peak MB | bright px |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    source = LiveSource(levels, attrs["cells"], attrs["cell"], (1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
+    for name, state in views(size).items():
+        with PeakMemory() as memory:
+            cold = list(source.progressive(state))
+        warm = list(source.progressive(state))
+        napari_bright = coarse_bright(source, state)
+        for c, w in zip(cold, warm):
+            what = "full resolution" if c.final else f"coarse (level {c.level}, {c.rgba.shape[1]}x{c.rgba.shape[0]})"
+            bright = int(np.sum(c.values > BRIGHT)) if c.final else ""
+            rows.append(
+                f"| {name} | {what} | {c.seconds:.2f} | {w.seconds:.2f} | {c.chunks_read} / {c.chunks_used} / "
+                f"{c.chunks_total} | {c.samples / max(c.samples_dense, 1):.2%} | "
+                f"{memory.extra_mb:.0f} | {bright} |"
+            )
+        rows.append(
+            f"| {name} | napari's coarse view (level {len(levels) - 1}) | | | | 100% (dense) | | {napari_bright} |"
+        )
+        print("\n".join(rows[-3:]), flush=True)
+    return rows
+
+
+def gui(size: int, folder: Path) -> list[str]:
+    """The live view in a real viewer: camera moves, then rests; the GUI thread's longest stall while it renders.
+
+    A 5 ms QTimer on the GUI thread records when the event loop runs; the longest gap between two ticks is the
+    freeze. Run under xvfb-run.
+    """
+    import napari
+    from qtpy.QtCore import QTimer
+    from qtpy.QtWidgets import QApplication
+
+    from napari_gridmip._widgets.live_render import DEBOUNCE_MS
+    from napari_gridmip._widgets.mipmap_widget import MipmapWidget
+
+    app = QApplication.instance() or QApplication([])
+    viewer = napari.Viewer(show=True)
+    viewer.window._qt_window.resize(1400, 900)
+    widget = MipmapWidget(viewer)
+    viewer.window.add_dock_widget(widget)
+    levels, attrs = open_sparse_volume(size, folder=folder)
+    layer = viewer.add_image(levels, multiscale=True, contrast_limits=(0, 2000), colormap="magma",
+                             metadata={"gridmip_cells": {"cells": attrs["cells"], "cell": attrs["cell"],
+                                                         "threshold": 0.0}})  # fmt: skip
+    widget.layer.value = layer
+    viewer.dims.ndisplay = 3
+    viewer.reset_view()
+    import threading
+    import traceback
+
+    ticks = []
+    stalls: dict[str, float] = {}  # where the GUI thread was when it had not ticked for 250 ms: the innermost frames
+    main = threading.main_thread().ident
+    done = threading.Event()
+
+    def watchdog() -> None:
+        while not done.is_set():
+            time.sleep(0.05)
+            if ticks and time.perf_counter() - ticks[-1] > 0.25:
+                frame = sys._current_frames().get(main)
+                if frame is not None:
+                    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                        for f in reversed(traceback.extract_stack(frame)[-6:]))  # fmt: skip
+                    stalls[where] = stalls.get(where, 0) + 0.05
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    timer.start(5)
+    # napari alone, the switch off: the same camera moves, 3 s of events each
+    alone = []
+    for angles in ((-20, 30, 145), (-40, 10, 100)):
+        viewer.scene.camera.angles = angles
+        moved = time.perf_counter()
+        ticks.clear()
+        ticks.append(moved)
+        end = moved + 5
+        while time.perf_counter() < end:
+            app.processEvents()
+            time.sleep(0.002)
+        ticks.append(time.perf_counter())
+        alone.append(max(np.diff(ticks)) * 1000)
+    widget.live_3d.native.click()
+    rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
+            "| camera | first pixels after rest s | full resolution after rest s | longest GUI stall ms |",
+            "|---|---|---|---|"]  # fmt: skip
+    fitted = viewer.scene.camera.zoom
+    for name, angles, zoom in (("overview", (-20, 30, 145), 1.0), ("rotated", (-40, 10, 100), 1.0),
+                               ("zoomed x4", (-40, 10, 100), 4.0)):  # fmt: skip
+        live = widget._live
+        live.pictures.clear()
+        viewer.scene.camera.angles = angles
+        viewer.scene.camera.zoom = fitted * zoom
+        moved = time.perf_counter()
+        ticks.clear()
+        ticks.append(moved)
+        shown = []
+        while not any(p.final for p in live.pictures) or live.worker is not None:
+            app.processEvents()
+            if len(live.pictures) > len(shown):
+                shown.append(time.perf_counter())
+            time.sleep(0.002)
+        rest = DEBOUNCE_MS / 1000
+        stall = max(np.diff(ticks)) * 1000 if len(ticks) > 1 else float("nan")
+        rows.append(f"| {name} | {shown[0] - moved - rest:.2f} | {shown[-1] - moved - rest:.2f} | {stall:.0f} |")
+        print(rows[-1], flush=True)
+    rows.append(f"| napari alone (switch off), two camera moves | | | {max(alone):.0f} |")
+    widget.live_3d.native.click()
+    timer.stop()
+    done.set()
+    rows.append("\nWhere the GUI thread stood during stalls over 250 ms (seconds sampled, innermost first):\n")
+    rows += [f"- {seconds:.2f} s: {where}" for where, seconds in sorted(stalls.items(), key=lambda kv: -kv[1])[:8]]
+    viewer.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
+    parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
+    args = parser.parse_args()
+    if args.gui:
+        rows = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for size in args.sizes:
+                rows += gui(size, args.cache or Path(tmp))
+        print("\n".join(rows))
+        return
+    rows = [f"Canvas {CANVAS[1]} x {CANVAS[0]} px; {machine()}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.cache or Path(tmp)
+        for size in args.sizes:
+            rows += run_size(size, folder)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

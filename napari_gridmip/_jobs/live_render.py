@@ -1,0 +1,244 @@
+"""Full resolution in napari's 3D view, without Qt: the camera's state, the layer's data, and progressive renders.
+
+:class:`ViewState` is what a render depends on (napari's camera, the canvas size, the dims point of a >3D layer
+and the layer's display settings), read from napari's models. :class:`LiveSource` holds one layer's levels, its
+occupancy cells and a bounded chunk cache per level, and turns a state into pictures: a coarse pass (a coarser
+level of a multiscale layer, or the full-resolution data at a quarter of the canvas's pixels), then the full
+resolution at the canvas's pixels. Each :class:`Picture` carries the world corners of the canvas on the plane
+through the camera's centre, where a textured quad shows it aligned with the volume in napari's 3D canvas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from napari_gridmip._jobs import is_lazy
+
+SUPPORTED = ("mip", "minip", "attenuated_mip", "iso")
+CACHE_BYTES = 2 << 30  # the full-resolution level's chunk cache (a whole 2048^3 sample in view needs 1.5 GiB)
+COARSE_CACHE_BYTES = 256 << 20  # the coarse pass's level
+COARSE_FACTOR = 4  # the coarse pass's pixels are this many canvas pixels a side
+MAX_COARSE_LEVEL = 2  # the coarse pass reads at most level 2 (a 16th of level 0's chunks)
+CELL = 8  # the occupancy cells computed for layers without stored ones (8 skips 3x more samples than 16)
+MIN_CELL = 4  # render_view's smallest cell: coarser levels pool level 0's cells up to this
+
+
+@dataclass(frozen=True)
+class Display:
+    """How the source layer is shown: napari's rendering mode and its colour settings."""
+
+    mode: str
+    colormap: Any = field(compare=False)
+    colormap_name: str
+    contrast_limits: tuple[float, float]
+    gamma: float
+    iso_threshold: float
+    attenuation: float
+
+
+@dataclass(frozen=True)
+class ViewState:
+    """Everything a render depends on; two equal states give the same picture."""
+
+    center: tuple[float, float, float]
+    view: tuple[float, float, float]
+    up: tuple[float, float, float]
+    zoom: float
+    perspective: float
+    handedness: str
+    canvas: tuple[int, int]
+    index: tuple[int, ...]  # the leading (non-displayed) data index of a >3D layer
+    display: Display
+
+    @classmethod
+    def of(cls, viewer: Any, layer: Any, *, canvas: tuple[int, int] | None = None) -> ViewState:
+        """The state of ``viewer``'s camera and ``layer`` now (napari models only, no Qt).
+
+        ``canvas``: ``(height, width)`` of the view the camera projects onto; default ``viewer.canvas.size``
+        (the Qt side passes the vispy view's own size, which the model may lag behind while hidden).
+        """
+        camera = viewer.scene.camera
+        round3 = lambda v: tuple(round(float(x), 9) for x in v)  # noqa: E731 - tiny jitter is the same view
+        data_point = np.asarray(layer.world_to_data(viewer.dims.point[-layer.ndim :]))
+        shape = (layer.data[0] if layer.multiscale else layer.data).shape
+        lead = layer.ndim - 3
+        index = tuple(int(np.clip(round(p), 0, n - 1)) for p, n in zip(data_point[:lead], shape[:lead]))
+        mode = str(layer.rendering)
+        display = Display(
+            mode=mode,
+            colormap=layer.colormap,
+            colormap_name=layer.colormap.name,
+            contrast_limits=tuple(float(v) for v in layer.contrast_limits),
+            gamma=float(layer.gamma),
+            iso_threshold=float(layer.iso_threshold),
+            attenuation=float(layer.attenuation),
+        )
+        return cls(
+            center=round3(camera.center[-3:]),
+            view=round3(camera.view_direction),
+            up=round3(camera.up_direction),
+            zoom=round(float(camera.zoom), 12),
+            perspective=float(camera.perspective),
+            handedness=str(camera.handedness),
+            canvas=tuple(int(v) for v in (viewer.canvas.size if canvas is None else canvas)),
+            index=index,
+            display=display,
+        )
+
+
+@dataclass
+class Picture:
+    """One rendered view: RGBA float32 ``(rows, columns, 4)``, the world corners ``(4, 3)`` of the canvas on the
+    plane through the camera's centre (top-left, top-right, bottom-right, bottom-left), and what it took."""
+
+    rgba: np.ndarray
+    values: np.ndarray  # the render's values before the colormap (float32 (rows, columns), NaN: nothing)
+    corners: np.ndarray
+    final: bool
+    level: int
+    seconds: float
+    chunks_read: int
+    chunks_used: int
+    chunks_total: int
+    samples: int
+    samples_dense: int
+
+
+def canvas_corners(state: ViewState) -> np.ndarray:
+    """The canvas's corners in world coordinates on the plane through the camera's centre."""
+    view, up = np.asarray(state.view), np.asarray(state.up)
+    up = up - np.dot(up, view) * view
+    up /= np.linalg.norm(up)
+    right = np.cross(view, up) if state.handedness == "right" else np.cross(up, view)
+    height, width = state.canvas
+    half_w, half_h = width / 2 / state.zoom, height / 2 / state.zoom
+    c = np.asarray(state.center)
+    return np.array([c - half_w * right + half_h * up, c + half_w * right + half_h * up,
+                     c + half_w * right - half_h * up, c - half_w * right - half_h * up])  # fmt: skip
+
+
+def occupancy_cells(volume: Any, threshold: float, cell: int = CELL) -> np.ndarray:
+    """Bool occupancy of ``cell``^3 cells of a 3D volume (``> threshold``), block by block through dask."""
+    import dask.array as da
+
+    lazy = volume if is_lazy(volume) and hasattr(volume, "map_blocks") else None
+    if lazy is None:
+        chunks = getattr(volume, "chunks", None)
+        lazy = da.from_array(volume, chunks=chunks if is_lazy(volume) else (4 * cell,) * 3)
+    padded = tuple(-(-n // cell) * cell for n in lazy.shape)
+    occupied = lazy > threshold
+    if padded != lazy.shape:
+        occupied = da.pad(occupied, [(0, p - n) for p, n in zip(padded, lazy.shape)], constant_values=False)
+    occupied = occupied.rechunk(tuple(max(cell, (c // cell) * cell) for c in (4 * cell,) * 3))
+    return np.asarray(da.coarsen(np.any, occupied, {0: cell, 1: cell, 2: cell}).compute())
+
+
+class LiveSource:
+    """One layer's levels (finest first), placement, occupancy cells and chunk caches, for one leading index.
+
+    ``levels``: 3D arrays (NumPy, dask, Zarr), level ``k`` strided or averaged by ``2**k`` from level 0 (napari's
+    multiscale); ``cells``: bool occupancy of ``cell``^3 cells of level 0; ``scale``/``translate``: the layer's over
+    its three displayed axes.
+    """
+
+    def __init__(self, levels: list, cells: np.ndarray, cell: int, scale: Any, translate: Any, *,
+                 threshold: float = 0.0, cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
+        from napari_gridmip.core.occupancy.raycast import ChunkCache
+
+        self.levels = levels
+        self.cells, self.cell = np.asarray(cells, bool), int(cell)
+        self.scale, self.translate = np.asarray(scale, float), np.asarray(translate, float)
+        self.background = 0.0 if threshold >= 0 else float(threshold)  # the empty voxels of a sparse volume
+        self.factors = [round(levels[0].shape[0] / level.shape[0]) for level in levels]
+        coarse = [k for k in range(1, len(levels)) if k <= MAX_COARSE_LEVEL]
+        self.coarse_level = coarse[-1] if coarse else None
+        self.caches = {0: ChunkCache(levels[0], capacity=cache_bytes)}
+        if self.coarse_level is not None:
+            self.caches[self.coarse_level] = ChunkCache(levels[self.coarse_level], capacity=COARSE_CACHE_BYTES)
+
+    def _cell_at(self, level: int) -> tuple[int, int]:
+        """(pooling of level 0's cells, cell side in level ``level``'s voxels)."""
+        factor = self.factors[level]
+        pool = max(1, -(-MIN_CELL * factor // self.cell))
+        return pool, self.cell * pool // factor
+
+    def _cells_at(self, level: int) -> np.ndarray:
+        from napari_gridmip.core.occupancy.raycast import _coarser
+
+        pool, cell = self._cell_at(level)
+        cells = _coarser(self.cells, pool) if pool > 1 else self.cells
+        target = tuple(-(-n // cell) for n in self.levels[level].shape)
+        if cells.shape != target:  # level 0's cells cover the coarser level's edge cells too: trim or pad
+            fixed = np.zeros(target, bool)
+            common = tuple(slice(0, min(a, b)) for a, b in zip(target, cells.shape))
+            fixed[common] = cells[common]
+            cells = fixed
+        return cells
+
+    def render(self, state: ViewState, *, level: int, image_shape: tuple[int, int],
+               cancel: Callable[[], bool] | None = None) -> Picture:  # fmt: skip
+        """One picture of ``state`` from ``level`` at ``image_shape`` pixels covering the canvas."""
+        import time
+
+        from napari_gridmip.core.occupancy.camera import camera_rays
+        from napari_gridmip.core.occupancy.raycast import colorize_view, render_view
+
+        start = time.perf_counter()
+        factor = self.factors[level]
+        # level k's voxel j covers level 0's data coordinates [j f - 1/2, (j + 1) f - 1/2)
+        scale = self.scale * factor
+        translate = self.translate - 0.5 * self.scale + 0.5 * scale
+        rays = camera_rays(state.center, state.view, state.up, state.canvas, zoom=state.zoom,
+                           perspective=state.perspective, handedness=state.handedness, image_shape=image_shape,
+                           scale=scale, translate=translate)  # fmt: skip
+        display = state.display
+        mode = display.mode if display.mode in SUPPORTED else "mip"
+        _, cell = self._cell_at(level)
+        result = render_view(
+            self.levels[level], self._cells_at(level), rays.origins, rays.directions, mode=mode,
+            step=min(0.5, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
+            contrast_limits=display.contrast_limits, attenuation=display.attenuation, background=self.background,
+            cache=self.caches[level], cancel=cancel,
+        )  # fmt: skip
+        depth = result.depth * rays.world_per_t if mode == "iso" else None
+        rgba = colorize_view(result.values, colormap=display.colormap, contrast_limits=display.contrast_limits,
+                             gamma=display.gamma, depth=depth)  # fmt: skip
+        final = level == 0 and tuple(image_shape) == tuple(state.canvas)
+        seconds = time.perf_counter() - start
+        return Picture(rgba, result.values, canvas_corners(state), final, level, seconds, result.chunks_read,
+                       result.chunks_used, result.chunks_total, result.samples, result.samples_dense)  # fmt: skip
+
+    def progressive(self, state: ViewState, *, cancel: Callable[[], bool] | None = None) -> Iterator[Picture]:
+        """The coarse pass, then the full resolution."""
+        height, width = state.canvas
+        coarse_shape = (max(1, height // COARSE_FACTOR), max(1, width // COARSE_FACTOR))
+        if self.coarse_level is not None:
+            yield self.render(state, level=self.coarse_level, image_shape=coarse_shape, cancel=cancel)
+        else:
+            yield self.render(state, level=0, image_shape=coarse_shape, cancel=cancel)
+        yield self.render(state, level=0, image_shape=state.canvas, cancel=cancel)
+
+
+def source_for_layer(layer: Any, index: tuple[int, ...], threshold: float, *, cache_bytes: int = CACHE_BYTES
+                     ) -> LiveSource:  # fmt: skip
+    """The :class:`LiveSource` of ``layer`` at the leading ``index`` (run it in a worker: cells may need a pass)."""
+    import dask.array as da
+
+    levels = list(layer.data) if layer.multiscale else [layer.data]
+    if index:  # a lazy view of the 3D volume at the dims point (a Zarr array indexed directly would be read)
+        levels = [
+            (da.from_array(level, chunks=level.chunks) if is_lazy(level) and not hasattr(level, "map_blocks")
+             else level)[index]
+            for level in levels
+        ]  # fmt: skip
+    stored = layer.metadata.get("gridmip_cells") if not index else None
+    if stored is not None and float(stored.get("threshold", 0.0)) == float(threshold):
+        cells, cell = np.asarray(stored["cells"], bool), int(stored["cell"])
+    else:
+        cells, cell = occupancy_cells(levels[0], threshold), CELL
+    return LiveSource(levels, cells, cell, layer.scale[-3:], layer.translate[-3:], threshold=threshold,
+                      cache_bytes=cache_bytes)  # fmt: skip

@@ -1,0 +1,276 @@
+"""'Full resolution in 3D': follow napari's camera and show full-resolution renders in the 3D canvas.
+
+While on and the viewer is in 3D, every change of the camera (angles, zoom, centre, perspective), of the canvas
+size, of the dims point of a >3D layer and of the layer's display (rendering mode, colormap, contrast limits,
+gamma, iso threshold, attenuation) hides the last picture, so that napari's own (coarse) view shows while the
+camera moves, and restarts a short timer. When the camera has rested for :data:`DEBOUNCE_MS`, a napari thread
+worker renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a coarse pass, then full
+resolution) and each picture is shown as the texture of a quad on the plane through the camera's centre, facing
+the camera and spanning the canvas: a napari Surface layer drawn over the volume without depth test
+(``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. A newer
+state cancels the render under way (its pictures are dropped). Turning the switch off, closing the source layer
+or the widget stops the worker, disconnects every event and removes the quad layer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+DEBOUNCE_MS = 300  # the camera has rested this long: render
+FACES = np.array([[0, 1, 2], [0, 2, 3]])
+TEXCOORDS = np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # napari flips textures vertically
+LAYER_EVENTS = ("colormap", "contrast_limits", "gamma", "rendering", "iso_threshold", "attenuation")
+DATA_EVENTS = ("data", "scale", "translate")  # what the render's source (levels, cells, placement) is made from
+CAMERA_EVENTS = ("center", "zoom", "angles", "perspective")
+
+
+def canvas_size(viewer: Any) -> tuple[int, int]:
+    """``(height, width)`` of the vispy view napari's camera projects onto (what its zoom is relative to)."""
+    try:
+        width, height = viewer.window._qt_viewer.canvas.view.rect.size  # napari's canvas model lags while hidden
+        return int(round(height)), int(round(width))
+    except AttributeError:
+        return tuple(int(v) for v in viewer.canvas.size)
+
+
+class _Token:
+    """Shared between the GUI and one render: set ``cancelled`` to stop it at its next check."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+
+class LiveRender:
+    """The live full-resolution view of one Image layer in one viewer.
+
+    Parameters
+    ----------
+    viewer
+        The napari viewer.
+    layer
+        The source Image layer (3D, or >3D followed through the dims sliders).
+    threshold
+        Voxels above it are occupied (the Occupancy mipmap widget's threshold).
+    on_status
+        Called on the GUI thread with a line saying what is happening.
+    """
+
+    def __init__(self, viewer: Any, layer: Any, *, threshold: float = 0.0, on_status: Any = None) -> None:
+        from qtpy.QtCore import QTimer
+
+        self._viewer = viewer
+        self._layer = weakref.ref(layer)
+        self.threshold = float(threshold)
+        self._on_status = on_status or (lambda text: None)
+        self.overlay: Any = None  # the quad layer
+        self.worker: Any = None
+        self._token: _Token | None = None
+        self._source: Any = None
+        self._source_key: Any = None
+        self._pending_state: Any = None  # the state of the render under way
+        self._shown_state: Any = None  # the state of the picture on screen (final or not)
+        self._final_state: Any = None
+        self.pictures: list[Any] = []  # what each render yielded (for tests and the status line)
+        self.active = True
+        self._timer = QTimer()
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(DEBOUNCE_MS)
+        self._timer.timeout.connect(self._render)
+        self._connections = [
+            *[(getattr(viewer.scene.camera.events, name), self._changed) for name in CAMERA_EVENTS],
+            (viewer.dims.events.current_step, self._changed),
+            (viewer.dims.events.ndisplay, self._changed),
+            (viewer.canvas.events.size, self._changed),
+            (viewer.layers.events.removed, self._removed),
+            *[(getattr(layer.events, name), self._changed) for name in LAYER_EVENTS],
+            *[(getattr(layer.events, name), self._data_changed) for name in DATA_EVENTS],
+        ]
+        for emitter, callback in self._connections:
+            emitter.connect(callback)
+        self._changed()
+
+    # -- events --------------------------------------------------------------------------------------------------
+    def _changed(self, *_: Any) -> None:
+        """Something the view depends on may have changed: hide the picture if it did, render after a rest."""
+        if not self.active:
+            return
+        layer = self._layer()
+        if layer is None:
+            self.stop()
+            return
+        if self._viewer.dims.ndisplay != 3:
+            self._hide()
+            self._cancel()
+            self._on_status("Full resolution in 3D: waiting for the 3D view")
+            return
+        from napari_gridmip._jobs.live_render import ViewState
+
+        state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
+        if state == self._final_state:
+            self._show_overlay()  # nothing moved (an event from our own quad layer, or a jitter)
+            return
+        if state == self._pending_state and self.worker is not None:
+            return  # the render under way is of this very state
+        if state != self._shown_state:
+            self._hide()
+        self._cancel()
+        self._timer.start()
+
+    def _data_changed(self, *_: Any) -> None:
+        """New data or placement: a new source (levels, cells, caches), and a new render."""
+        self._source = self._source_key = None
+        self._final_state = None
+        self._hide()
+        self._cancel()
+        self._changed()
+
+    def _removed(self, event: Any) -> None:
+        removed = event.value
+        if removed is self._layer() or (self.overlay is not None and removed is self.overlay):
+            if removed is self.overlay:
+                self.overlay = None
+            self.stop()
+
+    # -- rendering -----------------------------------------------------------------------------------------------
+    def _render(self) -> None:
+        if not self.active:
+            return
+        layer = self._layer()
+        if layer is None or self._viewer.dims.ndisplay != 3:
+            return
+        from napari.qt.threading import create_worker
+
+        from napari_gridmip._jobs.live_render import ViewState, source_for_layer
+
+        state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
+        if state == self._final_state:
+            self._show_overlay()
+            return
+        self._cancel()
+        self._pending_state = state
+        token = self._token = _Token()
+        key = (id(layer), state.index, self.threshold, tuple(layer.scale), tuple(layer.translate))
+        source = self._source if key == self._source_key else None
+
+        def work():
+            nonlocal source
+            if source is None:
+                source = source_for_layer(layer, state.index, self.threshold)
+                yield ("source", key, source)
+            for picture in source.progressive(state, cancel=lambda: token.cancelled):
+                if token.cancelled:
+                    return
+                yield ("picture", state, picture)
+
+        worker = create_worker(work, _start_thread=False, _ignore_errors=True)
+        worker.yielded.connect(lambda item, token=token: self._on_yielded(item, token))
+        worker.errored.connect(lambda error, token=token: self._on_errored(error, token))
+        worker.finished.connect(lambda worker=worker: self._on_finished(worker))
+        self.worker = worker
+        self._on_status("Full resolution in 3D: rendering…")
+        worker.start()
+
+    def _on_yielded(self, item: Any, token: _Token) -> None:
+        if token.cancelled or not self.active:
+            return
+        kind, key, value = item
+        if kind == "source":
+            self._source, self._source_key = value, key
+            return
+        state, picture = key, value
+        self.pictures.append(picture)
+        self._show(state, picture)
+        what = "full resolution" if picture.final else f"coarse pass (level {picture.level})"
+        self._on_status(
+            f"Full resolution in 3D: {what}, {picture.rgba.shape[1]} x {picture.rgba.shape[0]} px in "
+            f"{picture.seconds:.1f} s; {picture.chunks_used} of {picture.chunks_total} chunks used "
+            f"({picture.chunks_read} read), {picture.samples / max(picture.samples_dense, 1):.1%} of a dense "
+            "march's samples"
+        )
+
+    def _on_errored(self, error: Exception, token: _Token) -> None:
+        from napari_gridmip.core.occupancy.raycast import RenderCancelled
+
+        if isinstance(error, RenderCancelled) or token.cancelled:
+            return
+        from napari_gridmip._widgets._runner import notify_error
+
+        notify_error(f"Full resolution in 3D: {error}")
+        self._on_status(f"Full resolution in 3D failed: {error}")
+
+    def _on_finished(self, worker: Any) -> None:
+        if self.worker is worker:
+            self.worker = None
+
+    def set_threshold(self, threshold: float) -> None:
+        """A new occupancy threshold: new cells, a new render."""
+        if float(threshold) != self.threshold:
+            self.threshold = float(threshold)
+            self._final_state = None
+            self._changed()
+
+    def _cancel(self) -> None:
+        self._pending_state = None
+        if self._token is not None:
+            self._token.cancelled = True
+        if self.worker is not None:
+            self.worker.quit()
+            self.worker = None
+
+    # -- the quad ------------------------------------------------------------------------------------------------
+    def _show(self, state: Any, picture: Any) -> None:
+        layer = self._layer()
+        if layer is None:
+            return
+        corners = picture.corners
+        if layer.ndim > 3:  # the quad sits at the dims point in the leading world axes
+            lead = np.asarray(self._viewer.dims.point[-layer.ndim : -3])
+            corners = np.concatenate([np.broadcast_to(lead, (4, len(lead))), corners], axis=1)
+        if self.overlay is None or self.overlay not in self._viewer.layers:
+            selection = set(self._viewer.layers.selection)
+            active = self._viewer.layers.selection.active
+            self.overlay = self._viewer.add_surface(
+                (corners, FACES), texture=picture.rgba, texcoords=TEXCOORDS, vertex_colors=np.ones((4, 4)),
+                shading="none", blending="translucent_no_depth", name=f"{layer.name} full resolution",
+                metadata={"gridmip_live_render": True},
+            )  # fmt: skip
+            self._viewer.layers.selection.clear()
+            self._viewer.layers.selection.update(selection)
+            self._viewer.layers.selection.active = active
+        else:
+            self.overlay.data = (corners, FACES)
+            self.overlay.texture = picture.rgba
+        self._shown_state = state
+        if picture.final:
+            self._final_state = state
+        self._show_overlay()
+
+    def _show_overlay(self) -> None:
+        if self.overlay is not None and self.overlay in self._viewer.layers:
+            self.overlay.visible = True
+
+    def _hide(self) -> None:
+        self._shown_state = None
+        self._final_state = None
+        if self.overlay is not None and self.overlay in self._viewer.layers:
+            self.overlay.visible = False
+
+    # -- the end -------------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop the worker, disconnect every event, remove the quad layer and drop the caches."""
+        if not self.active:
+            return
+        self.active = False
+        self._timer.stop()
+        self._cancel()
+        for emitter, callback in self._connections:
+            emitter.disconnect(callback)
+        self._connections = []
+        overlay, self.overlay = self.overlay, None
+        if overlay is not None and overlay in self._viewer.layers:
+            self._viewer.layers.remove(overlay)
+        self._source = None
+        self._on_status("Full resolution in 3D: off")

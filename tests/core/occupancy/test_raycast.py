@@ -1,0 +1,199 @@
+"""render_view and camera_rays against a plain NumPy ray cast of the whole volume from the same camera."""
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+from napari_gridmip import camera_rays, colorize_view, occupancy_mipmap, render_view
+from napari_gridmip.core.occupancy.raycast import ChunkCache, RenderCancelled
+
+SHAPE = (24, 40, 56)  # non-cubic
+SCALE = (2.0, 0.7, 1.0)  # anisotropic voxels
+EPS = 2e-4  # a sample this close to a voxel face may fall on either side in float32 (positions are float32)
+
+
+def sparse_volume(shape=SHAPE, seed=0):
+    """uint16 zeros with a few lines, blobs and a dense block: the background is 0, occupancy is > 0."""
+    rng = np.random.default_rng(seed)
+    volume = np.zeros(shape, np.uint16)
+    for _ in range(6):  # one-voxel lines
+        a, b = rng.uniform(0, np.array(shape) - 1, (2, 3))
+        p = np.floor(a + np.linspace(0, 1, 200)[:, None] * (b - a)).astype(int)
+        volume[tuple(p.T)] = rng.integers(200, 900)
+    for _ in range(4):  # blobs
+        c = rng.integers(3, np.array(shape) - 3)
+        volume[c[0] - 2 : c[0] + 2, c[1] - 2 : c[1] + 2, c[2] - 2 : c[2] + 2] = rng.integers(100, 1000, (4, 4, 4))
+    volume[2:8, 30:38, 40:52] = rng.integers(1, 1200, (6, 8, 12))  # a dense cluster, zeros left in it
+    volume[2:8, 30:38, 40:52][::3] = 0
+    return volume
+
+
+def reference(volume, origins, directions, t_near, step, mode, iso=None, limits=None, attenuation=0.05):
+    """Dense NumPy ray cast: every sample of every ray reads the whole-resolution volume.
+
+    Returns (values, depth, ambiguous): ``ambiguous`` rays have a sample within EPS of a face between two
+    voxels of different values.
+    """
+    shape = np.array(volume.shape, float)
+    o = origins.reshape(-1, 3)
+    d = directions.reshape(-1, 3)
+    d = d / np.linalg.norm(d, axis=1, keepdims=True)
+    values = np.full(len(o), np.nan)
+    depth = np.full(len(o), np.nan)
+    ambiguous = np.zeros(len(o), bool)
+    for i in range(len(o)):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a, b = -o[i] / d[i], (shape - o[i]) / d[i]
+        inside = (o[i] >= 0) & (o[i] < shape)
+        lo = np.where(d[i] != 0, np.minimum(a, b), np.where(inside, -np.inf, np.inf)).max()
+        hi = np.where(d[i] != 0, np.maximum(a, b), np.where(inside, np.inf, -np.inf)).min()
+        lo = max(lo, t_near)
+        if not hi > lo:
+            continue
+        n = int(max(0, np.ceil((hi - lo) / step - 0.5)))
+        if n == 0:
+            continue
+        t = lo + (np.arange(n) + 0.5) * step
+        p = o[i] + t[:, None] * d[i]
+        last = volume.shape - np.array(1)
+        v = np.clip(np.floor(p).astype(int), 0, last)
+        s = volume[v[:, 0], v[:, 1], v[:, 2]].astype(np.float64)
+        for shifted in (p - EPS, p + EPS):
+            w = np.clip(np.floor(shifted).astype(int), 0, last)
+            ambiguous[i] |= np.any(volume[w[:, 0], w[:, 1], w[:, 2]] != s)
+        if mode == "mip":
+            k = np.argmax(s)
+        elif mode == "minip":
+            k = np.argmin(s)
+        elif mode == "iso":
+            above = np.flatnonzero(s > iso)
+            if len(above) == 0:
+                continue
+            k = above[0]
+        else:
+            lo_c, hi_c = limits
+            total = np.cumsum(step * np.clip((s - lo_c) / (hi_c - lo_c), 0, 1))
+            scaled = s * np.exp(-attenuation * (total - 1))
+            k = np.argmax(scaled)
+            s = scaled
+        values[i], depth[i] = s[k], t[k]
+    shape2 = origins.shape[:-1]
+    return values.reshape(shape2), depth.reshape(shape2), ambiguous.reshape(shape2)
+
+
+def views(volume_shape):
+    """An orthographic and a perspective napari camera looking at the volume (world = data * SCALE)."""
+    world_center = (np.array(volume_shape) - 1) / 2 * SCALE
+    view = np.array([-0.62, 0.45, 0.64])
+    up = np.array([0.3, -0.9, 0.2])
+    ortho = camera_rays(world_center, view, up, (36, 44), zoom=0.6, scale=SCALE)
+    persp = camera_rays(world_center, view, up, (36, 44), zoom=0.6, perspective=40, scale=SCALE)
+    return {"orthographic": ortho, "perspective": persp}
+
+
+def compare(volume, rays, mode, **options):
+    cells = np.asarray(occupancy_mipmap(np.asarray(volume), threshold=0)[2])
+    got = render_view(volume, cells, rays.origins, rays.directions, t_near=rays.t_near, mode=mode, **options)
+    iso = options.get("iso_threshold")
+    limits = options.get("contrast_limits")
+    want, want_depth, ambiguous = reference(
+        np.asarray(volume), rays.origins, rays.directions, rays.t_near, 0.5, mode, iso, limits,
+        options.get("attenuation", 0.05),
+    )  # fmt: skip
+    assert ambiguous.mean() < 0.02  # the comparison covers nearly every pixel
+    clear = ~ambiguous
+    assert np.array_equal(np.isnan(got.values[clear]), np.isnan(want[clear]))
+    hit = clear & ~np.isnan(want)
+    assert hit.sum() > (0.01 if mode == "iso" else 0.3) * hit.size  # the camera sees the volume (and a surface)
+    if mode == "attenuated_mip":  # float32 accumulation against float64
+        np.testing.assert_allclose(got.values[hit], want[hit], rtol=2e-4)
+    else:
+        np.testing.assert_array_equal(got.values[hit], want[hit])
+    np.testing.assert_allclose(got.depth[hit], want_depth[hit], rtol=1e-4, atol=2e-3)
+    return got
+
+
+MODES = {
+    "mip": {},
+    "minip": {},
+    "attenuated_mip": {"contrast_limits": (0, 1200), "attenuation": 0.2},
+    "iso": {"iso_threshold": 450},
+}
+
+
+@pytest.mark.parametrize("camera", ["orthographic", "perspective"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_equals_a_dense_numpy_ray_cast(camera, mode):
+    volume = sparse_volume()
+    rays = views(volume.shape)[camera]
+    got = compare(volume, rays, mode, **MODES[mode])
+    assert got.samples < got.samples_dense  # empty space was skipped
+
+
+@pytest.mark.parametrize("kind", ["dask", "zarr"])
+def test_chunked_volumes_read_only_chunks_with_occupied_cells_on_the_rays(kind):
+    volume = sparse_volume()
+    lazy = da.from_array(volume, chunks=8) if kind == "dask" else zarr.array(volume, chunks=(8, 8, 8))
+    rays = views(volume.shape)["perspective"]
+    got = compare(lazy, rays, "mip")
+    assert got.chunks_total == 3 * 5 * 7
+    # never a chunk without an occupied voxel
+    occupied = {int(i) for i in np.flatnonzero(volume.reshape(3, 8, 5, 8, 7, 8).max(axis=(1, 3, 5)).ravel())}
+    cache = ChunkCache(lazy, capacity=1 << 20)
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    again = render_view(lazy, cells, rays.origins, rays.directions, t_near=0.0, cache=cache)
+    assert set(cache.blocks) <= occupied
+    assert again.chunks_read == got.chunks_read == got.chunks_used <= len(occupied)
+    # a second render from the same cache reads nothing
+    assert render_view(lazy, cells, rays.origins, rays.directions, t_near=0.0, cache=cache).chunks_read == 0
+
+
+def test_a_small_cache_renders_in_bands_with_the_same_image():
+    volume = sparse_volume()
+    lazy = da.from_array(volume, chunks=8)
+    rays = views(volume.shape)["orthographic"]
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    small = ChunkCache(lazy, capacity=3 * 8**3 * 2)  # three chunks at a time
+    banded = render_view(lazy, cells, rays.origins, rays.directions, cache=small)
+    whole = render_view(volume, cells, rays.origins, rays.directions)
+    np.testing.assert_array_equal(banded.values, whole.values)
+    assert len(small.blocks) <= 3
+
+
+def test_cancel_stops_the_render():
+    volume = sparse_volume()
+    rays = views(volume.shape)["orthographic"]
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    with pytest.raises(RenderCancelled):
+        render_view(volume, cells, rays.origins, rays.directions, cancel=lambda: True)
+
+
+def test_bad_arguments():
+    volume = sparse_volume()
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    o, d = np.zeros((1, 3)), np.ones((1, 3))
+    with pytest.raises(ValueError, match="cells"):
+        render_view(volume, cells[:-1], o, d)
+    with pytest.raises(ValueError, match="iso_threshold"):
+        render_view(volume, cells, o, d, mode="iso")
+    with pytest.raises(ValueError, match="step"):
+        render_view(volume, cells, o, d, step=2.0)
+    with pytest.raises(ValueError, match="mode"):
+        render_view(volume, cells, o, d, mode="average")
+    with pytest.raises(ValueError, match="zoom"):
+        camera_rays((0, 0, 0), (1, 0, 0), (0, 1, 0), (4, 4), zoom=0)
+    with pytest.raises(ValueError, match="parallel"):
+        camera_rays((0, 0, 0), (1, 0, 0), (2, 0, 0), (4, 4), zoom=1)
+
+
+def test_colorize_applies_limits_gamma_and_colormap():
+    from napari.utils.colormaps import ensure_colormap
+
+    gray = ensure_colormap("gray")
+    values = np.array([[0.0, 50.0, 100.0, np.nan]])
+    rgba = colorize_view(values, colormap=gray, contrast_limits=(0, 100), gamma=2.0)
+    np.testing.assert_allclose(rgba[0, :3, 0], [0, 0.25, 1], atol=1e-6)
+    assert rgba[0, 3, 3] == 0  # nothing there: transparent
+    with pytest.raises(ValueError, match="contrast_limits"):
+        colorize_view(values, colormap=gray, contrast_limits=(1, 1))

@@ -1,0 +1,231 @@
+"""Full resolution in 3D: the camera mapping against napari's own, and the live switch in a real viewer."""
+
+import numpy as np
+import pytest
+
+from napari_gridmip import camera_rays
+
+
+def _canvas_position(viewer, layer, world_point):
+    """Where napari's vispy canvas draws a world point of ``layer`` (x, y canvas pixels)."""
+    qt_viewer = viewer.window._qt_viewer
+    visual = qt_viewer.canvas.layer_to_visual[layer]
+    data = layer.world_to_data(world_point)
+    mapped = visual.node.get_transform("visual", "canvas").map(np.asarray(data)[::-1])
+    return mapped[:2] / mapped[3]
+
+
+@pytest.mark.parametrize("perspective", [0.0, 35.0])
+def test_camera_rays_pass_through_the_points_napari_draws(make_napari_viewer, qtbot, perspective):
+    viewer = make_napari_viewer()
+    scale, translate = np.array([2.0, 0.7, 1.1]), np.array([5.0, -3.0, 8.0])
+    viewer.add_image(np.zeros((20, 30, 40), np.uint8), scale=scale, translate=translate)
+    world = np.array([[10.0, 4.0, 20.0], [30.0, 12.0, 40.0], [22.0, -1.0, 15.0], [40.0, 18.0, 45.0]])
+    points = viewer.add_points(world, scale=scale, translate=translate, size=1)
+    points.data = (world - translate) / scale  # data coordinates of the same world points
+    viewer.dims.ndisplay = 3
+    camera = viewer.scene.camera
+    camera.angles = (17.0, -31.0, 64.0)
+    camera.center = (24.0, 7.0, 30.0)
+    camera.zoom = 6.0
+    camera.perspective = perspective
+    qtbot.wait(50)
+    viewer.window._qt_viewer.canvas._scene_canvas.native.update()
+    qtbot.wait(50)
+    height, width = viewer.canvas.size
+    rays = camera_rays(
+        camera.center, camera.view_direction, camera.up_direction, (height, width), zoom=camera.zoom,
+        perspective=camera.perspective, handedness=str(camera.handedness), scale=scale, translate=translate,
+    )  # fmt: skip
+    for point in world:
+        x, y = _canvas_position(viewer, points, point)
+        assert 0 <= x < width and 0 <= y < height
+        # the ray of the canvas pixel napari draws the point in passes within that pixel's footprint of it
+        row, column = int(y), int(x)
+        index = (point - translate) / scale + 0.5  # the layer's voxel index coordinates
+        o, d = rays.origins[row, column], rays.directions[row, column]
+        along = np.dot(index - o, d)
+        miss_world = np.linalg.norm((o + along * d - index) * scale)
+        footprint = 1 / camera.zoom
+        if perspective:
+            footprint *= (along * rays.world_per_t[row, column]) / np.linalg.norm(np.subtract(camera.center, rays.eye))
+        assert miss_world <= 0.75 * footprint, (point, (x, y), miss_world, footprint)
+        # and the neighbouring pixels' rays pass further away: the pixel is the right one, not just near
+        for dr, dc in ((0, 2), (2, 0), (0, -2), (-2, 0)):
+            o2, d2 = rays.origins[row + dr, column + dc], rays.directions[row + dr, column + dc]
+            far = np.linalg.norm((o2 + np.dot(index - o2, d2) * d2 - index) * scale)
+            assert far > miss_world
+
+
+# -- the switch in a real viewer ----------------------------------------------------------------------------------
+
+from napari_gridmip._widgets.mipmap_widget import MipmapWidget  # noqa: E402
+from tests.core.occupancy.test_raycast import sparse_volume  # noqa: E402
+
+
+def _final(widget, qtbot, count=1, timeout=60_000):
+    """Wait for the live view's ``count``-th full-resolution picture since the last reset of its list."""
+    qtbot.waitUntil(lambda: sum(p.final for p in widget._live.pictures) >= count, timeout=timeout)
+    qtbot.waitUntil(lambda: widget._live.worker is None, timeout=timeout)
+    return [p for p in widget._live.pictures if p.final][-1]
+
+
+def _connected(emitter, live):
+    return any(getattr(ref, "__self__", None) is live or (isinstance(ref, tuple) and ref[0]() is live)
+               for ref in emitter.callbacks)  # fmt: skip
+
+
+@pytest.fixture
+def shown(make_napari_viewer, qtbot):
+    """``shown()`` -> ``(viewer, widget)``: a shown viewer (a hidden one's vispy view keeps a stale size) with the
+    Occupancy mipmap widget docked; its live view is stopped at the end."""
+    made = []
+
+    def make():
+        viewer = make_napari_viewer(show=True)
+        widget = MipmapWidget(viewer)
+        viewer.window.add_dock_widget(widget)
+        made.append(widget)
+        return viewer, widget
+
+    yield make
+    for widget in made:
+        widget.release()
+        qtbot.waitUntil(lambda w=widget: not w.runner.busy, timeout=60_000)
+
+
+@pytest.fixture
+def live_viewer(shown, qtbot):
+    viewer, widget = shown()
+    layer = viewer.add_image(sparse_volume(), scale=(2.0, 0.7, 1.0), colormap="magma", contrast_limits=(0, 1200))
+    viewer.dims.ndisplay = 3
+    camera = viewer.scene.camera
+    camera.angles = (12.0, -28.0, 61.0)
+    camera.zoom = 9.0
+    widget.layer.value = layer
+    return viewer, widget, layer
+
+
+def test_the_switch_shows_full_resolution_in_the_3d_canvas(live_viewer, qtbot):
+    viewer, widget, layer = live_viewer
+    assert widget.live_3d.text == "Full resolution in 3D"
+    widget.live_3d.native.click()
+    live = widget._live
+    assert live is not None
+    picture = _final(widget, qtbot)
+    overlay = live.overlay
+    assert overlay in viewer.layers and overlay.visible and overlay.blending == "translucent_no_depth"
+    assert viewer.layers.selection.active is not overlay  # the user's selection is kept
+    from napari_gridmip._widgets.live_render import canvas_size
+
+    height, width = canvas_size(viewer)
+    assert picture.rgba.shape == (height, width, 4)
+    # what the canvas shows is our picture, pixel for pixel (aligned with the volume)
+    shot = viewer.screenshot(canvas_only=True, flash=False)[..., :3].astype(int)
+    ours = np.round(picture.rgba[..., :3] * 255).astype(int)
+    assert np.mean(np.abs(shot - ours).max(axis=-1) > 8) < 0.01
+    # the picture is the core render of the same camera, colourised as the layer
+    from napari_gridmip import colorize_view, render_view
+    from napari_gridmip._jobs.live_render import occupancy_cells
+
+    camera = viewer.scene.camera
+    rays = camera_rays(camera.center, camera.view_direction, camera.up_direction, (height, width), zoom=camera.zoom,
+                       scale=layer.scale, translate=layer.translate, handedness=str(camera.handedness))  # fmt: skip
+    values = render_view(layer.data, occupancy_cells(layer.data, 0.0), rays.origins, rays.directions).values
+    expected = colorize_view(values, colormap=layer.colormap, contrast_limits=layer.contrast_limits)
+    np.testing.assert_allclose(picture.rgba, expected, atol=1e-6)
+    # the coarse pass came first
+    assert not live.pictures[0].final and live.pictures[0].rgba.shape[0] < height
+
+
+@pytest.mark.slow  # five renders; the switch test above keeps the default run covered
+def test_it_follows_the_camera_and_the_layer_display(live_viewer, qtbot):
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    live = widget._live
+    first = _final(widget, qtbot)
+    camera = viewer.scene.camera
+    camera.angles = (40.0, 10.0, 20.0)  # the camera moves: napari's own view shows at once
+    assert not live.overlay.visible
+    live.pictures.clear()
+    second = _final(widget, qtbot)
+    assert live.overlay.visible
+    assert not np.allclose(second.corners, first.corners)  # the quad faces the new camera
+    # perspective
+    camera.perspective = 30.0
+    live.pictures.clear()
+    _final(widget, qtbot)
+    # the layer's rendering mode and colour settings
+    layer.rendering = "minip"
+    live.pictures.clear()
+    minip = _final(widget, qtbot)
+    assert live._final_state.display.mode == "minip"
+    layer.rendering = "iso"
+    layer.iso_threshold = 450
+    live.pictures.clear()
+    iso = _final(widget, qtbot)
+    assert live._final_state.display.iso_threshold == 450
+    assert not np.allclose(iso.rgba, minip.rgba)
+    layer.data = sparse_volume(seed=2)  # new data: a new source and picture
+    live.pictures.clear()
+    swapped = _final(widget, qtbot)
+    assert not np.allclose(swapped.values[np.isfinite(swapped.values)], iso.values[np.isfinite(swapped.values)])
+    layer.colormap = "gray"
+    live.pictures.clear()
+    gray = _final(widget, qtbot)
+    opaque = gray.rgba[..., 3] > 0
+    np.testing.assert_allclose(gray.rgba[opaque][:, 0], gray.rgba[opaque][:, 1], atol=1e-6)  # gray: r == g
+
+
+def test_off_layer_closed_and_widget_closed_stop_everything(live_viewer, qtbot):
+    viewer, widget, layer = live_viewer
+    camera = viewer.scene.camera
+    widget.live_3d.native.click()
+    live = widget._live
+    qtbot.waitUntil(lambda: live.worker is not None or bool(live.pictures), timeout=30_000)
+    assert _connected(camera.events.zoom, live) and _connected(layer.events.contrast_limits, live)
+    widget.live_3d.native.click()  # off, maybe mid-render
+    assert widget._live is None and not live.active and live.worker is None
+    assert not _connected(camera.events.zoom, live) and not _connected(layer.events.contrast_limits, live)
+    assert not _connected(viewer.dims.events.current_step, live)
+    assert not any(lyr.metadata.get("gridmip_live_render") for lyr in viewer.layers)
+    # on again, then the source layer is closed
+    widget.live_3d.native.click()
+    live = widget._live
+    _final(widget, qtbot)
+    viewer.layers.remove(layer)
+    assert not live.active and live.worker is None
+    assert not _connected(camera.events.zoom, live)
+    assert not any(lyr.metadata.get("gridmip_live_render") for lyr in viewer.layers)
+    # on again with a new layer, then the widget is closed
+    other = viewer.add_image(sparse_volume(seed=1))
+    widget.layer.value = other
+    if not widget.live_3d.value:
+        widget.live_3d.native.click()
+    live = widget._live
+    assert live is not None and live.active
+    qtbot.waitUntil(lambda: live.worker is not None or bool(live.pictures), timeout=30_000)
+    # the widget closed (its Close event; removing the dock would also resize the canvas after a layer was
+    # deleted, which Mesa 22.3's llvmpipe crashes on: benchmarks/repro_llvmpipe_crash.py)
+    widget.native.close()
+    assert widget.released
+    assert not live.active and live.worker is None and not _connected(camera.events.zoom, live)
+
+
+@pytest.mark.slow
+def test_a_4d_layer_follows_the_dims_slider(shown, qtbot):
+    viewer, widget = shown()
+    movie = np.stack([sparse_volume(seed=s) for s in (0, 1)])
+    layer = viewer.add_image(movie, contrast_limits=(0, 1200))
+    viewer.dims.ndisplay = 3
+    viewer.scene.camera.zoom = 9.0
+    widget.layer.value = layer
+    widget.live_3d.native.click()
+    first = _final(widget, qtbot)
+    assert widget._live._final_state.index == (0,)
+    viewer.dims.set_current_step(0, 1)
+    widget._live.pictures.clear()
+    second = _final(widget, qtbot)
+    assert widget._live._final_state.index == (1,)
+    assert not np.allclose(first.rgba, second.rgba)
+    assert widget._live.overlay.ndim == 4

@@ -32,6 +32,7 @@ PLUGIN = "napari-gridmip"
 WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Stitch tiles", "Process in tiles", "Correlation map"]
 SAMPLE_WIDGETS = {
     "occupancy": "Occupancy mipmap",
+    "sparse-volume": "Occupancy mipmap",
     "tiles": "Reassemble patches",
     "mosaic": "Stitch tiles",
     "speckle": "Correlation map",

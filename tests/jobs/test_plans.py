@@ -335,3 +335,14 @@ def test_a_plan_knows_its_layers():
     assert timeseries_plan(TimeSeriesRequest("movie", None, plain_frame(3), neighbours=4)).matches(
         metadata, widget="correlation", role="correlation image"
     )  # other options, same inputs: a re-run replaces it
+
+
+def test_the_tracking_outputs_are_one_list():
+    """The jobs' tracking parts are track_speckles' own fields (SpeckleTracking, in the kernel's order)."""
+    import dataclasses
+
+    from napari_gridmip._jobs.correlation import PARTS, TRACKING_OUTPUTS
+    from napari_gridmip.core.correlation.subsets import TRACK_OUTPUTS, SpeckleTracking
+
+    assert TRACK_OUTPUTS == tuple(f.name for f in dataclasses.fields(SpeckleTracking))
+    assert {part for name in TRACKING_OUTPUTS for part in PARTS[name]} <= set(TRACK_OUTPUTS)

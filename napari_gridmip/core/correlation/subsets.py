@@ -46,6 +46,7 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -578,7 +579,6 @@ def _gram_planes(x1, plan: Plan, rows: int) -> jax.Array:
     )  # fmt: skip
 
 
-TRACK_OUTPUTS = ("dy", "dx", "peak", "transmission", "dark_field", "residual", "sigma_dy", "sigma_dx")
 
 
 def _outputs_of(plan: Plan) -> tuple[str, ...]:
@@ -1100,6 +1100,11 @@ class SpeckleTracking:
     """Estimated standard deviation of ``dx`` (px)."""
 
 
+# the tracking outputs, in the kernel's order: SpeckleTracking's fields are the one list (the jobs, the command
+# line and the dask twin read it from here)
+TRACK_OUTPUTS = tuple(f.name for f in dataclasses.fields(SpeckleTracking))
+
+
 def track_speckles(
     sample: Any,
     reference: Any,
@@ -1218,13 +1223,5 @@ def track_speckles(
             prefilter=sigma,
         )  # fmt: skip
     out = dict(zip(TRACK_OUTPUTS, parts))
-    return SpeckleTracking(
-        dy=-out["dy"],
-        dx=-out["dx"],
-        peak=out["peak"],
-        transmission=out["transmission"],
-        dark_field=out["dark_field"],
-        residual=out["residual"],
-        sigma_dy=out["sigma_dy"],
-        sigma_dx=out["sigma_dx"],
-    )
+    # the kernel's displacement is the reference's (img1's) position in the sample's: the pattern moved the other way
+    return SpeckleTracking(**{**out, "dy": -out["dy"], "dx": -out["dx"]})

@@ -39,9 +39,10 @@ from jax import lax
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
-from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
+from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
+from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
 
@@ -91,39 +92,6 @@ class Displacement(NamedTuple):
 
 
 # -- validation -------------------------------------------------------------------
-
-
-def _check_inputs(img1: Any, img2: Any, window: Any) -> tuple[tuple[int, ...], tuple[int, int]]:
-    for name, img in (("img1", img1), ("img2", img2)):
-        _validate.check_real(name, img)
-        _validate.check_ndim(name, img, min_ndim=3)
-    shape1, shape2 = _validate.shape_of(img1), _validate.shape_of(img2)
-    if shape1 != shape2:
-        raise ValueError(f"img1 and img2 must have the same shape (..., K, M, N); got {shape1} and {shape2}")
-    window = _validate.int_tuple("window", window, 2)
-    if any(w % 2 == 0 for w in window):
-        raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
-    _validate.check_nonempty("img1", shape1)
-    k, rows, cols = shape1[-3:]
-    if k < 2:
-        raise ValueError(f"img1 and img2 need at least 2 frames along K (axis -3); got shape {shape1}")
-    if window[0] > rows or window[1] > cols:
-        raise ValueError(f"window {window} is larger than the images' (M, N) = ({rows}, {cols})")
-    return shape1, window
-
-
-def _check_dtypes(img1: Any, img2: Any, dtype: Any) -> np.dtype:
-    """The compute dtype; integers it cannot hold exactly are refused with what to do instead.
-
-    (A dask stack is checked block by block when it is computed: scanning it here would compute it.)
-    """
-    dtype = compute_dtype(dtype)
-    for name, img in (("img1", img1), ("img2", img2)):
-        if _validate.is_dask(img):
-            continue
-        with precision_scope(_validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
-            _validate.check_exact_integers(name, img, dtype)
-    return dtype
 
 
 # -- pure kernels -------------------------------------------------------------------
@@ -652,8 +620,8 @@ def windowed_pearson(
         return subsets.subset_map(
             img1, img2, window, subset, step, dtype=dtype, offsets_first=offsets_first, progress=progress
         )
-    shape, window = _check_inputs(img1, img2, window)
-    dtype = _check_dtypes(img1, img2, dtype)
+    shape, window = check_pair(img1, img2, window)
+    dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
     offsets_first = _validate.check_bool("offsets_first", offsets_first)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
@@ -781,10 +749,10 @@ def find_displacement(
                 shape=shape,
             )  # fmt: skip
         )
-    shape, window = _check_inputs(img1, img2, window)
+    shape, window = check_pair(img1, img2, window)
     subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     sigma = check_prefilter(prefilter, default=0.0)
-    dtype = _check_dtypes(img1, img2, dtype)
+    dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 

@@ -61,8 +61,9 @@ from jax import lax
 from napari_gridmip.core import _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
-from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
 
 __all__ = ["track_speckles"]
@@ -579,8 +580,6 @@ def _gram_planes(x1, plan: Plan, rows: int) -> jax.Array:
     )  # fmt: skip
 
 
-
-
 def _outputs_of(plan: Plan) -> tuple[str, ...]:
     if plan.method == "map":
         return ("map",)
@@ -804,45 +803,6 @@ def check_subset(subset: Any, step: Any) -> tuple[tuple[int, int], int]:
     if step < 1:
         raise ValueError(f"step must be a positive integer; got {step}")
     return subset, int(step)
-
-
-def check_pair(img1: Any, img2: Any, window: Any, subset: tuple[int, int], names=("img1", "img2")):
-    """Shapes, window and subset of a pair (the subset's version of the dense checks): ``(shape, window)``."""
-    for name, img in zip(names, (img1, img2)):
-        _validate.check_real(name, img)
-        _validate.check_ndim(name, img, min_ndim=3)
-    shape1, shape2 = _validate.shape_of(img1), _validate.shape_of(img2)
-    if shape1 != shape2:
-        raise ValueError(
-            f"{names[0]} and {names[1]} must have the same shape (..., K, M, N); got {shape1} and {shape2}"
-        )
-    window = _validate.int_tuple("window", window, 2)
-    if any(w % 2 == 0 for w in window):
-        raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
-    _validate.check_nonempty(names[0], shape1)
-    k, rows, cols = shape1[-3:]
-    if k * subset[0] * subset[1] < 2:
-        raise ValueError(
-            f"{names[0]} and {names[1]} need at least 2 values per vector: 2 frames along K (axis -3), or a subset "
-            f"larger than (1, 1); got shape {shape1} and subset {subset}"
-        )
-    if window[0] + subset[0] - 1 > rows or window[1] + subset[1] - 1 > cols:
-        raise ValueError(
-            f"window {window} plus subset {subset} (window + subset - 1 pixels per axis) is larger than the "
-            f"images' (M, N) = ({rows}, {cols})"
-        )
-    return shape1, window
-
-
-def check_dtypes(named: dict[str, Any], dtype: Any) -> np.dtype:
-    """The compute dtype; integers it cannot hold exactly are refused (dask stacks when computed)."""
-    dtype = compute_dtype(dtype)
-    for name, img in named.items():
-        if _validate.is_dask(img):
-            continue
-        with precision_scope(_validate.dtype_of(img)):
-            _validate.check_exact_integers(name, img, dtype)
-    return dtype
 
 
 def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progress):

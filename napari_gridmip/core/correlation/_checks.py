@@ -1,0 +1,60 @@
+"""The one check of a correlated pair and of its compute dtype, for the dense maps (:mod:`.maps`), the subsets
+and :func:`~napari_gridmip.track_speckles` (:mod:`.subsets`). A leaf: it imports neither."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._precision import compute_dtype, precision_scope
+
+
+def check_pair(
+    img1: Any, img2: Any, window: Any, subset: tuple[int, int] | None = None, names=("img1", "img2")
+) -> tuple[tuple[int, ...], tuple[int, int]]:
+    """Shapes, window and subset of a pair: ``(shape, window)``. Without a subset (the dense correlation over K)
+    a vector needs 2 frames and the window must fit; with one (any, ``(1, 1)`` with a step included), 2 values
+    and the window plus the subset."""
+    for name, img in zip(names, (img1, img2)):
+        _validate.check_real(name, img)
+        _validate.check_ndim(name, img, min_ndim=3)
+    shape1, shape2 = _validate.shape_of(img1), _validate.shape_of(img2)
+    if shape1 != shape2:
+        raise ValueError(
+            f"{names[0]} and {names[1]} must have the same shape (..., K, M, N); got {shape1} and {shape2}"
+        )
+    window = _validate.int_tuple("window", window, 2)
+    if any(w % 2 == 0 for w in window):
+        raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
+    _validate.check_nonempty(names[0], shape1)
+    k, rows, cols = shape1[-3:]
+    if subset is None:
+        if k < 2:
+            raise ValueError(f"{names[0]} and {names[1]} need at least 2 frames along K (axis -3); got shape {shape1}")
+        if window[0] > rows or window[1] > cols:
+            raise ValueError(f"window {window} is larger than the images' (M, N) = ({rows}, {cols})")
+        return shape1, window
+    if k * subset[0] * subset[1] < 2:
+        raise ValueError(
+            f"{names[0]} and {names[1]} need at least 2 values per vector: 2 frames along K (axis -3), or a subset "
+            f"larger than (1, 1); got shape {shape1} and subset {subset}"
+        )
+    if window[0] + subset[0] - 1 > rows or window[1] + subset[1] - 1 > cols:
+        raise ValueError(
+            f"window {window} plus subset {subset} (window + subset - 1 pixels per axis) is larger than the "
+            f"images' (M, N) = ({rows}, {cols})"
+        )
+    return shape1, window
+
+
+def check_dtypes(named: dict[str, Any], dtype: Any) -> np.dtype:
+    """The compute dtype; integers it cannot hold exactly are refused (dask stacks when computed)."""
+    dtype = compute_dtype(dtype)
+    for name, img in named.items():
+        if _validate.is_dask(img):
+            continue
+        with precision_scope(_validate.dtype_of(img)):
+            _validate.check_exact_integers(name, img, dtype)
+    return dtype

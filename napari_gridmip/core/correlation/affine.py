@@ -179,7 +179,6 @@ def affine_refine(
     window: tuple[int, int],
     subset: tuple[int, int],
     step: int,
-    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[jax.Array, ...]:
     """IC-GN from the translation ``(dy, dx)`` ``(B, rows, cols)`` for centred (and prefiltered) stacks ``x1``,
     ``x2`` ``(B, K, M, N)`` (``coefficients``: a frame stack's cubic B-spline coefficients): ``(dy, dx, zncc,
@@ -194,15 +193,12 @@ def affine_refine(
     band = int(max(1, min(out_rows, BAND_VALUES // max(per_row, 1))))
     starts = sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
     results = []
-    total = batch * len(starts)
     for item in range(batch):
         c1 = jnp.pad(coefficients(x1[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
         c2 = jnp.pad(coefficients(x2[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
         f_img, fy_img, fx_img = _spline_gradients(c2)
         pieces = []
-        for done, start in enumerate(starts):
-            if progress is not None:
-                progress(item * len(starts) + done, total)
+        for start in starts:
             cy, cx = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
             begin = jnp.stack([dy[item, start : start + band].ravel(), dx[item, start : start + band].ravel()], -1)
             params, zncc, _ = _band(
@@ -214,8 +210,6 @@ def affine_refine(
         params = jnp.concatenate([p[0][:n] for p, n in zip(pieces, keep)], axis=0)
         zncc = jnp.concatenate([p[1][:n] for p, n in zip(pieces, keep)], axis=0)
         results.append((params, zncc))
-    if progress is not None:
-        progress(total, total)
     params = jnp.stack([r[0] for r in results])
     zncc = jnp.stack([r[1] for r in results])
     v, vy, vx, u, uy, ux = (params[..., i] for i in range(6))

@@ -9,7 +9,8 @@ the reference shifted by (1.3, -0.7) px, with 0.9 transmission and its speckle v
 (dark-field), plus 1% noise. mbipy is called as its authors intend (``umpa(sample, reference,
 search_window, template_window, df=True)``, its default Hamming-weighted template); ours is
 ``track_speckles(sample, reference, window, subset=...)`` with its defaults (Newton refinement, dark-field,
-uncertainty). Warm: best of ``--repeats`` after one call; cold: ours in a new process with an empty JAX cache.
+uncertainty). Warm: best of ``--repeats`` after one call (and one call's peak memory); cold: ours in a new
+process with an empty JAX cache.
 mbipy's 1 x 1 template cannot fit a dark-field, so that row is without it.
 """
 
@@ -20,7 +21,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import machine  # noqa: E402
+from _harness import machine, measure  # noqa: E402
 
 
 def make_data(frames: int, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -43,16 +43,6 @@ def make_data(frames: int, size: int, seed: int = 0) -> tuple[np.ndarray, np.nda
     sample = 0.9 * (1 + 0.8 * 0.3 * moved)[:, pad:-pad, pad:-pad]
     sample = sample + 0.01 * rng.standard_normal(sample.shape)
     return sample.astype(np.float32), reference.astype(np.float32)
-
-
-def best_of(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 COLD = """
@@ -91,15 +81,18 @@ def main() -> None:
     lines = [
         f"Speckle tracking: K={frames}, {size}x{size}, search 9x9; {machine()}",
         "",
-        "| subset | ours warm s | ours cold s | mbipy UMPA warm s | mbipy / ours (warm) | ours median dy, dx, D | "
-        "mbipy median dy, dx, D |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| subset | ours warm s | ours cold s | mbipy UMPA warm s | mbipy / ours (warm) | peak MiB ours / mbipy "
+        "| ours median dy, dx, D | mbipy median dy, dx, D |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for subset in ((5, 5), (1, 1)):
         df = subset != (1, 1)
-        ours = best_of(lambda s=subset: np.asarray(track_speckles(sample, reference, (9, 9), subset=s).dark_field),
-                       args.repeats)  # fmt: skip
-        theirs = best_of(lambda s=subset, d=df: umpa(s64, r64, (9, 9), s, df=d), args.repeats)
+
+        def ours_call(s=subset):
+            return np.asarray(track_speckles(sample, reference, (9, 9), subset=s).dark_field)
+
+        ours = measure("ours", ours_call, repeats=args.repeats)
+        theirs = measure("mbipy", lambda s=subset, d=df: umpa(s64, r64, (9, 9), s, df=d), repeats=args.repeats)
         first = cold(frames, size, subset)
         got = track_speckles(sample, reference, (9, 9), subset=subset)
         inner = (slice(8, -8), slice(8, -8))
@@ -108,7 +101,8 @@ def main() -> None:
         # mbipy returns (dx, dy, ...) with its own sign convention: report as returned, for the reader to compare
         peer_med = [float(np.nanmedian(np.asarray(a)[inner])) for a in peer[:3]]
         lines.append(
-            f"| {subset[0]}x{subset[1]} | {ours:.2f} | {first:.2f} | {theirs:.2f} | {theirs / ours:.1f} "
+            f"| {subset[0]}x{subset[1]} | {ours.best_s:.2f} | {first:.2f} | {theirs.best_s:.2f} "
+            f"| {theirs.best_s / ours.best_s:.1f} | {ours.peak_mb:.0f} / {theirs.peak_mb:.0f} "
             f"| {mine[0]:.3f}, {mine[1]:.3f}, {mine[2]:.3f} | {', '.join(f'{v:.3f}' for v in peer_med)} |"
         )
         print(lines[-1], flush=True)

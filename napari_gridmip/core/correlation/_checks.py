@@ -50,11 +50,14 @@ def check_pair(
 
 
 def check_dtypes(named: dict[str, Any], dtype: Any) -> np.dtype:
-    """The compute dtype; integers it cannot hold exactly are refused (dask stacks when computed)."""
+    """The compute dtype; integers it cannot hold exactly are refused with what to do instead.
+
+    (A dask stack is checked block by block when it is computed: scanning it here would compute it.)
+    """
     dtype = compute_dtype(dtype)
     for name, img in named.items():
         if _validate.is_dask(img):
             continue
-        with precision_scope(_validate.dtype_of(img)):
+        with precision_scope(_validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
             _validate.check_exact_integers(name, img, dtype)
     return dtype

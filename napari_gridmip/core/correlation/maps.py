@@ -717,9 +717,13 @@ def find_displacement(
     ------
     ValueError
         As for :func:`windowed_pearson`, and if ``subpixel`` is not one of
-        ``"hessian"``, ``"paraboloid"``, ``"refine"`` or ``"none"``.
+        ``"hessian"``, ``"paraboloid"``, ``"refine"`` or ``"none"``, ``prefilter`` is
+        another text than ``"auto"`` or a negative or non-finite number, ``shape`` is not
+        ``"translation"`` or ``"affine"``, or ``"affine"`` comes without a subset or with
+        another ``subpixel`` than ``"refine"``.
     TypeError
-        If ``step`` is not an integer.
+        If ``step`` is not an integer, ``prefilter`` is neither text, None nor a number, or
+        ``shape`` is not text.
 
     Examples
     --------

@@ -302,18 +302,14 @@ def _argmax(r: Sequence[jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
     """First maximum (C order over ``(a, b)``) of ``r[b][a, j]``: value, ``a`` and ``b``, each ``(Ns,)``.
     NaN entries are skipped (a NaN never compares greater); all NaN gives ``-inf`` at (0, 0)."""
     wn = len(r)
-    best = jnp.where(jnp.isnan(r[0]), -jnp.inf, r[0])
-    col = jnp.zeros(best.shape, jnp.int32)
-    for b in range(1, wn):
-        better = r[b] > best
-        best = jnp.where(better, r[b], best)
-        col = jnp.where(better, b, col)
-    value, row, column = best[0], jnp.zeros(best.shape[1:], jnp.int32), col[0]
-    for a in range(1, best.shape[0]):
-        better = best[a] > value
-        value = jnp.where(better, best[a], value)
-        row = jnp.where(better, a, row)
-        column = jnp.where(better, col[a], column)
+    # one variadic reduce over the stacked offsets: a chain of selects per offset made the two largest
+    # kernels of the DIC program, 0.33 s of its LLVM time (bench_first_run.py)
+    stacked = jnp.stack(r, axis=1)  # (wm, wn, Ns)
+    flat = stacked.reshape((-1,) + stacked.shape[2:])
+    flat = jnp.where(jnp.isnan(flat), -jnp.inf, flat)
+    index = jnp.argmax(flat, axis=0).astype(jnp.int32)
+    value = jnp.max(flat, axis=0)
+    row, column = index // wn, index % wn
     return value, row, column
 
 

@@ -42,6 +42,7 @@ from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
+from napari_gridmip.core.correlation._bands import join_bands
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
@@ -456,17 +457,14 @@ def _displacement_band(z1, z1k, z2, row0, *, window, tile, band, method):
     return _tiles_of_band(z1, z2, row0, window=window, tile=tile, band=band, update=update, outputs=(empty,) * 3)
 
 
-@partial(jax.jit, static_argnames=("dtype",))
-def _standardize_pair(img1, img2, *, dtype):
-    """Both stacks as ``(B, K, M, N)`` standardised ``dtype`` arrays (batch axes flattened)."""
+@partial(jax.jit, static_argnames=("dtype", "k_last"))
+def _standardize_pair(img1, img2, *, dtype, k_last=False):
+    """Both stacks as ``(B, K, M, N)`` standardised ``dtype`` arrays (batch axes flattened), and with ``k_last``
+    also img1's as ``(B, M, N, K)``, materialised: each pixel's K-vector contiguous for gathers (in the same
+    program: one less to compile on a first call)."""
     k, rows, cols = img1.shape[-3:]
-    return tuple(standardize(img.astype(dtype).reshape(-1, k, rows, cols)) for img in (img1, img2))
-
-
-@jax.jit
-def _k_last(z: jax.Array) -> jax.Array:
-    """``(B, K, M, N)`` -> ``(B, M, N, K)``, materialised: each pixel's K-vector contiguous for gathers."""
-    return jnp.moveaxis(z, 1, -1)
+    z1, z2 = (standardize(img.astype(dtype).reshape(-1, k, rows, cols)) for img in (img1, img2))
+    return (z1, z2, jnp.moveaxis(z1, 1, -1)) if k_last else (z1, z2)
 
 
 def _on_device(img: Any, dtype: np.dtype) -> jax.Array:
@@ -503,11 +501,12 @@ def _minus_first_frame(img: jax.Array) -> jax.Array:
     return (img - img[..., :1, :, :]).astype(jnp.float32)
 
 
-def _prepare(img1, img2, dtype):
-    """Flatten batch axes and standardise both stacks (float ``dtype``) on the device."""
+def _prepare(img1, img2, dtype, *, k_last=False):
+    """Flatten batch axes and standardise both stacks (float ``dtype``) on the device: ``(batch, z1, z2)``, and
+    with ``k_last`` also img1's with K last (see :func:`_standardize_pair`)."""
     batch = _validate.shape_of(img1)[:-3]
-    z1, z2 = _standardize_pair(_on_device(img1, dtype), _on_device(img2, dtype), dtype=np.dtype(dtype).name)
-    return batch, z1, z2
+    pair = (_on_device(img1, dtype), _on_device(img2, dtype))
+    return (batch, *_standardize_pair(*pair, dtype=np.dtype(dtype).name, k_last=k_last))
 
 
 @partial(jax.jit, static_argnums=(1,), donate_argnums=(0,))
@@ -640,7 +639,7 @@ def windowed_pearson(
         out = jnp.zeros((z1.shape[0],) + window + pixels, dtype)
         for done, row0 in enumerate(starts):
             _report(progress, done, len(starts))
-            out = _planes_band(out, z1, z2, jnp.int32(row0), window=window, tile=tile, band=band)
+            out = _planes_band(out, z1, z2, np.int32(row0), window=window, tile=tile, band=band)
             _wait(out)  # so that progress means something, and cancel can stop between bands
         _report(progress, len(starts), len(starts))
         return _reshape_in_place(out, batch + out.shape[1:])
@@ -766,8 +765,7 @@ def find_displacement(
     with precision_scope(dtype):
         if sigma > 0:  # on the device copy: a per-pixel constant that _on_device subtracts is smoothed away too
             img1, img2 = (smooth_frames(_on_device(img, dtype).astype(dtype), sigma=sigma) for img in (img1, img2))
-        batch, z1, z2 = _prepare(img1, img2, dtype)
-        z1k = _k_last(z1)
+        batch, z1, z2, z1k = _prepare(img1, img2, dtype, k_last=True)
         out_rows = shape[-2] - 2 * (window[0] // 2)
         tile, band, starts = _row_plan(out_rows)
         out_shape = (out_rows, shape[-1] - 2 * (window[1] // 2))
@@ -777,17 +775,16 @@ def find_displacement(
         for done, row0 in enumerate(starts):
             _report(progress, done, total)
             pieces.append(
-                _displacement_band(z1, z1k, z2, jnp.int32(row0), window=window, tile=tile, band=band, method=subpixel)
+                _displacement_band(z1, z1k, z2, np.int32(row0), window=window, tile=tile, band=band, method=subpixel)
             )
             _wait(pieces[-1])
-        results = []
-        for part in range(3):
-            # the last band may overlap the one before: keep each row once
-            rows = [
-                p[part][:, : (starts[i + 1] - starts[i]) if i + 1 < len(starts) else band] for i, p in enumerate(pieces)
-            ]
-            results.append(jnp.concatenate(rows, axis=1))
-        dy, dx, peak = results
+        # the last band may overlap the one before: keep each row once
+        keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts)))
+        if subpixel != "refine":
+            dy, dx, peak = join_bands(pieces, keep=keep, batch=batch)
+            _report(progress, total, total)
+            return Displacement(dy, dx, peak)
+        dy, dx, peak = join_bands(pieces, keep=keep)
         if subpixel == "refine":
             k, rows, cols = shape[-3:]
             raw1 = _on_device(img1, dtype).reshape(-1, k, rows, cols)

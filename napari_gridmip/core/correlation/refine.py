@@ -190,7 +190,7 @@ def refine_displacement(
     for done, row0 in enumerate(starts):
         if on_band is not None:
             on_band(done)
-        pieces.append(_refine_band(img1k, z2, dy, dx, jnp.int32(row0), window=window, block=block))
+        pieces.append(_refine_band(img1k, z2, dy, dx, np.int32(row0), window=window, block=block))
         jax.block_until_ready(pieces[-1])
     # the last band may overlap the one before: keep each row once
     keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else block for i in range(len(starts))]

@@ -63,6 +63,7 @@ from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core.correlation._bands import join_bands
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
 
@@ -966,13 +967,13 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
 
 
 def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
-        interpolation="bspline", prefilter=0.0, subset_shape="translation"):  # fmt: skip
+        interpolation="bspline", prefilter=0.0, subset_shape="translation", negate=()):  # fmt: skip
     """Run the subset kernel on in-memory stacks; a tuple of ``(..., rows, cols[, wm, wn])`` arrays
     (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
     ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``;
     ``prefilter``: the standard deviation (px) of the Gaussian both stacks are smoothed by first (0: none);
     ``subset_shape="affine"``: then IC-GN from the translation's result (:mod:`.affine`), giving ``(dy, dx, zncc, dy_y,
-    dy_x, dx_y, dx_x)``."""
+    dy_x, dx_y, dx_x)``; ``negate``: the outputs (by position) to return negated."""
     shape = _validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
@@ -995,27 +996,29 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
         coefficients = _spline_coefficients(x1) if plan.spline else None
         band, starts = _band_plan(plan, dtype)
-        device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
+        if any(isinstance(c, jax.Array) for c in centres):
+            device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
+        else:  # on the host: three eager device ops were three more programs to compile on a first call
+            device_centres = jnp.asarray(np.stack([np.asarray(c, np.float64) for c in centres], axis=1).astype(dtype))
         pieces = []
         for done, start in enumerate(starts):
             if progress is not None:
                 progress(done, len(starts))
             pieces.append(
-                _band(x1, x2, bad1, bad2, device_centres, jnp.int32(start), coefficients, plan=plan, rows=band)
+                _band(x1, x2, bad1, bad2, device_centres, np.int32(start), coefficients, plan=plan, rows=band)
             )
             _wait(pieces[-1])
         if progress is not None:
             progress(len(starts), len(starts))
-        keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts))]
-        parts = [
-            jnp.concatenate([p[part][:, :n] for p, n in zip(pieces, keep)], axis=1) for part in range(len(pieces[0]))
-        ]
-        if subset_shape == "affine":
-            from napari_gridmip.core.correlation.affine import affine_refine
+        keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts)))
+        if subset_shape != "affine":
+            return join_bands(pieces, keep=keep, batch=batch, negate=negate)
+        from napari_gridmip.core.correlation.affine import affine_refine
 
-            parts = affine_refine(
-                *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step
-            )
+        parts = join_bands(pieces, keep=keep)
+        parts = affine_refine(
+            *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step
+        )
         return tuple(part.reshape(batch + part.shape[1:]) for part in parts)
 
 
@@ -1174,10 +1177,13 @@ def track_speckles(
 
         parts = _chunked.track_speckles(reference, sample, window, subset, step, subpixel, dtype, prefilter=sigma)
     else:
+        # the kernel's displacement is the reference's (img1's) position in the sample's: the pattern moved the
+        # other way
+        flip = (TRACK_OUTPUTS.index("dy"), TRACK_OUTPUTS.index("dx"))
         parts = run(
             reference, sample, window, subset, step, method=subpixel, track=True, dtype=dtype, progress=progress,
-            prefilter=sigma,
+            prefilter=sigma, negate=flip,
         )  # fmt: skip
+        return SpeckleTracking(*parts)
     out = dict(zip(TRACK_OUTPUTS, parts))
-    # the kernel's displacement is the reference's (img1's) position in the sample's: the pattern moved the other way
     return SpeckleTracking(**{**out, "dy": -out["dy"], "dx": -out["dx"]})

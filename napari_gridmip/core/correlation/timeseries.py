@@ -193,13 +193,15 @@ class _Moments:
         with precision_scope(np.float64):
             # sum of x - reference, of its square, and of the products with each offset's neighbour
             shapes = [shape, shape, *(_pair(np.empty(shape, bool), o)[0].shape for o in offsets)]
-            self.totals = tuple(jnp.zeros(s, jnp.float64) for s in shapes)  # distinct buffers: they are donated
+            # distinct buffers: they are donated. From the host: an eager jnp.zeros is one more program to
+            # compile per shape on a first call (bench_first_run.py)
+            self.totals = tuple(owned_to_device(np.zeros(s)) for s in shapes)
 
     def add(self, count: int, moments: tuple) -> None:
         """Merge a chunk of ``count`` frames (see :func:`_merge`)."""
         self.n += count
         with precision_scope(np.float64):
-            self.totals = _merge(self.totals, jnp.float64(count), moments, offsets=self.offsets)
+            self.totals = _merge(self.totals, np.float64(count), moments, offsets=self.offsets)
 
     def packed(self) -> np.ndarray:
         """``(2 + offsets, B, Y, X)`` NumPy float64: the sums, the cross sums zero-padded to the image (dask
@@ -224,8 +226,8 @@ class _Moments:
     def image(self) -> np.ndarray:
         """The local correlation image ``(B, Y, X)``, NumPy float64."""
         with precision_scope(np.float64):
-            counts = jnp.asarray(_neighbour_counts(self.totals[0].shape[-2:], self.offsets))
-            return np.asarray(_image(self.totals, jnp.float64(max(self.n, 1)), counts, offsets=self.offsets))
+            counts = jax.device_put(_neighbour_counts(self.totals[0].shape[-2:], self.offsets))
+            return np.asarray(_image(self.totals, np.float64(max(self.n, 1)), counts, offsets=self.offsets))
 
 
 # -- feeding chunks -------------------------------------------------------------------------------
@@ -274,8 +276,8 @@ def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int,
             x, ref = jax.device_put(chunk), jax.device_put(np.ascontiguousarray(reference))
         else:
             x = owned_to_device(host_chunk(chunk, reference, padded_frames(frames), dtype))
-            ref = jnp.zeros(reference.shape, dtype)
-        return _chunk_moments(x, ref, jnp.int32(count), offsets=offsets)
+            ref = jax.device_put(np.zeros(reference.shape, dtype))
+        return _chunk_moments(x, ref, np.int32(count), offsets=offsets)
 
 
 @partial(jax.jit, static_argnames=("frames", "dtype"))
@@ -398,10 +400,10 @@ def local_correlation_image(
         flat = movie.reshape((batch, frames_total, rows, cols))
 
         def dispatch(start):
-            block = _device_chunk(flat, flat[:, 0], jnp.int32(start), frames=chunk_frames, dtype=dtype.name)
-            count = jnp.int32(min(chunk_frames, frames_total - start))
+            block = _device_chunk(flat, flat[:, 0], np.int32(start), frames=chunk_frames, dtype=dtype.name)
+            count = np.int32(min(chunk_frames, frames_total - start))
             return _chunk_moments(
-                block, jnp.zeros(block.shape[:1] + block.shape[2:], block.dtype), count, offsets=offsets
+                block, jax.device_put(np.zeros(block.shape[:1] + block.shape[2:], block.dtype)), count, offsets=offsets
             )
 
     else:
@@ -426,7 +428,7 @@ def local_correlation_image(
         _report(progress, len(starts), len(starts))
     image = moments.image().reshape(lead + (rows, cols))
     with precision_scope(dtype):
-        return jnp.asarray(image.astype(dtype))
+        return jax.device_put(image.astype(dtype))
 
 
 def _report(progress: ProgressCallback | None, done: int, total: int) -> None:

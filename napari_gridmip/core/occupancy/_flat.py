@@ -88,7 +88,9 @@ def flatten(levels: list[Any]) -> FlatPyramid:
     if on_host:
         levels = [np.asarray(level) for level in levels]  # free for JAX arrays on the CPU backend
     words = _pack_host(levels) if on_host else _pack_all([jnp.asarray(level) for level in levels])
-    words = jnp.pad(jnp.asarray(words), (0, bucket(words.shape[0]) - words.shape[0]))
+    padding = (0, bucket(words.shape[0]) - words.shape[0])
+    # on the host where the words are: eager device ops each compiled a program on a first call
+    words = jax.device_put(np.pad(words, padding)) if isinstance(words, np.ndarray) else jnp.pad(words, padding)
     box = bbox_of(levels)
     lo, hi = (np.zeros(3), np.zeros(3)) if box is None else (box.lo, box.hi)
     full = len(levels) - 1
@@ -96,12 +98,7 @@ def flatten(levels: list[Any]) -> FlatPyramid:
         full -= 1
     kind = offsets.dtype
     return FlatPyramid(
-        words,
-        jnp.asarray(offsets),
-        jnp.asarray(table),
-        jnp.asarray(np.asarray(lo, kind)),
-        jnp.asarray(np.asarray(hi, kind)),
-        jnp.asarray(full, kind),
+        words, *jax.device_put((offsets, table, np.asarray(lo, kind), np.asarray(hi, kind), np.asarray(full, kind)))
     )
 
 

@@ -234,7 +234,8 @@ def keep_active(size: int) -> int:
 
 def compact(arrays, index: np.ndarray, size: int, fills):
     """Rows ``index`` of each array, padded to ``size`` rows with its fill value, as JAX arrays."""
-    return [jnp.asarray(_pad(np.asarray(a)[index], size, fill)) for a, fill in zip(arrays, fills)]
+    # device_put, not jnp.asarray: the latter compiles a copy program per shape on a first call
+    return [jax.device_put(_pad(np.asarray(a)[index], size, fill)) for a, fill in zip(arrays, fills)]
 
 
 @functools.partial(jax.jit, static_argnames="capacity")
@@ -440,32 +441,38 @@ def traverse_occupied(
 def record_batch(flat, shapes, o, d, near, far, size, capacity):
     """Every occupied voxel of a batch of rays (padded to ``size``), pass after pass until no ray is left.
 
+    The rays left unfinished by a pass (out of room, or still going when most have stopped) go on in
+    batches of ``MIN_BATCH``: with the first batch's size, two compiled programs serve a whole call
+    (a size per power of two compiled one per pass, 0.65 s each on a first call; bench_first_run.py).
+
     Returns ([(ray indices within the batch, voxels, t_starts, t_ends) per pass], lookups per ray).
     Call inside the ``precision_scope`` that ``flat`` was made in.
     """
     n = o.shape[0]
     limit = _step_limit(shapes[0], len(shapes), capacity)
-    ray_o, ray_d = jnp.asarray(_pad(o, size, -1)), jnp.asarray(_pad(d, size, 0))
-    state, t_stop = _start(flat, ray_o, ray_d, jnp.asarray(_pad(near, size, 0)), jnp.asarray(_pad(far, size, 0)))
-    rays = np.arange(n)
+    ray_o, ray_d = jax.device_put(_pad(o, size, -1)), jax.device_put(_pad(d, size, 0))
+    state, t_stop = _start(flat, ray_o, ray_d, jax.device_put(_pad(near, size, 0)), jax.device_put(_pad(far, size, 0)))
     pieces, lookups = [], np.zeros(n, np.int64)
-    while True:
-        keep = jnp.asarray(keep_active(size), state.k.dtype)
+    # (rays, their states, origins, directions, stops, padded size); a ray's next pass is queued by its last
+    pending = [(np.arange(n), state, ray_o, ray_d, t_stop, size)]
+    while pending:
+        rays, state, ray_o, ray_d, t_stop, size = pending.pop()
+        keep = np.asarray(keep_active(size), state.k.dtype)
         state, voxels, starts, ends = jax.device_get(
             _record(flat, ray_o, ray_d, t_stop, state, limit, keep, capacity=capacity)
         )
         count = state.count[: len(rays)]
-        keep = np.arange(capacity)[None, :] < count[:, None]
-        pieces.append((np.repeat(rays, count), *[a[: len(rays)][keep] for a in (voxels, starts, ends)]))
+        kept = np.arange(capacity)[None, :] < count[:, None]
+        pieces.append((np.repeat(rays, count), *[a[: len(rays)][kept] for a in (voxels, starts, ends)]))
         lookups[rays] += state.lookups[: len(rays)]
         resume = np.nonzero((state.overflow | state.active)[: len(rays)])[0]
-        if len(resume) == 0:
-            return pieces, lookups
-        # the unfinished rays go on from where they stopped, in a batch of their own
-        rays = rays[resume]
-        size = padded_size(len(resume))
-        state = _resumed(state, resume, size)
-        ray_o, ray_d, t_stop = compact((ray_o, ray_d, t_stop), resume, size, (-1, 0, 0))
+        for first in range(0, len(resume), MIN_BATCH)[::-1]:  # popped in order: rays' passes stay in order
+            group = resume[first : first + MIN_BATCH]
+            pending.append(
+                (rays[group], _resumed(state, group, MIN_BATCH),
+                 *compact((ray_o, ray_d, t_stop), group, MIN_BATCH, (-1, 0, 0)), MIN_BATCH)
+            )  # fmt: skip
+    return pieces, lookups
 
 
 def _resumed(state: RayState, index: np.ndarray, size: int) -> RayState:
@@ -473,9 +480,8 @@ def _resumed(state: RayState, index: np.ndarray, size: int) -> RayState:
     picked = RayState(*[_pad(np.asarray(a)[index], size, 0) for a in state])
     active = np.zeros(size, bool)
     active[: len(index)] = True
-    return jax.tree.map(
-        jnp.asarray,
-        picked._replace(active=active, overflow=np.zeros(size, bool), lookups=np.zeros_like(picked.lookups)),
+    return jax.device_put(
+        picked._replace(active=active, overflow=np.zeros(size, bool), lookups=np.zeros_like(picked.lookups))
     )
 
 

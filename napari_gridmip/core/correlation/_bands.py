@@ -1,0 +1,51 @@
+"""Joining a driver's row bands into its outputs in one compiled program. A leaf: it imports no sibling.
+
+The drivers of :mod:`.maps` and :mod:`.subsets` run their kernel band by band (a bounded program and
+working set, progress between bands) and then keep each band's rows once, join them, restore the batch
+axes and, for :func:`~napari_gridmip.track_speckles`, flip the displacement's sign. Done eagerly, each of
+those steps was its own tiny program, compiled on a first call for 10 to 100 ms apiece (0.3 s of the
+first call of ``track_speckles``, ``benchmarks/bench_first_run.py``): here they are one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+
+@partial(jax.jit, static_argnames=("keep", "batch", "negate"))
+def join_bands(
+    pieces: Sequence[Sequence[jax.Array]],
+    *,
+    keep: tuple[int, ...],
+    batch: tuple[int, ...] | None = None,
+    negate: tuple[int, ...] = (),
+) -> tuple[jax.Array, ...]:
+    """The outputs of the band programs, joined along the rows.
+
+    Parameters
+    ----------
+    pieces
+        One tuple of outputs per band, each ``(B, rows, ...)``; the bands in order.
+    keep
+        Rows of each band to keep (the last band may overlap the one before it).
+    batch
+        The batch axes to restore in place of ``B`` (None: keep ``B``).
+    negate
+        Which outputs (by position) to negate.
+
+    Returns
+    -------
+    tuple of jax.Array
+        One per output: ``(*batch, sum(keep), ...)`` (or ``(B, sum(keep), ...)``).
+    """
+    out = []
+    for part in range(len(pieces[0])):
+        joined = jnp.concatenate([piece[part][:, :n] for piece, n in zip(pieces, keep)], axis=1)
+        if part in negate:
+            joined = -joined
+        out.append(joined if batch is None else joined.reshape(batch + joined.shape[1:]))
+    return tuple(out)

@@ -2,7 +2,8 @@
 
 One subpackage per job (``occupancy``, ``patches``, ``correlation``), each
 with its kernels and, in its ``_chunked`` module, their block-by-block twins
-on dask arrays; the pieces they share (input checks, option lists, the scoped
+on dask arrays (each handed its kernel by the public function, which checks
+its arguments once: the twins import nothing back); the pieces they share (input checks, option lists, the scoped
 x64 switch, the host-to-device hand-over, peak fits) sit at this level.
 
 The kernels' modules (and so JAX) load when one of these names is first used,

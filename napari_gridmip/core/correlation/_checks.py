@@ -1,5 +1,6 @@
 """The one check of a correlated pair and of its compute dtype, for the dense maps (:mod:`.maps`), the subsets
-and :func:`~napari_gridmip.track_speckles` (:mod:`.subsets`). A leaf: it imports neither."""
+and :func:`~napari_gridmip.track_speckles` (:mod:`.subsets`), and of the dense maps' dask blocks once computed
+(:mod:`._chunked`). A leaf: it imports none of them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,10 @@
 
 Both stacks are read in row bands with the window's half-size as a halo
 (``dask.array.overlap``), all K frames and all columns in one chunk; each
-task runs the in-memory kernel on NumPy blocks and returns NumPy. Displacements
+task runs the in-memory kernel on NumPy blocks and returns NumPy. The public
+function checks its arguments once and hands that kernel in (a function, its
+options bound), so that this module imports nothing from maps, subsets, fields
+or timeseries: only leaf modules (the dtype check, the prefilter). Displacements
 equal the in-memory ones bit for bit; correlation values agree within 2 ulp
 (XLA's vectorised loops round a few values differently with the block's shape;
 tests/core/test_chunked.py states the tolerance).
@@ -10,9 +13,16 @@ tests/core/test_chunked.py states the tolerance).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from napari_gridmip.core.correlation._checks import check_dtypes
+
+# the in-memory kernel a public function hands in, its options bound (checked once, by that function): the
+# twins here call it on NumPy blocks and import nothing back from the public functions' modules
+Kernel = Callable[..., Any]
 
 
 def _halo_blocks(img1: Any, img2: Any, window: tuple[int, int]) -> tuple[Any, Any, list[tuple[int, ...]]]:
@@ -55,20 +65,26 @@ def _at_least(n: int, chunks: tuple[int, ...], minimum: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _checked(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> None:
+    """A block's integers checked against ``dtype``'s exact range: the caller's check skipped the dask stacks,
+    whose values are only known here (the same error as for in-memory stacks)."""
+    check_dtypes({"img1": a, "img2": b}, dtype)
+
+
 def windowed_pearson(
-    img1: Any, img2: Any, window: tuple[int, int], dtype: np.dtype, *, offsets_first: bool = False
+    img1: Any, img2: Any, window: tuple[int, int], dtype: np.dtype, kernel: Kernel, *, offsets_first: bool = False
 ) -> Any:
     """The full map of dask stacks as a dask array ``(..., M - 2m, N - 2n, wm, wn)``
-    (``(..., wm, wn, M - 2m, N - 2n)`` with ``offsets_first``)."""
+    (``(..., wm, wn, M - 2m, N - 2n)`` with ``offsets_first``); ``kernel(a, b)`` is the in-memory map of two
+    blocks."""
     import dask.array as da
 
     ov1, ov2, (rows, cols) = _halo_blocks(img1, img2, window)
     lead = ov1.ndim - 3
 
     def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        from napari_gridmip.core.correlation.maps import windowed_pearson as in_memory
-
-        return np.asarray(in_memory(a, b, window, dtype=dtype, offsets_first=offsets_first))
+        _checked(a, b, dtype)
+        return np.asarray(kernel(a, b))
 
     offsets = ((window[0],), (window[1],))
     if offsets_first:
@@ -78,17 +94,17 @@ def windowed_pearson(
     return da.map_blocks(block, ov1, ov2, dtype=dtype, chunks=chunks, drop_axis=[lead], new_axis=new_axis)
 
 
-def find_displacement(img1: Any, img2: Any, window: tuple[int, int], subpixel: str, dtype: np.dtype) -> tuple:
-    """``(dy, dx, peak)`` of dask stacks, each a dask array ``(..., M - 2m, N - 2n)`` computed block by block."""
+def find_displacement(img1: Any, img2: Any, window: tuple[int, int], dtype: np.dtype, kernel: Kernel) -> tuple:
+    """``(dy, dx, peak)`` of dask stacks, each a dask array ``(..., M - 2m, N - 2n)`` computed block by block;
+    ``kernel(a, b)`` is the in-memory ``(dy, dx, peak)`` of two blocks."""
     import dask.array as da
 
     ov1, ov2, (rows, cols) = _halo_blocks(img1, img2, window)
     lead = ov1.ndim - 3
 
     def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        from napari_gridmip.core.correlation.maps import find_displacement as in_memory
-
-        return np.stack([np.asarray(r) for r in in_memory(a, b, window, subpixel=subpixel, dtype=dtype)])
+        _checked(a, b, dtype)
+        return np.stack([np.asarray(r) for r in kernel(a, b)])
 
     chunks = ((3,), *ov1.chunks[:lead], rows, cols)
     # one task per block computes all three; each output is a view of the stacked block
@@ -126,30 +142,30 @@ def _whole_images(array: Any) -> Any:
     return array.rechunk(array.chunks[:-2] + ((array.shape[-2],), (array.shape[-1],)))
 
 
-def integrate_gradient(gy: Any, gx: Any, dtype: np.dtype, options: dict) -> Any:
-    """The surface of dask gradients: lazily, one task per block of whole images (a Poisson solve is global)."""
+def integrate_gradient(gy: Any, gx: Any, dtype: np.dtype, kernel: Kernel) -> Any:
+    """The surface of dask gradients: lazily, one task per block of whole images (a Poisson solve is global);
+    ``kernel(a, b)`` is the in-memory surface of a block's gradients."""
     import dask.array as da
 
     gy = _whole_images(gy)
     gx = _whole_images(gx).rechunk(gy.chunks)
 
     def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        from napari_gridmip.core.correlation.fields import integrate_gradient as in_memory
-
-        return np.asarray(in_memory(a, b, dtype=dtype, **options))
+        return np.asarray(kernel(a, b))
 
     return da.map_blocks(block, gy, gx, dtype=dtype, meta=np.empty((0,) * gy.ndim, dtype))
 
 
-def strain_field(dy: Any, dx: Any, dtype: np.dtype, options: dict) -> tuple:
-    """``(exx, eyy, exy)`` of dask displacements: lazily, block by block with the half-window as a halo.
+def strain_field(dy: Any, dx: Any, window: tuple[int, int], dtype: np.dtype, kernel: Kernel) -> tuple:
+    """``(exx, eyy, exy)`` of dask displacements: lazily, block by block with the half-window as a halo;
+    ``kernel(a, b)`` is the in-memory ``(exx, eyy, exy)`` of a block's displacements for that ``window``.
 
     The blocks' outer edges are the image's (``boundary="none"``): the kernel treats what lies
     beyond a block as outside the image, which is right there and, inside, covered by the halo.
     """
     import dask.array as da
 
-    half = (options["window"][0] // 2, options["window"][1] // 2)
+    half = (window[0] // 2, window[1] // 2)
     dy = da.asarray(dy)
     chunks = list(dy.chunks)
     for axis, h in zip((-2, -1), half):
@@ -158,9 +174,7 @@ def strain_field(dy: Any, dx: Any, dtype: np.dtype, options: dict) -> tuple:
     dx = da.asarray(dx).rechunk(dy.chunks)
 
     def block(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        from napari_gridmip.core.correlation.fields import strain_field as in_memory
-
-        return np.stack([np.asarray(part) for part in in_memory(a, b, dtype=dtype, **options)])
+        return np.stack([np.asarray(part) for part in kernel(a, b)])
 
     depth = {dy.ndim - 2: half[0], dy.ndim - 1: half[1]}
     ov_y = da.overlap.overlap(dy, depth=depth, boundary="none")
@@ -174,19 +188,32 @@ def strain_field(dy: Any, dx: Any, dtype: np.dtype, options: dict) -> tuple:
 
 
 def local_correlation_image(
-    movie: Any, offsets: tuple, dtype: np.dtype, chunk_frames: int | None, progress: Any
+    movie: Any,
+    offsets: tuple,
+    dtype: np.dtype,
+    chunk_frames: int | None,
+    progress: Any,
+    *,
+    default_frames: int,
+    largest: int,
+    moments_of: Kernel,
+    image_of: Kernel,
 ) -> Any:
     """The local correlation image of a dask movie ``(..., T, Y, X)``, lazily.
 
     One task per chunk of frames (whole images, the batch axes one item at a time) computes its
     float64 moments relative to the movie's first frame; dask's tree sum merges them and a last
     task turns them into the image. Memory: a few chunks and a few images of sums.
+
+    The caller's kernels: ``moments_of(chunk, first, frames)``, the moments of a chunk ``(1, n, Y, X)``
+    minus the first frame ``(1, Y, X)``, padded to ``frames``, with a ``packed()`` ``(2 + offsets, 1, Y,
+    X)`` float64 to sum; ``image_of(packed, T)``, the ``(1, Y, X)`` image of the summed ones. The movie's
+    own chunks along T are kept unless one item's exceed ``largest`` bytes of ``dtype`` (then
+    ``default_frames`` each), or ``chunk_frames`` is given.
     """
     import threading
 
     import dask.array as da
-
-    from napari_gridmip.core.correlation import timeseries
 
     movie = da.asarray(movie)
     lead = movie.ndim - 3
@@ -194,8 +221,8 @@ def local_correlation_image(
     t_chunks: Any = movie.chunks[-3]
     if chunk_frames is not None:
         t_chunks = min(chunk_frames, frames_total)
-    elif max(t_chunks) * rows * cols * dtype.itemsize > 4 * timeseries.CHUNK_BYTES:  # one item's frames
-        t_chunks = min(timeseries.default_chunk_frames(1, rows, cols, dtype), frames_total)
+    elif max(t_chunks) * rows * cols * dtype.itemsize > largest:  # one item's frames
+        t_chunks = min(default_frames, frames_total)
     movie = movie.rechunk(tuple((1,) * n for n in movie.shape[:lead]) + (t_chunks, (rows,), (cols,)))
     frames = max(movie.chunks[-3])
     reference = movie[..., 0, :, :]
@@ -206,17 +233,13 @@ def local_correlation_image(
 
     def block(chunk: np.ndarray, first: np.ndarray) -> np.ndarray:
         count = chunk.shape[-3]
-        chunk = chunk.reshape(1, count, rows, cols)
-        moments = timeseries._Moments((1, rows, cols), offsets)
-        moments.add(
-            count, timeseries.chunk_moments_of_host(chunk, first.reshape(1, rows, cols), frames, dtype, offsets)
-        )
+        sums = moments_of(chunk.reshape(1, count, rows, cols), first.reshape(1, rows, cols), frames)
         if progress is not None:
             with lock:
                 finished[0] += 1
                 done = finished[0]
             progress(done, total)
-        return moments.packed().reshape((n_parts,) + (1,) * lead + (1, rows, cols))
+        return sums.packed().reshape((n_parts,) + (1,) * lead + (1, rows, cols))
 
     index = tuple(f"b{k}" for k in range(lead))
     parts = da.blockwise(
@@ -235,8 +258,7 @@ def local_correlation_image(
 
     def image(packed: np.ndarray) -> np.ndarray:
         flat = packed.reshape(n_parts, 1, rows, cols)
-        moments = timeseries._Moments.unpacked(flat, frames_total, offsets)
-        return moments.image().reshape(packed.shape[1:]).astype(dtype)
+        return image_of(flat, frames_total).reshape(packed.shape[1:]).astype(dtype)
 
     return da.map_blocks(image, summed, dtype=dtype, drop_axis=[0], chunks=summed.chunks[1:])
 
@@ -247,7 +269,8 @@ def local_correlation_image(
 # subset, less one, as the halo) plus a few more real rows where the in-memory kernel would pad img1 (the
 # ring of offsets and the Gram planes of the refinement), aligned to the step; the extra output rows are
 # trimmed. All K frames and columns whole. Every band subtracts the same means (the whole stacks', a lazy
-# reduction), as the in-memory call does.
+# reduction), as the in-memory call does. The kernel is ``subsets.run`` with the call's options bound, handed
+# in as ``kernel(block1, block2, centres=...)``, and ``reach`` the rows it pads img1 by where it refines.
 
 SUBSET_BAND_ROWS = 256  # output rows per band when the input's own row chunks say nothing better
 
@@ -314,21 +337,22 @@ def _subset_bands(
     return tuple(stacked[i] for i in range(outputs))
 
 
-def _extra(subpixel: str, track: bool, prefilter: float) -> int:
-    """Real rows beyond a band where the kernel would pad: the ring, the Gram planes and the B-spline prefilter,
-    and beyond those the Gaussian prefilter's reach (the rows they read must be filtered as in the whole image)."""
+def _extra(subpixel: str, track: bool, prefilter: float, reach: int) -> int:
+    """Real rows beyond a band where the kernel would pad: ``reach`` (the ring, the Gram planes and the B-spline
+    prefilter) where it refines, and beyond those the Gaussian prefilter's reach (the rows they read must be
+    filtered as in the whole image)."""
     from napari_gridmip.core.correlation.prefilter import radius
-    from napari_gridmip.core.correlation.subsets import GRAM_ROWS, SPLINE_REACH
 
-    return ((2 + GRAM_ROWS + SPLINE_REACH) if (track or subpixel == "refine") else 0) + radius(prefilter)
+    return (reach if (track or subpixel == "refine") else 0) + radius(prefilter)
 
 
-def subset_map(img1: Any, img2: Any, window, subset, step, dtype, *, offsets_first: bool = False) -> Any:
+def subset_map(
+    img1: Any, img2: Any, window, subset, step, dtype, kernel: Kernel, *, offsets_first: bool = False
+) -> Any:
     """:func:`napari_gridmip.windowed_pearson` with a subset or a step, for dask stacks (lazy)."""
-    from napari_gridmip.core.correlation import subsets
 
     def run(a, b, c):
-        (out,) = subsets.run(a, b, window, subset, step, method="map", track=False, dtype=dtype, centres=c)
+        (out,) = kernel(a, b, centres=c)
         return (out,)
 
     (out,) = _subset_bands(
@@ -344,20 +368,17 @@ def da_moveaxis_offsets_first(full_map: Any) -> Any:
 
 
 def subset_displacement(
-    img1: Any, img2: Any, window, subset, step, subpixel: str, dtype, *, prefilter: float = 0.0, shape="translation"
-) -> tuple:
+    img1: Any, img2: Any, window, subset, step, subpixel: str, dtype, kernel: Kernel, *, prefilter: float = 0.0,
+    shape="translation", reach: int,
+) -> tuple:  # fmt: skip
     """``(dy, dx, peak)`` with a subset or a step (and the four gradients for ``shape="affine"``), for dask stacks
     (lazy)."""
-    from napari_gridmip.core.correlation import subsets
 
     def run(a, b, c):
-        return subsets.run(
-            a, b, window, subset, step, method=subpixel, track=False, dtype=dtype, centres=c, prefilter=prefilter,
-            subset_shape=shape,
-        )  # fmt: skip
+        return kernel(a, b, centres=c)
 
     # an affine subset's warped pixels reach past its box by its gradients times its half-size: 4 px allows 0.25
-    extra = _extra(subpixel, False, prefilter) + (4 if shape == "affine" else 0)
+    extra = _extra(subpixel, False, prefilter, reach) + (4 if shape == "affine" else 0)
     outputs = 7 if shape == "affine" else 3
     return _subset_bands(
         img1, img2, window, subset, step, extra=extra, outputs=outputs, trailing=(), dtype=dtype, run=run
@@ -365,19 +386,16 @@ def subset_displacement(
 
 
 def track_speckles(
-    reference: Any, sample: Any, window, subset, step, subpixel: str, dtype, *, prefilter: float = 0.0
-) -> tuple:
-    """The outputs of :func:`napari_gridmip.track_speckles` (in ``subsets.TRACK_OUTPUTS`` order, img1's signs)
-    for dask stacks, lazily."""
-    from napari_gridmip.core.correlation import subsets
+    reference: Any, sample: Any, window, subset, step, subpixel: str, dtype, kernel: Kernel, *,
+    prefilter: float = 0.0, reach: int, outputs: int,
+) -> tuple:  # fmt: skip
+    """The ``outputs`` outputs of :func:`napari_gridmip.track_speckles` (in ``subsets.TRACK_OUTPUTS`` order,
+    img1's signs) for dask stacks, lazily."""
 
     def run(a, b, c):
-        return subsets.run(
-            a, b, window, subset, step, method=subpixel, track=True, dtype=dtype, centres=c, prefilter=prefilter
-        )
+        return kernel(a, b, centres=c)
 
     return _subset_bands(
-        reference, sample, window, subset, step, extra=_extra(subpixel, True, prefilter),
-        outputs=len(subsets.TRACK_OUTPUTS),
-        trailing=(), dtype=dtype, run=run,
+        reference, sample, window, subset, step, extra=_extra(subpixel, True, prefilter, reach),
+        outputs=outputs, trailing=(), dtype=dtype, run=run,
     )  # fmt: skip

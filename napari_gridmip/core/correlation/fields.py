@@ -668,15 +668,21 @@ def integrate_gradient(
     if method == "least-squares" and mirror:
         raise ValueError("mirror is a Frankot-Chellappa option: least squares never assumes periodicity")
     dtype = compute_dtype(dtype)
-    options = {"method": method, "sampling": sampling, "mirror": mirror, "spacing": spacing}
+    kernel = partial(_integrated, dtype=dtype, method=method, sampling=sampling, mirror=mirror, spacing=spacing)
     if _validate.is_dask(gy) or _validate.is_dask(gx):
         from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.integrate_gradient(gy, gx, dtype, options)
+        return _chunked.integrate_gradient(gy, gx, dtype, kernel)
+    return kernel(gy, gx)
+
+
+def _integrated(gy, gx, *, dtype, spacing, **options) -> jax.Array:
+    """:func:`integrate_gradient`'s in-memory kernel, for arguments already checked (the dask twin runs it on
+    every block)."""
     shape = _validate.shape_of(gy)
     with precision_scope(dtype):
         gy, gx = _flat(_as_compute(gy, dtype)), _flat(_as_compute(gx, dtype))
-        spacing = jnp.asarray(options.pop("spacing"), dtype)
+        spacing = jnp.asarray(spacing, dtype)
         return _integrate(gy, gx, spacing, holes=_any_unknown(gy, gx), **options).reshape(shape)
 
 
@@ -854,14 +860,21 @@ def strain_field(
     kind = _validate.check_choice("kind", kind, STRAIN_KINDS)
     spacing = _positive_pair("spacing", spacing)
     dtype = compute_dtype(dtype)
-    options = {"window": window, "kind": kind, "spacing": spacing}
     if gradients is not None:
         return Strain(*_strain_of_gradients(gradients, shape, kind, dtype))
+    kernel = partial(_strained, dtype=dtype, window=window, kind=kind, spacing=spacing)
     if _validate.is_dask(dy) or _validate.is_dask(dx):
         from napari_gridmip.core.correlation import _chunked
 
-        return Strain(*_chunked.strain_field(dy, dx, dtype, options))
+        return Strain(*_chunked.strain_field(dy, dx, window, dtype, kernel))
+    return kernel(dy, dx)
+
+
+def _strained(dy, dx, *, dtype, spacing, window, kind) -> Strain:
+    """:func:`strain_field`'s in-memory kernel (the plane fits), for arguments already checked (the dask twin
+    runs it on every block)."""
+    shape = _validate.shape_of(dy)
     with precision_scope(dtype):
-        spacing = jnp.asarray(options.pop("spacing"), dtype)
-        parts = _strain(_flat(_as_compute(dy, dtype)), _flat(_as_compute(dx, dtype)), spacing, **options)
+        spacing = jnp.asarray(spacing, dtype)
+        parts = _strain(_flat(_as_compute(dy, dtype)), _flat(_as_compute(dx, dtype)), spacing, window=window, kind=kind)
         return Strain(*(p.reshape(shape) for p in parts))

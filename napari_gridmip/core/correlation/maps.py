@@ -625,7 +625,15 @@ def windowed_pearson(
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.windowed_pearson(img1, img2, window, dtype, offsets_first=offsets_first)
+        kernel = partial(_pearson, window=window, dtype=dtype, offsets_first=offsets_first)
+        return _chunked.windowed_pearson(img1, img2, window, dtype, kernel, offsets_first=offsets_first)
+    return _pearson(img1, img2, window=window, dtype=dtype, offsets_first=offsets_first, progress=progress)
+
+
+def _pearson(img1, img2, *, window, dtype, offsets_first, progress=None) -> jax.Array:
+    """:func:`windowed_pearson`'s in-memory kernel, for arguments already checked (the dask twin runs it on
+    every block)."""
+    shape = _validate.shape_of(img1)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         pixels = (shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2))
@@ -761,7 +769,16 @@ def find_displacement(
 
         if sigma > 0:
             img1, img2 = (_chunked.prefiltered(img, sigma, dtype) for img in (img1, img2))
-        return Displacement(*_chunked.find_displacement(img1, img2, window, subpixel, dtype))
+        # the blocks are prefiltered already (with a halo of the filter's reach): the kernel smooths nothing
+        kernel = partial(_displacement, window=window, subpixel=subpixel, sigma=0.0, dtype=dtype)
+        return Displacement(*_chunked.find_displacement(img1, img2, window, dtype, kernel))
+    return _displacement(img1, img2, window=window, subpixel=subpixel, sigma=sigma, dtype=dtype, progress=progress)
+
+
+def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) -> Displacement:
+    """:func:`find_displacement`'s in-memory kernel without a subset or step, for arguments already checked (the
+    dask twin runs it on every block)."""
+    shape = _validate.shape_of(img1)
     with precision_scope(dtype):
         if sigma > 0:  # on the device copy: a per-pixel constant that _on_device subtracts is smoothed away too
             img1, img2 = (smooth_frames(_on_device(img, dtype).astype(dtype), sigma=sigma) for img in (img1, img2))

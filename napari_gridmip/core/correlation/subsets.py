@@ -810,7 +810,8 @@ def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progre
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.subset_map(img1, img2, window, subset, step, dtype, offsets_first=offsets_first)
+        kernel = partial(run, window=window, subset=subset, step=step, method="map", track=False, dtype=dtype)
+        return _chunked.subset_map(img1, img2, window, subset, step, dtype, kernel, offsets_first=offsets_first)
     (out,) = run(img1, img2, window, subset, step, method="map", track=False, dtype=dtype, progress=progress)
     return _offsets_first(out) if offsets_first else out
 
@@ -841,9 +842,14 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
+        kernel = partial(
+            run, window=window, subset=subset, step=step, method=subpixel, track=False, dtype=dtype,
+            prefilter=sigma, subset_shape=shape,
+        )  # fmt: skip
         return _chunked.subset_displacement(
-            img1, img2, window, subset, step, subpixel, dtype, prefilter=sigma, shape=shape
-        )
+            img1, img2, window, subset, step, subpixel, dtype, kernel, prefilter=sigma, shape=shape,
+            reach=2 + GRAM_ROWS + SPLINE_REACH,
+        )  # fmt: skip
     return run(
         img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress,
         prefilter=sigma, subset_shape=shape,
@@ -1175,7 +1181,13 @@ def track_speckles(
     if _validate.is_dask(sample) or _validate.is_dask(reference):
         from napari_gridmip.core.correlation import _chunked
 
-        parts = _chunked.track_speckles(reference, sample, window, subset, step, subpixel, dtype, prefilter=sigma)
+        kernel = partial(
+            run, window=window, subset=subset, step=step, method=subpixel, track=True, dtype=dtype, prefilter=sigma
+        )
+        parts = _chunked.track_speckles(
+            reference, sample, window, subset, step, subpixel, dtype, kernel, prefilter=sigma,
+            reach=2 + GRAM_ROWS + SPLINE_REACH, outputs=len(TRACK_OUTPUTS),
+        )  # fmt: skip
     else:
         # the kernel's displacement is the reference's (img1's) position in the sample's: the pattern moved the
         # other way

@@ -302,6 +302,23 @@ def default_chunk_frames(batch: int, rows: int, cols: int, dtype: np.dtype) -> i
     return max(1, CHUNK_BYTES // (batch * rows * cols * np.dtype(dtype).itemsize))
 
 
+# -- the dask twin's kernels (handed to it: it imports nothing from here) ------------------------------
+
+
+def _block_moments(chunk: np.ndarray, reference: np.ndarray, frames: int, *, dtype: np.dtype, offsets: tuple):
+    """The moments of a dask block's frames ``chunk`` ``(1, n, Y, X)`` minus ``reference`` ``(1, Y, X)``, as a
+    :class:`_Moments` (dispatched to the device: its ``packed()`` waits for them)."""
+    moments = _Moments((1, *chunk.shape[-2:]), offsets)
+    moments.add(chunk.shape[1], chunk_moments_of_host(chunk, reference, frames, dtype, offsets))
+    return moments
+
+
+def _packed_image(packed: np.ndarray, frames: int, *, offsets: tuple) -> np.ndarray:
+    """The local correlation image ``(1, Y, X)``, NumPy float64, of ``frames`` frames' summed packed moments
+    ``(2 + offsets, 1, Y, X)`` (see :meth:`_Moments.packed`)."""
+    return _Moments.unpacked(packed, frames, offsets).image()
+
+
 # -- public API --------------------------------------------------------------------------------
 
 
@@ -390,7 +407,17 @@ def local_correlation_image(
     if _validate.is_dask(movie):
         from napari_gridmip.core.correlation import _chunked
 
-        return _chunked.local_correlation_image(movie, offsets, dtype, chunk_frames, progress)
+        return _chunked.local_correlation_image(
+            movie,
+            offsets,
+            dtype,
+            chunk_frames,
+            progress,
+            default_frames=default_chunk_frames(1, rows, cols, dtype),
+            largest=4 * CHUNK_BYTES,
+            moments_of=partial(_block_moments, dtype=dtype, offsets=offsets),
+            image_of=partial(_packed_image, offsets=offsets),
+        )
     batch = math.prod(lead)
     chunk_frames = min(chunk_frames or default_chunk_frames(batch, rows, cols, dtype), frames_total)
     starts = list(range(0, frames_total, chunk_frames))

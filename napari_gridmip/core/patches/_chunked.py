@@ -1,8 +1,9 @@
 """Dask twins: tiled runs on a dask image, and the fusion of a tile mosaic, output chunk by output chunk (the
 merge's twin is :mod:`~napari_gridmip.core.patches._chunked_merge`, named here too).
 
-Each output chunk is made from the tiles that touch it, by the in-memory engine that the public function hands
-in (:class:`TiledEngine`), so that nothing here imports the public functions back.
+Each output chunk is made from the tiles that touch it, by the in-memory kernel that the public function hands
+in (:class:`TiledEngine` for the tiled runs, :func:`~napari_gridmip.core.patches.fuse.fuse_window` for the
+fusion), so that nothing here imports the public functions' modules back.
 """
 
 from __future__ import annotations
@@ -230,11 +231,14 @@ def fuse_tiles(
     result: np.dtype,
     fill: float,
     chunk: int,
+    kernel: Callable[..., Any],
 ) -> Any:
     """The mosaic of a dask tile stack, one task per output chunk (validated by the caller).
 
     Each task fuses the tiles whose footprint (plus the interpolation's taps)
-    touches its chunk, in tile order, with the in-memory kernel on a window
+    touches its chunk, in tile order, with the in-memory ``kernel`` (the caller's
+    :func:`~napari_gridmip.core.patches.fuse.fuse_window`, handed in so that this
+    module imports nothing back) on a window
     of the full chunk size (edge chunks cropped after): every pixel sums the
     same tiles in the same order as the in-memory mosaic. The tile count of a
     task is padded to a power of two with repeats of its first tile marked
@@ -242,8 +246,6 @@ def fuse_tiles(
     """
     import dask
     import dask.array as da
-
-    from napari_gridmip.core.patches.fuse import fuse_window
 
     d = len(extent)
     shape = np.asarray(tiles.shape[tiles.ndim - d :])
@@ -257,7 +259,7 @@ def fuse_tiles(
 
     def fused(sub_tiles, sub_positions, valid, window_origin, crop):
         stack = sub_tiles if has_channels else sub_tiles[:, None]
-        out = fuse_window(
+        out = kernel(
             stack, sub_positions, window_origin, window, blend=blend, interpolation=interpolation,
             compute=compute, result=result, fill=fill, valid=valid,
         )  # fmt: skip

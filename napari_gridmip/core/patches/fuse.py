@@ -343,6 +343,7 @@ def fuse_tiles(
         image = _chunked.fuse_tiles(
             tiles, stage, origin, tuple(int(e) for e in extent), has_channels=has_channels, blend=blend,
             interpolation=interpolation, compute=compute, result=result, fill=fill, chunk=chunk,
+            kernel=fuse_window,
         )  # fmt: skip
         return Mosaic(image, origin)
     stack = tiles if has_channels else tiles[:, None]

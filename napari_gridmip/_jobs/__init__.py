@@ -109,29 +109,22 @@ def prepare_jax() -> str:
 
     Runs in a worker before the first job: compiled programs then survive
     napari restarts, so a second session skips the compile (docs/benchmarks.md,
-    "Compile once"). Returns e.g. ``'JAX device: cpu (cpu, 1 available)'``.
+    "First calls"). Returns e.g. ``'JAX device: cpu (cpu, 1 available)'``.
     """
     import jax
 
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR") and not jax.config.jax_compilation_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", str(compile_cache_dir()))
-        # JAX caches only programs that took over 1 s to compile by default; ours take 0.1-1 s each,
-        # and a first run compiles several (bench_first_run.py)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
+    from napari_gridmip.core import _compile_cache
+
+    _compile_cache.enable()
     device = jax.devices()[0]
     return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"
 
 
 def compile_cache_dir() -> os.PathLike:
     """Per-user cache folder for compiled programs (``NAPARI_GRIDMIP_CACHE_DIR`` overrides it)."""
-    from pathlib import Path
+    from napari_gridmip.core import _compile_cache
 
-    override = os.environ.get("NAPARI_GRIDMIP_CACHE_DIR")
-    if override:
-        return Path(override) / "jax"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("napari-gridmip")) / "jax"
+    return _compile_cache.cache_dir()
 
 
 # -- shared by the jobs ---------------------------------------------------------------------

@@ -7,7 +7,9 @@ its arguments once: the twins import nothing back); the pieces they share (input
 x64 switch, the host-to-device hand-over, peak fits) sit at this level.
 
 The kernels' modules (and so JAX) load when one of these names is first used,
-so that jax-free helpers such as ``core._validate`` import fast.
+so that jax-free helpers such as ``core._validate`` import fast. That first use also switches on JAX's
+persistent compilation cache in a per-user folder, unless the user set their own or
+``NAPARI_GRIDMIP_COMPILE_CACHE=0`` (:mod:`._compile_cache`).
 """
 
 import importlib
@@ -51,6 +53,9 @@ __all__ = sorted(_API)
 
 def __getattr__(name: str):
     if name in _API:
+        from napari_gridmip.core import _compile_cache
+
+        _compile_cache.enable()  # JAX loads with the kernels: compiled programs outlive the process from now on
         value = getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)
         globals()[name] = value  # later look-ups skip this function
         return value

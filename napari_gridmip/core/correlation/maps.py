@@ -802,11 +802,9 @@ def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) 
             _report(progress, total, total)
             return Displacement(dy, dx, peak)
         dy, dx, peak = join_bands(pieces, keep=keep)
-        if subpixel == "refine":
-            k, rows, cols = shape[-3:]
-            raw1 = _on_device(img1, dtype).reshape(-1, k, rows, cols)
-            dy, dx = refine_displacement(
-                raw1, z2, window, dy, dx, dtype=dtype, on_band=lambda done: _report(progress, len(starts) + done, total)
-            )
+        dy, dx = refine_displacement(
+            _on_device(img1, dtype), z2, window, dy, dx, dtype=dtype,
+            on_band=lambda done: _report(progress, len(starts) + done, total),
+        )  # fmt: skip
         _report(progress, total, total)
-        return Displacement(*(r.reshape(batch + r.shape[1:]) for r in (dy, dx, peak)))
+        return Displacement(*join_bands([(dy, dx, peak)], keep=(dy.shape[1],), batch=batch))

@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core._peak import int32_indices
+from napari_gridmip.core.correlation._bands import join_bands
 
 ITERATIONS = 2  # from the Hessian estimate (~0.2 px off): median error 0.0065 px; 3 give 0.0058 at 1.6x the time
 MAX_STEP = 0.5  # px per iteration: a step past this leaves the region the estimate came from
@@ -155,9 +156,11 @@ def _refine_band(img1k, z2, dy, dx, row0, *, window, block):
     return lax.fori_loop(0, batch, one_item, (empty, empty))
 
 
-@jax.jit
-def _padded_k_last(img1: jax.Array) -> jax.Array:
-    """``(B, K, M, N)`` -> ``(B, M + 2 PAD, N + 2 PAD, K)``, edges repeated: each pixel's taps contiguous."""
+@partial(jax.jit, static_argnames=("dtype",))
+def _padded_k_last(img1: jax.Array, *, dtype: str) -> jax.Array:
+    """``(..., K, M, N)`` -> ``(B, M + 2 PAD, N + 2 PAD, K)`` ``dtype``, edges repeated: each pixel's taps
+    contiguous (the batch axes flattened and the cast in this program: eager ones compiled their own)."""
+    img1 = img1.reshape((-1,) + img1.shape[-3:]).astype(dtype)
     return jnp.pad(jnp.moveaxis(img1, 1, -1), ((0, 0), (PAD, PAD), (PAD, PAD), (0, 0)), mode="edge")
 
 
@@ -179,13 +182,14 @@ def refine_displacement(
     dtype: np.dtype,
     on_band: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Refined ``(dy, dx)`` ``(B, Mo, No)``; ``img1`` is the raw ``(B, K, M, N)`` stack on the device.
+    """Refined ``(dy, dx)`` ``(B, Mo, No)``; ``img1`` is the raw ``(..., K, M, N)`` stack on the device (its batch
+    axes flattened to ``B`` here).
 
     Runs band by band (one compiled program for all bands); ``on_band(done)`` is
     called before each band and may raise to stop the refinement between bands.
     """
-    img1k = _padded_k_last(img1.astype(dtype))
-    block, starts = refine_plan(dy.shape[1:], img1.shape[1], dtype)
+    img1k = _padded_k_last(img1, dtype=np.dtype(dtype).name)
+    block, starts = refine_plan(dy.shape[1:], img1.shape[-3], dtype)
     pieces = []
     for done, row0 in enumerate(starts):
         if on_band is not None:
@@ -193,5 +197,5 @@ def refine_displacement(
         pieces.append(_refine_band(img1k, z2, dy, dx, np.int32(row0), window=window, block=block))
         jax.block_until_ready(pieces[-1])
     # the last band may overlap the one before: keep each row once
-    keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else block for i in range(len(starts))]
-    return tuple(jnp.concatenate([p[part][:, :rows] for p, rows in zip(pieces, keep)], axis=1) for part in range(2))
+    keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else block for i in range(len(starts)))
+    return join_bands(pieces, keep=keep)

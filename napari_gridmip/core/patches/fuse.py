@@ -139,18 +139,20 @@ def _fuse_step(canvas, weights, tiles, base, frac, valid, *, blend, interpolatio
     return _fuse_tiles_into(canvas, weights, tiles, base, frac, valid, **options)
 
 
-@partial(jax.jit, static_argnames=("blend", "result"))
-def _finish(canvas, weights, fill, *, blend, result):
+@partial(jax.jit, static_argnames=("blend", "result", "squeeze"))
+def _finish(canvas, weights, fill, *, blend, result, squeeze=False):
     if blend in ("linear", "mean"):
         out = canvas / jnp.where(weights > 0, weights, 1)
     else:
         out = canvas
-    return jnp.where(weights > 0, out, fill.astype(out.dtype)).astype(result)
+    out = jnp.where(weights > 0, out, fill.astype(out.dtype)).astype(result)
+    return out[0] if squeeze else out
 
 
 def _empty(blend: str, channels: int, window: tuple[int, ...], dtype: np.dtype) -> tuple[jax.Array, jax.Array]:
-    start = -jnp.inf if blend == "max" else 0
-    return jnp.full((channels, *window), start, dtype), jnp.zeros(window, dtype)
+    # made on the host and handed over: eager jnp.full/jnp.zeros compile a program each on a first call
+    start = -np.inf if blend == "max" else 0
+    return jax.device_put((np.full((channels, *window), start, dtype), np.zeros(window, dtype)))
 
 
 def fuse_window(
@@ -166,8 +168,10 @@ def fuse_window(
     fill: float,
     valid: np.ndarray | None = None,
     progress: ProgressCallback | None = None,
+    squeeze: bool = False,
 ) -> jax.Array:
-    """The mosaic's window ``[window_origin, window_origin + window)`` from ``tiles`` ``(k, C, *S)`` (validated).
+    """The mosaic's window ``[window_origin, window_origin + window)`` from ``tiles`` ``(k, C, *S)`` (validated);
+    ``(C, *window)``, or ``window`` with ``squeeze`` (one channel).
 
     Tiles go through the compiled loop ``TILES_PER_CALL`` at a time (the last
     call padded with invalid tiles), so one program serves any tile count.
@@ -197,17 +201,16 @@ def fuse_window(
             canvas, weights = _fuse_step(
                 canvas,
                 weights,
-                jnp.asarray(tiles[index]),
-                jnp.asarray(base[index]),
-                jnp.asarray(frac[index]),
-                jnp.asarray(ok),
+                *jax.device_put((tiles[index], base[index], frac[index], ok)),
                 blend=blend,
                 interpolation=interpolation,
                 shape=shape,
             )
         if progress is not None:
             progress(calls, calls)
-        return _finish(canvas, weights, jnp.asarray(fill, compute), blend=blend, result=np.dtype(result).name)
+        return _finish(
+            canvas, weights, np.asarray(fill, compute), blend=blend, result=np.dtype(result).name, squeeze=squeeze
+        )
 
 
 def mosaic_frame(positions: np.ndarray, shape: tuple[int, ...], interpolation: str) -> tuple[np.ndarray, np.ndarray]:
@@ -358,8 +361,9 @@ def fuse_tiles(
         result=result,
         fill=fill,
         progress=progress,
+        squeeze=not has_channels,
     )
-    return Mosaic(out if has_channels else out[0], origin)
+    return Mosaic(out, origin)
 
 
 def _flat_fielded(tiles: Any, flat_field: Any, has_channels: bool, shape: tuple[int, ...]) -> Any:

@@ -1,0 +1,59 @@
+"""JAX's persistent compilation cache, in a per-user folder, switched on at the library's first use.
+
+A compiled program then survives the process: a second session (a script run again, napari restarted)
+loads it in milliseconds instead of compiling it for 0.1 to 3 s (``benchmarks/bench_first_run.py``,
+"second session"). This module imports nothing from the package, and JAX only when :func:`enable` runs.
+
+The user's own choice always wins: when ``JAX_COMPILATION_CACHE_DIR`` is set, or
+``jax_compilation_cache_dir`` was set in ``jax.config``, nothing is changed. Otherwise
+``jax_compilation_cache_dir`` is pointed at :func:`cache_dir`, and programs that took over 0.05 s to
+compile are kept (JAX's default keeps only those over 1 s; ours take 0.1 to 3 s each, and a first
+call compiles several). Set ``NAPARI_GRIDMIP_COMPILE_CACHE=0`` to leave JAX's configuration alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Programs that took at least this long to compile are written to the cache (seconds).
+MIN_COMPILE_SECONDS = 0.05
+
+_state = {"done": False}
+
+
+def cache_dir() -> Path:
+    """The per-user folder for compiled programs (``NAPARI_GRIDMIP_CACHE_DIR`` overrides it)."""
+    override = os.environ.get("NAPARI_GRIDMIP_CACHE_DIR")
+    if override:
+        return Path(override) / "jax"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("napari-gridmip")) / "jax"
+
+
+def enabled_by_user() -> bool:
+    """Whether the environment allows switching the cache on (``NAPARI_GRIDMIP_COMPILE_CACHE`` not 0/false/no/off)."""
+    return os.environ.get("NAPARI_GRIDMIP_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def enable() -> Path | None:
+    """Switch JAX's persistent cache on in :func:`cache_dir` once per process, unless the user chose.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The cache folder in use (the user's own, if they set one), or None when it is off.
+    """
+    import jax
+
+    user_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
+    if user_dir:
+        return Path(user_dir)
+    if _state["done"] or not enabled_by_user():
+        return None
+    _state["done"] = True
+    folder = cache_dir()
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    return folder

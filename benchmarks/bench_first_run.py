@@ -1,119 +1,254 @@
-"""First-run time of each widget's job, in a fresh process, with and without the persistent compile cache.
+"""First calls: where a new user's first click goes, library, widgets and CLI, cold and warm.
 
-    python benchmarks/bench_first_run.py
+    python benchmarks/bench_first_run.py [--part library widgets cli] [--only NAME ...]
+    xvfb-run -a python benchmarks/bench_first_run.py --part widgets
 
-Each row runs the job that the widget runs (napari_gridmip._jobs, on the
-widget's sample) in a new Python process, timing its first call (compile
-included) and then a second call (compiled):
+Every row runs in new Python processes, so "first" means the process's first:
 
-- "no cache": JAX's persistent compilation cache off (what every napari start paid before);
-- "first session": the cache on and empty (the first napari start pays the compile and fills it);
-- "second session": the cache on and filled by the session before.
-
-A last table times the first call of find_displacement for growing window sizes
-in one process, to show that compile time stays bounded as a user tries windows.
+- **library**: each public workflow at the sizes of issue 25's table. A new process with an empty
+  persistent cache (its own temporary ``NAPARI_GRIDMIP_CACHE_DIR``) imports the package, starts the
+  backend and times the first call, split by JAX's monitoring events into tracing, lowering (to
+  MLIR) and compiling, the rest being running and Python; then the best of two more calls (warm).
+  A second process on the now-filled cache times the "second session". Target: first call at most
+  ``max(2 x warm, 1.5 s)``.
+- **widgets**: each widget's first Run on its own sample in a real viewer (``bench_gui_freeze.py``'s
+  scenarios: click to last layer added), in a first session (empty cache) and the next one (the
+  cache filled). Targets: 3 s and 1.5 s.
+- **cli**: each subcommand's documented example (README) on the samples written to files, in a
+  first session and a second one (warm: the programs come from the cache). Target: at most 2x warm.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+from pathlib import Path
 
-CHILD = textwrap.dedent(
+HERE = Path(__file__).resolve().parent
+
+LIBRARY = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, sys, time
+    t0 = time.perf_counter()
     import numpy as np
-    from napari_gridmip import _jobs, _sample_data
-    from napari_gridmip._jobs import correlation, mipmap, patches
-    from napari_gridmip._placement import Frame
-
-    kind, use_cache = sys.argv[1], sys.argv[2] == "1"
-    if use_cache:
-        _jobs.prepare_jax()
-    else:
-        import jax
-    def frame(ndim):
-        n = ndim
-        return Frame(n, np.ones(n), np.zeros(n), np.eye(n), np.zeros(n * (n - 1) // 2), np.eye(n + 1))
-    if kind == "mipmap":
-        volume = _sample_data.make_occupancy_volume()
-        job = mipmap.make_mipmap_job(mipmap.MipmapRequest("v", volume, frame(3), 0.0))
-    elif kind == "merge":
-        patches, tiling = _sample_data.make_image_tiles()
-        job = patches.make_merge_job(patches.MergeRequest(
-            "t", patches, tiling["image_shape"], tiling["stride"], "gaussian", frame(5), (2, 3, 4)))
-    else:
-        window = int(kind.split("-")[1])
-        img1, img2, _ = _sample_data.make_speckle_pair()
-        request = correlation.CorrelationRequest("a", "b", img1, img2, frame(3), (window, window))
-        job = correlation.make_correlation_job(request)
-    times = []
-    for _ in range(2):
-        start = time.perf_counter()
-        job.run(lambda done, total: None)
-        times.append(time.perf_counter() - start)
-    print(json.dumps(times))
-    """
-)
-
-SWEEP = textwrap.dedent(
-    """
-    import json, time
-    import numpy as np
-    from napari_gridmip import find_displacement
+    import napari_gridmip as gm
+    from napari_gridmip import _sample_data
+    t_import = time.perf_counter() - t0
+    import jax, jax.monitoring
+    NAMES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+             "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+             "/jax/core/compile/backend_compile_duration": "compile",
+             "/jax/compilation_cache/cache_retrieval_time_sec": "cache"}
+    phases = dict.fromkeys(NAMES.values(), 0.0)
+    programs = [0]
+    def listen(event, duration, **_):
+        if event in NAMES:
+            phases[NAMES[event]] += duration
+            programs[0] += event.endswith("jaxpr_trace_duration")
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    t0 = time.perf_counter(); jax.devices(); t_backend = time.perf_counter() - t0
+    kind = sys.argv[1]
     rng = np.random.default_rng(0)
-    a, b = rng.random((2, 10, 96, 96), dtype=np.float32)
-    out = []
-    for w in (5, 9, 15, 21, 31):
-        start = time.perf_counter()
-        np.asarray(find_displacement(a, b, (w, w))[0])
-        first = time.perf_counter() - start
-        start = time.perf_counter()
-        np.asarray(find_displacement(a, b, (w, w))[0])
-        out.append((w, first, time.perf_counter() - start))
-    print(json.dumps(out))
+    if kind == "occupancy_mipmap 256^3":
+        vol = _sample_data.make_occupancy_volume()
+        call = lambda: gm.occupancy_mipmap(vol, threshold=0.5)
+    elif kind == "find_displacement K=10 512^2 15x15":
+        a, b = rng.random((2, 10, 512, 512), dtype=np.float32)
+        call = lambda: gm.find_displacement(a, b, (15, 15))
+    elif kind == "DIC pair 1024^2 subset 31 step 4 refine":
+        from napari_gridmip._sample_data.dic import make_dic_pair
+        a, b, _ = make_dic_pair(shape=(1024, 1024))
+        call = lambda: gm.find_displacement(a[None], b[None], (21, 21), subset=(31, 31), step=4, subpixel="refine")
+    elif kind == "track_speckles K=20 256^2 9x9 subset 5":
+        a, b = rng.random((2, 20, 256, 256), dtype=np.float32)
+        call = lambda: gm.track_speckles(a, b, (9, 9), subset=(5, 5))
+    elif kind == "register_tiles 5x5 of 183x245":
+        from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
+        s = make_mosaic(grid_shape=(5, 5), tile_shape=(183, 245), overlap=0.06, noise=0)
+        tiles = microscope_tiles(s)
+        call = lambda: gm.register_tiles(tiles, s.stage_positions, max_shift=10)
+    elif kind == "apply_tiled Gaussian 2048^2":
+        img = rng.random((2048, 2048), dtype=np.float32)
+        call = lambda: gm.filter_tiled(img, (512, 512), name="gaussian", sigma=2.0)
+    elif kind == "local_correlation_image 1000x256^2":
+        mov = rng.random((1000, 256, 256), dtype=np.float32)
+        call = lambda: gm.local_correlation_image(mov)
+    elif kind == "traverse_occupied 256^3 10k rays":
+        levels = [np.asarray(x) for x in gm.occupancy_mipmap(_sample_data.make_occupancy_volume(), threshold=0.5)]
+        o = rng.uniform(0, 256, (10000, 3)).astype(np.float32)
+        d = rng.normal(size=(10000, 3)).astype(np.float32)
+        call = lambda: gm.traverse_occupied(levels, o, d)
+    else:
+        raise SystemExit(f"unknown workflow {kind}")
+    before = dict(phases); programs[0] = 0
+    t0 = time.perf_counter(); jax.block_until_ready(call()); first = time.perf_counter() - t0
+    spent = {k: phases[k] - before[k] for k in phases}
+    traced = programs[0]
+    warm = []
+    for _ in range(2):
+        t0 = time.perf_counter(); jax.block_until_ready(call()); warm.append(time.perf_counter() - t0)
+    print("RESULT " + json.dumps({"import": t_import, "backend": t_backend, "first": first, "warm": min(warm),
+                                  "programs": traced, **spent}))
     """
 )
 
+WORKFLOWS = [
+    "occupancy_mipmap 256^3",
+    "find_displacement K=10 512^2 15x15",
+    "DIC pair 1024^2 subset 31 step 4 refine",
+    "track_speckles K=20 256^2 9x9 subset 5",
+    "register_tiles 5x5 of 183x245",
+    "apply_tiled Gaussian 2048^2",
+    "local_correlation_image 1000x256^2",
+    "traverse_occupied 256^3 10k rays",
+]
 
-def child(kind: str, cache: bool, cache_dir: str) -> list[float]:
-    env = {"NAPARI_GRIDMIP_CACHE_DIR": cache_dir, "PATH": "/usr/bin:/bin"}
-    import os
+WIDGETS = ["mipmap", "patches", "stitch", "tiled", "correlation", "correlation-dic", "correlation-calcium"]
 
-    env = {**os.environ, **env}
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, kind, "1" if cache else "0"], env=env, capture_output=True, text=True, check=True
+
+def _env(cache: str) -> dict[str, str]:
+    env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": cache}
+    for name in ("JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPILE_CACHE"):
+        env.pop(name, None)
+    return env
+
+
+def _result(command: list[str], cache: str) -> dict:
+    done = subprocess.run(command, env=_env(cache), capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{command[-1]} failed: {done.stderr.strip().splitlines()[-3:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def library(only: list[str]) -> None:
+    print("\n### Library: first call in a new process (empty cache), warm, and a second session\n")
+    print(
+        "| workflow | import s | first call s | tracing | lowering | compiling | running + Python | programs "
+        "| warm s | first / warm | second session s | target s | met |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    for kind in WORKFLOWS:
+        if only and not any(o in kind for o in only):
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            cold = _result([sys.executable, "-c", LIBRARY, kind], cache)
+            again = _result([sys.executable, "-c", LIBRARY, kind], cache)
+        rest = cold["first"] - cold["trace"] - cold["lower"] - cold["compile"] - cold["cache"]
+        target = max(2 * cold["warm"], 1.5)
+        print(
+            f"| {kind} | {cold['import'] + cold['backend']:.2f} | {cold['first']:.2f} | {cold['trace']:.2f} "
+            f"| {cold['lower']:.2f} | {cold['compile']:.2f} | {rest:.2f} | {cold['programs']} | {cold['warm']:.3f} "
+            f"| {cold['first'] / cold['warm']:.1f} | {again['first']:.2f} | {target:.2f} "
+            f"| {'yes' if cold['first'] <= target else 'no'} |",
+            flush=True,
+        )
+
+
+def widgets(only: list[str]) -> None:
+    print("\n### Widgets: first Run on the widget's sample, click to last layer (bench_gui_freeze.py)\n")
+    print(
+        "| widget scenario | first session s (target 3) | longest GUI freeze ms | next session s (target 1.5) "
+        "| longest GUI freeze ms |\n|---|---:|---:|---:|---:|"
+    )
+    for scenario in WIDGETS:
+        if only and not any(o in scenario for o in only):
+            continue
+        command = [sys.executable, str(HERE / "bench_gui_freeze.py"), "--child", scenario]
+        with tempfile.TemporaryDirectory() as cache:
+            first = _result(command, cache)
+            second = _result(command, cache)
+        print(
+            f"| {scenario} | {first['run_s']:.2f} | {first['worst_gap_ms']:.0f} | {second['run_s']:.2f} "
+            f"| {second['worst_gap_ms']:.0f} |",
+            flush=True,
+        )
+
+
+def _write_inputs(folder: Path) -> None:
+    """The samples as the files the README's examples read."""
+    import numpy as np
+    import tifffile
+    import zarr
+
+    from napari_gridmip import _sample_data
+    from napari_gridmip._sample_data.calcium import make_calcium_movie
+    from napari_gridmip._sample_data.dic import make_dic_pair
+    from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
+
+    volume = (_sample_data.make_occupancy_volume() * 255).astype(np.uint8)
+    zarr.save_array(str(folder / "volume.zarr"), volume, chunks=(64, 64, 64))
+    patches, _ = _sample_data.make_image_tiles()
+    np.save(folder / "tiles.npy", patches)
+    sample, reference, _ = _sample_data.make_speckle_pair()
+    tifffile.imwrite(folder / "sample.tif", sample)
+    tifffile.imwrite(folder / "reference.tif", reference)
+    deformed, ref, _ = make_dic_pair()
+    tifffile.imwrite(folder / "deformed.tif", deformed)
+    tifffile.imwrite(folder / "dicref.tif", ref)
+    mosaic = make_mosaic(grid_shape=(3, 3), tile_shape=(192, 192), overlap=0.1, noise=0)
+    (folder / "scans").mkdir()
+    for index, tile in enumerate(microscope_tiles(mosaic)):
+        tifffile.imwrite(folder / "scans" / f"tile_{index // 3}_{index % 3}.tif", tile)
+    tifffile.imwrite(folder / "movie.tif", make_calcium_movie()[0])
+
+
+CLI = {
+    "mipmap": "mipmap volume.zarr out.ome.zarr --threshold 120 --packed --bbox",
+    "merge": "merge tiles.npy merged.tif --stride {stride} --image-shape {image_shape} --blend gaussian",
+    "correlate": "correlate sample.tif reference.tif field.zarr --window 15 15",
+    "correlate DIC": "correlate deformed.tif dicref.tif dic.zarr --window 11 11 --subset 31 31 --step 5 "
+    "--subpixel refine --outputs uncertainty,strain",
+    "stitch": "stitch scans mosaic.tif --pattern tile_{{row}}_{{col}}.tif --overlap 0.1",
+    "corrimage": "corrimage movie.tif correlation.tif --neighbours 8",
+}
+
+
+def cli(only: list[str]) -> None:
+    from napari_gridmip import _sample_data
+
+    _, tiling = _sample_data.make_image_tiles()
+    fill = {
+        "stride": " ".join(map(str, tiling["stride"])),
+        "image_shape": " ".join(map(str, tiling["image_shape"])),
+    }
+    print("\n### CLI: each documented example on the samples, a first session and a second one\n")
+    print("| subcommand | first session s | second session (warm) s | first / warm | met (2x) |\n|---|---:|---:|---:|---|")
+    with tempfile.TemporaryDirectory() as data:
+        folder = Path(data)
+        _write_inputs(folder)
+        for name, arguments in CLI.items():
+            if only and not any(o in name for o in only):
+                continue
+            command = ["napari-gridmip", *arguments.format(**fill).split(), "--overwrite", "--quiet"]
+            times = []
+            with tempfile.TemporaryDirectory() as cache:
+                for _ in range(2):
+                    start = time.perf_counter()
+                    done = subprocess.run(command, cwd=folder, env=_env(cache), capture_output=True, text=True)
+                    times.append(time.perf_counter() - start)
+                    if done.returncode:
+                        raise RuntimeError(f"{name}: {done.stderr.strip()}")
+            ratio = times[0] / times[1]
+            print(f"| {name} | {times[0]:.2f} | {times[1]:.2f} | {ratio:.1f} | {'yes' if ratio <= 2 else 'no'} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", nargs="+", default=["mipmap", "merge", "correlation-9", "correlation-15"])
+    parser.add_argument("--part", nargs="+", default=["library", "widgets", "cli"], choices=["library", "widgets", "cli"])
+    parser.add_argument("--only", nargs="*", default=[], help="rows whose name contains one of these")
     args = parser.parse_args()
     import jax
 
-    print(f"first run of each widget's job in a fresh process; JAX {jax.__version__} on {jax.default_backend()}\n")
-    print("| job (widget sample) | no cache: first s | first session: first s | second session: first s | compiled s |")
-    print("|---|---:|---:|---:|---:|")
-    for kind in args.jobs:
-        with tempfile.TemporaryDirectory() as cache_dir:
-            plain = child(kind, False, cache_dir)
-            cold = child(kind, True, cache_dir)
-            warm = child(kind, True, cache_dir)
-        print(f"| {kind} | {plain[0]:.2f} | {cold[0]:.2f} | {warm[0]:.2f} | {min(plain[1], cold[1], warm[1]):.2f} |")
-
-    done = subprocess.run([sys.executable, "-c", SWEEP], capture_output=True, text=True, check=True)
-    print("\nfind_displacement, K=10, 96x96, float32, one process, a new window each row (no persistent cache)\n")
-    print("| window | first call s (compile included) | second call s |")
-    print("|---|---:|---:|")
-    for w, first, second in json.loads(done.stdout.strip().splitlines()[-1]):
-        print(f"| {w}x{w} | {first:.2f} | {second:.3f} |")
+    print(f"JAX {jax.__version__} on {jax.default_backend()}, {os.cpu_count()} CPUs")
+    for part in args.part:
+        {"library": library, "widgets": widgets, "cli": cli}[part](args.only)
 
 
 if __name__ == "__main__":

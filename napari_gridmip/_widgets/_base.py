@@ -10,12 +10,14 @@ undoes napari's connections, so no callback reaches a closed widget.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from magicgui.widgets import CheckBox, ComboBox, Container, Label, PushButton, Widget
-from qtpy.QtCore import QEvent, QObject
+from qtpy.QtCore import QEvent, QObject, QTimer
 
 from napari_gridmip import _settings
 from napari_gridmip._jobs import Job, JobResult
@@ -106,6 +108,11 @@ class JobWidget(Container):
         self._lifetime = _DockLifetime(self)
         # closing the viewer deletes the dock without closing or re-parenting it: let go before Qt does
         self.native.destroyed.connect(self._lifetime.on_destroyed)
+        self._last_run_key: Any = None
+        self._prefetch_timer = QTimer()
+        self._prefetch_timer.setSingleShot(True)
+        self._prefetch_timer.setInterval(PREFETCH_DELAY_MS)
+        self._prefetch_timer.timeout.connect(self._prefetch)
 
     def _finish(self, inputs: Sequence[Widget], outputs: Sequence[Widget] = ()) -> None:
         buttons = [self.keep_previous, self.run_button, self.cancel_button, self.status]
@@ -113,6 +120,8 @@ class JobWidget(Container):
         self._restore_settings()
         self._ready = True
         self.reset_choices()
+        for field in inputs:  # an option changed: what Run would compute changed
+            field.changed.connect(self._schedule_prefetch)
 
     # -- layer choices -----------------------------------------------------------------
     def layer_combo(self, name: str, label: str, types: tuple[type, ...], *, nullable: bool = False) -> ComboBox:
@@ -139,6 +148,49 @@ class JobWidget(Container):
         super().reset_choices(*args)
         if self._ready:
             self._layers_changed()
+            self._schedule_prefetch()
+
+    # -- work started before Run -------------------------------------------------------
+    def _schedule_prefetch(self, *_: Any) -> None:
+        """Prepare the run in the background once the inputs have been still for ``PREFETCH_DELAY_MS``."""
+        if self._ready and not self.released and prefetch_enabled():
+            self._prefetch_timer.start()
+
+    def run_key(self) -> Any:
+        """What a run computes from: every input field's value, each layer by its identity, data and placement.
+
+        Two equal keys make equal results, so a job started early (:meth:`_prefetch`) stands for a Run
+        of the same key. None when an input cannot be keyed (then nothing is started early).
+        """
+        values = []
+        for field in self:
+            if field is self.keep_previous or isinstance(field, (PushButton, Label)):
+                continue
+            value = getattr(field, "value", None)
+            if hasattr(value, "data") and hasattr(value, "affine"):  # a napari layer
+                values.append((field.name, layer_key(value)))
+            else:
+                try:
+                    hash(value)
+                except TypeError:
+                    return None
+                values.append((field.name, value))
+        return (type(self).__name__, tuple(values))
+
+    def _prefetch(self) -> None:
+        """Start, quietly, the job Run would start now, where it is small and its inputs in memory."""
+        if self.released or self.runner.busy or not prefetch_enabled():
+            return
+        key = self.run_key()
+        layers = [getattr(field, "value", None) for field in self]
+        layers = [layer for layer in layers if hasattr(layer, "data") and hasattr(layer, "affine")]
+        if key is None or key == self._last_run_key or not _small_in_memory(layers):
+            return
+        try:
+            job = self.make_job()
+        except (ValueError, TypeError):  # inputs not ready (no layer chosen yet...): Run will say so
+            return
+        self.runner.prefetch(job, key)
 
     def _layers_changed(self) -> None:
         """Hook for widgets that follow the layer list beyond their choices."""
@@ -169,7 +221,10 @@ class JobWidget(Container):
             self.runner._set_status(f"Failed: {error}")
             notify_error(str(error))
             return
-        self.runner.start(job, on_done=self._on_done, replace=not self.keep_previous.value)
+        self._prefetch_timer.stop()
+        key = self.run_key()
+        self._last_run_key = key
+        self.runner.start(job, on_done=self._on_done, replace=not self.keep_previous.value, key=key)
 
     def make_job(self) -> Job:
         raise NotImplementedError
@@ -209,10 +264,44 @@ class JobWidget(Container):
         if self.released:
             return
         self.released = True
+        self._prefetch_timer.stop()
         self.runner.detach()
         events = self._viewer.layers.events
         for name in LAYER_EVENTS:
             getattr(events, name).disconnect(self.reset_choices)
+
+
+PREFETCH_DELAY_MS = 400  # inputs still for this long: start the run they describe in the background
+PREFETCH_MAX_BYTES = 256 * 2**20  # inputs larger than this (or lazy) are only computed when Run asks
+
+
+def prefetch_enabled() -> bool:
+    """Whether widgets start their run before Run is pressed (``NAPARI_GRIDMIP_PREFETCH=0`` turns it off)."""
+    return os.environ.get("NAPARI_GRIDMIP_PREFETCH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def layer_key(layer: Any) -> tuple:
+    """A layer as a run sees it: the object, its data object, name and placement (a change of any is a new run)."""
+    return (
+        id(layer),
+        id(layer.data),
+        layer.name,
+        np.asarray(layer.affine.affine_matrix).tobytes(),
+        np.asarray(layer.scale).tobytes(),
+        np.asarray(layer.translate).tobytes(),
+    )
+
+
+def _small_in_memory(layers: Sequence[Any]) -> bool:
+    """Whether ``layers`` hold NumPy data of at most ``PREFETCH_MAX_BYTES`` together, none of them Labels (lazy data
+    is never read early; a multiscale layer's data, a list of levels, counts as lazy)."""
+    total = 0
+    for layer in layers:
+        # Labels are painted in place (the same array, new values): never keyed by identity alone
+        if not isinstance(layer.data, np.ndarray) or type(layer).__name__ == "Labels":
+            return False
+        total += layer.data.nbytes
+    return total <= PREFETCH_MAX_BYTES
 
 
 def require_layer(combo: ComboBox, what: str) -> Any:

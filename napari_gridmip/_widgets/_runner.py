@@ -11,6 +11,7 @@ sees Qt.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -69,13 +70,33 @@ class BackgroundRunner:
         # is docked: the runner is the widget's own, so nothing outside it (napari keeps every worker) holds it
         self.on_idle: list[Callable[[], None]] = []
         self._cancel_button.enabled = False
+        # a job started before Run was pressed (see prefetch): {"key", "holder", "worker"}
+        self._prefetch: dict[str, Any] | None = None
+        self._early_workers: set[Any] = set()  # early jobs' workers not finished yet (cancelled ones included)
+
+    @property
+    def prefetching(self) -> bool:
+        """A job started early (:meth:`prefetch`) still runs, taken over or not."""
+        return bool(self._early_workers)
+
+    @property
+    def prefetched(self) -> bool:
+        """The early job is done and its result waits for Run."""
+        return self._prefetch is not None and self._prefetch["holder"]["outcome"] is not None
 
     @property
     def busy(self) -> bool:
         """A job runs, or its layers are still being added (one per event-loop turn)."""
         return self.worker is not None or self._showing is not None
 
-    def start(self, job: Job, *, on_done: Callable[[JobResult, list], None] | None = None, replace: bool = True) -> Any:
+    def start(
+        self,
+        job: Job,
+        *,
+        on_done: Callable[[JobResult, list], None] | None = None,
+        replace: bool = True,
+        key: Any = None,
+    ) -> Any:
         """Run ``job`` in a thread worker; add its layers on the GUI thread, then ``on_done(result, added)``.
 
         With ``replace``, a result layer takes the place of the layer of the same output from an earlier
@@ -86,6 +107,10 @@ class BackgroundRunner:
         Cancel was pressed, which is how long jobs stop early. The first job
         also prepares JAX there (compilation cache, device name), so nothing
         starts a JAX backend on the GUI thread.
+
+        ``key`` identifies the job's inputs and options (:meth:`prefetch`): when a job of the same key
+        was started early, its run is taken over (its result, or the rest of its run) instead of
+        starting again; any other early job is cancelled.
         """
         from napari.qt.threading import create_worker
 
@@ -93,11 +118,11 @@ class BackgroundRunner:
 
         if self.busy:
             raise RuntimeError("a job is already running")
-        self._cancel_requested = False
-        self._run_button.enabled = False
-        self._cancel_button.enabled = True
-        self._set_status(f"{job.description}...")
-        self._pbar = napari_progress(total=0, desc=job.description)
+        early = self._prefetch
+        if early is not None and key is not None and early["key"] == key and not early["holder"]["failed"]:
+            return self._adopt(early, job.description, on_done, replace)
+        self.drop_prefetch()
+        self._begin(job.description)
 
         # napari keeps every worker it made (its task list) for the whole session: the worker must not
         # keep the job (its input arrays), the widget or the result alive, so both go through this
@@ -121,6 +146,107 @@ class BackgroundRunner:
         worker.start()
         return worker
 
+    def _begin(self, description: str) -> None:
+        """The busy state of a run: Run disabled, Cancel enabled, a progress bar in the activity dock."""
+        self._cancel_requested = False
+        self._run_button.enabled = False
+        self._cancel_button.enabled = True
+        self._set_status(f"{description}...")
+        self._pbar = napari_progress(total=0, desc=description)
+
+    # -- jobs started before Run ---------------------------------------------
+    def prefetch(self, job: Job, key: Any) -> None:
+        """Start ``job`` in a worker before the user asks for it, quietly (no progress bar, buttons as they are).
+
+        A first run's time is mostly JAX compiling its programs (docs/benchmarks.md, "First calls"): started
+        when the widget is docked or its inputs change, the work is done, or under way, by the time Run is
+        pressed with the same inputs and options (``key``), and :meth:`start` shows it. A job of another
+        key is cancelled at its next progress report; the programs it compiled stay compiled.
+        """
+        from napari.qt.threading import create_worker
+
+        from napari_gridmip._jobs import prepare_jax
+
+        if self.busy or self._detached:
+            return
+        if self._prefetch is not None and self._prefetch["key"] == key:
+            return
+        self.drop_prefetch()
+        holder: dict[str, Any] = {"job": job, "cancel": False, "failed": False, "outcome": None, "adopted": None}
+        runner_ref = weakref.ref(self)
+
+        def progress(done: int, total: int) -> None:
+            if holder["cancel"]:
+                raise Cancelled
+            runner = runner_ref()
+            if holder["adopted"] is not None and runner is not None:
+                runner._report(done, total)
+
+        def work() -> tuple[JobResult, str, list]:
+            device = prepare_jax()
+            result = holder["job"].run(progress)
+            holder["job"] = None  # the inputs may go as soon as the result exists
+            if holder["cancel"]:
+                raise Cancelled
+            return result, device, layers_ready_to_show(result.layers)
+
+        worker = create_worker(work, _start_thread=False, _ignore_errors=True)
+        worker.returned.connect(lambda value: self._prefetch_returned(holder, value))
+        worker.errored.connect(lambda error: self._prefetch_errored(holder, error))
+        worker.finished.connect(lambda: self._prefetch_finished(holder, worker))
+        self._prefetch = {"key": key, "holder": holder, "worker": worker}
+        self._early_workers.add(worker)
+        worker.start()
+
+    def drop_prefetch(self) -> None:
+        """Cancel the early job (if not taken over) and forget its result."""
+        early, self._prefetch = self._prefetch, None
+        if early is not None and early["holder"]["adopted"] is None:
+            early["holder"]["cancel"] = True
+            early["holder"]["outcome"] = None
+
+    def _adopt(self, early: dict[str, Any], description: str, on_done: Callable | None, replace: bool) -> Any:
+        """Take over the early job of the same key as this Run: show its result, or wait for it with progress."""
+        holder = early["holder"]
+        self._prefetch = None
+        self._begin(description)
+        self._holding = {"on_done": on_done, "replace": replace, "runner": self}
+        holder["adopted"] = self._holding
+        if holder["outcome"] is None:  # still running: its progress and end are this run's from now on
+            self.worker = early["worker"]
+            return self.worker
+        outcome, holder["outcome"] = holder["outcome"], None  # done already: show it now
+        self._pbar_close()
+        self._on_worker_returned(outcome)
+        if self._showing is None and not self._detached:
+            self._became_idle()
+        return early["worker"]
+
+    def _prefetch_returned(self, holder: dict[str, Any], value: tuple[JobResult, str, list]) -> None:
+        if holder["cancel"]:
+            return
+        if holder["adopted"] is not None:
+            self._on_worker_returned(value)
+        else:
+            holder["outcome"] = value
+
+    def _prefetch_errored(self, holder: dict[str, Any], error: BaseException) -> None:
+        holder["failed"] = True
+        if holder["adopted"] is not None:  # the user's Run: report it as any run's error
+            self._on_errored(error)
+        # else: quietly dropped; Run starts the job again and reports its error then
+
+    def _prefetch_finished(self, holder: dict[str, Any], worker: Any) -> None:
+        self._early_workers.discard(worker)
+        _forget_task(self._viewer, worker)
+        if holder["adopted"] is not None and self.worker is worker:
+            self._on_finished()
+
+    def _pbar_close(self) -> None:
+        if self._pbar is not None:
+            self._pbar.close()
+            self._pbar = None
+
     def cancel(self) -> None:
         """Ask the running job to stop; whatever it returns afterwards is dropped."""
         if self.busy:
@@ -133,6 +259,7 @@ class BackgroundRunner:
         """The widget was closed: cancel, and from now on touch none of its buttons and labels (Qt may have
         deleted them while the worker finishes)."""
         self.cancel()
+        self.drop_prefetch()
         self._detached = True
 
     def _set_status(self, text: str, *, tooltip: str | None = None) -> None:
@@ -256,9 +383,7 @@ class BackgroundRunner:
                     signal.disconnect(slot)
                 except (TypeError, RuntimeError):  # already gone
                     pass
-        if self._pbar is not None:
-            self._pbar.close()
-            self._pbar = None
+        self._pbar_close()
         if self._detached:
             return
         if self._cancel_requested and self._status.value.endswith("..."):

@@ -30,4 +30,5 @@ def docked(make_napari_viewer, qtbot):
     yield make
     for widget in widgets:
         widget.runner.cancel()
-        qtbot.waitUntil(lambda w=widget: not w.runner.busy, timeout=120_000)
+        widget.runner.drop_prefetch()
+        qtbot.waitUntil(lambda w=widget: not w.runner.busy and not w.runner.prefetching, timeout=120_000)

@@ -1,5 +1,6 @@
 """The Correlation map widget in a real viewer, driven through its buttons."""
 
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -510,3 +511,94 @@ def test_full_size_samples_against_their_truth(viewer_and_widget, wait_idle):
     image = viewer.layers["calcium movie correlation image"].data
     cells = viewer.layers["calcium movie"].metadata["true_footprints"].max(axis=0)
     assert np.median(image[cells > 0.5]) > 0.7 and np.median(image[cells == 0]) < 0.3
+
+
+# -- the run started before Run is pressed ------------------------------------------------------------------
+
+
+def _pair(viewer, shape=(5, 40, 36)):
+    rng = np.random.default_rng(3)
+    a, b = rng.random((2, *shape), dtype=np.float32)
+    viewer.add_image(a, name="a")
+    viewer.add_image(b, name="b")
+    return a, b
+
+
+def test_run_takes_over_the_job_started_when_the_inputs_settled(viewer_and_widget, qtbot, wait_idle, monkeypatch):
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    viewer, widget = viewer_and_widget
+    runs = []
+    make_job = widget.make_job
+
+    def counting_make_job():
+        job = make_job()
+        return type(job)(job.description, lambda progress: runs.append(1) or job.run(progress))
+
+    monkeypatch.setattr(widget, "make_job", counting_make_job)
+    a, b = _pair(viewer)
+    widget.window_rows.value, widget.window_cols.value = 5, 5
+    qtbot.waitUntil(lambda: widget.runner.prefetched, timeout=120_000)
+    assert widget.run_button.enabled and widget.status.value == "Ready"  # quietly: nothing to see before Run
+    widget.run_button.native.click()
+    wait_idle(widget)
+    assert runs == [1]  # the early job's result, not a second run
+    dy = viewer.layers["b dy"].data
+    np.testing.assert_allclose(dy, np.asarray(find_displacement(a, b, (5, 5))[0]), atol=1e-6, equal_nan=True)
+    assert widget.status.value.startswith("Done")
+    # the same inputs again: Run computes again (a re-run is the user's choice), nothing was started early
+    widget.run_button.native.click()
+    wait_idle(widget)
+    assert runs == [1, 1]
+
+
+def test_an_option_changed_after_the_early_job_gives_its_own_result(viewer_and_widget, qtbot, wait_idle, monkeypatch):
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    viewer, widget = viewer_and_widget
+    a, b = _pair(viewer)
+    widget.window_rows.value, widget.window_cols.value = 5, 5
+    qtbot.waitUntil(lambda: widget.runner.prefetched, timeout=120_000)
+    widget.window_rows.value = 7  # then Run at once, before the next early job could start
+    widget.run_button.native.click()
+    wait_idle(widget)
+    qtbot.waitUntil(lambda: not widget.runner.prefetching, timeout=120_000)
+    dy = viewer.layers["b dy"].data
+    assert dy.shape == (40 - 6, 36 - 4)
+    np.testing.assert_allclose(dy, np.asarray(find_displacement(a, b, (7, 5))[0]), atol=1e-6, equal_nan=True)
+
+
+def test_cancel_stops_a_taken_over_job_and_adds_nothing(viewer_and_widget, qtbot, wait_idle, monkeypatch):
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    viewer, widget = viewer_and_widget
+    started = []
+    make_job = widget.make_job
+
+    def slow_make_job():
+        job = make_job()
+
+        def run(progress):
+            started.append(1)
+            for step in range(400):  # long enough to be taken over, then cancelled
+                progress(step, 400)
+                time.sleep(0.01)
+            return job.run(progress)
+
+        return type(job)(job.description, run)
+
+    monkeypatch.setattr(widget, "make_job", slow_make_job)
+    _pair(viewer)
+    qtbot.waitUntil(lambda: bool(started), timeout=60_000)
+    layers_before = len(viewer.layers)
+    widget.run_button.native.click()
+    assert not widget.run_button.enabled and widget.cancel_button.enabled
+    widget.cancel_button.native.click()
+    wait_idle(widget)
+    assert len(viewer.layers) == layers_before and widget.status.value == "Cancelled"
+    assert started == [1]
+
+
+def test_nothing_starts_early_when_switched_off(viewer_and_widget, qtbot, monkeypatch):
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")
+    viewer, widget = viewer_and_widget
+    _pair(viewer)
+    qtbot.wait(1000)
+    assert not widget.runner.prefetching and not widget.runner.prefetched

@@ -42,7 +42,7 @@ SCENARIOS = [
 ]
 
 
-def child(scenario: str, threshold_ms: float) -> dict:
+def child(scenario: str, threshold_ms: float, settle: float = 0.5) -> dict:
     """Run one scenario in this process; return the freeze figures."""
     import napari
     from qtpy.QtCore import QTimer
@@ -85,7 +85,8 @@ def child(scenario: str, threshold_ms: float) -> dict:
     if scenario == "correlation-map":
         widget.full_map.value = True
     app = QApplication.instance()
-    for _ in range(50):  # let the window settle before measuring
+    end = time.perf_counter() + settle  # the user looks at the options before clicking
+    while time.perf_counter() < end:
         app.processEvents()
         time.sleep(0.01)
 
@@ -188,9 +189,12 @@ def main() -> None:
     parser.add_argument("--threshold-ms", type=float, default=100.0)
     parser.add_argument("--stacks", action="store_true", help="print where the GUI thread was during long freezes")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--settle", type=float, default=0.5, help="seconds between the sample opening and the click (default 0.5)"
+    )
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.threshold_ms)))
+        print("RESULT " + json.dumps(child(args.child, args.threshold_ms, args.settle)))
         return
     scenarios = SCENARIOS if args.scenario == "all" else [args.scenario]
     print(
@@ -200,7 +204,16 @@ def main() -> None:
     details = []
     for scenario in scenarios:
         done = subprocess.run(
-            [sys.executable, __file__, "--child", scenario, "--threshold-ms", str(args.threshold_ms)],
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                scenario,
+                "--threshold-ms",
+                str(args.threshold_ms),
+                "--settle",
+                str(args.settle),
+            ],  # fmt: skip
             capture_output=True,
             text=True,
             timeout=600,

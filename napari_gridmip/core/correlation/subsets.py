@@ -59,6 +59,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._interpolation import bspline_weights, keys_weights
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import precision_scope
@@ -332,36 +333,13 @@ def _block(h: Sequence[jax.Array], a0: jax.Array, b0: jax.Array, reach: int) -> 
     return jnp.swapaxes(picked, 0, 1)
 
 
-def _keys(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Keys (a = -0.5) weights of the taps at -1, 0, 1, 2 for fraction ``t``, and their first and second
-    derivatives in ``t``: three ``(..., 4)`` arrays."""
-    t2, t3 = t * t, t * t * t
-    one = jnp.ones_like(t)
-    w = jnp.stack(
-        [-0.5 * t3 + t2 - 0.5 * t, 1.5 * t3 - 2.5 * t2 + 1, -1.5 * t3 + 2 * t2 + 0.5 * t, 0.5 * t3 - 0.5 * t2], -1
-    )
-    d1 = jnp.stack([-1.5 * t2 + 2 * t - 0.5, 4.5 * t2 - 5 * t, -4.5 * t2 + 4 * t + 0.5, 1.5 * t2 - t], -1)
-    d2 = jnp.stack([-3 * t + 2 * one, 9 * t - 5 * one, -9 * t + 4 * one, 3 * t - one], -1)
-    return w, d1, d2
-
-
-def _bspline(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Cubic B-spline weights of the coefficients at -1, 0, 1, 2 for fraction ``t``, and their first and
-    second derivatives: three ``(..., 4)`` arrays."""
-    t2, t3, u = t * t, t * t * t, 1 - t
-    w = jnp.stack([u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6], -1)
-    d1 = jnp.stack([-0.5 * u * u, 1.5 * t2 - 2 * t, -1.5 * t2 + t + 0.5, 0.5 * t2], -1)
-    d2 = jnp.stack([u, 3 * t - 2, 1 - 3 * t, t], -1)
-    return w, d1, d2
-
-
 def _five_taps(position: jax.Array, centre: jax.Array, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Interpolation weights (and derivatives) of ``position`` on the 5 taps ``centre - 2 .. centre + 2``
     (one of the two outer taps gets 0); ``position`` lies within 1 of ``centre``. Three ``(Ns, 5)`` arrays."""
     floor = jnp.clip(jnp.floor(position), centre - 1, centre)
     shift = (floor - centre + 1).astype(jnp.int32)  # 0: taps 0..3 of the five, 1: taps 1..4
     out = []
-    for w in (_bspline if kind == "bspline" else _keys)(position - floor):
+    for w in (bspline_weights if kind == "bspline" else keys_weights)(position - floor, jnp):
         zero = jnp.zeros_like(w[..., :1])
         low, high = jnp.concatenate([w, zero], -1), jnp.concatenate([zero, w], -1)
         out.append(jnp.where((shift == 0)[..., None], low, high))

@@ -22,6 +22,8 @@ computations", Exp. Mech. 53, 1277-1289 (2013) (IC-GN).
 J. Blaber, B. Adair, A. Antoniou, "Ncorr: open-source 2D digital image correlation Matlab software", Exp. Mech.
 55, 1105-1122 (2015).
 D. Z. Turner, "Digital Image Correlation Engine (DICe)", Sandia National Laboratories (2015).
+M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
+(1999) (the cubic B-spline; its weights: :func:`napari_gridmip.core._interpolation.bspline_weights`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One subpackage per job (``occupancy``, ``patches``, ``correlation``), each
 with its kernels and, in its ``_chunked`` module, their block-by-block twins
 on dask arrays (each handed its kernel by the public function, which checks
 its arguments once: the twins import nothing back); the pieces they share (input checks, option lists, the scoped
-x64 switch, the host-to-device hand-over, peak fits) sit at this level.
+x64 switch, the host-to-device hand-over, peak fits, interpolation weights) sit at this level.
 
 The kernels' modules (and so JAX) load when one of these names is first used,
 so that jax-free helpers such as ``core._validate`` import fast. That first use also switches on JAX's
@@ -45,7 +45,7 @@ _API = {
     "phase_from_displacement": "correlation.fields",
     "strain_field": "correlation.fields",
     "local_correlation_image": "correlation.timeseries",
-    "track_speckles": "correlation.subsets",
+    "track_speckles": "correlation.tracking",
 }
 
 __all__ = sorted(_API)

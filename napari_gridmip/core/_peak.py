@@ -1,36 +1,42 @@
-"""Small pieces shared by the correlation search and its refinement: sub-pixel peak fits and slice indices.
+"""Small pieces shared by the correlation search and its refinement, and by the stitching's two pair engines:
+sub-pixel peak fits and slice indices.
 
-Kept apart from ``correlation`` and ``_refine`` so that neither imports the other.
+Kept apart from ``correlation`` and ``_refine`` so that neither imports the other. JAX is imported by the
+functions that need it, not here: the stitching's NumPy engine (which must not load JAX) fits its peaks with
+:func:`quadratic_peak` on NumPy arrays.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
+if TYPE_CHECKING:
+    import jax
 
 
 def int32_indices(*values: Any) -> tuple[jax.Array, ...]:
     """Start indices for dynamic slices, all int32 (Python ints turn int64 when x64 is on)."""
+    import jax.numpy as jnp
+
     return tuple(jnp.asarray(v).astype(jnp.int32) for v in values)
 
 
-def quadratic_peak(gy, gx, hyy, hxx, hxy):
+def quadratic_peak(gy, gx, hyy, hxx, hxy, *, xp):
     """The stationary point of a 2D quadratic with gradient (gy, gx) and Hessian [[hyy, hxy], [hxy, hxx]].
 
     Where the quadratic has no maximum within one pixel (not negative definite, or
     the step leaves [-1, 1]), each axis falls back to its own 1D parabola, clipped
-    to [-0.5, 0.5], or to 0 where that axis is not concave either.
+    to [-0.5, 0.5], or to 0 where that axis is not concave either. ``xp``: the
+    array namespace, ``jax.numpy`` or ``numpy`` (the same operations on both).
     """
     det = hyy * hxx - hxy * hxy
-    safe_det = jnp.where(det > 0, det, 1)
+    safe_det = xp.where(det > 0, det, 1)
     dy = -(hxx * gy - hxy * gx) / safe_det
     dx = -(hyy * gx - hxy * gy) / safe_det
-    ok = (det > 0) & (hyy < 0) & (jnp.abs(dy) <= 1) & (jnp.abs(dx) <= 1)
-    dy_1d = jnp.where(hyy < 0, jnp.clip(-gy / jnp.where(hyy < 0, hyy, -1), -0.5, 0.5), 0)
-    dx_1d = jnp.where(hxx < 0, jnp.clip(-gx / jnp.where(hxx < 0, hxx, -1), -0.5, 0.5), 0)
-    return jnp.where(ok, dy, dy_1d), jnp.where(ok, dx, dx_1d)
+    ok = (det > 0) & (hyy < 0) & (xp.abs(dy) <= 1) & (xp.abs(dx) <= 1)
+    dy_1d = xp.where(hyy < 0, xp.clip(-gy / xp.where(hyy < 0, hyy, -1), -0.5, 0.5), 0)
+    dx_1d = xp.where(hxx < 0, xp.clip(-gx / xp.where(hxx < 0, hxx, -1), -0.5, 0.5), 0)
+    return xp.where(ok, dy, dy_1d), xp.where(ok, dx, dx_1d)
 
 
 def subpixel_offset(c: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
@@ -40,6 +46,8 @@ def subpixel_offset(c: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
     speckle-tracking tools). ``"paraboloid"``: the least-squares 2D quadratic
     through all 9 values. ``"none"``: zeros.
     """
+    import jax.numpy as jnp
+
     if method == "none":
         zero = jnp.zeros(c.shape[:-2], c.dtype)
         return zero, zero
@@ -53,4 +61,4 @@ def subpixel_offset(c: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
         hyy = c[..., 2, 1] - 2 * c[..., 1, 1] + c[..., 0, 1]
         hxx = c[..., 1, 2] - 2 * c[..., 1, 1] + c[..., 1, 0]
     hxy = (c[..., 2, 2] - c[..., 2, 0] - c[..., 0, 2] + c[..., 0, 0]) / 4
-    return quadratic_peak(gy, gx, hyy, hxx, hxy)
+    return quadratic_peak(gy, gx, hyy, hxx, hxy, xp=jnp)

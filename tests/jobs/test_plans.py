@@ -342,7 +342,7 @@ def test_the_tracking_outputs_are_one_list():
     import dataclasses
 
     from napari_gridmip._jobs.correlation import PARTS, TRACKING_OUTPUTS
-    from napari_gridmip.core.correlation.subsets import TRACK_OUTPUTS, SpeckleTracking
+    from napari_gridmip.core.correlation.tracking import TRACK_OUTPUTS, SpeckleTracking
 
     assert TRACK_OUTPUTS == tuple(f.name for f in dataclasses.fields(SpeckleTracking))
     assert {part for name in TRACKING_OUTPUTS for part in PARTS[name]} <= set(TRACK_OUTPUTS)

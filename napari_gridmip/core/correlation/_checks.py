@@ -1,6 +1,7 @@
-"""The one check of a correlated pair and of its compute dtype, for the dense maps (:mod:`.maps`), the subsets
-and :func:`~napari_gridmip.track_speckles` (:mod:`.subsets`), and of the dense maps' dask blocks once computed
-(:mod:`._chunked`). A leaf: it imports none of them."""
+"""The one check of a correlated pair, of its compute dtype and of the subset and step options, for the dense
+maps (:mod:`.maps`), the subsets (:mod:`.subsets`) and :func:`~napari_gridmip.track_speckles`
+(:mod:`.tracking`), and of the dense maps' dask blocks once computed (:mod:`._chunked`). A leaf: it imports
+none of them."""
 
 from __future__ import annotations
 
@@ -62,3 +63,15 @@ def check_dtypes(named: dict[str, Any], dtype: Any) -> np.dtype:
         with precision_scope(_validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
             _validate.check_exact_integers(name, img, dtype)
     return dtype
+
+
+def check_subset(subset: Any, step: Any) -> tuple[tuple[int, int], int]:
+    """The ``subset`` (odd sizes) and ``step`` (a positive integer) options, checked."""
+    subset = _validate.int_tuple("subset", subset, 2)
+    if any(v % 2 == 0 for v in subset):
+        raise ValueError(f"subset sizes must be odd (2hs + 1, 2hw + 1); got {subset}")
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"step must be a positive integer; got {step!r} ({type(step).__name__})")
+    if step < 1:
+        raise ValueError(f"step must be a positive integer; got {step}")
+    return subset, int(step)

@@ -263,7 +263,7 @@ def local_correlation_image(
     return da.map_blocks(image, summed, dtype=dtype, drop_axis=[0], chunks=summed.chunks[1:])
 
 
-# -- subsets, steps and speckle tracking (core/correlation/subsets.py) --------------------------------
+# -- subsets, steps and speckle tracking (core/correlation/subsets.py, tracking.py) ----------------------
 #
 # Row bands of the output, each one task: the stacks' rows that the band's vectors use (the window plus the
 # subset, less one, as the halo) plus a few more real rows where the in-memory kernel would pad img1 (the
@@ -389,7 +389,7 @@ def track_speckles(
     reference: Any, sample: Any, window, subset, step, subpixel: str, dtype, kernel: Kernel, *,
     prefilter: float = 0.0, reach: int, outputs: int,
 ) -> tuple:  # fmt: skip
-    """The ``outputs`` outputs of :func:`napari_gridmip.track_speckles` (in ``subsets.TRACK_OUTPUTS`` order,
+    """The ``outputs`` outputs of :func:`napari_gridmip.track_speckles` (in ``tracking.TRACK_OUTPUTS`` order,
     img1's signs) for dask stacks, lazily."""
 
     def run(a, b, c):

@@ -22,6 +22,8 @@ computations", Exp. Mech. 53, 1277-1289 (2013) (IC-GN).
 J. Blaber, B. Adair, A. Antoniou, "Ncorr: open-source 2D digital image correlation Matlab software", Exp. Mech.
 55, 1105-1122 (2015).
 D. Z. Turner, "Digital Image Correlation Engine (DICe)", Sandia National Laboratories (2015).
+M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
+(1999) (the cubic B-spline; its weights: :func:`napari_gridmip.core._interpolation.bspline_weights`).
 """
 
 from __future__ import annotations
@@ -35,18 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core._interpolation import bspline_weights
+
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
 # point on its own, so that a result does not depend on which points share its band)
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-8}
 BAND_VALUES = 2**21  # points x subset pixels x frames interpolated per compiled call (16 taps each)
 SHAPES = ("translation", "affine")
-
-
-def _bspline_weights(t: jax.Array) -> jax.Array:
-    """Cubic B-spline weights of the coefficients at -1, 0, 1, 2 for fraction ``t``: ``(..., 4)``."""
-    s = 1 - t
-    return jnp.stack([s**3 / 6, (3 * t**3 - 6 * t**2 + 4) / 6, (-3 * t**3 + 3 * t**2 + 3 * t + 1) / 6, t**3 / 6], -1)
 
 
 def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.Array:
@@ -56,7 +54,8 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
     py = jnp.clip(py, 0, rows - 5)
     px = jnp.clip(px, 0, cols - 5)
     y0, x0 = jnp.floor(py), jnp.floor(px)
-    wy, wx = _bspline_weights(py - y0), _bspline_weights(px - x0)
+    # the weights only (the derivatives are dead code that jit drops)
+    wy, wx = bspline_weights(py - y0, jnp)[0], bspline_weights(px - x0, jnp)[0]
     iy = y0.astype(jnp.int32) + 1  # tap -1 of the image sits at padded row y0 + 1
     ix = x0.astype(jnp.int32) + 1
     flat = coefficients.reshape(k, rows * cols)

@@ -43,7 +43,7 @@ from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
 from napari_gridmip.core.correlation._bands import join_bands
-from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
+from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
 
@@ -614,7 +614,7 @@ def windowed_pearson(
         If ``step`` is not an integer, or ``offsets_first`` not a bool.
     """
     img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
-    subset, step = subsets.check_subset(subset, step)
+    subset, step = check_subset(subset, step)
     if subset != (1, 1) or step != 1:
         return subsets.subset_map(
             img1, img2, window, subset, step, dtype=dtype, offsets_first=offsets_first, progress=progress
@@ -743,7 +743,7 @@ def find_displacement(
     (1.3, -0.7)
     """
     img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
-    subset, step = subsets.check_subset(subset, step)
+    subset, step = check_subset(subset, step)
     if subset != (1, 1) or step != 1 or shape != "translation":
         kind = AffineDisplacement if shape == "affine" else Displacement
         return kind(

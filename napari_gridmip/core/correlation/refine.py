@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import int32_indices
 from napari_gridmip.core.correlation._bands import join_bands
 
@@ -45,19 +46,6 @@ MAX_BAND_ROWS = 64  # for narrow images: keeps Cancel and progress within a frac
 PAD = 2  # img1 is edge-padded by this much so that every 4x4 block lies inside
 
 
-def _keys(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Keys (a = -0.5) weights of the taps at -1, 0, 1, 2 for fraction ``t``, and their first and second
-    derivatives in ``t``: three ``(..., 4)`` arrays."""
-    t2, t3 = t * t, t * t * t
-    one = jnp.ones_like(t)
-    weights = jnp.stack(
-        [-0.5 * t3 + t2 - 0.5 * t, 1.5 * t3 - 2.5 * t2 + 1, -1.5 * t3 + 2 * t2 + 0.5 * t, 0.5 * t3 - 0.5 * t2], -1
-    )
-    first = jnp.stack([-1.5 * t2 + 2 * t - 0.5, 4.5 * t2 - 5 * t, -4.5 * t2 + 4 * t + 0.5, 1.5 * t2 - t], -1)
-    second = jnp.stack([-3 * t + 2 * one, 9 * t - 5 * one, -9 * t + 4 * one, 3 * t - one], -1)
-    return weights, first, second
-
-
 def _newton_step(blocks: jax.Array, ty: jax.Array, tx: jax.Array, z: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The Newton step ``(sy, sx)`` towards the maximum of the correlation at fractions ``(ty, tx)``.
 
@@ -66,8 +54,8 @@ def _newton_step(blocks: jax.Array, ty: jax.Array, tx: jax.Array, z: jax.Array) 
     correlation is not concave there, each axis takes its own 1D step if that
     axis is concave, else none; steps are clipped to ``MAX_STEP``.
     """
-    wy, wy1, wy2 = _keys(ty)
-    wx, wx1, wx2 = _keys(tx)
+    wy, wy1, wy2 = keys_weights(ty, jnp)
+    wx, wx1, wx2 = keys_weights(tx, jnp)
     rows = jnp.einsum("...i,...ijk->...jk", wy, blocks)
     rows_y = jnp.einsum("...i,...ijk->...jk", wy1, blocks)
     rows_yy = jnp.einsum("...i,...ijk->...jk", wy2, blocks)

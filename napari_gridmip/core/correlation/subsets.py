@@ -31,6 +31,13 @@ sums give UMPA's transmission and dark-field fit and the displacement's uncertai
 convolution, which the dense refinement uses, works the same way on img1 itself, but leaves a systematic
 error of up to 0.02 px on DIC speckle against 0.002 px for the spline: ``benchmarks/bench_dic.py``.)
 
+Where the pieces are: this module holds the plan, the sweep, each band's program and the drivers
+(:func:`run`, and :func:`~napari_gridmip.windowed_pearson` and :func:`~napari_gridmip.find_displacement`
+with a subset or a step); :mod:`._subset_newton` the sub-pixel step (the interpolated correlation from a
+pixel's tap sums, the Newton step, the uncertainty); :mod:`napari_gridmip.core._interpolation` the Keys and
+B-spline weights; :mod:`._checks` the checks of the pair and of the subset and step options; and
+:mod:`.tracking` the public :func:`~napari_gridmip.track_speckles` and its result type.
+
 References
 ----------
 J. P. Lewis, "Fast normalized cross-correlation", Vision Interface (1995).
@@ -46,10 +53,8 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -65,11 +70,19 @@ from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.correlation._bands import join_bands
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
+from napari_gridmip.core.correlation._subset_newton import (
+    GRAM_COLS,
+    GRAM_INDEX,
+    GRAM_ROWS,
+    interpolated,
+    newton_step,
+    nothing,
+    tap_sums,
+    uncertainty,
+)
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
 
-__all__ = ["track_speckles"]
-
-ProgressCallback = Callable[[int, int], None]
+__all__: list[str] = []
 
 ZERO_VARIANCE = {np.dtype(np.float32): 2.0**-17, np.dtype(np.float64): 2.0**-40}
 """A subset whose variance is below this fraction of its mean square counts as constant (correlates as 0).
@@ -78,15 +91,14 @@ About 64 rounding units of the compute dtype: rounding alone leaves a constant s
 of its mean square away from 0, and a genuine variance that small could not be resolved anyway."""
 MAX_ITERATIONS = 10  # Newton steps from the 3x3 estimate, at most (a row stops once all its steps are tiny)
 TOLERANCE = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-10}  # px: a step this small has converged
-MAX_STEP = 0.5  # px per Newton step
-UPHILL_STEP = 0.1  # px: the step along an axis where the correlation is not concave (towards its gradient)
 REACH = 1.0  # the refined position stays within this many pixels of the integer peak (its 5 x 5 tap block)
 SPLINE_REACH = 24  # taps each side of the B-spline prefilter (|z|**25 = 5e-15 of the first left out)
-GRAM_ROWS = 5  # the Gram block: offsets (0..4, -4..4) of img1 against itself
-GRAM_COLS = 9
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points
 GRAM_BAND_BYTES = 32 * 2**20  # a band's Gram planes stay within this (rows per band are cut to fit)
 MAP_BAND_BYTES = 256 * 2**20  # a band's share of a full map (pixels first) before it is written out
+# rows a dask block borrows from its neighbours: the 5 x 5 taps' ring, the Gram block and the spline prefilter
+DASK_REACH = 2 + GRAM_ROWS + SPLINE_REACH
+DISPLACEMENT = ("dy", "dx", "peak")  # the search's outputs without tracking, in this order
 
 
 class Plan(NamedTuple):
@@ -100,7 +112,7 @@ class Plan(NamedTuple):
     ring: tuple[int, int]  # extra offsets searched around the window per axis (for the 5 x 5 tap block)
     gram: bool  # Gram planes for the interpolated correlation (refine, tracking)
     method: str  # "map", or a sub-pixel method
-    track: bool  # transmission, dark-field, residual and uncertainty too
+    track: tuple[str, ...]  # the tracking outputs wanted, in their order (empty: the search's DISPLACEMENT only)
     has_bad: bool  # some value is not finite
     interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
     noise_gain: float = 1.0  # the variance a prefilter leaves of white noise (1: no prefilter)
@@ -332,200 +344,6 @@ def _block(h: Sequence[jax.Array], a0: jax.Array, b0: jax.Array, reach: int) -> 
     return jnp.swapaxes(picked, 0, 1)
 
 
-def _keys(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Keys (a = -0.5) weights of the taps at -1, 0, 1, 2 for fraction ``t``, and their first and second
-    derivatives in ``t``: three ``(..., 4)`` arrays."""
-    t2, t3 = t * t, t * t * t
-    one = jnp.ones_like(t)
-    w = jnp.stack(
-        [-0.5 * t3 + t2 - 0.5 * t, 1.5 * t3 - 2.5 * t2 + 1, -1.5 * t3 + 2 * t2 + 0.5 * t, 0.5 * t3 - 0.5 * t2], -1
-    )
-    d1 = jnp.stack([-1.5 * t2 + 2 * t - 0.5, 4.5 * t2 - 5 * t, -4.5 * t2 + 4 * t + 0.5, 1.5 * t2 - t], -1)
-    d2 = jnp.stack([-3 * t + 2 * one, 9 * t - 5 * one, -9 * t + 4 * one, 3 * t - one], -1)
-    return w, d1, d2
-
-
-def _bspline(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Cubic B-spline weights of the coefficients at -1, 0, 1, 2 for fraction ``t``, and their first and
-    second derivatives: three ``(..., 4)`` arrays."""
-    t2, t3, u = t * t, t * t * t, 1 - t
-    w = jnp.stack([u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6], -1)
-    d1 = jnp.stack([-0.5 * u * u, 1.5 * t2 - 2 * t, -1.5 * t2 + t + 0.5, 0.5 * t2], -1)
-    d2 = jnp.stack([u, 3 * t - 2, 1 - 3 * t, t], -1)
-    return w, d1, d2
-
-
-def _five_taps(position: jax.Array, centre: jax.Array, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Interpolation weights (and derivatives) of ``position`` on the 5 taps ``centre - 2 .. centre + 2``
-    (one of the two outer taps gets 0); ``position`` lies within 1 of ``centre``. Three ``(Ns, 5)`` arrays."""
-    floor = jnp.clip(jnp.floor(position), centre - 1, centre)
-    shift = (floor - centre + 1).astype(jnp.int32)  # 0: taps 0..3 of the five, 1: taps 1..4
-    out = []
-    for w in (_bspline if kind == "bspline" else _keys)(position - floor):
-        zero = jnp.zeros_like(w[..., :1])
-        low, high = jnp.concatenate([w, zero], -1), jnp.concatenate([zero, w], -1)
-        out.append(jnp.where((shift == 0)[..., None], low, high))
-    return tuple(out)
-
-
-def _gram_index() -> np.ndarray:
-    """Where each entry of the 25 x 25 Gram matrix of a 5 x 5 tap block sits in the gathered ``(5, 5, 5, 9)``
-    block of planes (tap row, tap column, row offset, column offset + 4): flat indices ``(625,)``."""
-    index = np.zeros((25, 25), np.int64)
-    for p, q, p2, q2 in np.ndindex(5, 5, 5, 5):
-        dp, dq = p2 - p, q2 - q
-        if dp > 0 or (dp == 0 and dq >= 0):
-            at = (p, q, dp, dq + 4)
-        else:
-            at = (p2, q2, -dp, -dq + 4)
-        index[p * 5 + q, p2 * 5 + q2] = np.ravel_multi_index(at, (5, 5, GRAM_ROWS, GRAM_COLS))
-    return index.ravel()
-
-
-_GRAM_INDEX = _gram_index()
-
-
-class _Interpolated(NamedTuple):
-    r: jax.Array  # correlation at the position
-    g: tuple[jax.Array, jax.Array]  # its gradient (y, x)
-    h: tuple[jax.Array, jax.Array, jax.Array]  # its Hessian (yy, xx, xy)
-    sums: tuple[
-        jax.Array, jax.Array, jax.Array
-    ]  # sum of the interpolated vector, of its square, of its product with img2's
-
-
-class _Taps(NamedTuple):
-    """What the interpolated correlation needs at a pixel's 5 x 5 taps, independent of the position."""
-
-    cross: jax.Array  # (Ns, 25) raw cross sums with img2's vector
-    mean: jax.Array  # (Ns, 25) img1's box sums
-    gram: jax.Array  # (Ns, 25, 25) Gram matrix of img1's tap vectors
-    centred: jax.Array  # cross - mean * sum2 / count
-    gram_c: jax.Array  # gram - mean mean' / count
-    inv2: jax.Array  # img2's inverse norm
-    sum2: jax.Array  # img2's box sum
-    count: int  # values per vector
-
-
-def _taps(cross, mean, gram, inv2, sum2, count) -> _Taps:
-    centred = cross - mean * (sum2 / count)[:, None]
-    gram_c = gram - mean[:, :, None] * mean[:, None, :] / count
-    return _Taps(cross, mean, gram, centred, gram_c, inv2, sum2, count)
-
-
-def _interpolated(taps: _Taps, py, px, a0, b0, *, sums: bool, kind: str) -> _Interpolated:
-    """The correlation of img1's Keys-interpolated vector at ``(py, px)`` with img2's, and its derivatives.
-
-    With ``w`` the 25 tap weights (around ``(a0, b0)``), ``N = w . centred`` and ``S = w' gram_c w``:
-    ``r = N / sqrt(S) * inv2``. ``sums``: also the sums the model's fit needs (else zeros).
-    """
-    wy, wy1, wy2 = _five_taps(py, a0, kind)
-    wx, wx1, wx2 = _five_taps(px, b0, kind)
-
-    def outer(u, v):
-        return (u[:, :, None] * v[:, None, :]).reshape(u.shape[0], 25)
-
-    w, w_y, w_x = outer(wy, wx), outer(wy1, wx), outer(wy, wx1)
-    w_yy, w_xx, w_xy = outer(wy2, wx), outer(wy, wx2), outer(wy1, wx1)
-    centred, inv2 = taps.centred, taps.inv2
-
-    def dot(u, v):
-        return jnp.sum(u * v, axis=-1)
-
-    def mv(u, matrix=taps.gram_c):
-        return jnp.einsum("jab,jb->ja", matrix, u, precision=lax.Precision.HIGHEST)
-
-    g, g_y, g_x = mv(w), mv(w_y), mv(w_x)
-    n, n_y, n_x = dot(w, centred), dot(w_y, centred), dot(w_x, centred)
-    n_yy, n_xx, n_xy = dot(w_yy, centred), dot(w_xx, centred), dot(w_xy, centred)
-    s = dot(w, g)
-    if sums:  # w' gram w = w' gram_c w + (w . mean)^2 / count: no second product with the raw Gram matrix
-        sum_r = dot(w, taps.mean)
-        fit = (sum_r, s + sum_r * sum_r / taps.count, dot(w, taps.cross))
-    s_y, s_x = 2 * dot(w_y, g), 2 * dot(w_x, g)
-    s_yy = 2 * (dot(w_yy, g) + dot(w_y, g_y))
-    s_xx = 2 * (dot(w_xx, g) + dot(w_x, g_x))
-    s_xy = 2 * (dot(w_xy, g) + dot(w_x, g_y))
-    ok = s > 0
-    s = jnp.where(ok, s, 1)
-    a1, a3, a5 = s**-0.5, s**-1.5, s**-2.5
-    r = jnp.where(ok, n * a1, 0) * inv2
-    gy = (n_y * a1 - 0.5 * n * a3 * s_y) * inv2
-    gx = (n_x * a1 - 0.5 * n * a3 * s_x) * inv2
-    hyy = (n_yy * a1 - n_y * a3 * s_y + 0.75 * n * a5 * s_y * s_y - 0.5 * n * a3 * s_yy) * inv2
-    hxx = (n_xx * a1 - n_x * a3 * s_x + 0.75 * n * a5 * s_x * s_x - 0.5 * n * a3 * s_xx) * inv2
-    hxy = n_xy * a1 - 0.5 * n_y * a3 * s_x - 0.5 * n_x * a3 * s_y + 0.75 * n * a5 * s_x * s_y - 0.5 * n * a3 * s_xy
-    hxy = hxy * inv2
-    if not sums:
-        fit = (jnp.zeros_like(r),) * 3
-    return _Interpolated(r, (gy, gx), (hyy, hxx, hxy), fit)
-
-
-def _nothing(like: jax.Array) -> _Interpolated:
-    """An :class:`_Interpolated` of zeros shaped like ``like`` (a loop's initial carry)."""
-    zero = jnp.zeros_like(like)
-    return _Interpolated(zero, (zero, zero), (zero, zero, zero), (zero, zero, zero))
-
-
-def _newton(f: _Interpolated, search: tuple[bool, bool]) -> tuple[jax.Array, jax.Array]:
-    """A Newton step towards the maximum; an axis whose window is 1 wide does not move. Where the 2D
-    quadratic is not concave, each axis takes its own 1D Newton step if it is concave there, else a step of
-    ``UPHILL_STEP`` along its gradient (a Newton step there would go downhill, none would stall)."""
-    gy, gx = f.g
-    hyy, hxx, hxy = f.h
-    zero = jnp.zeros_like(gy)
-    concave_y, concave_x = hyy < 0, hxx < 0
-    step_y = jnp.where(concave_y, -gy / jnp.where(concave_y, hyy, -1), UPHILL_STEP * jnp.sign(gy))
-    step_x = jnp.where(concave_x, -gx / jnp.where(concave_x, hxx, -1), UPHILL_STEP * jnp.sign(gx))
-    if search[0] and search[1]:
-        det = hyy * hxx - hxy * hxy
-        both = (det > 0) & concave_y
-        safe = jnp.where(both, det, 1)
-        step_y = jnp.where(both, -(hxx * gy - hxy * gx) / safe, step_y)
-        step_x = jnp.where(both, -(hyy * gx - hxy * gy) / safe, step_x)
-    if not search[0]:
-        step_y = zero
-    if not search[1]:
-        step_x = zero
-    finite = jnp.isfinite(step_y) & jnp.isfinite(step_x)
-    return (
-        jnp.where(finite, jnp.clip(step_y, -MAX_STEP, MAX_STEP), zero),
-        jnp.where(finite, jnp.clip(step_x, -MAX_STEP, MAX_STEP), zero),
-    )
-
-
-def _uncertainty(
-    f: _Interpolated, count: int, search: tuple[bool, bool], noise_gain: float = 1.0
-) -> tuple[jax.Array, jax.Array]:
-    """Standard deviations of the displacement (px): ``sqrt(2 (1 - r) / (n - 4) / g * inv(-H))`` on the diagonal.
-
-    For a vector ``s + e`` matched to ``s' + e'`` (white noise of the same level in both), the normalised
-    difference ``eta`` has per-value variance ``sigma^2 = 2 (1 - r) / (n - 4)`` (``1 - r = |eta_perp|^2 / 2``
-    spread over the ``n - 4`` directions left by centring, scaling and the two shifts), and the least-squares
-    shift has covariance ``sigma^2 inv(J'J)`` with ``J'J = -H``, the Hessian of ``r`` at the peak.
-
-    A Gaussian prefilter leaves ``g = noise_gain`` of the noise's variance, which is what ``1 - r`` then
-    measures, but correlates it over its reach, and the shift (a sum over the smooth gradients ``J``) averages
-    the correlated noise no better than the unfiltered: its variance follows ``sigma^2 / g``. That holds where
-    ``J`` varies slowly over the filter's reach; on speckle of 4-5 px it errs on the large side, by at most
-    1.25 at 0.5% to 3% noise (``benchmarks/bench_dic.py``, uncertainty column).
-    """
-    hyy, hxx, hxy = f.h
-    noise = 2 * jnp.maximum(1 - f.r, 0) / max(count - 4, 1) / noise_gain
-    nan = jnp.full_like(hyy, jnp.nan)
-    if search[0] and search[1]:
-        det = hyy * hxx - hxy * hxy
-        ok = (det > 0) & (hyy < 0)
-        safe = jnp.where(ok, det, 1)
-        var_y, var_x = jnp.where(ok, -hxx / safe, nan), jnp.where(ok, -hyy / safe, nan)
-    else:
-        var_y = jnp.where(hyy < 0, -1 / jnp.where(hyy < 0, hyy, -1), nan) if search[0] else nan
-        var_x = jnp.where(hxx < 0, -1 / jnp.where(hxx < 0, hxx, -1), nan) if search[1] else nan
-    if count <= 4:
-        return nan, nan
-    return jnp.sqrt(noise * var_y), jnp.sqrt(noise * var_x)
-
-
 # -- one band ----------------------------------------------------------------------------------------
 
 
@@ -580,7 +398,7 @@ def _gram_planes(x1, plan: Plan, rows: int) -> jax.Array:
 def _outputs_of(plan: Plan) -> tuple[str, ...]:
     if plan.method == "map":
         return ("map",)
-    return TRACK_OUTPUTS if plan.track else TRACK_OUTPUTS[:3]
+    return plan.track or DISPLACEMENT
 
 
 def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax.Array):
@@ -668,15 +486,15 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
                 lambda r0, c0: lax.dynamic_slice(planes, (r0, c0, zero, zero), (5, 5, GRAM_ROWS, GRAM_COLS))
             )
             blocks = take(top, left).reshape(ns, -1)
-            gram = jnp.take(blocks, jnp.asarray(_GRAM_INDEX), axis=1).reshape(ns, 25, 25)
+            gram = jnp.take(blocks, jnp.asarray(GRAM_INDEX), axis=1).reshape(ns, 25, 25)
             cross25 = jnp.moveaxis(cross, -1, 0).reshape(ns, 25)
             mean25 = jnp.moveaxis(stats.box_taps[rows, cols], -1, 0).reshape(ns, 25)
             aef, bef = ae.astype(dtype), be.astype(dtype)
 
-            taps = _taps(cross25, mean25, gram, i2, b2, count)
+            taps = tap_sums(cross25, mean25, gram, i2, b2, count)
 
             def at(py, px):
-                return _interpolated(taps, py, px, aef, bef, sums=plan.track, kind=plan.interpolation)
+                return interpolated(taps, py, px, aef, bef, sums=bool(plan.track), kind=plan.interpolation)
 
             tolerance = TOLERANCE[np.dtype(dtype)]
 
@@ -687,7 +505,7 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
             def newton(c):
                 k, py, px, _, _ = c
                 f = at(py, px)
-                sy, sx = _newton(f, search)
+                sy, sx = newton_step(f, search)
                 moved = jnp.max(jnp.maximum(jnp.abs(sy), jnp.abs(sx))) >= tolerance
                 # converged: stay where ``f`` was evaluated, so that the fit below uses it as it is
                 py = jnp.where(moved, jnp.clip(py + sy, aef - REACH, aef + REACH), py)
@@ -696,7 +514,7 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
 
             # one copy of the interpolation's code in the program: Newton steps until the row's largest is
             # below ``tolerance`` (at most MAX_ITERATIONS), or for the other methods a single evaluation there
-            start = (jnp.int32(0), py, px, _nothing(py), jnp.array(True))
+            start = (jnp.int32(0), py, px, nothing(py), jnp.array(True))
             if plan.method == "refine":
                 _, py, px, f, _ = lax.while_loop(keep_going, newton, start)
             elif plan.track:
@@ -714,7 +532,7 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
                 mean_ref, mean_sample = centres[0], centres[1]
                 transmission = (intercept + mean_sample) / mean_ref
                 rss = jnp.maximum(var_s - beta * cov, 0)
-                sigma_y, sigma_x = _uncertainty(f, count, search, plan.noise_gain)
+                sigma_y, sigma_x = uncertainty(f, count, search, plan.noise_gain)
                 nan = jnp.nan
                 results["transmission"] = jnp.where(edge, nan, transmission)
                 results["dark_field"] = jnp.where(edge, nan, beta / transmission)
@@ -790,18 +608,6 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
 # -- preparation and drivers -------------------------------------------------------------------------
 
 
-def check_subset(subset: Any, step: Any) -> tuple[tuple[int, int], int]:
-    """The ``subset`` (odd sizes) and ``step`` (a positive integer) options, checked."""
-    subset = _validate.int_tuple("subset", subset, 2)
-    if any(v % 2 == 0 for v in subset):
-        raise ValueError(f"subset sizes must be odd (2hs + 1, 2hw + 1); got {subset}")
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
-        raise TypeError(f"step must be a positive integer; got {step!r} ({type(step).__name__})")
-    if step < 1:
-        raise ValueError(f"step must be a positive integer; got {step}")
-    return subset, int(step)
-
-
 def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progress):
     """:func:`windowed_pearson` with a subset or a step (checked and dispatched here)."""
     shape, window = check_pair(img1, img2, window, subset)
@@ -810,9 +616,9 @@ def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progre
     if _validate.is_dask(img1) or _validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
-        kernel = partial(run, window=window, subset=subset, step=step, method="map", track=False, dtype=dtype)
+        kernel = partial(run, window=window, subset=subset, step=step, method="map", track=(), dtype=dtype)
         return _chunked.subset_map(img1, img2, window, subset, step, dtype, kernel, offsets_first=offsets_first)
-    (out,) = run(img1, img2, window, subset, step, method="map", track=False, dtype=dtype, progress=progress)
+    (out,) = run(img1, img2, window, subset, step, method="map", track=(), dtype=dtype, progress=progress)
     return _offsets_first(out) if offsets_first else out
 
 
@@ -843,15 +649,15 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
         from napari_gridmip.core.correlation import _chunked
 
         kernel = partial(
-            run, window=window, subset=subset, step=step, method=subpixel, track=False, dtype=dtype,
+            run, window=window, subset=subset, step=step, method=subpixel, track=(), dtype=dtype,
             prefilter=sigma, subset_shape=shape,
         )  # fmt: skip
         return _chunked.subset_displacement(
             img1, img2, window, subset, step, subpixel, dtype, kernel, prefilter=sigma, shape=shape,
-            reach=2 + GRAM_ROWS + SPLINE_REACH,
+            reach=DASK_REACH,
         )  # fmt: skip
     return run(
-        img1, img2, window, subset, step, method=subpixel, track=False, dtype=dtype, progress=progress,
+        img1, img2, window, subset, step, method=subpixel, track=(), dtype=dtype, progress=progress,
         prefilter=sigma, subset_shape=shape,
     )  # fmt: skip
 
@@ -975,7 +781,9 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
 def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
         interpolation="bspline", prefilter=0.0, subset_shape="translation", negate=()):  # fmt: skip
     """Run the subset kernel on in-memory stacks; a tuple of ``(..., rows, cols[, wm, wn])`` arrays
-    (see :func:`_outputs_of`). ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
+    (see :func:`_outputs_of`). ``track``: the tracking outputs to return, by name and in that order (the caller's
+    result type, :data:`.tracking.TRACK_OUTPUTS`, holds the list); empty: the ``"map"``, or the search's
+    :data:`DISPLACEMENT`. ``centres``: the ``(B, 2)`` means to subtract (default: each item's own);
     ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``;
     ``prefilter``: the standard deviation (px) of the Gaussian both stacks are smoothed by first (0: none);
     ``subset_shape="affine"``: then IC-GN from the translation's result (:mod:`.affine`), giving ``(dy, dx, zncc, dy_y,
@@ -983,7 +791,8 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     shape = _validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
-    gram = track or method == "refine"
+    track = tuple(track)
+    gram = bool(track) or method == "refine"
     has_bad = _has_nonfinite(img1) or _has_nonfinite(img2)
     # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
     ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
@@ -1031,171 +840,3 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 def _wait(result: Any) -> None:
     if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
         jax.block_until_ready(result)
-
-
-# -- public: speckle tracking ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SpeckleTracking:
-    """What :func:`track_speckles` returns: arrays of one shape ``(..., rows, cols)``.
-
-    Each pixel is the sample's pixel ``(y, x) = (i s + m + hs, j s + n + hw)``; its speckle came from the
-    reference's position ``(y - dy, x - dx)``.
-    """
-
-    dy: Any
-    """Row displacement (px) of the speckle pattern from the reference to the sample; NaN where the peak lies on
-    the window's edge (the true peak may lie outside), never clipped."""
-    dx: Any
-    """Column displacement (px), NaN where ``dy`` is."""
-    peak: Any
-    """The correlation at the integer peak, in [-1, 1]: a confidence."""
-    transmission: Any
-    """``T`` of UMPA's model ``sample ~ T (mean(ref) + D (ref_shifted - mean(ref)))``: the sample's intensity
-    over the reference's (1 = no absorption)."""
-    dark_field: Any
-    """``D``: the speckle visibility kept through the sample (1 = none lost, smaller = scattering)."""
-    residual: Any
-    """Root mean square of ``sample - model`` over the pixel's vector, in the sample's units."""
-    sigma_dy: Any
-    """Estimated standard deviation of ``dy`` (px), from the correlation's curvature and noise level (see
-    :func:`track_speckles`)."""
-    sigma_dx: Any
-    """Estimated standard deviation of ``dx`` (px)."""
-
-
-# the tracking outputs, in the kernel's order: SpeckleTracking's fields are the one list (the jobs, the command
-# line and the dask twin read it from here)
-TRACK_OUTPUTS = tuple(f.name for f in dataclasses.fields(SpeckleTracking))
-
-
-def track_speckles(
-    sample: Any,
-    reference: Any,
-    window: Sequence[int],
-    *,
-    subset: Sequence[int] = (1, 1),
-    step: int = 1,
-    subpixel: str = "refine",
-    prefilter: float | str | None = None,
-    dtype: Any = None,
-    progress: ProgressCallback | None = None,
-) -> SpeckleTracking:
-    """Speckle tracking (X-ray speckle imaging, DIC): displacement, transmission, dark-field and uncertainty.
-
-    Each sample pixel's vector (its K frames over the ``sh x sw`` subset around it) is matched to the
-    reference's vectors around the same place by zero-normalised cross-correlation, as
-    :func:`find_displacement` does with ``img1 = reference`` and ``img2 = sample``. At the tracked sub-pixel
-    position, UMPA's model is fitted by linear least squares over the vector::
-
-        sample ~ T * (mean(ref) + D * (ref_shifted - mean(ref)))
-
-    ``ref_shifted`` is the reference's vector interpolated (cubic B-spline) at the tracked position, ``mean(ref)`` the
-    reference's mean intensity (over all its frames and pixels, as UMPA's ``Im``), ``T`` the transmission and
-    ``D`` the dark-field (the fraction of the speckle visibility that survives). A pair with ``sample`` equal
-    to the reference gives ``T = D = 1`` and no displacement.
-
-    Sign convention, worked: if ``sample = scipy.ndimage.shift(reference, (0, 1.3, -0.7))`` (the pattern moved
-    down 1.3 px and left 0.7 px), then ``dy`` is about 1.3 and ``dx`` about -0.7: the displacement of the
-    speckle pattern from the reference to the sample, ``sample[y, x] ~ reference[y - dy, x - dx]``.
-    :func:`find_displacement(reference, sample, ...) <find_displacement>` finds the same match with the
-    opposite sign (its ``img1[y + dy, x + dx]`` matches ``img2[y, x]``).
-
-    Parameters
-    ----------
-    sample, reference
-        Stacks ``(..., K, M, N)`` of the same shape (any leading batch axes): the frames with the sample in the
-        beam, and the same diffuser positions without it. Real dtypes as for :func:`windowed_pearson`; the
-        reference's mean intensity must be positive for ``transmission``.
-    window
-        ``(wm, wn)``, odd: the search window; displacements up to ``wm // 2 - 1`` px are found.
-    subset
-        ``(sh, sw)``, odd, default ``(1, 1)``: the pixels each vector spans around its pixel. ``K = 1`` (one
-        image each, as in DIC) needs a subset larger than one pixel.
-    step
-        Results on every ``step``-th pixel only (``[::step, ::step]`` of the dense result), computed without
-        evaluating the pixels between.
-    subpixel
-        ``"refine"`` (default): Newton's method on the correlation of the interpolated reference;
-        ``"hessian"``, ``"paraboloid"``: 3x3 fits of the integer map; ``"none"``: integer displacements. The
-        model's fit and the uncertainty are evaluated at the position found.
-    prefilter
-        The standard deviation (px) of a Gaussian that smooths every frame of both stacks first, ``None``
-        (default, none) or ``"auto"`` (0.8 px where ``subpixel="refine"``, as :func:`find_displacement`
-        does by default with a subset): it removes the bias that noise gives the refinement (see
-        :func:`find_displacement`). Speckle tracking leaves it off by default, since smoothing blurs the
-        speckle whose visibility the dark-field measures; for DIC with uncertainty, pass ``"auto"``.
-    dtype
-        ``float32`` (default) or ``float64``.
-    progress
-        Optional ``progress(done, total)`` between row bands; it may raise to stop.
-
-    Returns
-    -------
-    SpeckleTracking
-        Frozen dataclass of ``dy, dx, peak, transmission, dark_field, residual, sigma_dy, sigma_dx``, jax.Arrays
-        of shape ``(..., ceil(Mo / step), ceil(No / step))`` with ``Mo = M - 2m - (sh - 1)`` (the same margin
-        on both sides: the window's half-size plus the subset's), ``dtype``; dask arrays (lazy) for dask
-        inputs. All but ``peak`` are NaN where the peak lies on the window's edge. ``sigma_dy``/``sigma_dx``
-        estimate the standard deviation of the displacement from the correlation ``r`` at the peak and its
-        Hessian ``H`` there (of ``r`` in the displacement)::
-
-            sigma^2 = 2 (1 - r) / (n - 4) * diag(inv(-H)),    n = K * sh * sw values per vector
-
-        (white noise in both stacks; ``1 - r`` includes any mismatch of the model, such as strain within the
-        subset, so the estimate errs on the large side there). ``benchmarks/bench_dic.py`` compares it with
-        measured spreads.
-
-    Raises
-    ------
-    ValueError
-        If the shapes differ, a window or subset size is even, the window plus the subset does not fit in the
-        image, a vector holds fewer than 2 values, ``step`` is below 1, ``subpixel`` is unknown, or for the
-        dtype problems :func:`windowed_pearson` refuses.
-    TypeError
-        If ``step`` is not an integer, or an input is not an array.
-
-    References
-    ----------
-    M.-C. Zdora et al., Phys. Rev. Lett. 118, 203903 (2017) (UMPA); B. Pan et al., Appl. Opt. 49, 5501 (2010)
-    (ZNCC in DIC); H. W. Schreier et al., Opt. Eng. 39, 2915 (2000) (B-spline interpolation in DIC).
-
-    Examples
-    --------
-    >>> import numpy as np, scipy.ndimage as ndi
-    >>> rng = np.random.default_rng(0)
-    >>> reference = 1 + ndi.gaussian_filter(rng.standard_normal((4, 64, 64)), (0, 2, 2))
-    >>> sample = 0.8 * ndi.shift(reference, (0, 1.3, -0.7), order=3)
-    >>> out = track_speckles(sample, reference, (7, 7), subset=(5, 5))
-    >>> inner = (slice(8, -8), slice(8, -8))
-    >>> [round(float(np.median(np.asarray(a)[inner])), 2) for a in (out.dy, out.dx, out.transmission)]
-    [1.3, -0.7, 0.8]
-    """
-    sample, reference = _validate.as_array("sample", sample), _validate.as_array("reference", reference)
-    subset, step = check_subset(subset, step)
-    shape, window = check_pair(sample, reference, window, subset, names=("sample", "reference"))
-    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
-    sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
-    dtype = check_dtypes({"sample": sample, "reference": reference}, dtype)
-    if _validate.is_dask(sample) or _validate.is_dask(reference):
-        from napari_gridmip.core.correlation import _chunked
-
-        kernel = partial(
-            run, window=window, subset=subset, step=step, method=subpixel, track=True, dtype=dtype, prefilter=sigma
-        )
-        parts = _chunked.track_speckles(
-            reference, sample, window, subset, step, subpixel, dtype, kernel, prefilter=sigma,
-            reach=2 + GRAM_ROWS + SPLINE_REACH, outputs=len(TRACK_OUTPUTS),
-        )  # fmt: skip
-    else:
-        # the kernel's displacement is the reference's (img1's) position in the sample's: the pattern moved the
-        # other way
-        flip = (TRACK_OUTPUTS.index("dy"), TRACK_OUTPUTS.index("dx"))
-        parts = run(
-            reference, sample, window, subset, step, method=subpixel, track=True, dtype=dtype, progress=progress,
-            prefilter=sigma, negate=flip,
-        )  # fmt: skip
-        return SpeckleTracking(*parts)
-    out = dict(zip(TRACK_OUTPUTS, parts))
-    return SpeckleTracking(**{**out, "dy": -out["dy"], "dx": -out["dx"]})

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import quadratic_peak
 from napari_gridmip.core.patches._stitch_shared import (
-    _TAPS,
     GN_ITERATIONS,
     MARGIN,
     MAX_REFINE_STEP,
@@ -30,23 +30,6 @@ __all__: list[str] = []
 
 
 # -- the pair kernel (JAX) ----------------------------------------------------------------
-
-
-def _keys(x: jax.Array) -> jax.Array:
-    """Keys' cubic convolution kernel (a = -0.5) at signed distances ``x``."""
-    a = -0.5
-    s = jnp.abs(x)
-    near = (a + 2) * s**3 - (a + 3) * s**2 + 1
-    far = a * s**3 - 5 * a * s**2 + 8 * a * s - 4 * a
-    return jnp.where(s <= 1, near, jnp.where(s < 2, far, 0.0))
-
-
-def _keys_derivative(x: jax.Array) -> jax.Array:
-    a = -0.5
-    s = jnp.abs(x)
-    near = 3 * (a + 2) * s**2 - 2 * (a + 3) * s
-    far = 3 * a * s**2 - 10 * a * s + 8 * a
-    return jnp.sign(x) * jnp.where(s <= 1, near, jnp.where(s < 2, far, 0.0))
 
 
 def _resample(f: jax.Array, position: jax.Array, out_shape: tuple[int, ...]) -> tuple[jax.Array, list[jax.Array]]:
@@ -64,7 +47,8 @@ def _resample(f: jax.Array, position: jax.Array, out_shape: tuple[int, ...]) -> 
     # out[v] for v in 0..d: v = 0 the value, v = k + 1 the derivative along axis k
     out = block[None]
     for axis in range(d):
-        kernels = jnp.stack([_keys_derivative(phi[axis] - _TAPS), _keys(phi[axis] - _TAPS)])  # (slope, value)
+        value, slope, _ = keys_weights(phi[axis], jnp)  # the taps -1 .. 2 around base
+        kernels = jnp.stack([slope, value])  # (2, 4)
         # which kernel each output variant takes along this axis: the slope for the derivative along it
         pick = jnp.asarray([0 if v == axis + 1 else 1 for v in range(d + 1)])
         taps = jnp.stack([lax.slice_in_dim(out, t, t + out_shape[axis], axis=axis + 1) for t in range(4)], axis=1)
@@ -118,11 +102,15 @@ def _quadratic_nd(hood: jax.Array) -> jax.Array:
 
     unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
     grad = jnp.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit])
-    if d == 2:  # this package's 2D peak fit (Newton step, 1D fallbacks)
+    if d == 2:
+        # core._peak's 2D fit (Newton step, 1D fallbacks), the solve shared. The differences are this
+        # function's, written for any d: they are subpixel_offset(hood, "hessian")'s but for the order of the
+        # Hessian's diagonal sums, (c+ + c-) - 2 c0 here, (c+ - 2 c0) + c- there (an ulp apart), which keeps
+        # this engine's peaks as they were and equal to the NumPy engine's (_stitch_numpy.quadratic_nd)
         hyy = at((1, 0)) + at((-1, 0)) - 2 * hood[c]
         hxx = at((0, 1)) + at((0, -1)) - 2 * hood[c]
         hxy = (at((1, 1)) - at((1, -1)) - at((-1, 1)) + at((-1, -1))) / 4
-        return jnp.stack(quadratic_peak(grad[0], grad[1], hyy, hxx, hxy))
+        return jnp.stack(quadratic_peak(grad[0], grad[1], hyy, hxx, hxy, xp=jnp))
     hess = []
     for a in range(d):
         row = []

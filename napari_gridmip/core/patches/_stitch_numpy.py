@@ -21,6 +21,9 @@ from collections import OrderedDict
 import numpy as np
 from scipy import fft as sfft
 
+from napari_gridmip.core._interpolation import keys_weights
+from napari_gridmip.core._peak import quadratic_peak
+
 __all__: list[str] = []
 
 WORKERS = 2  # scipy.fft threads for a batch (the FFTs of one pair are small; a batch's are not)
@@ -139,19 +142,11 @@ def quadratic_nd(hood: np.ndarray) -> np.ndarray:
     centre = hood[(slice(None), *c)]
     unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
     grad = np.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit], axis=1)  # (B, d)
-    if d == 2:  # core._peak.quadratic_peak
-        gy, gx = grad[:, 0], grad[:, 1]
+    if d == 2:  # core._peak.quadratic_peak on NumPy arrays, from the JAX engine's differences
         hyy = at((1, 0)) + at((-1, 0)) - 2 * centre
         hxx = at((0, 1)) + at((0, -1)) - 2 * centre
         hxy = (at((1, 1)) - at((1, -1)) - at((-1, 1)) + at((-1, -1))) / 4
-        det = hyy * hxx - hxy * hxy
-        safe_det = np.where(det > 0, det, 1)
-        dy = -(hxx * gy - hxy * gx) / safe_det
-        dx = -(hyy * gx - hxy * gy) / safe_det
-        ok = (det > 0) & (hyy < 0) & (np.abs(dy) <= 1) & (np.abs(dx) <= 1)
-        dy_1d = np.where(hyy < 0, np.clip(-gy / np.where(hyy < 0, hyy, -1), -0.5, 0.5), 0)
-        dx_1d = np.where(hxx < 0, np.clip(-gx / np.where(hxx < 0, hxx, -1), -0.5, 0.5), 0)
-        return np.stack([np.where(ok, dy, dy_1d), np.where(ok, dx, dx_1d)], axis=1).astype(hood.dtype)
+        return np.stack(quadratic_peak(grad[:, 0], grad[:, 1], hyy, hxx, hxy, xp=np), axis=1).astype(hood.dtype)
     hess = np.zeros((len(hood), d, d), hood.dtype)
     for a in range(d):
         for b in range(d):
@@ -175,25 +170,6 @@ def quadratic_nd(hood: np.ndarray) -> np.ndarray:
     return np.where(ok[:, None], step, one_d).astype(hood.dtype)
 
 
-def _keys(x: np.ndarray) -> np.ndarray:
-    a = -0.5
-    s = np.abs(x)
-    near = (a + 2) * s**3 - (a + 3) * s**2 + 1
-    far = a * s**3 - 5 * a * s**2 + 8 * a * s - 4 * a
-    return np.where(s <= 1, near, np.where(s < 2, far, 0.0))
-
-
-def _keys_derivative(x: np.ndarray) -> np.ndarray:
-    a = -0.5
-    s = np.abs(x)
-    near = 3 * (a + 2) * s**2 - 2 * (a + 3) * s
-    far = 3 * a * s**2 - 10 * a * s + 8 * a
-    return np.sign(x) * np.where(s <= 1, near, np.where(s < 2, far, 0.0))
-
-
-_TAPS = np.arange(-1, 3)
-
-
 def resample(f: np.ndarray, position: np.ndarray, out_shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
     """``stitch._resample`` on a batch: ``f (B, *S)``, ``position (B, d)``: the values and the gradient."""
     d = len(out_shape)
@@ -206,8 +182,8 @@ def resample(f: np.ndarray, position: np.ndarray, out_shape: tuple[int, ...]) ->
     )  # fmt: skip
     out = block[:, None]  # (B, variants, ...): variant 0 the value, k + 1 the derivative along axis k
     for axis in range(d):
-        x = phi[:, axis, None] - _TAPS  # (B, 4)
-        kernels = np.stack([_keys_derivative(x), _keys(x)], axis=1).astype(f.dtype)  # (B, 2, 4)
+        value, slope, _ = keys_weights(phi[:, axis], np)  # (B, 4) each: the same operations as the JAX engine's
+        kernels = np.stack([slope, value], axis=1).astype(f.dtype)  # (B, 2, 4)
         pick = [0 if v == axis + 1 else 1 for v in range(d + 1)]
         weights = kernels[:, pick]  # (B, d + 1, 4)
         n = out_shape[axis]

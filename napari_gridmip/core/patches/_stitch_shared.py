@@ -12,7 +12,6 @@ MARGIN = 3  # extra search beyond max_shift: the quadratic fit's neighbours, cub
 GN_ITERATIONS = 5  # Gauss-Newton steps of the refinement (converged to 1e-4 px after 3 on the tests' mosaics)
 MAX_REFINE_STEP = 1.5  # the refinement may move at most this far (px, per axis) from the integer peak
 CACHE_BYTES = 256 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most, per pass
-_TAPS = np.arange(-1, 3)  # the 4 taps of a cubic sample at q + phi: q - 1 .. q + 2
 
 
 def filter_halo(sigma: float, low_only: bool = False) -> int:

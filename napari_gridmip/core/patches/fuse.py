@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._interpolation import TAPS, keys_weights
 from napari_gridmip.core._options import FUSE_BLENDS, FUSE_INTERPOLATIONS
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.patches.grid import merge_dtypes
@@ -54,14 +55,7 @@ class Mosaic(NamedTuple):
 
 
 def _taps(interpolation: str) -> np.ndarray:
-    return {"nearest": np.array([0]), "linear": np.array([0, 1]), "cubic": np.array([-1, 0, 1, 2])}[interpolation]
-
-
-def _keys(x: jax.Array) -> jax.Array:
-    a = -0.5
-    s = jnp.abs(x)
-    near = (a + 2) * s**3 - (a + 3) * s**2 + 1
-    return jnp.where(s <= 1, near, jnp.where(s < 2, a * (s**3 - 5 * s**2 + 8 * s - 4), 0))
+    return {"nearest": np.array([0]), "linear": np.array([0, 1]), "cubic": np.array(TAPS)}[interpolation]
 
 
 def _tap_weights(phi: jax.Array, interpolation: str) -> jax.Array:
@@ -70,7 +64,7 @@ def _tap_weights(phi: jax.Array, interpolation: str) -> jax.Array:
         return jnp.ones((1,), phi.dtype)
     if interpolation == "linear":
         return jnp.stack([1 - phi, phi])
-    return _keys(phi - jnp.asarray(_taps("cubic"), phi.dtype))
+    return keys_weights(phi, jnp)[0]
 
 
 def _fuse_tiles_into(canvas, weights, tiles, base, frac, valid, *, blend, interpolation, shape):

@@ -66,7 +66,6 @@ from napari_gridmip.core import _validate
 from napari_gridmip.core._options import GRID_ORDERS, STITCH_SUBPIXEL
 from napari_gridmip.core.patches import _stitch_numpy
 from napari_gridmip.core.patches._stitch_shared import (  # noqa: F401 - re-exported for the tests
-    _TAPS,
     CACHE_BYTES,
     GN_ITERATIONS,
     MARGIN,
@@ -350,7 +349,7 @@ def _static_shape(extents: np.ndarray) -> tuple[int, ...]:
 
 # the JAX kernel lives in _stitch_jax (imported on first use: small mosaics never import JAX)
 _JAX_NAMES = frozenset({
-    "_keys", "_keys_derivative", "_resample", "_spd_solve", "_leading_minors_positive", "_quadratic_nd",
+    "_resample", "_spd_solve", "_leading_minors_positive", "_quadratic_nd",
     "_band_pass", "_pair_kernel", "_gauss_newton", "_register_batch",
 })  # fmt: skip
 

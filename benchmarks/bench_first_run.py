@@ -191,7 +191,8 @@ def _write_inputs(folder: Path) -> None:
     from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
 
     volume = (_sample_data.make_occupancy_volume() * 255).astype(np.uint8)
-    zarr.save_array(str(folder / "volume.zarr"), volume, chunks=(64, 64, 64))
+    stored = zarr.create_array(str(folder / "volume.zarr"), shape=volume.shape, dtype=volume.dtype, chunks=(64,) * 3)
+    stored[...] = volume
     patches, _ = _sample_data.make_image_tiles()
     np.save(folder / "tiles.npy", patches)
     sample, reference, _ = _sample_data.make_speckle_pair()

@@ -130,8 +130,8 @@ def _result(command: list[str], cache: str) -> dict:
 def library(only: list[str]) -> None:
     print("\n### Library: first call in a new process (empty cache), warm, and a second session\n")
     print(
-        "| workflow | import (JAX too) + backend s | first call s | tracing | lowering | compiling | running + Python | programs "
-        "| warm s | first / warm | second session s | target s | met |\n"
+        "| workflow | import (JAX too) + backend s | first call s | tracing | lowering | compiling | running + Python "
+        "| programs | warm s | first / warm | second session s | target s | met |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     for kind in WORKFLOWS:

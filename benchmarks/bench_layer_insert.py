@@ -19,7 +19,10 @@ import subprocess
 import sys
 import time
 
-KINDS = ["image", "labels", "shapes-rectangles", "shapes-rectangles-text", "shapes-lines", "vectors", "points"]
+KINDS = [
+    "image", "labels", "shapes-rectangles", "shapes-rectangles-text", "shapes-lines", "vectors", "points",
+    "points-text",
+]  # fmt: skip
 
 
 def _layer(kind: str):
@@ -47,6 +50,13 @@ def _layer(kind: str):
         return Shapes([np.array([[30, 30], [30, 80]], float)] * 4, shape_type="line", edge_color="red")
     if kind == "vectors":
         return Vectors(rng.random((100, 2, 2)) * 50)
+    if kind == "points-text":  # as the Stitch tiles widget labels its tiles: index and confidence, or "stage"
+        labels = [f"{t}: {'stage' if t % 5 == 4 else f'{0.9 + t / 200:.2f}'}" for t in range(12)]
+        return Points(
+            rng.random((12, 2)) * 200,
+            features={"label": labels},
+            text={"string": "{label}", "size": 9, "color": "white"},
+        )
     return Points(rng.random((100, 2)) * 200)
 
 
@@ -103,6 +113,7 @@ def child(kind: str, profiled: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3, help="fresh processes per kind; the best is shown")
+    parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS, help="layer kinds (default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--profiled", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -113,7 +124,7 @@ def main() -> None:
         "| layer kind | first: insert (ms) | first: paint (ms) | again: insert (ms) | again: paint (ms) "
         "| inside the first insert |\n|---|---:|---:|---:|---:|---|"
     )
-    for kind in KINDS:
+    for kind in args.kinds:
         results = []
         for number in range(args.repeat + 1):  # the last one profiled (cProfile slows it): only its line is used
             extra = ["--profiled"] if number == args.repeat else []

@@ -168,6 +168,37 @@ def _spline_gradients(c2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return value, grad_y, grad_x
 
 
+def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int) -> tuple[int, list[int]]:
+    """The bands of an IC-GN over an ``out_shape = (rows, cols)`` grid of points, per batch item.
+
+    Parameters
+    ----------
+    out_shape
+        The translation grid's ``(rows, cols)``.
+    subset
+        The subset ``(sh, sw)``.
+    frames
+        The frames ``K`` of each stack.
+
+    Returns
+    -------
+    tuple of int and list of int
+        (rows per band, band start rows): each band interpolates at most about ``BAND_VALUES`` values; the
+        last band ends flush with the grid (it may overlap the one before).
+    """
+    out_rows, out_cols = out_shape
+    per_row = out_cols * subset[0] * subset[1] * frames
+    band = int(max(1, min(out_rows, BAND_VALUES // max(per_row, 1))))
+    return band, sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
+
+
+def _wait(result: Any) -> None:
+    """Wait for a band's result (not for a traced one): progress then means something, and a stop between
+    bands stops the work."""
+    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
+        jax.block_until_ready(result)
+
+
 def affine_refine(
     x1: jax.Array,
     x2: jax.Array,
@@ -178,32 +209,39 @@ def affine_refine(
     window: tuple[int, int],
     subset: tuple[int, int],
     step: int,
+    on_band: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, ...]:
     """IC-GN from the translation ``(dy, dx)`` ``(B, rows, cols)`` for centred (and prefiltered) stacks ``x1``,
     ``x2`` ``(B, K, M, N)`` (``coefficients``: a frame stack's cubic B-spline coefficients): ``(dy, dx, zncc,
     dy_y, dy_x, dx_y, dx_x)``, each ``(B, rows, cols)``. The points are the translation grid's: img2's pixel
-    ``(i step + m + hs, j step + n + hw)``."""
+    ``(i step + m + hs, j step + n + hw)``.
+
+    Runs band by band, item by item (``B`` times the bands of :func:`affine_plan`, one compiled program for
+    all); ``on_band(done)`` is called before each band with the bands done so far, and may raise to stop
+    the refinement between bands.
+    """
     batch, k, rows, cols = x1.shape
     (wm, wn), (sh, sw) = window, subset
     out_rows, out_cols = dy.shape[1:]
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
-    per_row = out_cols * sh * sw * k
-    band = int(max(1, min(out_rows, BAND_VALUES // max(per_row, 1))))
-    starts = sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
+    band, starts = affine_plan((out_rows, out_cols), subset, k)
     results = []
     for item in range(batch):
         c1 = jnp.pad(coefficients(x1[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
         c2 = jnp.pad(coefficients(x2[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
         f_img, fy_img, fx_img = _spline_gradients(c2)
         pieces = []
-        for start in starts:
+        for done, start in enumerate(starts):
+            if on_band is not None:
+                on_band(item * len(starts) + done)
             cy, cx = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
             begin = jnp.stack([dy[item, start : start + band].ravel(), dx[item, start : start + band].ravel()], -1)
             params, zncc, _ = _band(
                 c1, f_img, fy_img, fx_img, jnp.asarray(cy.ravel(), jnp.int32), jnp.asarray(cx.ravel(), jnp.int32),
                 begin.astype(x1.dtype), subset=subset,
             )  # fmt: skip
+            _wait((params, zncc))
             pieces.append((params.reshape(band, out_cols, 6), zncc.reshape(band, out_cols)))
         keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts))]
         params = jnp.concatenate([p[0][:n] for p, n in zip(pieces, keep)], axis=0)

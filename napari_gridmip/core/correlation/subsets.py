@@ -787,7 +787,9 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     ``interpolation``: of img1 for the refinement and the fit, ``"bspline"`` or (for comparison) ``"keys"``;
     ``prefilter``: the standard deviation (px) of the Gaussian both stacks are smoothed by first (0: none);
     ``subset_shape="affine"``: then IC-GN from the translation's result (:mod:`.affine`), giving ``(dy, dx, zncc, dy_y,
-    dy_x, dx_y, dx_x)``; ``negate``: the outputs (by position) to return negated."""
+    dy_x, dx_y, dx_x)``; ``negate``: the outputs (by position) to return negated; ``progress(done, total)``: called
+    before each band (the search's, then with ``"affine"`` the IC-GN's, ``total`` counting both) and once at the
+    end, and may raise to stop the call between bands."""
     shape = _validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
@@ -815,25 +817,37 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         else:  # on the host: three eager device ops were three more programs to compile on a first call
             device_centres = jnp.asarray(np.stack([np.asarray(c, np.float64) for c in centres], axis=1).astype(dtype))
+        affine_bands = 0
+        if subset_shape == "affine":
+            from napari_gridmip.core.correlation.affine import affine_plan, affine_refine
+
+            affine_bands = unpadded[0].shape[0] * len(affine_plan(plan.out, subset, k)[1])
+        total = len(starts) + affine_bands  # the search's bands, then (affine) the IC-GN's
         pieces = []
         for done, start in enumerate(starts):
             if progress is not None:
-                progress(done, len(starts))
+                progress(done, total)
             pieces.append(
                 _band(x1, x2, bad1, bad2, device_centres, np.int32(start), coefficients, plan=plan, rows=band)
             )
             _wait(pieces[-1])
-        if progress is not None:
-            progress(len(starts), len(starts))
         keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts)))
         if subset_shape != "affine":
+            if progress is not None:
+                progress(total, total)
             return join_bands(pieces, keep=keep, batch=batch, negate=negate)
-        from napari_gridmip.core.correlation.affine import affine_refine
-
         parts = join_bands(pieces, keep=keep)
+
+        def on_band(done: int) -> None:
+            if progress is not None:
+                progress(len(starts) + done, total)
+
         parts = affine_refine(
-            *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step
-        )
+            *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step,
+            on_band=on_band,
+        )  # fmt: skip
+        if progress is not None:
+            progress(total, total)
         return tuple(part.reshape(batch + part.shape[1:]) for part in parts)
 
 

@@ -10,6 +10,7 @@ from scipy import ndimage, optimize
 
 from napari_gridmip import find_displacement, strain_field
 from napari_gridmip._sample_data.dic import make_dic_pair
+from napari_gridmip.core.correlation import affine as affine_module
 
 SIZE = 160
 ANGLE = np.deg2rad(2.0)
@@ -138,6 +139,46 @@ def test_dask_stacks_give_the_in_memory_result(stretched):
     assert type(got).__name__ == "AffineDisplacement"
     for a, b in zip(got, expected):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-8, equal_nan=True)
+
+
+def test_progress_covers_the_affine_bands_and_stops_between_them(stretched, monkeypatch):
+    """progress(done, total) counts the search's bands, then the IC-GN's (every band of every batch item), from
+    0 to (total, total) in order; a callback that raises between the IC-GN's bands stops the call with its
+    exception. Cutting the IC-GN into bands leaves each point's result as it was."""
+    img1, img2, _ = stretched
+    options = {"subset": (21, 21), "step": 8, "subpixel": "refine"}
+    pair = np.stack([img1, img1]), np.stack([img2, img2])  # two batch items
+    searched = []
+    find_displacement(*pair, (7, 7), **options, progress=lambda done, total: searched.append((done, total)))
+    search_bands = searched[-1][1]
+    assert searched == [(done, search_bands) for done in range(search_bands + 1)]
+    whole = find_displacement(img1, img2, (7, 7), **options, shape="affine")
+    per_row = whole.dy.shape[1] * 21 * 21  # one row of points' interpolated values (1 frame)
+    monkeypatch.setattr(affine_module, "BAND_VALUES", 5 * per_row)
+    bands = len(affine_module.affine_plan(whole.dy.shape, (21, 21), 1)[1])
+    assert bands > 1
+
+    calls = []
+    out = find_displacement(*pair, (7, 7), **options, shape="affine", progress=lambda d, t: calls.append((d, t)))
+    total = search_bands + 2 * bands
+    assert calls == [(done, total) for done in range(total + 1)]
+    for item in range(2):
+        for a, b in zip(out, whole):
+            np.testing.assert_allclose(np.asarray(a)[item], np.asarray(b), rtol=0, atol=1e-5, equal_nan=True)
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop(done, total):
+        seen.append(done)
+        if done == search_bands + 1:  # after the search and the first IC-GN band
+            raise Stop
+
+    with pytest.raises(Stop):
+        find_displacement(*pair, (7, 7), **options, shape="affine", progress=stop)
+    assert seen == list(range(search_bands + 2))
 
 
 def test_affine_option_errors(stretched):

@@ -4,6 +4,9 @@
 
 ``--mipmap-tools`` makes only the mipmap widget's slider, crop and render pictures (mipmap_slider_3d,
 mipmap_crop_3d, mipmap_render: napari's own 3D MIP, our render from the same camera, our depth image).
+``--flat-field`` makes only the Stitch tiles widget's mosaics of vignetted camera tiles without and with
+Flat-field correction (stitch_flat_field_before, stitch_flat_field_after, and stitch_flat_field: the two
+canvases side by side) and prints how uneven each is.
 
 For each widget: a 1400x900 window with the widget docked, its sample opened, Run
 clicked, and the window grabbed once the result is in. The occupancy mipmap is
@@ -25,6 +28,7 @@ import numpy as np
 OUT = Path(__file__).parent / "images"
 WINDOW = (1400, 900)
 MAX_BYTES = 300_000
+FLAT_PHOTONS, FLAT_DARK = 2000.0, 100.0  # the flat-field shots' camera (bench_stitch.py's camera case)
 
 
 def wait_for(app, widget, timeout_s: float = 300.0) -> None:
@@ -40,7 +44,8 @@ def wait_for(app, widget, timeout_s: float = 300.0) -> None:
         app.processEvents()
 
 
-def shoot(viewer, name: str) -> None:
+def shoot(viewer, name: str, colors: int = 256) -> None:
+    """Grab the window; a PNG over ``MAX_BYTES`` is saved again with a palette of ``colors``."""
     from napari._qt.dialogs.qt_notification import NapariQtNotification
     from PIL import Image
 
@@ -53,7 +58,7 @@ def shoot(viewer, name: str) -> None:
     picture = Image.fromarray(np.asarray(image)[..., :3])
     picture.save(path, optimize=True)
     if path.stat().st_size > MAX_BYTES:  # a palette keeps text and colours sharp at a third of the size
-        picture.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        picture.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     print(f"{path.name}: {path.stat().st_size / 1000:.0f} KB, canvas {canvas} of {window.width()} px wide")
     if path.stat().st_size > MAX_BYTES:
         sys.exit(f"{path} is over {MAX_BYTES} bytes")
@@ -177,6 +182,83 @@ def mipmap_tools(app) -> None:
     viewer.close()
 
 
+def flat_field_shots(app) -> None:
+    """The Stitch tiles widget on camera-like tiles (cos^4 vignetting off-centre, shot noise, uint16), run without
+    and with Flat-field correction: the two mosaics in grey at the same contrast limits, one window each and the
+    two canvases side by side, and how uneven each is (the mosaic over the true picture, the blank corner)."""
+    import napari
+    from PIL import Image
+    from scipy import ndimage
+
+    from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
+    from napari_gridmip._widgets.stitch_widget import MOSAIC_KEY, StitchWidget
+
+    grid, tile, overlap, photons, dark = (3, 4), (192, 192), 0.1, FLAT_PHOTONS, FLAT_DARK
+    sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, noise=0.0, blank_corner=True)
+    tiles = microscope_tiles(sample, photons=photons, dark=dark)
+    viewer = napari.Viewer(title="napari-gridmip", show=True)
+    viewer.window._qt_window.resize(*WINDOW)
+    widget = StitchWidget(viewer)
+    viewer.window.add_dock_widget(widget, name="Stitch tiles")
+    stage = {"grid_shape": grid, "overlap": overlap, "stage_positions": sample.stage_positions}
+    viewer.add_image(tiles, name="camera tiles", colormap="gray", metadata={MOSAIC_KEY: stage})
+    widget.layer.value = viewer.layers["camera tiles"]
+    widget.keep_previous.value = True  # the second run adds its mosaic beside the first
+    mosaics = []
+    for flat, label in ((False, "as recorded"), (True, "flat-field corrected")):
+        widget.flat_field.value = flat
+        widget.run_button.native.click()
+        wait_for(app, widget)
+        (mosaic,) = [layer for layer in viewer.layers if layer.name.startswith("camera tiles mosaic")]  # this run's
+        mosaic.name = f"mosaic, {label}"
+        mosaics.append(mosaic)
+    # the positions the widget found (the outlines' first corners) against the truth: one common translation
+    outlines = next(layer for layer in viewer.layers if layer.name.endswith("tile placement"))
+    found = np.array([corners[0] for corners in outlines.data])
+    shift = np.median((sample.true_positions - found)[:-1], axis=0)  # the last tile is blank (from the stage)
+    corrected = np.asarray(mosaics[1].data, np.float64)
+    limits = (dark, float(np.percentile(corrected, 99.5)))  # from the camera's offset: the background is grey
+    print(f"flat field: {photons:g} photo-electrons at the maximum, dark offset {dark:g}; limits {np.round(limits)}")
+    for mosaic in mosaics:
+        image = np.asarray(mosaic.data, np.float64)
+        coords = np.indices(image.shape, dtype=np.float64) + (np.asarray(mosaic.translate) + shift)[:, None, None]
+        expected = photons * (0.05 + ndimage.map_coordinates(sample.image, coords, order=1)) + dark
+        # the shading: the mosaic over what an evenly lit camera records, the shot noise smoothed out
+        ratio = (ndimage.gaussian_filter(image, 4) / ndimage.gaussian_filter(expected, 4))[24:-24, 24:-24]
+        corner = np.round(sample.true_positions[-1] - shift - np.asarray(mosaic.translate)).astype(int)
+        blank = image[corner[0] + 16 : corner[0] + tile[0] - 16, corner[1] + 16 : corner[1] + tile[1] - 16]
+        smooth = ndimage.gaussian_filter(blank, 6)[12:-12, 12:-12]  # the shading, the shot noise averaged out
+        print(
+            f"  {mosaic.name}: shading (mosaic / even light) CV {ratio.std() / ratio.mean():.3f}, "
+            f"blank corner CV {blank.std() / blank.mean():.3f} (smoothed {smooth.std() / smooth.mean():.3f})"
+        )
+    for mosaic, flat, name in zip(mosaics, (False, True), ("stitch_flat_field_before", "stitch_flat_field_after")):
+        for layer in viewer.layers:
+            layer.visible = layer is mosaic
+        mosaic.colormap, mosaic.contrast_limits = "gray", tuple(limits)
+        viewer.layers.selection.active = mosaic
+        widget.flat_field.value = flat  # the checkbox as it was for this mosaic's run
+        viewer.reset_view()
+        for _ in range(20):
+            app.processEvents()
+        shoot(viewer, name, colors=96)  # grey specimen noise: a smaller palette keeps it under MAX_BYTES
+    # the two canvases side by side (before | after), cropped to the mosaic, to judge them at a glance
+    pictures = []
+    for mosaic in mosaics:
+        for layer in viewer.layers:
+            layer.visible = layer is mosaic
+        viewer.reset_view()
+        pictures.append(canvas_picture(viewer, app))
+    rows, cols = np.nonzero(np.any(pictures[0] > 0, axis=2) | np.any(pictures[1] > 0, axis=2))
+    box = (slice(rows.min(), rows.max() + 1), slice(cols.min(), cols.max() + 1))
+    gap = np.full((rows.max() + 1 - rows.min(), 8, 3), 255, np.uint8)
+    pair = Image.fromarray(np.concatenate([pictures[0][box], gap, pictures[1][box]], axis=1))
+    # at 70% (the width a README shows anyway): the shot noise is what fills the bytes, the shading is broad
+    pair = pair.resize((round(pair.width * 0.7), round(pair.height * 0.7)), Image.Resampling.LANCZOS)
+    save_picture(np.asarray(pair), "stitch_flat_field")
+    viewer.close()
+
+
 def only_layers(*suffixes: str):
     """Hide every layer but those whose names end with one of ``suffixes`` (overlaid, no grid)."""
 
@@ -234,6 +316,9 @@ def main() -> None:
     if "--mipmap-tools" in sys.argv:  # only the mipmap widget's tools
         mipmap_tools(app)
         return
+    if "--flat-field" in sys.argv:  # only the Stitch tiles widget without and with flat-field correction
+        flat_field_shots(app)
+        return
     cases = [
         ("mipmap_3d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 3),
         ("mipmap_2d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 2),
@@ -283,6 +368,7 @@ def main() -> None:
         shoot(viewer, name)
         viewer.close()
     mipmap_tools(app)
+    flat_field_shots(app)
 
 
 if __name__ == "__main__":

@@ -32,3 +32,26 @@ def docked(make_napari_viewer, qtbot):
         widget.runner.cancel()
         widget.runner.drop_prefetch()
         qtbot.waitUntil(lambda w=widget: not w.runner.busy and not w.runner.prefetching, timeout=120_000)
+
+
+class _Clipboard:
+    """This test process's own clipboard: pytest-xdist's workers share one X display, and so the system
+    clipboard, where one worker's "Copy as Python" could overwrite another's between click and read."""
+
+    def __init__(self) -> None:
+        self._text = ""
+
+    def setText(self, text, *args):  # noqa: N802 - Qt's name
+        self._text = text
+
+    def text(self, *args):
+        return self._text
+
+
+@pytest.fixture(autouse=True)
+def _private_clipboard(monkeypatch):
+    from qtpy.QtWidgets import QApplication
+
+    board = _Clipboard()
+    monkeypatch.setattr(QApplication, "clipboard", staticmethod(lambda: board))
+    return board

@@ -524,17 +524,22 @@ def _pair(viewer, shape=(5, 40, 36)):
     return a, b
 
 
+def _around_jobs(widget, monkeypatch, around):
+    """Every job the widget makes from now on runs as ``around(job, progress)``."""
+    make_job = widget.make_job
+
+    def wrapped():
+        job = make_job()
+        return type(job)(job.description, lambda progress: around(job, progress))
+
+    monkeypatch.setattr(widget, "make_job", wrapped)
+
+
 def test_run_takes_over_the_job_started_when_the_inputs_settled(viewer_and_widget, qtbot, wait_idle, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
     viewer, widget = viewer_and_widget
     runs = []
-    make_job = widget.make_job
-
-    def counting_make_job():
-        job = make_job()
-        return type(job)(job.description, lambda progress: runs.append(1) or job.run(progress))
-
-    monkeypatch.setattr(widget, "make_job", counting_make_job)
+    _around_jobs(widget, monkeypatch, lambda job, progress: runs.append(1) or job.run(progress))
     a, b = _pair(viewer)
     widget.window_rows.value, widget.window_cols.value = 5, 5
     qtbot.waitUntil(lambda: widget.runner.prefetched, timeout=120_000)
@@ -570,21 +575,15 @@ def test_cancel_stops_a_taken_over_job_and_adds_nothing(viewer_and_widget, qtbot
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
     viewer, widget = viewer_and_widget
     started = []
-    make_job = widget.make_job
 
-    def slow_make_job():
-        job = make_job()
+    def slow(job, progress):
+        started.append(1)
+        for step in range(400):  # long enough to be taken over, then cancelled
+            progress(step, 400)
+            time.sleep(0.01)
+        return job.run(progress)
 
-        def run(progress):
-            started.append(1)
-            for step in range(400):  # long enough to be taken over, then cancelled
-                progress(step, 400)
-                time.sleep(0.01)
-            return job.run(progress)
-
-        return type(job)(job.description, run)
-
-    monkeypatch.setattr(widget, "make_job", slow_make_job)
+    _around_jobs(widget, monkeypatch, slow)
     _pair(viewer)
     qtbot.waitUntil(lambda: bool(started), timeout=60_000)
     layers_before = len(viewer.layers)

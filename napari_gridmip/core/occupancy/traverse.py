@@ -441,9 +441,12 @@ def traverse_occupied(
 def record_batch(flat, shapes, o, d, near, far, size, capacity):
     """Every occupied voxel of a batch of rays (padded to ``size``), pass after pass until no ray is left.
 
-    The rays left unfinished by a pass (out of room, or still going when most have stopped) go on in
-    batches of ``MIN_BATCH``: with the first batch's size, two compiled programs serve a whole call
-    (a size per power of two compiled one per pass, 0.65 s each on a first call; bench_first_run.py).
+    The rays left unfinished by a pass (out of room, or still going when most have stopped) go on, to
+    their end, in batches of a quarter of the first batch (at least ``MIN_BATCH``): the rays a pass
+    leaves active then fit one batch, and two compiled programs serve a whole call (a size per power of
+    two compiled one per pass, 0.65 s each on a first call; bench_first_run.py). Batches of
+    ``MIN_BATCH`` ran one after another, each as long as its longest ray: 1.5x slower warm
+    (bench_traverse.py).
 
     Returns ([(ray indices within the batch, voxels, t_starts, t_ends) per pass], lookups per ray).
     Call inside the ``precision_scope`` that ``flat`` was made in.
@@ -453,11 +456,13 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
     ray_o, ray_d = jax.device_put(_pad(o, size, -1)), jax.device_put(_pad(d, size, 0))
     state, t_stop = _start(flat, ray_o, ray_d, jax.device_put(_pad(near, size, 0)), jax.device_put(_pad(far, size, 0)))
     pieces, lookups = [], np.zeros(n, np.int64)
-    # (rays, their states, origins, directions, stops, padded size); a ray's next pass is queued by its last
-    pending = [(np.arange(n), state, ray_o, ray_d, t_stop, size)]
+    # (rays, their states, origins, directions, stops, rays left active when a pass stops); a ray's next pass is
+    # queued by its last
+    group_size = max(MIN_BATCH, size // 4)
+    pending = [(np.arange(n), state, ray_o, ray_d, t_stop, keep_active(size))]
     while pending:
-        rays, state, ray_o, ray_d, t_stop, size = pending.pop()
-        keep = np.asarray(keep_active(size), state.k.dtype)
+        rays, state, ray_o, ray_d, t_stop, keep = pending.pop()
+        keep = np.asarray(keep, state.k.dtype)
         state, voxels, starts, ends = jax.device_get(
             _record(flat, ray_o, ray_d, t_stop, state, limit, keep, capacity=capacity)
         )
@@ -466,11 +471,11 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
         pieces.append((np.repeat(rays, count), *[a[: len(rays)][kept] for a in (voxels, starts, ends)]))
         lookups[rays] += state.lookups[: len(rays)]
         resume = np.nonzero((state.overflow | state.active)[: len(rays)])[0]
-        for first in range(0, len(resume), MIN_BATCH)[::-1]:  # popped in order: rays' passes stay in order
-            group = resume[first : first + MIN_BATCH]
+        for first in range(0, len(resume), group_size)[::-1]:  # popped in order: rays' passes stay in order
+            group = resume[first : first + group_size]
             pending.append(
-                (rays[group], _resumed(state, group, MIN_BATCH),
-                 *compact((ray_o, ray_d, t_stop), group, MIN_BATCH, (-1, 0, 0)), MIN_BATCH)
+                (rays[group], _resumed(state, group, group_size),
+                 *compact((ray_o, ray_d, t_stop), group, group_size, (-1, 0, 0)), 0)
             )  # fmt: skip
     return pieces, lookups
 

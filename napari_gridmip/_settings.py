@@ -2,7 +2,7 @@
 
 napari 0.9 and later keep a plugin's settings in its own file beside napari's, from the ``configurations`` of
 the plugin's manifest (``napari.yaml``: one section per widget, ``mipmap``, ``patches``, ``stitch``, ``tiled``,
-``correlation``), shown in napari's Preferences and read with
+``correlation``, and ``general`` for what all widgets share), shown in napari's Preferences and read with
 ``napari.settings.get_plugin_settings("napari-gridmip").<widget>.<field>``.
 
 Before those, the choices lived in a JSON file of our own (``widget-settings.json`` in the per-user config

@@ -31,7 +31,8 @@ def test_the_manifest_declares_every_widget_section():
     from npe2 import PluginManifest
 
     configurations = PluginManifest.from_file(MANIFEST).contributions.configurations
-    assert sorted(configurations) == ["correlation", "mipmap", "patches", "stitch", "tiled"]
+    assert sorted(configurations) == ["correlation", "general", "mipmap", "patches", "stitch", "tiled"]
+    assert configurations["general"].properties["start_early"].default is True
     assert configurations["correlation"].properties["window_rows"].default == 9
 
 
@@ -40,6 +41,13 @@ def test_the_file_is_the_store_without_napari_settings():
     _settings.save("tiled", {"tile": 128, "blend": "hann"})
     assert _settings.load("tiled") == {"tile": 128, "blend": "hann"}
     assert json.loads(_settings.settings_file().read_text())["tiled"] == {"tile": 128, "blend": "hann"}
+
+
+def test_the_early_start_is_a_napari_setting(store):
+    assert _settings.load("general", store=store) == {"start_early": True}
+    _settings.save("general", {"start_early": False}, store=store)
+    assert store.general.start_early is False
+    assert "start_early: false" in store.config_path.read_text()
 
 
 def test_values_go_to_napari_settings(store):

@@ -276,8 +276,11 @@ PREFETCH_MAX_BYTES = 256 * 2**20  # inputs larger than this (or lazy) are only c
 
 
 def prefetch_enabled() -> bool:
-    """Whether widgets start their run before Run is pressed (``NAPARI_GRIDMIP_PREFETCH=0`` turns it off)."""
-    return os.environ.get("NAPARI_GRIDMIP_PREFETCH", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether widgets start their run before Run is pressed: napari's Preferences, napari-gridmip, "All
+    widgets", "Start a run before Run is pressed" (``general.start_early``), unless ``NAPARI_GRIDMIP_PREFETCH=0``."""
+    if os.environ.get("NAPARI_GRIDMIP_PREFETCH", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return bool(_settings.load("general").get("start_early", True))
 
 
 def layer_key(layer: Any) -> tuple:

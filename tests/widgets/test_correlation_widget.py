@@ -595,8 +595,14 @@ def test_cancel_stops_a_taken_over_job_and_adds_nothing(viewer_and_widget, qtbot
     assert started == [1]
 
 
-def test_nothing_starts_early_when_switched_off(viewer_and_widget, qtbot, monkeypatch):
-    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")
+@pytest.mark.parametrize("how", ["environment", "settings"])
+def test_nothing_starts_early_when_switched_off(viewer_and_widget, qtbot, monkeypatch, how):
+    from napari_gridmip import _settings
+
+    if how == "environment":
+        monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")
+    else:  # the Preferences' "Start a run before Run is pressed", unticked
+        _settings.save("general", {"start_early": False})
     viewer, widget = viewer_and_widget
     _pair(viewer)
     qtbot.wait(1000)

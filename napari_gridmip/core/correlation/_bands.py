@@ -16,6 +16,12 @@ import jax
 import jax.numpy as jnp
 
 
+def kept_rows(starts: Sequence[int], rows: int) -> tuple[int, ...]:
+    """Rows of each band of ``rows`` rows starting at ``starts`` to keep: the last band ends flush with the
+    output and may overlap the one before it, so each row is kept once (the ``keep`` of :func:`join_bands`)."""
+    return tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else rows for i in range(len(starts)))
+
+
 @partial(jax.jit, static_argnames=("keep", "batch", "negate"))
 def join_bands(
     pieces: Sequence[Sequence[jax.Array]],

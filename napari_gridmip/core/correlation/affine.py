@@ -38,6 +38,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core._interpolation import bspline_weights
+from napari_gridmip.core.correlation._bands import kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
@@ -243,7 +244,7 @@ def affine_refine(
             )  # fmt: skip
             _wait((params, zncc))
             pieces.append((params.reshape(band, out_cols, 6), zncc.reshape(band, out_cols)))
-        keep = [(starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts))]
+        keep = kept_rows(starts, band)
         params = jnp.concatenate([p[0][:n] for p, n in zip(pieces, keep)], axis=0)
         zncc = jnp.concatenate([p[1][:n] for p, n in zip(pieces, keep)], axis=0)
         results.append((params, zncc))

@@ -42,7 +42,7 @@ from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
-from napari_gridmip.core.correlation._bands import join_bands
+from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
@@ -795,8 +795,7 @@ def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) 
                 _displacement_band(z1, z1k, z2, np.int32(row0), window=window, tile=tile, band=band, method=subpixel)
             )
             _wait(pieces[-1])
-        # the last band may overlap the one before: keep each row once
-        keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts)))
+        keep = kept_rows(starts, band)
         if subpixel != "refine":
             dy, dx, peak = join_bands(pieces, keep=keep, batch=batch)
             _report(progress, total, total)

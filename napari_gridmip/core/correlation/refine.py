@@ -34,7 +34,7 @@ from jax import lax
 
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import int32_indices
-from napari_gridmip.core.correlation._bands import join_bands
+from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 
 ITERATIONS = 2  # from the Hessian estimate (~0.2 px off): median error 0.0065 px; 3 give 0.0058 at 1.6x the time
 MAX_STEP = 0.5  # px per iteration: a step past this leaves the region the estimate came from
@@ -184,6 +184,4 @@ def refine_displacement(
             on_band(done)
         pieces.append(_refine_band(img1k, z2, dy, dx, np.int32(row0), window=window, block=block))
         jax.block_until_ready(pieces[-1])
-    # the last band may overlap the one before: keep each row once
-    keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else block for i in range(len(starts)))
-    return join_bands(pieces, keep=keep)
+    return join_bands(pieces, keep=kept_rows(starts, block))

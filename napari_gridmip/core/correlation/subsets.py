@@ -68,7 +68,7 @@ from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
-from napari_gridmip.core.correlation._bands import join_bands
+from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation._subset_newton import (
     GRAM_COLS,
@@ -831,7 +831,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
                 _band(x1, x2, bad1, bad2, device_centres, np.int32(start), coefficients, plan=plan, rows=band)
             )
             _wait(pieces[-1])
-        keep = tuple((starts[i + 1] - starts[i]) if i + 1 < len(starts) else band for i in range(len(starts)))
+        keep = kept_rows(starts, band)
         if subset_shape != "affine":
             if progress is not None:
                 progress(total, total)

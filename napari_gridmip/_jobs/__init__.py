@@ -31,7 +31,6 @@ job between steps; every job reports several steps.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,13 +117,6 @@ def prepare_jax() -> str:
     _compile_cache.enable()
     device = jax.devices()[0]
     return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"
-
-
-def compile_cache_dir() -> os.PathLike:
-    """Per-user cache folder for compiled programs (``NAPARI_GRIDMIP_CACHE_DIR`` overrides it)."""
-    from napari_gridmip.core import _compile_cache
-
-    return _compile_cache.cache_dir()
 
 
 # -- shared by the jobs ---------------------------------------------------------------------

@@ -10,7 +10,6 @@ undoes napari's connections, so no callback reaches a closed widget.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from qtpy.QtCore import QEvent, QObject, QTimer
 from napari_gridmip import _settings
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._widgets._runner import BackgroundRunner, notify_error
+from napari_gridmip.core._options import switched_off
 
 if TYPE_CHECKING:
     import napari
@@ -153,7 +153,7 @@ class JobWidget(Container):
     # -- work started before Run -------------------------------------------------------
     def _schedule_prefetch(self, *_: Any) -> None:
         """Prepare the run in the background once the inputs have been still for ``PREFETCH_DELAY_MS``."""
-        if self._ready and not self.released and prefetch_enabled():
+        if self._ready and not self.released:  # whether it is switched on is asked when the timer fires
             self._prefetch_timer.start()
 
     def run_key(self) -> Any:
@@ -167,7 +167,7 @@ class JobWidget(Container):
             if field is self.keep_previous or isinstance(field, (PushButton, Label)):
                 continue
             value = getattr(field, "value", None)
-            if hasattr(value, "data") and hasattr(value, "affine"):  # a napari layer
+            if _is_layer(value):
                 values.append((field.name, layer_key(value)))
             else:
                 try:
@@ -182,8 +182,7 @@ class JobWidget(Container):
         if self.released or self.runner.busy or not prefetch_enabled():
             return
         key = self.run_key()
-        layers = [getattr(field, "value", None) for field in self]
-        layers = [layer for layer in layers if hasattr(layer, "data") and hasattr(layer, "affine")]
+        layers = [field.value for field in self if _is_layer(getattr(field, "value", None))]
         if key is None or key == self._last_run_key or not _small_in_memory(layers):
             return
         try:
@@ -278,9 +277,14 @@ PREFETCH_MAX_BYTES = 256 * 2**20  # inputs larger than this (or lazy) are only c
 def prefetch_enabled() -> bool:
     """Whether widgets start their run before Run is pressed: napari's Preferences, napari-gridmip, "All
     widgets", "Start a run before Run is pressed" (``general.start_early``), unless ``NAPARI_GRIDMIP_PREFETCH=0``."""
-    if os.environ.get("NAPARI_GRIDMIP_PREFETCH", "1").strip().lower() in ("0", "false", "no", "off"):
+    if switched_off("NAPARI_GRIDMIP_PREFETCH"):
         return False
     return bool(_settings.load("general").get("start_early", True))
+
+
+def _is_layer(value: Any) -> bool:
+    """Whether a field's value is a napari layer (duck-typed: napari's layer classes load lazily)."""
+    return hasattr(value, "data") and hasattr(value, "affine")
 
 
 def layer_key(layer: Any) -> tuple:

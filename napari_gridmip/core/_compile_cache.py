@@ -2,7 +2,8 @@
 
 A compiled program then survives the process: a second session (a script run again, napari restarted)
 loads it in milliseconds instead of compiling it for 0.1 to 3 s (``benchmarks/bench_first_run.py``,
-"second session"). This module imports nothing from the package, and JAX only when :func:`enable` runs.
+"second session"). This module imports only the JAX-free option lists from the package, and JAX only when
+:func:`enable` runs.
 
 The user's own choice always wins: when ``JAX_COMPILATION_CACHE_DIR`` is set, or
 ``jax_compilation_cache_dir`` was set in ``jax.config``, nothing is changed. Otherwise
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from napari_gridmip.core._options import switched_off
 
 #: Programs that took at least this long to compile are written to the cache (seconds).
 MIN_COMPILE_SECONDS = 0.05
@@ -32,11 +35,6 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("napari-gridmip")) / "jax"
 
 
-def enabled_by_user() -> bool:
-    """Whether the environment allows switching the cache on (``NAPARI_GRIDMIP_COMPILE_CACHE`` not 0/false/no/off)."""
-    return os.environ.get("NAPARI_GRIDMIP_COMPILE_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def enable() -> Path | None:
     """Switch JAX's persistent cache on in :func:`cache_dir` once per process, unless the user chose.
 
@@ -50,7 +48,7 @@ def enable() -> Path | None:
     user_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
     if user_dir:
         return Path(user_dir)
-    if _state["done"] or not enabled_by_user():
+    if _state["done"] or switched_off("NAPARI_GRIDMIP_COMPILE_CACHE"):
         return None
     _state["done"] = True
     folder = cache_dir()

@@ -26,6 +26,18 @@ TILED_BACKENDS = ("auto", "jax", "numpy")
 
 PAD_MODES = ("constant", "edge", "reflect", "symmetric", "wrap")
 """``apply_tiled(pad_mode=...)``: NumPy's ``np.pad`` modes for axes shorter than the tile."""
+OFF_WORDS = ("0", "false", "no", "off")
+"""What an on/off environment variable of ours (``NAPARI_GRIDMIP_COMPILE_CACHE``, ``NAPARI_GRIDMIP_PREFETCH``) may
+say to mean off, in any case; anything else, or unset, is on."""
+
+
+def switched_off(variable: str) -> bool:
+    """Whether the environment variable ``variable`` is set to one of :data:`OFF_WORDS`."""
+    import os
+
+    return os.environ.get(variable, "").strip().lower() in OFF_WORDS
+
+
 GRID_ORDERS = ("row-major", "column-major", "snake")
 """``grid_positions(order=...)``: the order in which a stage visits the grid, the default first."""
 

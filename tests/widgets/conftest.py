@@ -13,15 +13,16 @@ def wait_idle(qtbot):
 
 @pytest.fixture
 def docked(make_napari_viewer, qtbot):
-    """``docked(WidgetClass)`` -> ``(viewer, widget)``: a real viewer with the widget docked in it.
+    """``docked(WidgetClass, show=False)`` -> ``(viewer, widget)``: a real viewer (shown with ``show``) with
+    the widget docked in it.
 
-    A job still running when the test ends (a failed test) is cancelled and
-    waited for, so that no worker outlives its viewer.
+    At the end the widget is released as closing its dock does (its job and any job started early
+    cancelled, a live view stopped) and its workers are waited for, so that none outlives its viewer.
     """
     widgets = []
 
-    def make(widget_class):
-        viewer = make_napari_viewer()
+    def make(widget_class, *, show=False):
+        viewer = make_napari_viewer(show=show)
         widget = widget_class(viewer)
         viewer.window.add_dock_widget(widget)
         widgets.append(widget)
@@ -29,8 +30,7 @@ def docked(make_napari_viewer, qtbot):
 
     yield make
     for widget in widgets:
-        widget.runner.cancel()
-        widget.runner.drop_prefetch()
+        widget.release()
         qtbot.waitUntil(lambda w=widget: not w.runner.busy and not w.runner.prefetching, timeout=120_000)
 
 

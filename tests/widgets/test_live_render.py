@@ -76,22 +76,10 @@ def _connected(emitter, live):
 
 
 @pytest.fixture
-def shown(make_napari_viewer, qtbot):
+def shown(docked):
     """``shown()`` -> ``(viewer, widget)``: a shown viewer (a hidden one's vispy view keeps a stale size) with the
-    Occupancy mipmap widget docked; its live view is stopped at the end."""
-    made = []
-
-    def make():
-        viewer = make_napari_viewer(show=True)
-        widget = MipmapWidget(viewer)
-        viewer.window.add_dock_widget(widget)
-        made.append(widget)
-        return viewer, widget
-
-    yield make
-    for widget in made:
-        widget.release()
-        qtbot.waitUntil(lambda w=widget: not w.runner.busy, timeout=60_000)
+    Occupancy mipmap widget docked; its live view is stopped at the end (``docked`` releases the widget)."""
+    return lambda: docked(MipmapWidget, show=True)
 
 
 @pytest.fixture

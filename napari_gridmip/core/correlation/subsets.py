@@ -844,11 +844,11 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 
         parts = affine_refine(
             *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step,
-            on_band=on_band,
+            batch=batch, on_band=on_band,
         )  # fmt: skip
         if progress is not None:
             progress(total, total)
-        return tuple(part.reshape(batch + part.shape[1:]) for part in parts)
+        return parts
 
 
 def _wait(result: Any) -> None:

@@ -25,6 +25,7 @@ BUDGET = {
     "find_displacement": 3,
     "find_displacement refine": 6,
     "find_displacement subset refine": 6,
+    "find_displacement subset affine": 4,  # the search's join, each item's images, the IC-GN band, the join
     "track_speckles": 4,
     "local_correlation_image": 3,
     "traverse_occupied": 3,
@@ -58,6 +59,8 @@ COUNT = textwrap.dedent(
         "find_displacement refine": lambda: gm.find_displacement(a, b, (7, 7), subpixel="refine"),
         "find_displacement subset refine": lambda: gm.find_displacement(
             pair[0], pair[1], (9, 9), subset=(15, 15), step=4, subpixel="refine"),
+        "find_displacement subset affine": lambda: gm.find_displacement(
+            pair[0], pair[1], (9, 9), subset=(15, 15), step=4, subpixel="refine", shape="affine"),
         "track_speckles": lambda: gm.track_speckles(a, b, (7, 7), subset=(3, 3)),
         "local_correlation_image": lambda: gm.local_correlation_image(a),
         "traverse_occupied": lambda: gm.traverse_occupied(gm.occupancy_mipmap(vol), origins, directions),

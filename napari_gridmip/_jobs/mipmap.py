@@ -98,12 +98,6 @@ def mipmap_plan(name: str, index: str, threshold: float, *, volume: str = "volum
     return Plan(sources, calls, outputs)
 
 
-def mipmap_call(name: str, index: str, threshold: float, *, volume: str = "volume") -> tuple[list[Source], list[Call]]:
-    """:func:`mipmap_plan`'s sources and calls."""
-    plan = mipmap_plan(name, index, threshold, volume=volume)
-    return list(plan.sources), list(plan.calls)
-
-
 # -- the pyramid a run leaves behind: any threshold's occupancy with NumPy alone ------------------------------------
 
 
@@ -463,6 +457,29 @@ def _array_code(array: np.ndarray) -> str:
     return f"np.array({np.asarray(array, float).tolist()!r})"
 
 
+def render_plan(pyramid: Pyramid, threshold: float, rays: ViewRays, *, mode: str) -> Plan:
+    """What the render computes, as public calls: the occupancy pyramid at ``threshold``, then ``render_volume``
+    along ``rays``; output ``"render <mode>"`` (``view``).
+
+    A volume in memory renders with its whole pyramid. A dask/Zarr one passes the pyramid from level 1 on
+    (``occupancy_mipmap(volume, threshold=t)[1:]``) with the threshold: ``render_volume`` then looks at every voxel
+    of an occupied level-1 cell and keeps those above the threshold, which gives the same picture with no chunk
+    read to make level 0. (A lazy volume of one voxel, which has no level 1, is read into memory.)
+    """
+    sources = [Source("volume", layer=pyramid.name, index=pyramid.index), *rays.sources]
+    data, index, options = "volume", "", {"mode": mode}
+    if pyramid.lazy and len(pyramid.max_levels) > 1:
+        index, options = "[1:]", {**options, "threshold": float(threshold)}
+    elif pyramid.lazy:
+        data = "volume_in_memory"
+        sources.append(Source(data, expression="np.asarray(volume)"))
+    calls = [
+        Call("occupancy_mipmap", (data,), kwargs={"threshold": float(threshold)}, result="levels", index=index),
+        Call("render_volume", (data, "levels", "origins", "directions"), kwargs=options, result="view"),
+    ]
+    return Plan(sources, calls, {f"render {mode}": "view"})
+
+
 def make_render_job(
     pyramid: Pyramid,
     threshold: float,
@@ -472,67 +489,44 @@ def make_render_job(
     display: dict[str, Any],
     max_side: int = MAX_RENDER_SIDE,
 ) -> Job:
-    """Ray-march the input from the camera, skipping empty space with the pyramid at ``threshold``.
+    """Ray-march the input from the camera, skipping empty space with the pyramid at ``threshold``: the
+    evaluation of :func:`render_plan` (the kept pyramid's levels stand in for its ``occupancy_mipmap``, which they
+    equal), so the layer's provenance and Copy as Python are what ran.
 
-    ``mode`` is a key or value of :data:`RENDER_MODES`. A volume in memory renders with its exact occupancy
-    pyramid; a dask/Zarr one with level 0 taken from level 1 (every voxel of an occupied 2x2x2 cell: no chunk is
-    read to make it), which gives the same picture: a MIP keeps only maxima above the threshold, a depth takes the
-    first voxel above it. ``render_volume`` reads only the chunks holding such voxels that the rays cross.
+    ``mode`` is a key or value of :data:`RENDER_MODES`. ``render_volume`` reads only the chunks of a dask/Zarr
+    volume that hold voxels above the threshold that the rays cross.
     """
     _single_volume(pyramid, "Render full-resolution view")
     mode = RENDER_MODES.get(mode, mode)
     if mode not in RENDER_MODES.values():
         raise ValueError(f"mode must be one of {sorted(RENDER_MODES)}; got {mode!r}")
     rays = view_rays(camera, pyramid.frame, pyramid.volume.shape, max_side=max_side)
+    plan = render_plan(pyramid, threshold, rays, mode=mode)
+
+    def kept_levels(call: Call, namespace: dict, runtime: dict) -> list:
+        """The planned ``occupancy_mipmap`` (its recorded threshold and index) from the pyramid Run kept."""
+        levels = pyramid.levels(call.kwargs["threshold"])
+        return levels[1:] if call.index == "[1:]" else levels
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core import render_volume
-        from napari_gridmip.core.occupancy.pyramid import threshold_block
-
         progress(0, 1)
         start = time.perf_counter()
-        levels = pyramid.levels(threshold)
-        if pyramid.lazy:
-            levels[0] = _from_level_1(levels[1], levels[0].shape) if len(levels) > 1 else levels[0].compute()
-        hit = None if mode == "mip" or not pyramid.lazy else threshold
-        image = render_volume(
-            pyramid.volume, levels, rays.origins, rays.directions, mode=mode, threshold=hit, progress=progress
-        )
-        if mode == "mip" and pyramid.lazy:  # maxima at or below the threshold came from the coarse level 0 only
-            fill = render_fill(image.dtype)
-            image[~threshold_block(image, threshold)] = fill
+        read_in = plan.calls[0].data != ("volume",)  # a one-voxel lazy volume, read into memory: nothing kept to use
+        evaluators = {} if read_in else {"levels": kept_levels}
+        image = plan.run(
+            {"volume": pyramid.volume},
+            evaluators=evaluators,
+            extras=lambda i, call: {"progress": progress} if call.accepts("progress") else {},
+        )[f"render {mode}"]
         seconds = time.perf_counter() - start
         name, meta = _render_meta(pyramid.name, mode, image, display)
         meta.update(scale=(rays.pixel_size, rays.pixel_size), translate=rays.translate)
-        volume_source, calls = mipmap_call(pyramid.name, pyramid.index, threshold)
-        sources = volume_source
-        if pyramid.lazy:  # the script makes the levels in memory, as render_volume needs them
-            sources = [*volume_source, Source("volume_in_memory", expression="np.asarray(volume)")]
-            calls = [Call("occupancy_mipmap", ("volume_in_memory",), kwargs={"threshold": float(threshold)},
-                          result="levels")]  # fmt: skip
-        calls.append(Call("render_volume", ("volume", "levels", "origins", "directions"), kwargs={"mode": mode},
-                          result="view"))  # fmt: skip
-        plan = Plan([*sources, *rays.sources], calls, {f"render {mode}": "view"})
         outputs = [Output(image, {"name": name, **meta}, "image", f"render {mode}")]
         layers = layer_tuples(outputs, widget=WIDGET, plan=plan)
         summary = f"{name}: {rays.shape[1]} x {rays.shape[0]} px in {seconds:.2f} s"
         return JobResult(layers, summary, {"seconds": seconds, "shape": rays.shape})
 
     return Job(f"Render {pyramid.name!r} from the camera", run)
-
-
-def render_fill(dtype: np.dtype) -> Any:
-    """render_volume's MIP value of a ray that meets nothing: NaN, the integer minimum, or False."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return np.nan
-    return False if dtype == np.bool_ else np.iinfo(dtype).min
-
-
-def _from_level_1(level1: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Level 0 as every voxel of an occupied level-1 cell (a superset of the occupied voxels, the same level 1)."""
-    up = level1.repeat(2, axis=0).repeat(2, axis=1).repeat(2, axis=2)
-    return np.ascontiguousarray(up[: shape[0], : shape[1], : shape[2]])
 
 
 def _render_meta(name: str, mode: str, image: np.ndarray, display: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -136,13 +136,7 @@ def make_speckle_pair(
     reference = np.abs(field) ** 2
     reference /= reference.mean()
     dy, dx = speckle_field(shape)
-    # sample(q) = reference(p) where q = p + d(p): solve p = q - d(p) by fixed-point iteration
-    qy, qx = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
-    py, px = qy.copy(), qx.copy()
-    for _ in range(8):
-        at = np.stack([py, px])
-        py = qy - ndimage.map_coordinates(dy, at, order=3, mode="nearest")
-        px = qx - ndimage.map_coordinates(dx, at, order=3, mode="nearest")
+    _, _, py, px = _reference_positions(shape)
     coords = np.stack([py, px])
     sample = np.stack([ndimage.map_coordinates(f, coords, order=5, mode="reflect") for f in reference])
     return sample.astype(np.float32), reference.astype(np.float32), (dy, dx)
@@ -170,9 +164,9 @@ def speckle_sample() -> list[tuple]:
     ]
 
 
-def _sample_grid_field(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The speckle sample's displacement on the *sample's* grid: the speckle seen at sample pixel ``q`` came
-    from reference position ``q - d``, found by the same fixed-point inversion as :func:`make_speckle_pair`."""
+def _reference_positions(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(qy, qx, py, px)``: each sample pixel ``q`` and the reference position ``p`` its speckle came from, with
+    ``q = p + d(p)`` for :func:`speckle_field`'s ``d``, solved as ``p = q - d(p)`` by fixed-point iteration."""
     from scipy import ndimage
 
     rows, cols = shape
@@ -183,6 +177,13 @@ def _sample_grid_field(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         at = np.stack([py, px])
         py = qy - ndimage.map_coordinates(dy, at, order=3, mode="nearest")
         px = qx - ndimage.map_coordinates(dx, at, order=3, mode="nearest")
+    return qy, qx, py, px
+
+
+def _sample_grid_field(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The speckle sample's displacement on the *sample's* grid: the speckle seen at sample pixel ``q`` came
+    from reference position ``q - d``, found by the same fixed-point inversion as :func:`make_speckle_pair`."""
+    qy, qx, py, px = _reference_positions(shape)
     return qy - py, qx - px
 
 

@@ -346,3 +346,34 @@ def test_the_tracking_outputs_are_one_list():
 
     assert TRACK_OUTPUTS == tuple(f.name for f in dataclasses.fields(SpeckleTracking))
     assert {part for name in TRACKING_OUTPUTS for part in PARTS[name]} <= set(TRACK_OUTPUTS)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_render(lazy, monkeypatch):
+    """No subcommand renders; the Render button's job is its plan evaluated (a lazy volume: the pyramid from level
+    1 and the threshold, no chunk read to make level 0), and the recorded script gives the same pictures."""
+    import dask.array as da
+
+    from napari_gridmip import occupancy_mipmap, render_volume
+    from napari_gridmip._jobs.mipmap import Camera, MipmapRequest, make_mipmap_job, make_render_job, view_rays
+
+    rng = np.random.default_rng(3)
+    volume = np.where(rng.random((18, 21, 16)) > 0.93, rng.random((18, 21, 16)) * 3, 0).astype(np.float32)
+    data = da.from_array(volume, chunks=6) if lazy else volume
+    frame = plain_frame(3, scale=(2.0, 1.0, 1.0))
+    pyramid = make_mipmap_job(MipmapRequest("v", data, frame, threshold=0.7)).run(Steps()).details["pyramid"]
+    camera = Camera((18.0, 10.5, 8.0), (1.0, 0.3, -0.2), (0.0, -1.0, 0.0), True, 1.4, (36, 30))
+    rays = view_rays(camera, frame, volume.shape)
+    for mode in ("mip", "first_hit"):
+        result = make_render_job(pyramid, 0.7, camera, mode=mode, display={}).run(Steps())
+        image = by_role(result)[f"render {mode}"]
+        exact = render_volume(volume, occupancy_mipmap(volume, threshold=0.7), rays.origins, rays.directions,
+                              mode=mode)  # fmt: skip
+        np.testing.assert_array_equal(image, exact)
+        assert np.isfinite(image).sum() > 20
+        record = result.layers[0][1]["metadata"][KEY]
+        assert [c["function"] for c in record["calls"]] == ["napari_gridmip.occupancy_mipmap",
+                                                             "napari_gridmip.render_volume"]  # fmt: skip
+        assert (record["calls"][0].get("index") == "[1:]") == lazy
+        replayed = replay_layers(result, {"v": data}, monkeypatch)[f"render {mode}"]
+        np.testing.assert_array_equal(np.asarray(replayed), image)

@@ -1,6 +1,6 @@
 """Joining a driver's row bands into its outputs in one compiled program. A leaf: it imports no sibling.
 
-The drivers of :mod:`.maps` and :mod:`.subsets` run their kernel band by band (a bounded program and
+The drivers of :mod:`.maps`, :mod:`.subsets` and :mod:`.affine` run their kernel band by band (a bounded program and
 working set, progress between bands) and then keep each band's rows once, join them, restore the batch
 axes and, for :func:`~napari_gridmip.track_speckles`, flip the displacement's sign. Done eagerly, each of
 those steps was its own tiny program, compiled on a first call for 10 to 100 ms apiece (0.3 s of the
@@ -35,7 +35,9 @@ def join_bands(
     Parameters
     ----------
     pieces
-        One tuple of outputs per band, each ``(B, rows, ...)``; the bands in order.
+        One tuple of outputs per band, each ``(B, rows, ...)``; the bands in order. A driver that runs its
+        batch items one by one (:mod:`.affine`) gives each item's bands in turn: the items are then joined
+        along axis 0 as well (``len(pieces)`` a multiple of ``len(keep)``).
     keep
         Rows of each band to keep (the last band may overlap the one before it).
     batch
@@ -46,11 +48,16 @@ def join_bands(
     Returns
     -------
     tuple of jax.Array
-        One per output: ``(*batch, sum(keep), ...)`` (or ``(B, sum(keep), ...)``).
+        One per output: ``(*batch, sum(keep), ...)`` (or ``(B, sum(keep), ...)``, ``B`` summed over the items).
     """
+    bands = len(keep)
+    if len(pieces) % bands:
+        raise ValueError(f"{len(pieces)} pieces are not whole items of {bands} bands")
+    items = [pieces[i : i + bands] for i in range(0, len(pieces), bands)]
     out = []
     for part in range(len(pieces[0])):
-        joined = jnp.concatenate([piece[part][:, :n] for piece, n in zip(pieces, keep)], axis=1)
+        rows = [jnp.concatenate([piece[part][:, :n] for piece, n in zip(item, keep)], axis=1) for item in items]
+        joined = rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=0)
         if part in negate:
             joined = -joined
         out.append(joined if batch is None else joined.reshape(batch + joined.shape[1:]))

@@ -6,7 +6,8 @@ The sweep (:mod:`.subsets`) hands each output pixel the sums over its 5 x 5 tap 
 img2's vector, img1's box sums and the Gram matrix of img1's tap vectors, :class:`TapSums`); everything here is
 a function of those sums and the position, with no subset loop. The weights are
 :mod:`napari_gridmip.core._interpolation`'s (Keys' cubic convolution on img1, or the cubic B-spline on its
-coefficients). A leaf below :mod:`.subsets`: it imports nothing of the correlation package.
+coefficients). A leaf below :mod:`.subsets`: of the correlation package it imports only :mod:`._normalised` (the
+quotient rule of ``r = N / sqrt(S)``, shared with :mod:`.refine`).
 
 References
 ----------
@@ -28,6 +29,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core._interpolation import bspline_weights, keys_weights
+from napari_gridmip.core.correlation._normalised import normalised_derivatives
 
 MAX_STEP = 0.5  # px per Newton step
 UPHILL_STEP = 0.1  # px: the step along an axis where the correlation is not concave (towards its gradient)
@@ -127,16 +129,8 @@ def interpolated(taps: TapSums, py, px, a0, b0, *, sums: bool, kind: str) -> Int
     s_yy = 2 * (dot(w_yy, g) + dot(w_y, g_y))
     s_xx = 2 * (dot(w_xx, g) + dot(w_x, g_x))
     s_xy = 2 * (dot(w_xy, g) + dot(w_x, g_y))
-    ok = s > 0
-    s = jnp.where(ok, s, 1)
-    a1, a3, a5 = s**-0.5, s**-1.5, s**-2.5
-    r = jnp.where(ok, n * a1, 0) * inv2
-    gy = (n_y * a1 - 0.5 * n * a3 * s_y) * inv2
-    gx = (n_x * a1 - 0.5 * n * a3 * s_x) * inv2
-    hyy = (n_yy * a1 - n_y * a3 * s_y + 0.75 * n * a5 * s_y * s_y - 0.5 * n * a3 * s_yy) * inv2
-    hxx = (n_xx * a1 - n_x * a3 * s_x + 0.75 * n * a5 * s_x * s_x - 0.5 * n * a3 * s_xx) * inv2
-    hxy = n_xy * a1 - 0.5 * n_y * a3 * s_x - 0.5 * n_x * a3 * s_y + 0.75 * n * a5 * s_x * s_y - 0.5 * n * a3 * s_xy
-    hxy = hxy * inv2
+    ratio = normalised_derivatives((n, n_y, n_x, n_yy, n_xx, n_xy), (s, s_y, s_x, s_yy, s_xx, s_xy))
+    r, (gy, gx), (hyy, hxx, hxy) = (ratio.r * inv2, tuple(a * inv2 for a in ratio.g), tuple(a * inv2 for a in ratio.h))
     if not sums:
         fit = (jnp.zeros_like(r),) * 3
     return Interpolated(r, (gy, gx), (hyy, hxx, hxy), fit)

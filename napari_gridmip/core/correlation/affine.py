@@ -38,7 +38,8 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core._interpolation import bspline_weights
-from napari_gridmip.core.correlation._bands import kept_rows
+from napari_gridmip.core._peak import int32_indices
+from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
@@ -85,14 +86,18 @@ def _compose(p: jax.Array, dp: jax.Array) -> jax.Array:
                       out[..., 1, 1] - 1], -1)  # fmt: skip
 
 
-@partial(jax.jit, static_argnames=("subset",))
-def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, start, *, subset):
-    """IC-GN for a band of points: ``(params (P, 6), zncc (P,), iterations)``.
+@partial(jax.jit, static_argnames=("subset", "band"))
+def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, dy, dx, item, row0, *, subset, band):
+    """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of batch item ``item``:
+    ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
     ``c1``: img1's spline coefficients ``(K, M + 4, N + 4)``; ``f_img``, ``fy_img``, ``fx_img``: img2 and its
-    spline gradient ``(K, M, N)``; ``centres_*``: the points' img2 positions ``(P,)`` (integers);
-    ``start``: the translation ``(P, 2)`` = ``(dy, dx)``.
+    spline gradient ``(K, M, N)``; ``centres_*``: the points' img2 positions ``(P,)`` (integers, ``P = band
+    cols``); ``dy``, ``dx``: the translation ``(B, out rows, cols)``, where each point starts.
     """
+    out_cols = dy.shape[2]
+    begin = [lax.dynamic_slice(d, int32_indices(item, row0, 0), (1, band, out_cols)).reshape(-1) for d in (dy, dx)]
+    start = jnp.stack(begin, -1).astype(c1.dtype)  # (P, 2)
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
     eta, zeta = jnp.meshgrid(
@@ -149,14 +154,24 @@ def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, start, *, subset):
     zeros = jnp.zeros_like(start[:, :1])
     p0 = jnp.concatenate([start[:, :1], zeros, zeros, start[:, 1:], zeros, zeros], axis=1)
     p0 = jnp.where(ok[:, None], p0, 0)
-    p, _, count = lax.while_loop(going, body, (p0, ok, jnp.int32(0)))
+    p, _, _ = lax.while_loop(going, body, (p0, ok, jnp.int32(0)))
     g, norm_g = evaluate(p)
     zncc = jnp.einsum("kps,kps->p", f, g) / (norm_f * jnp.where(norm_g > 0, norm_g, jnp.inf))
     nan = jnp.array(jnp.nan, c1.dtype)
-    return jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan), count
+    p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
+    v, vy, vx, u, uy, ux = (p[:, i].reshape(1, band, out_cols) for i in range(6))
+    return v, u, zncc.reshape(1, band, out_cols), vy, vx, uy, ux
 
 
-@jax.jit
+@partial(jax.jit, static_argnames=("coefficients",))
+def _item_images(x1, x2, item, *, coefficients):
+    """Batch item ``item``'s images for :func:`_band`: img1's spline coefficients edge-padded by 2, img2's values
+    and its spline's gradient (one program: the eager indexing and pads compiled one each on a first call)."""
+    one = [lax.dynamic_index_in_dim(x, item, keepdims=False) for x in (x1, x2)]
+    c1, c2 = (jnp.pad(coefficients(x), ((0, 0), (2, 2), (2, 2)), mode="edge") for x in one)
+    return (c1, *_spline_gradients(c2))
+
+
 def _spline_gradients(c2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """img2's values and its spline's gradient at the knots, from its coefficients ``(K, M + 4, N + 4)``
     (edge-padded by 2): ``B(0) = 4/6, B(+-1) = 1/6``, ``B'(+-1) = -+1/2``."""
@@ -210,48 +225,35 @@ def affine_refine(
     window: tuple[int, int],
     subset: tuple[int, int],
     step: int,
+    batch: tuple[int, ...] | None = None,
     on_band: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, ...]:
     """IC-GN from the translation ``(dy, dx)`` ``(B, rows, cols)`` for centred (and prefiltered) stacks ``x1``,
-    ``x2`` ``(B, K, M, N)`` (``coefficients``: a frame stack's cubic B-spline coefficients): ``(dy, dx, zncc,
-    dy_y, dy_x, dx_y, dx_x)``, each ``(B, rows, cols)``. The points are the translation grid's: img2's pixel
-    ``(i step + m + hs, j step + n + hw)``.
+    ``x2`` ``(B, K, M, N)`` (``coefficients``: a frame stack's cubic B-spline coefficients, a jitted function):
+    ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(*batch, rows, cols)`` (``batch`` None: ``(B, rows,
+    cols)``). The points are the translation grid's: img2's pixel ``(i step + m + hs, j step + n + hw)``.
 
     Runs band by band, item by item (``B`` times the bands of :func:`affine_plan`, one compiled program for
-    all); ``on_band(done)`` is called before each band with the bands done so far, and may raise to stop
-    the refinement between bands.
+    all, and one to join them: :func:`.join_bands`); ``on_band(done)`` is called before each band with the bands
+    done so far, and may raise to stop the refinement between bands.
     """
-    batch, k, rows, cols = x1.shape
+    items, k = x1.shape[:2]
     (wm, wn), (sh, sw) = window, subset
     out_rows, out_cols = dy.shape[1:]
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
-    results = []
-    for item in range(batch):
-        c1 = jnp.pad(coefficients(x1[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
-        c2 = jnp.pad(coefficients(x2[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
-        f_img, fy_img, fx_img = _spline_gradients(c2)
-        pieces = []
+    pieces = []
+    for item in range(items):
+        images = _item_images(x1, x2, np.int32(item), coefficients=coefficients)
         for done, start in enumerate(starts):
             if on_band is not None:
                 on_band(item * len(starts) + done)
-            cy, cx = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
-            begin = jnp.stack([dy[item, start : start + band].ravel(), dx[item, start : start + band].ravel()], -1)
-            params, zncc, _ = _band(
-                c1, f_img, fy_img, fx_img, jnp.asarray(cy.ravel(), jnp.int32), jnp.asarray(cx.ravel(), jnp.int32),
-                begin.astype(x1.dtype), subset=subset,
-            )  # fmt: skip
-            _wait((params, zncc))
-            pieces.append((params.reshape(band, out_cols, 6), zncc.reshape(band, out_cols)))
-        keep = kept_rows(starts, band)
-        params = jnp.concatenate([p[0][:n] for p, n in zip(pieces, keep)], axis=0)
-        zncc = jnp.concatenate([p[1][:n] for p, n in zip(pieces, keep)], axis=0)
-        results.append((params, zncc))
-    params = jnp.stack([r[0] for r in results])
-    zncc = jnp.stack([r[1] for r in results])
-    v, vy, vx, u, uy, ux = (params[..., i] for i in range(6))
-    return v, u, zncc, vy, vx, uy, ux
+            centres = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
+            cy, cx = (c.ravel().astype(np.int32) for c in centres)  # NumPy into the program: jnp.asarray compiled one
+            pieces.append(_band(*images, cy, cx, dy, dx, np.int32(item), np.int32(start), subset=subset, band=band))
+            _wait(pieces[-1])
+    return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 
 
 def check_shape(shape: Any) -> str:

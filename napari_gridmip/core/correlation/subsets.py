@@ -34,9 +34,11 @@ error of up to 0.02 px on DIC speckle against 0.002 px for the spline: ``benchma
 Where the pieces are: this module holds the plan, the sweep, each band's program and the drivers
 (:func:`run`, and :func:`~napari_gridmip.windowed_pearson` and :func:`~napari_gridmip.find_displacement`
 with a subset or a step); :mod:`._subset_newton` the sub-pixel step (the interpolated correlation from a
-pixel's tap sums, the Newton step, the uncertainty); :mod:`napari_gridmip.core._interpolation` the Keys and
-B-spline weights; :mod:`._checks` the checks of the pair and of the subset and step options; and
-:mod:`.tracking` the public :func:`~napari_gridmip.track_speckles` and its result type.
+pixel's tap sums, the Newton step, the uncertainty), with :mod:`._normalised` the quotient rule of
+``r = N / sqrt(S)`` it shares with :mod:`.refine`; :mod:`napari_gridmip.core._interpolation` the Keys and
+B-spline weights; :mod:`._bands` the join of the bands (here, and for :mod:`.affine`'s IC-GN); :mod:`._checks`
+the checks of the pair and of the subset and step options; and :mod:`.tracking` the public
+:func:`~napari_gridmip.track_speckles` and its result type.
 
 References
 ----------
@@ -844,11 +846,11 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 
         parts = affine_refine(
             *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step,
-            on_band=on_band,
+            batch=batch, on_band=on_band,
         )  # fmt: skip
         if progress is not None:
             progress(total, total)
-        return tuple(part.reshape(batch + part.shape[1:]) for part in parts)
+        return parts
 
 
 def _wait(result: Any) -> None:

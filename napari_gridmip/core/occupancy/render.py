@@ -22,6 +22,7 @@ from napari_gridmip.core import _validate
 from napari_gridmip.core._precision import compute_dtype, precision_scope
 from napari_gridmip.core._transfer import to_device
 from napari_gridmip.core.occupancy import _flat, traverse
+from napari_gridmip.core.occupancy._shapes import mipmap_shapes
 from napari_gridmip.core.occupancy.pyramid import (
     _compare,
     _constant_occupancy,
@@ -334,6 +335,13 @@ def render_volume(
         volume's shape), NumPy or JAX, as from
         :func:`~napari_gridmip.occupancy_mipmap` or
         :func:`~napari_gridmip.threshold_mipmap`: where the rays look.
+        Or the pyramid from level 1 on (``levels[1:]``; NumPy, JAX or dask,
+        computed here: they are an eighth of the volume and less), for a
+        dask or Zarr volume whose level 0 would read every chunk: every
+        voxel of an occupied level-1 cell is then looked at, and
+        ``threshold`` (required then, in either mode) decides from the
+        values read which of them count. The picture is the same as with
+        the whole pyramid at that threshold.
     origins, directions
         Rays, ``(..., 3)`` each, in voxel index coordinates ``(z, y, x)``, as
         from :func:`orthographic_rays` or :func:`~napari_gridmip.traverse_occupied`.
@@ -346,11 +354,13 @@ def render_volume(
         ``"first_hit"``: the ``t`` at which each ray enters its first voxel
         above ``threshold`` (a depth image).
     threshold
-        ``"first_hit"`` only: a voxel is hit when its value is ``> threshold``
+        ``"first_hit"``: a voxel is hit when its value is ``> threshold``
         (compared exactly, as :func:`~napari_gridmip.occupancy_mipmap` does);
         it must be at least the threshold the levels were made with, since
         only occupied voxels are looked at. ``None`` (default): the first
-        occupied voxel, with no read of the volume at all.
+        occupied voxel, with no read of the volume at all. ``"mip"``: only
+        with levels from level 1, where a ray's maximum counts when it is
+        ``> threshold`` (else ``fill``).
     t_near, t_far
         Where rays start and stop (numbers or one per ray); default the whole
         line, as orthographic rays need.
@@ -380,12 +390,14 @@ def render_volume(
     Raises
     ------
     ValueError
-        If ``volume`` is not a 3D real array, ``levels`` not its whole bool
-        pyramid (level 0 of another shape), ``mode`` unknown, ``threshold``
-        given for ``"mip"`` or not finite; for bad rays as
-        :func:`~napari_gridmip.traverse_occupied` does.
+        If ``volume`` is not a 3D real array, ``levels`` not its bool
+        pyramid (level 0 of neither the volume's shape nor level 1's),
+        ``mode`` unknown, ``threshold`` given for ``"mip"`` with the whole
+        pyramid, missing with levels from level 1, or not finite; for bad
+        rays as :func:`~napari_gridmip.traverse_occupied` does.
     TypeError
-        If ``progress`` is not callable.
+        If ``progress`` is not callable, or a level of the whole pyramid is
+        a dask array (compute them first).
 
     Examples
     --------
@@ -398,23 +410,45 @@ def render_volume(
     5.0
     >>> float(render_volume(volume, levels, *rays, mode="first_hit")[8, 8])  # z = 4: 4 voxels before the plane
     -4.0
+    >>> import dask.array as da  # level 0 of a lazy volume left out: no chunk read to make it
+    >>> lazy = da.from_array(volume, chunks=8)
+    >>> float(render_volume(lazy, occupancy_mipmap(lazy)[1:], *rays, threshold=0.0)[8, 8])
+    5.0
     """
     volume = _validate.as_array("volume", volume)
     vdtype = _validate.check_real("volume", volume)
     shape = _validate.check_ndim("volume", volume, ndim=3)
-    levels = check_pyramid("levels", levels, allow_dask=False)
-    if tuple(levels[0].shape) != tuple(shape):
-        raise ValueError(f"levels must be the pyramid of volume: level 0 has shape {levels[0].shape}, volume {shape}")
+    levels = check_pyramid("levels", levels)
+    full_shapes = mipmap_shapes(tuple(shape))
+    from_level_1 = len(full_shapes) > 1 and tuple(levels[0].shape) == full_shapes[1]
+    if not from_level_1:
+        if tuple(levels[0].shape) != tuple(shape):
+            raise ValueError(
+                f"levels must be the pyramid of volume (or its levels from level 1): level 0 has shape "
+                f"{levels[0].shape}, volume {shape}"
+            )
+        check_pyramid("levels", levels, allow_dask=False)
     mode = _validate.check_choice("mode", mode, MODES)
+    mip_threshold = None  # a MIP from level 1: a ray's maximum counts above it
+    if threshold is None and from_level_1:
+        raise ValueError(
+            "threshold is required with levels from level 1 (levels[1:]): the values read decide which voxels count"
+        )
     if threshold is not None:
-        if mode == "mip":
+        if mode == "mip" and not from_level_1:
             raise ValueError("threshold is for mode='first_hit'; a MIP takes every occupied voxel (set it in levels)")
         threshold = _validate.check_finite_scalar("threshold", threshold)
         constant = _constant_occupancy(vdtype, threshold)
-        if constant is True:  # every value passes (a threshold below the dtype's range): the first occupied voxel
+        if constant is False:  # no value passes: no ray meets anything
+            if mode == "first_hit":
+                return np.full(np.shape(origins)[:-1], np.nan, compute_dtype(dtype))
+            return np.full(np.shape(origins)[:-1], _fill(vdtype) if fill is None else fill, vdtype)
+        if mode == "mip":
+            mip_threshold, threshold = (None if constant else threshold), None
+        elif constant is True:  # every value passes (a threshold below the dtype's range): the first occupied voxel
             threshold = None
-        elif constant is False:  # none does
-            return np.full(np.shape(origins)[:-1], np.nan, compute_dtype(dtype))
+    if from_level_1:
+        levels = _with_level_0(levels, tuple(shape))
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable as progress(done, total); got {type(progress).__name__}")
     dtype = compute_dtype(dtype)
@@ -432,7 +466,24 @@ def render_volume(
             found, values, first = _chunked(volume, *common, cache_bytes)
     if mode == "first_hit":
         return first.reshape(batch)
-    if fill is None:
-        fill = np.nan if _validate.is_float(vdtype) else (False if vdtype == np.bool_ else np.iinfo(vdtype).min)
-    values[~found] = fill
+    if mip_threshold is not None:  # maxima at or below it came from voxels the coarse level 0 let in
+        found &= threshold_block(values, mip_threshold)
+    values[~found] = _fill(vdtype) if fill is None else fill
     return values.reshape(batch)
+
+
+def _fill(dtype: np.dtype) -> Any:
+    """A MIP's default value of a ray that meets nothing: NaN, the integer minimum, or False."""
+    return np.nan if _validate.is_float(dtype) else (False if dtype == np.bool_ else np.iinfo(dtype).min)
+
+
+def _with_level_0(levels: list[Any], shape: tuple[int, ...]) -> list[np.ndarray]:
+    """The pyramid from level 1 (computed, if dask) with a level 0 of every voxel of an occupied level-1 cell: a
+    superset of the occupied voxels with the same level 1, made without reading the volume."""
+    if any(_validate.is_dask(level) for level in levels):
+        import dask
+
+        levels = dask.compute(*levels, scheduler="threads")
+    levels = [np.asarray(level) for level in levels]
+    up = levels[0].repeat(2, axis=0).repeat(2, axis=1).repeat(2, axis=2)
+    return [np.ascontiguousarray(up[: shape[0], : shape[1], : shape[2]]), *levels]

@@ -182,6 +182,45 @@ def test_fill_progress_and_batches():
         render_volume(da.from_array(volume, chunks=5), levels, *rays, batch_size=256, progress=stop)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_levels_from_level_1_give_the_whole_pyramids_picture(dtype):
+    """A lazy volume's pyramid without level 0 (no chunk read to make it) and the threshold: the same MIP and
+    depth as the whole pyramid, NumPy or dask levels, and only chunks with a voxel above the threshold are read
+    (even chunks: a level-1 cell lies in one chunk)."""
+    volume = blob_volume((22, 19, 25), dtype, seed=2)
+    threshold = 0.5 if dtype == np.float32 else 49
+    levels = occupancy_mipmap(volume, threshold=threshold)
+    rays = camera_rays(volume.shape, 2)
+    counting = CountingArray(volume)
+    lazy = da.from_array(counting, chunks=(6, 4, 8))
+    holding = {(z // 6, y // 4, x // 8) for z, y, x in np.argwhere(volume > threshold)}
+    for mode in ("mip", "first_hit"):
+        extra = {"threshold": threshold} if mode == "first_hit" else {}
+        whole = render_volume(volume, levels, *rays, mode=mode, **extra)
+        assert (~np.isnan(whole) if mode == "first_hit" else whole > threshold).sum() > 5
+        for coarse in (levels[1:], occupancy_mipmap(da.from_array(volume, chunks=8), threshold=threshold)[1:]):
+            counting.reads.clear()
+            np.testing.assert_array_equal(render_volume(lazy, coarse, *rays, mode=mode, threshold=threshold), whole)
+            read = {(z // 6, y // 4, x // 8) for z, y, x in counting.reads}
+            assert read and read <= holding
+        in_memory = render_volume(volume, levels[1:], *rays, mode=mode, threshold=threshold)
+        np.testing.assert_array_equal(in_memory, whole)
+    mip = render_volume(volume, levels, *rays)
+    filled = render_volume(volume, levels[1:], *rays, threshold=threshold, fill=0)
+    np.testing.assert_array_equal(filled, np.where(mip > threshold, mip, 0))
+
+
+def test_levels_from_level_1_need_the_threshold():
+    volume = blob_volume((8, 8, 8), seed=13)
+    levels = occupancy_mipmap(volume, threshold=0.5)
+    with pytest.raises(ValueError, match="threshold is required with levels from level 1"):
+        render_volume(volume, levels[1:], np.zeros((2, 3)), np.ones((2, 3)))
+    with pytest.raises(TypeError, match=r"levels\[0\] is a dask array"):
+        render_volume(volume, occupancy_mipmap(da.from_array(volume, chunks=4)), np.zeros((2, 3)), np.ones((2, 3)))
+    nothing = render_volume(volume, levels[1:], *camera_rays(volume.shape, 1), threshold=np.finfo(np.float32).max)
+    assert np.isnan(nothing).all() and nothing.dtype == np.float32
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -102,16 +102,42 @@ def run_size(size: int, folder: Path) -> list[str]:
     return rows
 
 
-def gui(size: int, folder: Path) -> list[str]:
-    """The live view in a real viewer: camera moves, then rests; the GUI thread's longest stall while it renders.
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread name of this process (Linux /proc), e.g. llvmpipe's GL threads, XLA's, the GUI's."""
+    import os
 
-    A 5 ms QTimer on the GUI thread records when the event loop runs; the longest gap between two ticks is the
-    freeze. Run under xvfb-run.
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        name = "GUI (main)" if task.name == str(os.getpid()) else name.rstrip("0123456789-:")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def gui(size: int, folder: Path) -> list[str]:
+    """The live view in a real viewer: camera moves, then rests; what the GUI thread does meanwhile, and whose.
+
+    The same three camera moves are made with the switch off (napari alone) and on, in one process. A 5 ms QTimer
+    on the GUI thread records when the event loop runs: the longest gap between two ticks is the freeze. The
+    GUI thread's time in our own callbacks (the live view's event handlers and the picture's upload into the quad
+    layer) and in napari's canvas draws (timed from vispy's draw event) is summed per move, with the CPU seconds
+    of each thread group of the process (llvmpipe: Mesa's software OpenGL; the render's XLA and worker threads).
+    Run under xvfb-run.
     """
+    import threading
+    import traceback
+
     import napari
     from qtpy.QtCore import QTimer
     from qtpy.QtWidgets import QApplication
 
+    from napari_gridmip._widgets import live_render as live_module
     from napari_gridmip._widgets.live_render import DEBOUNCE_MS
     from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 
@@ -127,10 +153,26 @@ def gui(size: int, folder: Path) -> list[str]:
     widget.layer.value = layer
     viewer.dims.ndisplay = 3
     viewer.reset_view()
-    import threading
-    import traceback
 
-    ticks = []
+    ours: list[float] = []  # durations of our GUI-thread callbacks
+    for name in ("_changed", "_render", "_on_yielded", "_data_changed"):
+        original = getattr(live_module.LiveRender, name)
+
+        def timed(self, *args, _original=original, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                ours.append(time.perf_counter() - start)
+
+        setattr(live_module.LiveRender, name, timed)
+    draws: list[float] = []
+    draw_start: list[float] = []
+    scene = viewer.window._qt_viewer.canvas._scene_canvas
+    scene.events.draw.connect(lambda event: draw_start.append(time.perf_counter()), position="first")
+    scene.events.draw.connect(lambda event: draws.append(time.perf_counter() - draw_start[-1]), position="last")
+
+    ticks: list[float] = []
     stalls: dict[str, float] = {}  # where the GUI thread was when it had not ticked for 250 ms: the innermost frames
     main = threading.main_thread().ident
     done = threading.Event()
@@ -149,44 +191,61 @@ def gui(size: int, folder: Path) -> list[str]:
     timer = QTimer()
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
     timer.start(5)
-    # napari alone, the switch off: the same camera moves, 3 s of events each
-    alone = []
-    for angles in ((-20, 30, 145), (-40, 10, 100)):
-        viewer.scene.camera.angles = angles
-        moved = time.perf_counter()
-        ticks.clear()
-        ticks.append(moved)
-        end = moved + 5
-        while time.perf_counter() < end:
-            app.processEvents()
-            time.sleep(0.002)
-        ticks.append(time.perf_counter())
-        alone.append(max(np.diff(ticks)) * 1000)
-    widget.live_3d.native.click()
-    rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
-            "| camera | first pixels after rest s | full resolution after rest s | longest GUI stall ms |",
-            "|---|---|---|---|"]  # fmt: skip
     fitted = viewer.scene.camera.zoom
-    for name, angles, zoom in (("overview", (-20, 30, 145), 1.0), ("rotated", (-40, 10, 100), 1.0),
-                               ("zoomed x4", (-40, 10, 100), 4.0)):  # fmt: skip
-        live = widget._live
-        live.pictures.clear()
+    moves = (("overview", (-20, 30, 145), 1.0), ("rotated", (-40, 10, 100), 1.0), ("zoomed x4", (-40, 10, 100), 4.0))
+
+    def move(angles, zoom, until) -> dict:
+        ticks.clear()
+        ours.clear()
+        draws.clear()
+        cpu = _thread_cpu()
         viewer.scene.camera.angles = angles
         viewer.scene.camera.zoom = fitted * zoom
         moved = time.perf_counter()
-        ticks.clear()
         ticks.append(moved)
         shown = []
-        while not any(p.final for p in live.pictures) or live.worker is not None:
+        while not until(moved, shown):
             app.processEvents()
-            if len(live.pictures) > len(shown):
+            live = widget._live
+            if live is not None and len(live.pictures) > len(shown):
                 shown.append(time.perf_counter())
             time.sleep(0.002)
-        rest = DEBOUNCE_MS / 1000
-        stall = max(np.diff(ticks)) * 1000 if len(ticks) > 1 else float("nan")
-        rows.append(f"| {name} | {shown[0] - moved - rest:.2f} | {shown[-1] - moved - rest:.2f} | {stall:.0f} |")
-        print(rows[-1], flush=True)
-    rows.append(f"| napari alone (switch off), two camera moves | | | {max(alone):.0f} |")
+        after = _thread_cpu()
+        ticks.append(time.perf_counter())
+        spent = {k: after.get(k, 0) - cpu.get(k, 0) for k in after}
+        return {"shown": [t - moved - DEBOUNCE_MS / 1000 for t in shown], "stall": max(np.diff(ticks)) * 1000,
+                "ours_max": max(ours, default=0) * 1000, "ours": sum(ours), "draws": len(draws),
+                "draw_s": sum(draws), "draw_max": max(draws, default=0) * 1000, "cpu": spent,
+                "wall": ticks[-1] - moved}  # fmt: skip
+
+    def cpu_text(spent: dict) -> str:
+        top = sorted(((v, k) for k, v in spent.items() if v >= 0.05), reverse=True)[:4]
+        return ", ".join(f"{k} {v:.1f}" for v, k in top)
+
+    # napari alone, the switch off: the same moves, each until the canvas has not been drawn for 2 s
+    alone = {}
+    for name, angles, zoom in moves:
+        alone[name] = move(angles, zoom, lambda moved, shown: time.perf_counter() - max(
+            [moved, *[s + d for s, d in zip(draw_start[-len(draws):] if draws else [], draws)]]) > 2.0)  # fmt: skip
+    viewer.scene.camera.angles = (0, 0, 90)
+    app.processEvents()
+    widget.live_3d.native.click()
+    rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
+            "| camera | switch | first pixels s | full resolution s | longest GUI stall ms | longest of ours ms | "
+            "ours total s | canvas draws (total s, longest ms) | CPU s per thread group |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, angles, zoom in moves:
+        widget._live.pictures.clear()
+        r = move(angles, zoom, lambda moved, shown: bool(shown) and widget._live.pictures[-1].final
+                 and widget._live.worker is None)  # fmt: skip
+        a = alone[name]
+        for label, x in (("off (napari alone)", a), ("on", r)):
+            first = f"{x['shown'][0]:.2f}" if x["shown"] else ""
+            full = f"{x['shown'][-1]:.2f}" if x["shown"] else ""
+            rows.append(f"| {name} | {label} | {first} | {full} | {x['stall']:.0f} | {x['ours_max']:.0f} | "
+                        f"{x['ours']:.2f} | {x['draws']} ({x['draw_s']:.1f}, {x['draw_max']:.0f}) | "
+                        f"{cpu_text(x['cpu'])} |")  # fmt: skip
+        print("\n".join(rows[-2:]), flush=True)
     widget.live_3d.native.click()
     timer.stop()
     done.set()

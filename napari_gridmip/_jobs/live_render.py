@@ -38,6 +38,7 @@ class Display:
     gamma: float
     iso_threshold: float
     attenuation: float
+    step: float = 0.8  # samples this many voxels apart along a ray: vispy's relative_step_size, which napari leaves
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class LiveSource:
         _, cell = self._cell_at(level)
         result = render_view(
             self.levels[level], self._cells_at(level), rays.origins, rays.directions, mode=mode,
-            step=min(0.5, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
+            step=min(display.step, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
             contrast_limits=display.contrast_limits, attenuation=display.attenuation, background=self.background,
             cache=self.caches[level], cancel=cancel,
         )  # fmt: skip

@@ -232,6 +232,30 @@ def _mark(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chu
     return marked[:chunks]
 
 
+@functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks", "aligned"))
+def _mark_boxes(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chunks, aligned):
+    """As :func:`_mark`, per segment rather than per sample (8 lookups a segment, not 8 a sample): the chunks of
+    the part of each occupied cell inside the box of voxels the segment's samples read. A superset of ``_mark``'s
+    (a box holds more voxels than its samples read), as tight at the cells' scale; chunks of at least a cell."""
+    last = jnp.minimum((segs + 1) * segment - 1, n - 1)
+    bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
+    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
+    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
+    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
+    valid = (segs * segment < n)[:, None]
+    marked = jnp.zeros(chunks + 1, bool)
+    for corner in np.ndindex(2, 2, 2):
+        c = jnp.minimum(lo // cell + jnp.asarray(corner, jnp.int32), hi // cell)
+        hit = cells[c[:, 0], c[:, 1], c[:, 2]][:, None] & valid
+        part_lo, part_hi = jnp.maximum(lo, c * cell), jnp.minimum(hi, c * cell + cell - 1)  # the box inside the cell
+        # its chunks: at most 2 per axis (it is at most a cell wide); one where chunks are whole cells
+        for end in np.ndindex(2, 2, 2) if not aligned else [(0, 0, 0)]:
+            q = jnp.where(jnp.asarray(end, bool), part_hi, part_lo) // chunk
+            flat = (q[:, 0] * grid[1] + q[:, 1]) * grid[2] + q[:, 2]
+            marked = marked.at[jnp.where(hit[:, 0], flat, chunks)].set(True)
+    return marked[:chunks]
+
+
 def _gather(o, d, t0, n, segs, atlas, slots, step, shape, chunk, background, segment):
     """Trilinear values (float32 (P, segment)), validity and t of the samples of the given segments; a voxel in a
     chunk not loaded (no occupied cell of it is read) holds ``background``."""
@@ -497,11 +521,15 @@ def render_view(
     batches = []
     pending = [(rays[a : a + SEGMENT_BATCH], segs[a : a + SEGMENT_BATCH]) for a in range(0, len(rays), SEGMENT_BATCH)]
     chunk_device, grid_device = jnp.asarray(cache.chunk, jnp.int32), jnp.asarray(cache.grid, jnp.int32)
+    if min(cache.chunk) >= cell:
+        mark = functools.partial(_mark_boxes, aligned=all(c % cell == 0 for c in cache.chunk))
+    else:
+        mark = _mark
     while pending:
         check()
         r, s = pending.pop(0)
-        flat = _mark(*of_rays(r, SEGMENT_BATCH), jnp.asarray(_pad(s, SEGMENT_BATCH)), cells_device, step32,
-                     shape_device, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
+        flat = mark(*of_rays(r, SEGMENT_BATCH), jnp.asarray(_pad(s, SEGMENT_BATCH)), cells_device, step32,
+                    shape_device, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
         ids = np.flatnonzero(np.asarray(flat))
         if len(ids) > cache.slots:  # more chunks than the cache holds: two halves (bands of rows), in order
             if len(r) == 1:

@@ -261,3 +261,14 @@ def test_a_new_camera_state_compiles_nothing():
                 render_view(cache.volume, cells, rays.origins, rays.directions, t_near=rays.t_near, mode=mode,
                             cache=cache, **options)  # fmt: skip
         assert traces.count == 0, mode
+
+
+@pytest.mark.parametrize("chunks", [(6, 5, 7), 3])  # chunks not whole cells (of 4), and chunks smaller than a cell
+def test_any_chunking_renders_the_same_image(chunks):
+    volume = sparse_volume()
+    rays = views(volume.shape)["perspective"]
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    lazy = render_view(da.from_array(volume, chunks=chunks), cells, rays.origins, rays.directions, t_near=0.0)
+    whole = render_view(volume, cells, rays.origins, rays.directions, t_near=0.0)
+    np.testing.assert_array_equal(lazy.values, whole.values)
+    assert lazy.chunks_read < lazy.chunks_total

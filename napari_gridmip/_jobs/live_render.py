@@ -97,6 +97,7 @@ class Picture:
     plane through the camera's centre (top-left, top-right, bottom-right, bottom-left), and what it took."""
 
     rgba: np.ndarray
+    texture: np.ndarray  # rgba as uint8, made in the worker: what the quad uploads (a quarter of float32's bytes)
     values: np.ndarray  # the render's values before the colormap (float32 (rows, columns), NaN: nothing)
     corners: np.ndarray
     final: bool
@@ -210,7 +211,8 @@ class LiveSource:
                              gamma=display.gamma, depth=depth)  # fmt: skip
         final = level == 0 and tuple(image_shape) == tuple(state.canvas)
         seconds = time.perf_counter() - start
-        return Picture(rgba, result.values, canvas_corners(state), final, level, seconds, result.chunks_read,
+        texture = np.round(np.clip(rgba, 0, 1) * 255).astype(np.uint8)
+        return Picture(rgba, texture, result.values, canvas_corners(state), final, level, seconds, result.chunks_read,
                        result.chunks_used, result.chunks_total, result.samples, result.samples_dense)  # fmt: skip
 
     def progressive(self, state: ViewState, *, cancel: Callable[[], bool] | None = None) -> Iterator[Picture]:

@@ -233,7 +233,7 @@ class LiveRender:
             selection = set(self._viewer.layers.selection)
             active = self._viewer.layers.selection.active
             self.overlay = self._viewer.add_surface(
-                (corners, FACES), texture=picture.rgba, texcoords=TEXCOORDS, vertex_colors=np.ones((4, 4)),
+                (corners, FACES), texture=picture.texture, texcoords=TEXCOORDS, vertex_colors=np.ones((4, 4)),
                 shading="none", blending="translucent_no_depth", name=f"{layer.name} full resolution",
                 metadata={"gridmip_live_render": True},
             )  # fmt: skip
@@ -241,8 +241,10 @@ class LiveRender:
             self._viewer.layers.selection.update(selection)
             self._viewer.layers.selection.active = active
         else:
+            # one upload: napari's surface visual uploads the texture again on every data change
+            with self.overlay.events.texture.blocker():
+                self.overlay.texture = picture.texture
             self.overlay.data = (corners, FACES)
-            self.overlay.texture = picture.rgba
         self._shown_state = state
         if picture.final:
             self._final_state = state

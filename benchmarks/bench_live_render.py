@@ -66,11 +66,11 @@ def coarse_bright(source: LiveSource, state: ViewState) -> tuple[int, int]:
                        perspective=state.perspective, scale=scale, translate=translate)  # fmt: skip
     level = np.asarray(source.levels[top][...])  # napari holds this level in memory in 3D anyway
     cells = np.ones(tuple(-(-n // 4) for n in level.shape), bool)  # a dense march (no skipping)
-    coarse = render_view(level, cells, rays.origins, rays.directions, t_near=rays.t_near, step=0.5).values
+    coarse = render_view(level, cells, rays.origins, rays.directions, t_near=rays.t_near, step=0.8).values
     return int(np.sum(coarse > BRIGHT))
 
 
-def run_size(size: int, folder: Path) -> list[str]:
+def run_size(size: int, folder: Path, only: list[str] | None = None) -> list[str]:
     start = time.perf_counter()
     levels, attrs = open_sparse_volume(size, folder=folder)
     written = time.perf_counter() - start
@@ -83,6 +83,8 @@ def run_size(size: int, folder: Path) -> list[str]:
     ]
     source = LiveSource(levels, attrs["cells"], attrs["cell"], (1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
     for name, state in views(size).items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
         with PeakMemory() as memory:
             cold = list(source.progressive(state))
         warm = list(source.progressive(state))
@@ -264,6 +266,7 @@ def gui(size: int, folder: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--views", nargs="+", default=None, help="only these views (overview, close-up)")
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
     parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
     args = parser.parse_args()
@@ -278,7 +281,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.cache or Path(tmp)
         for size in args.sizes:
-            rows += run_size(size, folder)
+            rows += run_size(size, folder, args.views)
     print("\n".join(rows))
 
 

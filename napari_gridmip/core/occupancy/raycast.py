@@ -472,19 +472,20 @@ def render_view(
     reads_before = cache.reads
 
     # the largest segment whose samples span less than a cell along every axis (at most 2 cells per axis), and
-    # coarse segments of 4 times as many samples against cells 4 times as large, scanned first
-    segment = min(1 << int(np.floor(np.log2((cell - 1) / step + 1))), 64)
-    coarse = 1 << int(np.floor(np.log2((4 * cell - 1) / step + 1)))
-    split = coarse // segment
+    # segments of more samples against cells 4 and 16 times as large, scanned first (coarsest first: a ray's
+    # segments are looked at in finer ones only where the coarser one meets an occupied cell)
+    scales = (16, 4, 1)
+    lengths = [1 << int(np.floor(np.log2((f * cell - 1) / step + 1))) for f in scales]
+    lengths[-1] = segment = min(lengths[-1], 64)
     t0, n = sample_plan(o, d, shape, step, t_near)
     hit = np.flatnonzero(n > 0)
     rays_o, rays_d = o[hit].astype(np.float32), d[hit].astype(np.float32)
     rays_t0, rays_n = t0[hit].astype(np.float32), n[hit].astype(np.int32)
     step32, shape_device = np.float32(step), jnp.asarray(shape, jnp.int32)
-    # coarse segments per ray: enough for the volume's diagonal, whatever the view (one program per volume)
-    count = _padded(int(np.ceil((np.linalg.norm(shape) / step + 1) / coarse)), 8)
+    # coarsest segments per ray: enough for the volume's diagonal, whatever the view (one program per volume)
+    count = _padded(int(np.ceil((np.linalg.norm(shape) / step + 1) / lengths[0])), 8)
     cells_device = jnp.asarray(cells)
-    coarse_cells = jnp.asarray(_coarser(cells, 4))
+    grids = [jnp.asarray(_coarser(cells, f)) for f in scales[:-1]] + [cells_device]
 
     def check() -> None:
         if cancel is not None and cancel():
@@ -495,23 +496,29 @@ def render_view(
         return [jnp.asarray(_pad(a[index], size, fill))
                 for a, fill in zip((rays_o, rays_d, rays_t0, rays_n), (-1, 0, 0, 0))]  # fmt: skip
 
-    # 1. which segments meet an occupied cell: coarse segments of each batch of rays, then their fine segments
+    # 1. which segments meet an occupied cell: the coarsest segments of each batch of rays, then finer ones
     rays_list, segs_list = [], []
     for start in range(0, len(hit), RAY_BATCH):
         check()
         batch = np.arange(start, min(start + RAY_BATCH, len(hit)))
-        occupied = np.asarray(_scan(*of_rays(batch, RAY_BATCH), coarse_cells, step32, shape_device, coarse, count,
-                                    4 * cell))  # fmt: skip
+        occupied = np.asarray(_scan(*of_rays(batch, RAY_BATCH), grids[0], step32, shape_device, lengths[0], count,
+                                    scales[0] * cell))  # fmt: skip
         r, c = np.nonzero(occupied[: len(batch)])
         r = batch[r]
-        for a in range(0, len(r), SEGMENT_BATCH):
-            rr, cc = r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]
-            coarse_index = jnp.asarray(_pad(cc.astype(np.int32), SEGMENT_BATCH))
-            fine = np.asarray(_refine(*of_rays(rr, SEGMENT_BATCH), coarse_index, cells_device, step32, shape_device,
-                                      segment, split, cell))[: len(rr)]  # fmt: skip
-            i, j = np.nonzero(fine)
-            rays_list.append(rr[i])
-            segs_list.append(cc[i] * split + j)
+        for level in range(1, len(scales)):
+            split = lengths[level - 1] // lengths[level]
+            finer_r, finer_c = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+            for a in range(0, len(r), SEGMENT_BATCH):
+                rr, cc = r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]
+                index = jnp.asarray(_pad(cc.astype(np.int32), SEGMENT_BATCH))
+                fine = np.asarray(_refine(*of_rays(rr, SEGMENT_BATCH), index, grids[level], step32, shape_device,
+                                          lengths[level], split, scales[level] * cell))[: len(rr)]  # fmt: skip
+                i, j = np.nonzero(fine)
+                finer_r.append(rr[i])
+                finer_c.append(cc[i] * split + j)
+            r, c = np.concatenate(finer_r), np.concatenate(finer_c)
+        rays_list.append(r)
+        segs_list.append(c)
     rays = np.concatenate(rays_list) if rays_list else np.zeros(0, np.int64)
     segs = np.concatenate(segs_list) if segs_list else np.zeros(0, np.int64)
     # sorted by ray, then along it, as made: batches in ray order, np.nonzero in row-major order

@@ -424,9 +424,11 @@ def render_view(
     >>> from napari_gridmip import occupancy_mipmap, render_view
     >>> volume = np.zeros((32, 32, 32), np.uint16); volume[4, 8, 8] = 7; volume[20, 8, 8] = 9
     >>> cells = np.asarray(occupancy_mipmap(volume)[3])
-    >>> o, d = np.array([[0.0, 8.5, 8.5]]), np.array([[1.0, 0, 0]])
-    >>> float(render_view(volume, cells, o, d).values[0])
+    >>> o, d = np.array([[0.0, 8.5, 8.5]]), np.array([[1.0, 0, 0]])  # through the voxel centres
+    >>> float(render_view(volume, cells, o, d, step=1.0).values[0])  # samples at z = 0.5, 1.5, ...: the centres
     9.0
+    >>> float(render_view(volume, cells, o, d).values[0])  # z = 20.25 and 20.75: 3/4 of 9 (trilinear)
+    6.75
     >>> float(render_view(volume, cells, o, d, mode="minip").values[0])
     0.0
     """

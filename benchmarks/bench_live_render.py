@@ -78,27 +78,43 @@ def run_size(size: int, folder: Path, only: list[str] | None = None) -> list[str
         f"\n### {size}^3 (uint16, {attrs['occupied']:.3%} occupied, {attrs['chunks_written'][0]} of "
         f"{attrs['chunks_total'][0]} chunks stored, {len(levels)} levels; sample opened in {written:.1f} s)\n",
         "| view | pass | cold s | warm s | chunks read (cold) / used / in box | samples per ray vs dense | "
-        "peak MB | bright px |",
-        "|---|---|---|---|---|---|---|---|",
+        "peak MB | bright px | programs compiled (cold) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     source = LiveSource(levels, attrs["cells"], attrs["cell"], (1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
+    import jax.monitoring
+
+    traces = [0]  # JAX traces a function each time it compiles a new program (a cache hit records nothing)
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: traces.__setitem__(0, traces[0] + (event == "/jax/core/compile/jaxpr_trace_duration"))
+    )
+
+    def passes(state) -> tuple[list, list[int]]:
+        pictures, compiled = [], []
+        before = traces[0]
+        for picture in source.progressive(state):
+            pictures.append(picture)
+            compiled.append(traces[0] - before)
+            before = traces[0]
+        return pictures, compiled
+
     for name, state in views(size).items():
         if only and not any(name.startswith(o) for o in only):
             continue
         with PeakMemory() as memory:
-            cold = list(source.progressive(state))
-        warm = list(source.progressive(state))
+            cold, compiled = passes(state)
+        warm, _ = passes(state)
         napari_bright = coarse_bright(source, state)
-        for c, w in zip(cold, warm):
+        for c, w, k in zip(cold, warm, compiled):
             what = "full resolution" if c.final else f"coarse (level {c.level}, {c.rgba.shape[1]}x{c.rgba.shape[0]})"
             bright = int(np.sum(c.values > BRIGHT)) if c.final else ""
             rows.append(
                 f"| {name} | {what} | {c.seconds:.2f} | {w.seconds:.2f} | {c.chunks_read} / {c.chunks_used} / "
                 f"{c.chunks_total} | {c.samples / max(c.samples_dense, 1):.2%} | "
-                f"{memory.extra_mb:.0f} | {bright} |"
+                f"{memory.extra_mb:.0f} | {bright} | {k} |"
             )
         rows.append(
-            f"| {name} | napari's coarse view (level {len(levels) - 1}) | | | | 100% (dense) | | {napari_bright} |"
+            f"| {name} | napari's coarse view (level {len(levels) - 1}) | | | | 100% (dense) | | {napari_bright} | |"
         )
         print("\n".join(rows[-3:]), flush=True)
     return rows

@@ -78,13 +78,13 @@ def run_size(size: int, folder: Path, only: list[str] | None = None) -> list[str
         f"\n### {size}^3 (uint16, {attrs['occupied']:.3%} occupied, {attrs['chunks_written'][0]} of "
         f"{attrs['chunks_total'][0]} chunks stored, {len(levels)} levels; sample opened in {written:.1f} s)\n",
         "| view | pass | cold s | warm s | chunks read (cold) / used / in box | samples per ray vs dense | "
-        "peak MB | bright px | programs compiled (cold) |",
+        "peak MB | bright px | new programs (cold) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     source = LiveSource(levels, attrs["cells"], attrs["cell"], (1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
     import jax.monitoring
 
-    traces = [0]  # JAX traces a function each time it compiles a new program (a cache hit records nothing)
+    traces = [0]  # JAX traces a function for each new program (then compiled, or loaded from its disk cache)
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, *_, **__: traces.__setitem__(0, traces[0] + (event == "/jax/core/compile/jaxpr_trace_duration"))
     )

@@ -7,7 +7,9 @@ camera moves, and restarts a short timer. When the camera has rested for :data:`
 worker renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a coarse pass, then full
 resolution) and each picture is shown as the texture of a quad on the plane through the camera's centre, facing
 the camera and spanning the canvas: a napari Surface layer drawn over the volume without depth test
-(``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. A newer
+(``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. The
+layer is added (hidden) when the switch is turned on, so that napari's making of a layer does not hold the GUI
+thread while pictures arrive; each picture then costs the GUI thread one upload of its uint8 texture. A newer
 state cancels the render under way (its pictures are dropped). Turning the switch off, closing the source layer
 or the widget stops the worker, disconnects every event and removes the quad layer.
 """

@@ -66,11 +66,11 @@ def coarse_bright(source: LiveSource, state: ViewState) -> tuple[int, int]:
                        perspective=state.perspective, scale=scale, translate=translate)  # fmt: skip
     level = np.asarray(source.levels[top][...])  # napari holds this level in memory in 3D anyway
     cells = np.ones(tuple(-(-n // 4) for n in level.shape), bool)  # a dense march (no skipping)
-    coarse = render_view(level, cells, rays.origins, rays.directions, t_near=rays.t_near, step=0.5).values
+    coarse = render_view(level, cells, rays.origins, rays.directions, t_near=rays.t_near, step=0.8).values
     return int(np.sum(coarse > BRIGHT))
 
 
-def run_size(size: int, folder: Path) -> list[str]:
+def run_size(size: int, folder: Path, only: list[str] | None = None) -> list[str]:
     start = time.perf_counter()
     levels, attrs = open_sparse_volume(size, folder=folder)
     written = time.perf_counter() - start
@@ -78,40 +78,84 @@ def run_size(size: int, folder: Path) -> list[str]:
         f"\n### {size}^3 (uint16, {attrs['occupied']:.3%} occupied, {attrs['chunks_written'][0]} of "
         f"{attrs['chunks_total'][0]} chunks stored, {len(levels)} levels; sample opened in {written:.1f} s)\n",
         "| view | pass | cold s | warm s | chunks read (cold) / used / in box | samples per ray vs dense | "
-        "peak MB | bright px |",
-        "|---|---|---|---|---|---|---|---|",
+        "peak MB | bright px | new programs (cold) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     source = LiveSource(levels, attrs["cells"], attrs["cell"], (1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
+    import jax.monitoring
+
+    traces = [0]  # JAX traces a function for each new program (then compiled, or loaded from its disk cache)
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, *_, **__: traces.__setitem__(0, traces[0] + (event == "/jax/core/compile/jaxpr_trace_duration"))
+    )
+
+    def passes(state) -> tuple[list, list[int]]:
+        pictures, compiled = [], []
+        before = traces[0]
+        for picture in source.progressive(state):
+            pictures.append(picture)
+            compiled.append(traces[0] - before)
+            before = traces[0]
+        return pictures, compiled
+
     for name, state in views(size).items():
+        if only and not any(name.startswith(o) for o in only):
+            continue
         with PeakMemory() as memory:
-            cold = list(source.progressive(state))
-        warm = list(source.progressive(state))
+            cold, compiled = passes(state)
+        warm, _ = passes(state)
         napari_bright = coarse_bright(source, state)
-        for c, w in zip(cold, warm):
+        for c, w, k in zip(cold, warm, compiled):
             what = "full resolution" if c.final else f"coarse (level {c.level}, {c.rgba.shape[1]}x{c.rgba.shape[0]})"
             bright = int(np.sum(c.values > BRIGHT)) if c.final else ""
             rows.append(
                 f"| {name} | {what} | {c.seconds:.2f} | {w.seconds:.2f} | {c.chunks_read} / {c.chunks_used} / "
                 f"{c.chunks_total} | {c.samples / max(c.samples_dense, 1):.2%} | "
-                f"{memory.extra_mb:.0f} | {bright} |"
+                f"{memory.extra_mb:.0f} | {bright} | {k} |"
             )
         rows.append(
-            f"| {name} | napari's coarse view (level {len(levels) - 1}) | | | | 100% (dense) | | {napari_bright} |"
+            f"| {name} | napari's coarse view (level {len(levels) - 1}) | | | | 100% (dense) | | {napari_bright} | |"
         )
         print("\n".join(rows[-3:]), flush=True)
     return rows
 
 
-def gui(size: int, folder: Path) -> list[str]:
-    """The live view in a real viewer: camera moves, then rests; the GUI thread's longest stall while it renders.
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds per thread name of this process (Linux /proc), e.g. llvmpipe's GL threads, XLA's, the GUI's."""
+    import os
 
-    A 5 ms QTimer on the GUI thread records when the event loop runs; the longest gap between two ticks is the
-    freeze. Run under xvfb-run.
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        name = "GUI (main)" if task.name == str(os.getpid()) else name.rstrip("0123456789-:")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def gui(size: int, folder: Path) -> list[str]:
+    """The live view in a real viewer: camera moves, then rests; what the GUI thread does meanwhile, and whose.
+
+    The same three camera moves are made with the switch off (napari alone) and on, in one process. A 5 ms QTimer
+    on the GUI thread records when the event loop runs: the longest gap between two ticks is the freeze. The
+    GUI thread's time in our own callbacks (the live view's event handlers and the picture's upload into the quad
+    layer) and in napari's canvas draws (timed from vispy's draw event) is summed per move, with the CPU seconds
+    of each thread group of the process (llvmpipe: Mesa's software OpenGL; the render's XLA and worker threads).
+    Run under xvfb-run.
     """
+    import threading
+    import traceback
+
     import napari
     from qtpy.QtCore import QTimer
     from qtpy.QtWidgets import QApplication
 
+    from napari_gridmip._widgets import live_render as live_module
     from napari_gridmip._widgets.live_render import DEBOUNCE_MS
     from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 
@@ -127,10 +171,30 @@ def gui(size: int, folder: Path) -> list[str]:
     widget.layer.value = layer
     viewer.dims.ndisplay = 3
     viewer.reset_view()
-    import threading
-    import traceback
 
-    ticks = []
+    ours: list[float] = []  # durations of our GUI-thread callbacks
+    longest: dict[str, float] = {}  # the longest of each (ms), over the run
+    for name in ("_changed", "_render", "_on_yielded", "_data_changed", "_show"):
+        original = getattr(live_module.LiveRender, name)
+
+        def timed(self, *args, _original=original, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                spent = time.perf_counter() - start
+                if _name != "_show":  # inside _on_yielded
+                    ours.append(spent)
+                longest[_name] = max(longest.get(_name, 0), spent * 1000)
+
+        setattr(live_module.LiveRender, name, timed)
+    draws: list[float] = []
+    draw_start: list[float] = []
+    scene = viewer.window._qt_viewer.canvas._scene_canvas
+    scene.events.draw.connect(lambda event: draw_start.append(time.perf_counter()), position="first")
+    scene.events.draw.connect(lambda event: draws.append(time.perf_counter() - draw_start[-1]), position="last")
+
+    ticks: list[float] = []
     stalls: dict[str, float] = {}  # where the GUI thread was when it had not ticked for 250 ms: the innermost frames
     main = threading.main_thread().ident
     done = threading.Event()
@@ -149,47 +213,69 @@ def gui(size: int, folder: Path) -> list[str]:
     timer = QTimer()
     timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
     timer.start(5)
-    # napari alone, the switch off: the same camera moves, 3 s of events each
-    alone = []
-    for angles in ((-20, 30, 145), (-40, 10, 100)):
-        viewer.scene.camera.angles = angles
-        moved = time.perf_counter()
-        ticks.clear()
-        ticks.append(moved)
-        end = moved + 5
-        while time.perf_counter() < end:
-            app.processEvents()
-            time.sleep(0.002)
-        ticks.append(time.perf_counter())
-        alone.append(max(np.diff(ticks)) * 1000)
-    widget.live_3d.native.click()
-    rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
-            "| camera | first pixels after rest s | full resolution after rest s | longest GUI stall ms |",
-            "|---|---|---|---|"]  # fmt: skip
     fitted = viewer.scene.camera.zoom
-    for name, angles, zoom in (("overview", (-20, 30, 145), 1.0), ("rotated", (-40, 10, 100), 1.0),
-                               ("zoomed x4", (-40, 10, 100), 4.0)):  # fmt: skip
-        live = widget._live
-        live.pictures.clear()
+    moves = (("overview", (-20, 30, 145), 1.0), ("rotated", (-40, 10, 100), 1.0), ("zoomed x4", (-40, 10, 100), 4.0))
+
+    def move(angles, zoom, until) -> dict:
+        ticks.clear()
+        ours.clear()
+        draws.clear()
+        cpu = _thread_cpu()
         viewer.scene.camera.angles = angles
         viewer.scene.camera.zoom = fitted * zoom
         moved = time.perf_counter()
-        ticks.clear()
         ticks.append(moved)
         shown = []
-        while not any(p.final for p in live.pictures) or live.worker is not None:
+        while not until(moved, shown):
             app.processEvents()
-            if len(live.pictures) > len(shown):
+            live = widget._live
+            if live is not None and len(live.pictures) > len(shown):
                 shown.append(time.perf_counter())
             time.sleep(0.002)
-        rest = DEBOUNCE_MS / 1000
-        stall = max(np.diff(ticks)) * 1000 if len(ticks) > 1 else float("nan")
-        rows.append(f"| {name} | {shown[0] - moved - rest:.2f} | {shown[-1] - moved - rest:.2f} | {stall:.0f} |")
-        print(rows[-1], flush=True)
-    rows.append(f"| napari alone (switch off), two camera moves | | | {max(alone):.0f} |")
+        after = _thread_cpu()
+        ticks.append(time.perf_counter())
+        spent = {k: after.get(k, 0) - cpu.get(k, 0) for k in after}
+        return {"shown": [t - moved - DEBOUNCE_MS / 1000 for t in shown], "stall": max(np.diff(ticks)) * 1000,
+                "ours_max": max(ours, default=0) * 1000, "ours": sum(ours), "draws": len(draws),
+                "draw_s": sum(draws), "draw_max": max(draws, default=0) * 1000, "cpu": spent,
+                "wall": ticks[-1] - moved}  # fmt: skip
+
+    def cpu_text(spent: dict) -> str:
+        top = sorted(((v, k) for k, v in spent.items() if v >= 0.05), reverse=True)[:4]
+        return ", ".join(f"{k} {v:.1f}" for v, k in top)
+
+    # napari alone, the switch off: the same moves, each until the canvas has not been drawn for 2 s
+    alone = {}
+    for name, angles, zoom in moves:
+        alone[name] = move(angles, zoom, lambda moved, shown: time.perf_counter() - max(
+            [moved, *[s + d for s, d in zip(draw_start[-len(draws):] if draws else [], draws)]]) > 2.0)  # fmt: skip
+    viewer.scene.camera.angles = (0, 0, 90)
+    app.processEvents()
+    clicked = time.perf_counter()
+    widget.live_3d.native.click()  # adds the quad layer (hidden): napari makes its controls and visual
+    click_ms = (time.perf_counter() - clicked) * 1000
+    rows = [f"\n### In napari: {size}^3, canvas {tuple(viewer.canvas.size)}\n",
+            "| camera | switch | first pixels s | full resolution s | longest GUI stall ms | longest of ours ms | "
+            "ours total s | canvas draws (total s, longest ms) | CPU s per thread group |",
+            "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, angles, zoom in moves:
+        widget._live.pictures.clear()
+        r = move(angles, zoom, lambda moved, shown: bool(shown) and widget._live.pictures[-1].final
+                 and widget._live.worker is None)  # fmt: skip
+        a = alone[name]
+        for label, x in (("off (napari alone)", a), ("on", r)):
+            first = f"{x['shown'][0]:.2f}" if x["shown"] else ""
+            full = f"{x['shown'][-1]:.2f}" if x["shown"] else ""
+            rows.append(f"| {name} | {label} | {first} | {full} | {x['stall']:.0f} | {x['ours_max']:.0f} | "
+                        f"{x['ours']:.2f} | {x['draws']} ({x['draw_s']:.1f}, {x['draw_max']:.0f}) | "
+                        f"{cpu_text(x['cpu'])} |")  # fmt: skip
+        print("\n".join(rows[-2:]), flush=True)
     widget.live_3d.native.click()
     timer.stop()
     done.set()
+    rows.append(f"\nTurning the switch on (the click, on the GUI thread): {click_ms:.0f} ms.")
+    rows.append("\nThe longest of each of our GUI-thread callbacks over the run (ms): " + ", ".join(
+        f"{k} {v:.0f}" for k, v in sorted(longest.items(), key=lambda kv: -kv[1])))  # fmt: skip
     rows.append("\nWhere the GUI thread stood during stalls over 250 ms (seconds sampled, innermost first):\n")
     rows += [f"- {seconds:.2f} s: {where}" for where, seconds in sorted(stalls.items(), key=lambda kv: -kv[1])[:8]]
     viewer.close()
@@ -199,6 +285,7 @@ def gui(size: int, folder: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--views", nargs="+", default=None, help="only these views (overview, close-up)")
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
     parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
     args = parser.parse_args()
@@ -213,7 +300,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.cache or Path(tmp)
         for size in args.sizes:
-            rows += run_size(size, folder)
+            rows += run_size(size, folder, args.views)
     print("\n".join(rows))
 
 

@@ -38,6 +38,7 @@ class Display:
     gamma: float
     iso_threshold: float
     attenuation: float
+    step: float = 0.8  # samples this many voxels apart along a ray: vispy's relative_step_size, which napari leaves
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Picture:
     plane through the camera's centre (top-left, top-right, bottom-right, bottom-left), and what it took."""
 
     rgba: np.ndarray
+    texture: np.ndarray  # rgba as uint8, made in the worker: what the quad uploads (a quarter of float32's bytes)
     values: np.ndarray  # the render's values before the colormap (float32 (rows, columns), NaN: nothing)
     corners: np.ndarray
     final: bool
@@ -147,8 +149,10 @@ class LiveSource:
 
     def __init__(self, levels: list, cells: np.ndarray, cell: int, scale: Any, translate: Any, *,
                  threshold: float = 0.0, cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
+        from napari_gridmip.core import _compile_cache
         from napari_gridmip.core.occupancy.raycast import ChunkCache
 
+        _compile_cache.enable()  # the render's programs then load from disk in a later session (once per process)
         self.levels = levels
         self.cells, self.cell = np.asarray(cells, bool), int(cell)
         self.scale, self.translate = np.asarray(scale, float), np.asarray(translate, float)
@@ -200,7 +204,7 @@ class LiveSource:
         _, cell = self._cell_at(level)
         result = render_view(
             self.levels[level], self._cells_at(level), rays.origins, rays.directions, mode=mode,
-            step=min(0.5, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
+            step=min(display.step, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
             contrast_limits=display.contrast_limits, attenuation=display.attenuation, background=self.background,
             cache=self.caches[level], cancel=cancel,
         )  # fmt: skip
@@ -209,7 +213,8 @@ class LiveSource:
                              gamma=display.gamma, depth=depth)  # fmt: skip
         final = level == 0 and tuple(image_shape) == tuple(state.canvas)
         seconds = time.perf_counter() - start
-        return Picture(rgba, result.values, canvas_corners(state), final, level, seconds, result.chunks_read,
+        texture = np.round(np.clip(rgba, 0, 1) * 255).astype(np.uint8)
+        return Picture(rgba, texture, result.values, canvas_corners(state), final, level, seconds, result.chunks_read,
                        result.chunks_used, result.chunks_total, result.samples, result.samples_dense)  # fmt: skip
 
     def progressive(self, state: ViewState, *, cancel: Callable[[], bool] | None = None) -> Iterator[Picture]:

@@ -7,7 +7,9 @@ camera moves, and restarts a short timer. When the camera has rested for :data:`
 worker renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a coarse pass, then full
 resolution) and each picture is shown as the texture of a quad on the plane through the camera's centre, facing
 the camera and spanning the canvas: a napari Surface layer drawn over the volume without depth test
-(``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. A newer
+(``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. The
+layer is added (hidden) when the switch is turned on, so that napari's making of a layer does not hold the GUI
+thread while pictures arrive; each picture then costs the GUI thread one upload of its uint8 texture. A newer
 state cancels the render under way (its pictures are dropped). Turning the switch off, closing the source layer
 or the widget stops the worker, disconnects every event and removes the quad layer.
 """
@@ -88,6 +90,7 @@ class LiveRender:
             *[(getattr(layer.events, name), self._changed) for name in LAYER_EVENTS],
             *[(getattr(layer.events, name), self._data_changed) for name in DATA_EVENTS],
         ]
+        self._prepare()
         for emitter, callback in self._connections:
             emitter.connect(callback)
         self._changed()
@@ -222,10 +225,17 @@ class LiveRender:
 
     # -- the quad ------------------------------------------------------------------------------------------------
     def _show(self, state: Any, picture: Any) -> None:
-        layer = self._layer()
-        if layer is None:
+        if self._layer() is None:
             return
-        corners = picture.corners
+        self._place(picture.corners, picture.texture)
+        self._shown_state = state
+        if picture.final:
+            self._final_state = state
+        self._show_overlay()
+
+    def _place(self, corners: np.ndarray, texture: np.ndarray) -> None:
+        """The quad at ``corners`` (world, the 3 displayed axes) with ``texture``; added as a layer the first time."""
+        layer = self._layer()
         if layer.ndim > 3:  # the quad sits at the dims point in the leading world axes
             lead = np.asarray(self._viewer.dims.point[-layer.ndim : -3])
             corners = np.concatenate([np.broadcast_to(lead, (4, len(lead))), corners], axis=1)
@@ -233,20 +243,26 @@ class LiveRender:
             selection = set(self._viewer.layers.selection)
             active = self._viewer.layers.selection.active
             self.overlay = self._viewer.add_surface(
-                (corners, FACES), texture=picture.rgba, texcoords=TEXCOORDS, vertex_colors=np.ones((4, 4)),
+                (corners, FACES), texture=texture, texcoords=TEXCOORDS, vertex_colors=np.ones((4, 4)),
                 shading="none", blending="translucent_no_depth", name=f"{layer.name} full resolution",
-                metadata={"gridmip_live_render": True},
+                metadata={"gridmip_live_render": True}, visible=False,
             )  # fmt: skip
             self._viewer.layers.selection.clear()
             self._viewer.layers.selection.update(selection)
             self._viewer.layers.selection.active = active
         else:
+            # one upload: napari's surface visual uploads the texture again on every data change
+            with self.overlay.events.texture.blocker():
+                self.overlay.texture = texture
             self.overlay.data = (corners, FACES)
-            self.overlay.texture = picture.rgba
-        self._shown_state = state
-        if picture.final:
-            self._final_state = state
-        self._show_overlay()
+
+    def _prepare(self) -> None:
+        """Add the quad layer now, hidden and blank: napari's creation of a layer (its controls, its visual; 0.6 s
+        on this machine's software OpenGL) then happens on the click of the switch, not while pictures arrive."""
+        from napari_gridmip._jobs.live_render import ViewState, canvas_corners
+
+        state = ViewState.of(self._viewer, self._layer(), canvas=canvas_size(self._viewer))
+        self._place(canvas_corners(state), np.zeros((1, 1, 4), np.uint8))
 
     def _show_overlay(self) -> None:
         if self.overlay is not None and self.overlay in self._viewer.layers:

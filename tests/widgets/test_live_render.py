@@ -116,10 +116,13 @@ def test_the_switch_shows_full_resolution_in_the_3d_canvas(live_viewer, qtbot):
     from napari_gridmip import colorize_view, render_view
     from napari_gridmip._jobs.live_render import occupancy_cells
 
-    camera = viewer.scene.camera
-    rays = camera_rays(camera.center, camera.view_direction, camera.up_direction, (height, width), zoom=camera.zoom,
-                       scale=layer.scale, translate=layer.translate, handedness=str(camera.handedness))  # fmt: skip
-    values = render_view(layer.data, occupancy_cells(layer.data, 0.0), rays.origins, rays.directions).values
+    camera, state = viewer.scene.camera, live._final_state  # the camera as the render read it (rounded to 1e-9)
+    np.testing.assert_allclose(state.center, camera.center[-3:], atol=1e-6)
+    np.testing.assert_allclose(state.view, camera.view_direction, atol=1e-6)
+    rays = camera_rays(state.center, state.view, state.up, (height, width), zoom=state.zoom, scale=layer.scale,
+                       translate=layer.translate, handedness=state.handedness)  # fmt: skip
+    step = state.display.step  # napari's sample spacing (0.8 voxels)
+    values = render_view(layer.data, occupancy_cells(layer.data, 0.0), rays.origins, rays.directions, step=step).values
     expected = colorize_view(values, colormap=layer.colormap, contrast_limits=layer.contrast_limits)
     np.testing.assert_allclose(picture.rgba, expected, atol=1e-6)
     # the coarse pass came first

@@ -1,14 +1,17 @@
 """napari's volume rendering modes, at full resolution, reading only the chunks whose occupied cells rays enter.
 
 Each ray is sampled at ``t = t0 + (k + 1/2) * step`` from where it enters the volume's box (``k = 0 .. n - 1``,
-``n`` the samples inside the box), each sample reading the voxel it falls in (nearest, as napari's
-``interpolation3d="nearest"``). Samples come in segments of ``S`` consecutive samples; a segment whose voxels all
-lie in empty cells of the occupancy grid is skipped: its samples are taken to be ``background`` (exact when every
-voxel of an empty cell holds ``background``, as the zeros around a sparse volume's data do). The other segments are
-checked sample by sample, and their chunks (the volume's own chunks for dask and Zarr) are read into a bounded
-cache, only where a sample falls in an occupied cell; a view that needs more chunks than the cache holds is
-rendered in bands of rows. The sampling, skipping, gathering and reductions run in JAX, in compiled programs of
-static shapes (batches of rays and of segments padded to powers of two).
+``n`` the samples inside the box), each sample interpolated trilinearly from the 8 voxels around it (voxel ``i``'s
+value at its centre ``i + 1/2``, indices clamped at the volume's faces: napari's default ``interpolation3d="linear"``,
+which vispy's shader gets from OpenGL's linear 3D texture filter with clamp to edge). Samples come in segments of
+``S`` consecutive samples; a segment whose samples read no voxel of an occupied cell of the occupancy grid is
+skipped: its samples are taken to be ``background`` (exact when every voxel of an empty cell holds ``background``,
+as the zeros around a sparse volume's data do; a sample within a voxel of an occupied cell reads it, so such a
+segment is never skipped). The other segments are sampled, and their chunks (the volume's own chunks for dask and
+Zarr) are read into a bounded cache, only where a sample reads a voxel of an occupied cell; a view that needs more
+chunks than the cache holds is rendered in bands of rows. The sampling, skipping, gathering and reductions run in
+JAX, in compiled programs of fixed shapes (batches of rays and of segments padded to one size each), so that no
+camera state compiles a new program once a level has been rendered.
 
 The modes follow vispy's shaders (``vispy/visuals/volume.py``): ``mip`` and ``minip`` take the largest and the
 smallest sample; ``attenuated_mip`` the largest ``v_k * exp(-attenuation * (S_k - 1))`` with ``S_k = step *
@@ -151,23 +154,39 @@ class ChunkCache:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the compiled pieces
+# the compiled pieces: every batch is padded to RAY_BATCH rays or SEGMENT_BATCH segments, and a segment carries its
+# ray's (o, d, t0, n), so one program per level and mode serves every view (none is compiled when the camera moves)
+
+CORNERS = np.array(list(np.ndindex(2, 2, 2)), np.int32)  # the 8 voxels a trilinear sample reads
 
 
-def _voxels(o, d, t0, k, step, shape):
-    """The voxel (int32 (..., 3), clipped into the volume) and t of sample ``k`` of rays ``(o, d, t0)``."""
+def _points(o, d, t0, k, step):
+    """Position (float32 (..., 3), index coordinates) and t of sample ``k`` of rays ``(o, d, t0)``."""
     t = t0 + (k.astype(jnp.float32) + 0.5) * step
-    p = o + t[..., None] * d
-    return jnp.clip(jnp.floor(p).astype(jnp.int32), 0, shape - 1), t
+    return o + t[..., None] * d, t
+
+
+def _base(p, shape):
+    """The lower of the two voxels per axis a trilinear sample at ``p`` reads (voxel centres at ``i + 1/2``), and
+    its weight for the upper one; indices clamped to the volume (clamp to edge, as OpenGL's textures)."""
+    q = p - 0.5
+    low = jnp.floor(q)
+    return jnp.clip(low.astype(jnp.int32), -1, shape - 1), q - low
+
+
+def _corner(base, corner, shape):
+    return jnp.clip(base + corner, 0, shape - 1)
 
 
 def _segments_occupied(o, d, t0, n, first, length, cells, step, shape, cell):
-    """Whether any cell between a segment's first and last sample is occupied (a segment spans at most 2 cells
-    per axis, so the 8 corners of that box are all its cells), for segments starting at sample ``first``."""
+    """Whether a segment's samples may read a voxel of an occupied cell: the voxels its trilinear samples read lie
+    in the box from the first sample's lower voxels to the last's upper ones, which spans at most 2 cells per axis
+    (a segment's samples span at most ``cell - 1`` voxels), so the 8 corner cells of that box are all its cells."""
     last = jnp.minimum(first + length - 1, n - 1)
-    vf, _ = _voxels(o, d, t0, first, step, shape)
-    vl, _ = _voxels(o, d, t0, jnp.maximum(last, 0), step, shape)
-    lo, hi = jnp.minimum(vf, vl) // cell, jnp.maximum(vf, vl) // cell
+    bf, _ = _base(_points(o, d, t0, first, step)[0], shape)
+    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
+    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1) // cell
+    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1) // cell
     occupied = jnp.zeros(first.shape, bool)
     for corner in np.ndindex(2, 2, 2):
         c = jnp.minimum(lo + jnp.asarray(corner, jnp.int32), hi)
@@ -183,81 +202,110 @@ def _scan(o, d, t0, n, cells, step, shape, length, count, cell):
 
 
 @functools.partial(jax.jit, static_argnames=("length", "split", "cell"))
-def _refine(o, d, t0, n, rays, coarse, cells, step, shape, length, split, cell):
-    """(P, split): which of the ``split`` segments of ``length`` samples inside each coarse segment meet one."""
+def _refine(o, d, t0, n, coarse, cells, step, shape, length, split, cell):
+    """(P, split): which of the ``split`` segments of ``length`` samples inside each coarse segment meet one
+    (``o``, ``d``, ``t0``, ``n``: each coarse segment's ray)."""
     first = (coarse[:, None] * split + jnp.arange(split, dtype=jnp.int32)[None, :]) * length
-    ob, db, tb, nb = o[rays][:, None], d[rays][:, None], t0[rays][:, None], n[rays][:, None]
-    return _segments_occupied(ob, db, tb, nb, first, length, cells, step, shape, cell)
+    return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, cells, step, shape, cell)
+
+
+def _samples(o, d, t0, n, segs, step, shape, segment):
+    """Each segment's samples: their lower voxels, weights, t and validity."""
+    k = segs[:, None] * segment + jnp.arange(segment, dtype=jnp.int32)[None, :]
+    p, t = _points(o[:, None, :], d[:, None, :], t0[:, None], k, step)
+    base, weight = _base(p, shape)
+    return base, weight, t, k < n[:, None]
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks"))
-def _mark(o, d, t0, n, rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
-    """Which of the ``chunks`` chunks hold a sample of the given segments that falls in an occupied cell."""
-    k = segs[:, None] * segment + jnp.arange(segment, dtype=jnp.int32)[None, :]
-    v, _ = _voxels(o[rays][:, None, :], d[rays][:, None, :], t0[rays][:, None], k, step, shape)
-    c = v // cell
-    hit = cells[c[..., 0], c[..., 1], c[..., 2]] & (k < n[rays][:, None])
-    q = v // chunk
-    flat = (q[..., 0] * grid[1] + q[..., 1]) * grid[2] + q[..., 2]
-    return jnp.zeros(chunks + 1, bool).at[jnp.where(hit, flat, chunks)].set(True)[:chunks]
+def _mark(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
+    """Which of the ``chunks`` chunks hold a voxel that a sample of the given segments reads in an occupied cell."""
+    base, _, _, valid = _samples(o, d, t0, n, segs, step, shape, segment)
+    marked = jnp.zeros(chunks + 1, bool)
+    for corner in CORNERS:
+        v = _corner(base, corner, shape)
+        c = v // cell
+        hit = cells[c[..., 0], c[..., 1], c[..., 2]] & valid
+        q = v // chunk
+        flat = (q[..., 0] * grid[1] + q[..., 1]) * grid[2] + q[..., 2]
+        marked = marked.at[jnp.where(hit, flat, chunks)].set(True)
+    return marked[:chunks]
 
 
-def _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment):
-    """Values (float32 (P, segment)), validity and t of the samples of the given segments."""
-    k = segs[:, None] * segment + jnp.arange(segment, dtype=jnp.int32)[None, :]
-    v, t = _voxels(o[rays][:, None, :], d[rays][:, None, :], t0[rays][:, None], k, step, shape)
-    q = v // chunk
-    local = v - q * chunk
-    slot = slots[q[..., 0], q[..., 1], q[..., 2]]
-    value = atlas[jnp.maximum(slot, 0), local[..., 0], local[..., 1], local[..., 2]].astype(jnp.float32)
-    value = jnp.where(slot >= 0, value, background)
-    return value, k < n[rays][:, None], t
+@functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks", "aligned"))
+def _mark_boxes(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chunks, aligned):
+    """As :func:`_mark`, per segment rather than per sample (8 lookups a segment, not 8 a sample): the chunks of
+    the part of each occupied cell inside the box of voxels the segment's samples read. A superset of ``_mark``'s
+    (a box holds more voxels than its samples read), as tight at the cells' scale; chunks of at least a cell."""
+    last = jnp.minimum((segs + 1) * segment - 1, n - 1)
+    bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
+    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
+    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
+    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
+    valid = (segs * segment < n)[:, None]
+    marked = jnp.zeros(chunks + 1, bool)
+    for corner in np.ndindex(2, 2, 2):
+        c = jnp.minimum(lo // cell + jnp.asarray(corner, jnp.int32), hi // cell)
+        hit = cells[c[:, 0], c[:, 1], c[:, 2]][:, None] & valid
+        part_lo, part_hi = jnp.maximum(lo, c * cell), jnp.minimum(hi, c * cell + cell - 1)  # the box inside the cell
+        # its chunks: at most 2 per axis (it is at most a cell wide); one where chunks are whole cells
+        for end in np.ndindex(2, 2, 2) if not aligned else [(0, 0, 0)]:
+            q = jnp.where(jnp.asarray(end, bool), part_hi, part_lo) // chunk
+            flat = (q[:, 0] * grid[1] + q[:, 1]) * grid[2] + q[:, 2]
+            marked = marked.at[jnp.where(hit[:, 0], flat, chunks)].set(True)
+    return marked[:chunks]
 
 
-def _pick(values, t, better, rays, size):
-    """Per ray, the best value (by ``better``: max or min) and the t of its first occurrence."""
-    segment_reduce = jax.ops.segment_max if better is jnp.maximum else jax.ops.segment_min
+def _gather(o, d, t0, n, segs, atlas, slots, step, shape, chunk, background, segment):
+    """Trilinear values (float32 (P, segment)), validity and t of the samples of the given segments; a voxel in a
+    chunk not loaded (no occupied cell of it is read) holds ``background``."""
+    base, weight, t, valid = _samples(o, d, t0, n, segs, step, shape, segment)
+    value = jnp.zeros(base.shape[:-1], jnp.float32)
+    for corner in CORNERS:
+        v = _corner(base, corner, shape)
+        q = v // chunk
+        local = v - q * chunk
+        slot = slots[q[..., 0], q[..., 1], q[..., 2]]
+        read = atlas[jnp.maximum(slot, 0), local[..., 0], local[..., 1], local[..., 2]].astype(jnp.float32)
+        w = jnp.prod(jnp.where(corner == 1, weight, 1 - weight), axis=-1)
+        value = value + w * jnp.where(slot >= 0, read, background)
+    return value, valid, t
+
+
+def _first_best(values, t, better):
+    """Per segment, the best value (max or min) and the t of its first occurrence."""
     arg = jnp.argmax(values, axis=1) if better is jnp.maximum else jnp.argmin(values, axis=1)
-    best = jnp.take_along_axis(values, arg[:, None], 1)[:, 0]
-    best_t = jnp.take_along_axis(t, arg[:, None], 1)[:, 0]
-    ray_best = segment_reduce(best, rays, num_segments=size)
-    # the earliest t among the segments holding the ray's best value
-    t_of = jax.ops.segment_min(jnp.where(best == ray_best[rays], best_t, jnp.inf), rays, num_segments=size)
-    return ray_best, t_of
+    return jnp.take_along_axis(values, arg[:, None], 1)[:, 0], jnp.take_along_axis(t, arg[:, None], 1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "mode", "size"))
-def _reduce(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, params, prefix, ids, segment,
-            mode, size):  # fmt: skip
-    """One batch of occupied segments reduced per ray: (value, t) of each of ``size`` rays (-inf/inf: none).
+@functools.partial(jax.jit, static_argnames=("segment", "mode"))
+def _reduce(o, d, t0, n, segs, atlas, slots, step, shape, chunk, background, params, prefix, segment, mode):
+    """Each segment reduced: (value, t) per segment (-inf/+inf and inf: none); the rays' reduction is in NumPy.
 
-    ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment;
-    ``ids``: each segment's ray counted from the batch's first ray (the outputs cover ``size`` rays from there).
+    ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment.
     """
-    value, valid, t = _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment)
+    value, valid, t = _gather(o, d, t0, n, segs, atlas, slots, step, shape, chunk, background, segment)
     if mode == "mip":
-        return _pick(jnp.where(valid, value, -jnp.inf), t, jnp.maximum, ids, size)
+        return _first_best(jnp.where(valid, value, -jnp.inf), t, jnp.maximum)
     if mode == "minip":
-        return _pick(jnp.where(valid, value, jnp.inf), t, jnp.minimum, ids, size)
+        return _first_best(jnp.where(valid, value, jnp.inf), t, jnp.minimum)
     if mode == "attenuated_mip":
         lo, hi, attenuation = params[0], params[1], params[2]
         contribution = jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0)
         total = prefix[:, None] + jnp.cumsum(contribution, axis=1)
         scaled = jnp.where(valid, value * jnp.exp(-attenuation * (total - 1)), -jnp.inf)
-        return _pick(scaled, t, jnp.maximum, ids, size)
+        return _first_best(scaled, t, jnp.maximum)
     hit = valid & (value > params[0])  # iso: the first sample above the threshold
-    first = jnp.min(jnp.where(hit, t, jnp.inf), axis=1)
     at = jnp.argmax(hit, axis=1)
-    hit_value = jnp.where(jnp.isfinite(first), jnp.take_along_axis(value, at[:, None], 1)[:, 0], -jnp.inf)
-    ray_t = jax.ops.segment_min(first, ids, num_segments=size)
-    ray_value = jax.ops.segment_max(jnp.where(first == ray_t[ids], hit_value, -jnp.inf), ids, num_segments=size)
-    return ray_value, ray_t
+    found = jnp.any(hit, axis=1)
+    first = jnp.where(found, jnp.take_along_axis(t, at[:, None], 1)[:, 0], jnp.inf)
+    return jnp.where(found, jnp.take_along_axis(value, at[:, None], 1)[:, 0], -jnp.inf), first
 
 
 @functools.partial(jax.jit, static_argnames=("segment",))
-def _totals(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, lo, hi, segment):
+def _totals(o, d, t0, n, segs, atlas, slots, step, shape, chunk, background, lo, hi, segment):
     """attenuated_mip: each segment's sum of ``step * clip((v - lo) / (hi - lo), 0, 1)``."""
-    value, valid, _ = _gather(o, d, t0, n, rays, segs, atlas, slots, step, shape, chunk, background, segment)
+    value, valid, _ = _gather(o, d, t0, n, segs, atlas, slots, step, shape, chunk, background, segment)
     return jnp.sum(jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0), axis=1)
 
 
@@ -376,9 +424,11 @@ def render_view(
     >>> from napari_gridmip import occupancy_mipmap, render_view
     >>> volume = np.zeros((32, 32, 32), np.uint16); volume[4, 8, 8] = 7; volume[20, 8, 8] = 9
     >>> cells = np.asarray(occupancy_mipmap(volume)[3])
-    >>> o, d = np.array([[0.0, 8.5, 8.5]]), np.array([[1.0, 0, 0]])
-    >>> float(render_view(volume, cells, o, d).values[0])
+    >>> o, d = np.array([[0.0, 8.5, 8.5]]), np.array([[1.0, 0, 0]])  # through the voxel centres
+    >>> float(render_view(volume, cells, o, d, step=1.0).values[0])  # samples at z = 0.5, 1.5, ...: the centres
     9.0
+    >>> float(render_view(volume, cells, o, d).values[0])  # z = 20.25 and 20.75: 3/4 of 9 (trilinear)
+    6.75
     >>> float(render_view(volume, cells, o, d, mode="minip").values[0])
     0.0
     """
@@ -424,63 +474,71 @@ def render_view(
     reads_before = cache.reads
 
     # the largest segment whose samples span less than a cell along every axis (at most 2 cells per axis), and
-    # coarse segments of 4 times as many samples against cells 4 times as large, scanned first
-    segment = min(1 << int(np.floor(np.log2((cell - 1) / step + 1))), 64)
-    coarse = 1 << int(np.floor(np.log2((4 * cell - 1) / step + 1)))
-    split = coarse // segment
+    # segments of more samples against cells 4 and 16 times as large, scanned first (coarsest first: a ray's
+    # segments are looked at in finer ones only where the coarser one meets an occupied cell)
+    scales = (16, 4, 1)
+    lengths = [1 << int(np.floor(np.log2((f * cell - 1) / step + 1))) for f in scales]
+    lengths[-1] = segment = min(lengths[-1], 64)
     t0, n = sample_plan(o, d, shape, step, t_near)
     hit = np.flatnonzero(n > 0)
-    size = _padded(len(hit))
-    plan = _Plan(
-        o=jnp.asarray(_pad(o[hit].astype(np.float32), size, -1)),
-        d=jnp.asarray(_pad(d[hit].astype(np.float32), size, 0)),
-        t0=jnp.asarray(_pad(t0[hit].astype(np.float32), size, 0)),
-        n=jnp.asarray(_pad(n[hit].astype(np.int32), size, 0)),
-        step=np.float32(step),
-        shape=jnp.asarray(shape, jnp.int32),
-    )
+    rays_o, rays_d = o[hit].astype(np.float32), d[hit].astype(np.float32)
+    rays_t0, rays_n = t0[hit].astype(np.float32), n[hit].astype(np.int32)
+    step32, shape_device = np.float32(step), jnp.asarray(shape, jnp.int32)
+    # coarsest segments per ray: enough for the volume's diagonal, whatever the view (one program per volume)
+    count = _padded(int(np.ceil((np.linalg.norm(shape) / step + 1) / lengths[0])), 8)
     cells_device = jnp.asarray(cells)
-    coarse_cells = jnp.asarray(_coarser(cells, 4))
+    grids = [jnp.asarray(_coarser(cells, f)) for f in scales[:-1]] + [cells_device]
 
     def check() -> None:
         if cancel is not None and cancel():
             raise RenderCancelled
 
-    # 1. which segments meet an occupied cell: coarse segments of each batch of rays, then their fine segments
+    def of_rays(index: np.ndarray, size: int) -> list:
+        """The rays ``index`` (into the rays that meet the box) as device arrays padded to ``size``."""
+        return [jnp.asarray(_pad(a[index], size, fill))
+                for a, fill in zip((rays_o, rays_d, rays_t0, rays_n), (-1, 0, 0, 0))]  # fmt: skip
+
+    # 1. which segments meet an occupied cell: the coarsest segments of each batch of rays, then finer ones
     rays_list, segs_list = [], []
     for start in range(0, len(hit), RAY_BATCH):
         check()
         batch = np.arange(start, min(start + RAY_BATCH, len(hit)))
-        count = _padded(int(-(-int(n[hit[batch]].max()) // coarse)), 8)
-        b = _padded(len(batch))
-        part = [jnp.asarray(_pad(np.asarray(a)[batch], b, fill)) for a, fill in zip(plan[:4], (-1, 0, 0, 0))]
-        occupied = np.asarray(_scan(*part, coarse_cells, plan.step, plan.shape, coarse, count, 4 * cell))
+        occupied = np.asarray(_scan(*of_rays(batch, RAY_BATCH), grids[0], step32, shape_device, lengths[0], count,
+                                    scales[0] * cell))  # fmt: skip
         r, c = np.nonzero(occupied[: len(batch)])
         r = batch[r]
-        for a in range(0, len(r), SEGMENT_BATCH):
-            rr, cc = r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]
-            m = _padded(len(rr))
-            fine = np.asarray(_refine(*plan[:4], jnp.asarray(_pad(rr.astype(np.int32), m)),
-                                      jnp.asarray(_pad(cc.astype(np.int32), m)), cells_device, plan.step,
-                                      plan.shape, segment, split, cell))[: len(rr)]  # fmt: skip
-            i, j = np.nonzero(fine)
-            rays_list.append(rr[i])
-            segs_list.append(cc[i] * split + j)
+        for level in range(1, len(scales)):
+            split = lengths[level - 1] // lengths[level]
+            finer_r, finer_c = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+            for a in range(0, len(r), SEGMENT_BATCH):
+                rr, cc = r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]
+                index = jnp.asarray(_pad(cc.astype(np.int32), SEGMENT_BATCH))
+                fine = np.asarray(_refine(*of_rays(rr, SEGMENT_BATCH), index, grids[level], step32, shape_device,
+                                          lengths[level], split, scales[level] * cell))[: len(rr)]  # fmt: skip
+                i, j = np.nonzero(fine)
+                finer_r.append(rr[i])
+                finer_c.append(cc[i] * split + j)
+            r, c = np.concatenate(finer_r), np.concatenate(finer_c)
+        rays_list.append(r)
+        segs_list.append(c)
     rays = np.concatenate(rays_list) if rays_list else np.zeros(0, np.int64)
     segs = np.concatenate(segs_list) if segs_list else np.zeros(0, np.int64)
     # sorted by ray, then along it, as made: batches in ray order, np.nonzero in row-major order
     rays, segs = rays.astype(np.int32), segs.astype(np.int32)
 
-    # 2. the chunks their samples in occupied cells fall in, per batch of segments; bands of batches that fit
+    # 2. the chunks their samples read in occupied cells, per batch of segments; bands of batches that fit
     batches = []
     pending = [(rays[a : a + SEGMENT_BATCH], segs[a : a + SEGMENT_BATCH]) for a in range(0, len(rays), SEGMENT_BATCH)]
     chunk_device, grid_device = jnp.asarray(cache.chunk, jnp.int32), jnp.asarray(cache.grid, jnp.int32)
+    if min(cache.chunk) >= cell:
+        mark = functools.partial(_mark_boxes, aligned=all(c % cell == 0 for c in cache.chunk))
+    else:
+        mark = _mark
     while pending:
         check()
         r, s = pending.pop(0)
-        m = _padded(len(r))
-        flat = _mark(*plan[:4], jnp.asarray(_pad(r, m)), jnp.asarray(_pad(s, m)), cells_device, plan.step,
-                     plan.shape, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
+        flat = mark(*of_rays(r, SEGMENT_BATCH), jnp.asarray(_pad(s, SEGMENT_BATCH)), cells_device, step32,
+                    shape_device, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
         ids = np.flatnonzero(np.asarray(flat))
         if len(ids) > cache.slots:  # more chunks than the cache holds: two halves (bands of rows), in order
             if len(r) == 1:
@@ -521,12 +579,12 @@ def render_view(
     lo, hi, attenuation = (float(p) for p in params)
     prefix = np.zeros(len(rays), np.float32)
     per_sample, totals_before_gap = 0.0, None
+    constants = (step32, shape_device, chunk_device, np.float32(background))
     if mode == "attenuated_mip":
         per_sample = step * float(np.clip((background - lo) / (hi - lo), 0, 1))
         totals = np.zeros(len(rays), np.float64)
-        for index, part in _band_batches(bands, cache, check):
-            out = _totals(*plan[:4], *part, plan.step, plan.shape, jnp.asarray(cache.chunk, jnp.int32),
-                          np.float32(background), np.float32(lo), np.float32(hi), segment)  # fmt: skip
+        for index, r, part in _band_batches(bands, cache, check):
+            out = _totals(*of_rays(r, SEGMENT_BATCH), *part, *constants, np.float32(lo), np.float32(hi), segment)
             totals[index] = np.asarray(out)[: len(index)]
         # the occupied segments before each one, and the background samples between them
         before = np.cumsum(totals) - totals
@@ -540,17 +598,12 @@ def render_view(
     values = np.full(len(hit), np.nan, np.float32)
     depth = np.full(len(hit), np.nan, np.float32)
     samples = len(rays) * segment
-    for index, part in _band_batches(bands, cache, check):
-        m = len(part[0])
-        seg_prefix = jnp.asarray(_pad(prefix[index], m))
-        first = int(rays[index[0]])
-        span = _padded(int(rays[index[-1]]) - first + 1, 64)  # the batch's rays: a contiguous run (sorted)
-        ids = jnp.asarray(_pad(rays[index] - first, m, span))  # padding: out of range, dropped by the reductions
-        v, t = _reduce(*plan[:4], *part, plan.step, plan.shape, jnp.asarray(cache.chunk, jnp.int32),
-                       np.float32(background), jnp.asarray(params), seg_prefix, ids, segment, mode, span)  # fmt: skip
-        run = slice(first, min(first + span, len(hit)))
-        count = run.stop - run.start
-        values[run], depth[run] = _combine(mode, values[run], depth[run], np.asarray(v)[:count], np.asarray(t)[:count])
+    params_device = jnp.asarray(params)
+    for index, r, part in _band_batches(bands, cache, check):
+        seg_prefix = jnp.asarray(_pad(prefix[index], SEGMENT_BATCH))
+        v, t = _reduce(*of_rays(r, SEGMENT_BATCH), *part, *constants, params_device, seg_prefix, segment, mode)
+        ids, best, best_t = _per_ray(mode, r, np.asarray(v)[: len(r)], np.asarray(t)[: len(r)])
+        values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
         values, depth = _combine(mode, values, depth, bg, np.where(any_skipped, t_skipped, np.inf))
@@ -572,17 +625,9 @@ def render_view(
     )
 
 
-class _Plan(NamedTuple):
-    o: Any
-    d: Any
-    t0: Any
-    n: Any
-    step: Any
-    shape: Any
-
-
 def _band_batches(bands, cache, check):
-    """(indices into the segment list, (rays, segments, atlas, slot table)) per batch, loading each band's chunks."""
+    """(indices into the segment list, their rays, (segments, atlas, slot table)) per batch, loading each band's
+    chunks first."""
     start = 0
     for band, ids in bands:
         check()
@@ -594,8 +639,20 @@ def _band_batches(bands, cache, check):
         for r, s in band:
             index = np.arange(start, start + len(r))
             start += len(r)
-            m = _padded(len(r))
-            yield index, (jnp.asarray(_pad(r, m)), jnp.asarray(_pad(s, m)), atlas, table)
+            yield index, r, (jnp.asarray(_pad(s, SEGMENT_BATCH)), atlas, table)
+
+
+def _per_ray(mode, rays, v, t):
+    """Per-segment (value, t) of a batch reduced per ray (``rays`` sorted, a ray's segments in order along it):
+    (the rays, their best value, its t); the best is the largest (smallest for minip) value at its first t, or
+    for iso the first hit."""
+    if mode == "iso":
+        order = np.lexsort((t, rays))
+    else:
+        order = np.lexsort((t, v if mode == "minip" else -v, rays))
+    r = rays[order]
+    first = order[np.r_[True, r[1:] != r[:-1]]] if len(r) else order
+    return rays[first], v[first], t[first]
 
 
 def _combine(mode, best, best_t, v, t):

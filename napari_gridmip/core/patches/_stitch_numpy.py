@@ -296,12 +296,14 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
     peak = core.reshape(batch, -1)[np.arange(batch), flat]
     featureless = featureless | ~np.isfinite(peak)
     peak = np.where(featureless, np.nan, peak)
-    on_edge = np.any((peak_index == 0) | (peak_index == 2 * max_shift), axis=1)
-    integer = (peak_index - max_shift).astype(np.float32)
-    filled = np.nan_to_num(ncc)
-    hood = np.stack(
-        [filled[(b, *(slice(int(i) + margin - 1, int(i) + margin + 2) for i in peak_index[b]))] for b in range(batch)]
+    raw_hood = np.stack(
+        [ncc[(b, *(slice(int(i) + margin - 1, int(i) + margin + 2) for i in peak_index[b]))] for b in range(batch)]
     )
+    # next to a shift that keeps less than half the overlap: on the search's edge too (as in the JAX kernel)
+    on_edge = np.any((peak_index == 0) | (peak_index == 2 * max_shift), axis=1)
+    on_edge |= np.isnan(raw_hood).reshape(batch, -1).any(axis=1)
+    integer = (peak_index - max_shift).astype(np.float32)
+    hood = np.nan_to_num(raw_hood)
     start = integer + (quadratic_nd(hood) if subpixel != "none" else 0)
     info = np.broadcast_to(np.eye(d, dtype=np.float32), (batch, d, d)).copy()
     return start.astype(np.float32), peak, info, featureless, on_edge, false

@@ -93,6 +93,7 @@ WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accep
 PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
+NUMPY_BATCH_PAIRS = 128  # pairs per NumPy call at most (within BATCH_BYTES: batches of BATCH_PAIRS merged)
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
@@ -501,12 +502,6 @@ class _TileReader:
         return out
 
 
-def _padded(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    out = np.full(shape, np.nan, np.float32)
-    out[tuple(slice(0, n) for n in data.shape)] = data
-    return out
-
-
 def register_tiles(
     tiles: Any,
     positions: Any,
@@ -880,14 +875,16 @@ def _plan_windows(members, geometry, positions, reach, seed, t_shape, batch) -> 
         t_lo = positions[j] + geometry.lo[a]
         t_hi = t_lo + geometry.extent[a]
         samples.append((a, None, (True,) * d))
+        drawn = 1
         for _ in range(20 * GUIDED_NULLS):
-            if len(samples) and sum(1 for s in samples if s[0] == a) >= GUIDED_NULLS:
+            if drawn >= GUIDED_NULLS:
                 break
             tile = int(rng.integers(n))
             start = np.array([int(rng.integers(0, max(int(m - e), 0) + 1)) for m, e in zip(size, extent)])
             w_lo = positions[tile] + start
             if np.any((t_hi + 2 * reach <= w_lo) | (w_lo + extent + 2 * reach <= t_lo)):
                 samples.append((a, (tile, tuple(start.tolist())), (False,) * d))
+                drawn += 1
     batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)
     return _Plan(t_shape, batch, batches, samples, own_size=True)
 
@@ -937,60 +934,69 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     raw_s = tuple(n + 2 * h for n in s_shape)
 
     def template_of(k, flips=None, limit=None):
+        """Pair k's template (canonical axes, cut to ``limit``, flipped) and its extent."""
         order = _canonical(geometry, k)
         region = reader.region(geometry.pairs[k][1], geometry.lo[k], geometry.extent[k]).transpose(order)
         extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
         region = region[tuple(slice(0, int(e) + 2 * h) for e in extent)]
         if flips is not None and any(flips):
             region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
-        mask = np.zeros(t_shape, np.float32)
-        mask[tuple(slice(0, int(e)) for e in extent)] = 1
-        return _padded(region, raw_t), mask
+        return region, extent
 
     def search_of(k):
         start = geometry.lo[k] + geometry.rounded[k] - reach
         region = reader.region(geometry.pairs[k][0], start, geometry.extent[k] + 2 * reach)
-        return _padded(region.transpose(_canonical(geometry, k)), raw_s)
+        return region.transpose(_canonical(geometry, k))
 
     def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere
         region = reader.region(tile, np.asarray(start), geometry.extent[k] + 2 * reach)
-        return _padded(region.transpose(_canonical(geometry, k)), raw_s)
+        return region.transpose(_canonical(geometry, k))
+
+    def corner(shape):
+        return tuple(slice(0, int(n)) for n in shape)
+
+    # NumPy: several of the plan's batches at once (fewer, larger array operations; the same results); JAX: one
+    # batch of the plan's static size per call
+    fit = min(NUMPY_BATCH_PAIRS, BATCH_BYTES // (16 * math.prod(s_shape) * 4))  # as _plan_group's bound
+    step = plan.batch * (max(1, fit // plan.batch) if engine == "numpy" else 1)
 
     def run(items):
         nonlocal done
         results = []
-        for first in range(0, len(items), plan.batch):
-            chunk = items[first : first + plan.batch]
-            searches, templates, masks = [], [], []
-            for item in chunk:
-                search, (template, mask) = item()
-                searches.append(search)
-                templates.append(template)
-                masks.append(mask)
+        for first in range(0, len(items), step):
+            chunk = items[first : first + step]
+            size = len(chunk) if engine == "numpy" else plan.batch  # JAX: padded to one compiled shape
+            searches = np.full((size, *raw_s), np.nan, np.float32)
+            templates = np.full((size, *raw_t), np.nan, np.float32)
+            masks = np.zeros((size, *t_shape), np.float32)
+            if engine != "numpy":
+                searches[len(chunk) :] = 0
+                templates[len(chunk) :] = 0
+            for slot, item in enumerate(chunk):  # written in place: no per-pair padded copies to stack
+                search, (template, extent) = item()
+                searches[slot][corner(search.shape)] = search
+                templates[slot][corner(template.shape)] = template
+                masks[slot][corner(extent)] = 1
             if engine == "numpy":  # nothing compiled: no need for one batch shape
                 out = _stitch_numpy.register_batch(
-                    np.stack(searches), np.stack(templates), np.stack(masks), max_shift=max_shift,
+                    searches, templates, masks, max_shift=max_shift,
                     subpixel=subpixel, sigma=sigma, filtered=isinstance(reader, _stitch_numpy.FilteredTiles),
                 )  # fmt: skip
             else:
-                while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
-                    searches.append(np.zeros(raw_s, np.float32))
-                    templates.append(np.zeros(raw_t, np.float32))
-                    masks.append(np.zeros(t_shape, np.float32))
                 import jax.numpy as jnp
 
                 from napari_gridmip.core.patches._stitch_jax import _register_batch
 
                 out = _register_batch(
-                    jnp.asarray(np.stack(searches)),
-                    jnp.asarray(np.stack(templates)),
-                    jnp.asarray(np.stack(masks)),
+                    jnp.asarray(searches),
+                    jnp.asarray(templates),
+                    jnp.asarray(masks),
                     max_shift=max_shift,
                     subpixel=subpixel,
                     sigma=sigma,
                 )
             results.append([np.asarray(x)[: len(chunk)] for x in out])
-            done += 1
+            done += math.ceil(len(chunk) / plan.batch)
             _report(progress, done, total)
         return [np.concatenate([r[q] for r in results]) for q in range(6)]
 

@@ -48,15 +48,9 @@ def _boxes(have: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray]] | No
         lo, hi = line.argmax(axis=1), line.shape[1] - line[:, ::-1].argmax(axis=1)
         empty = ~line.any(axis=1)  # no pixel at all: the empty box [0, 0)
         out.append((np.where(empty, 0, lo), np.where(empty, 0, hi)))
-    grids = np.indices(have.shape[1:])
-    inside = np.ones(have.shape, bool)
-    for axis, (lo, hi) in enumerate(out):
-        inside &= (grids[axis][None] >= _col(lo, d)) & (grids[axis][None] < _col(hi, d))
-    return out if np.array_equal(inside, have) else None
-
-
-def _col(x: np.ndarray, d: int) -> np.ndarray:
-    return x.reshape((-1,) + (1,) * d)
+    # the pixels lie inside the box their projections span: they fill it if they are as many as its pixels
+    count = have.reshape(len(have), -1).sum(axis=1)
+    return out if np.array_equal(count, np.prod([hi - lo for lo, hi in out], axis=0)) else None
 
 
 def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool = False) -> np.ndarray:
@@ -258,6 +252,45 @@ def _box_sums(values: np.ndarray, lo: list[np.ndarray], hi: list[np.ndarray], d:
     return out
 
 
+def _sliding_sums(values: np.ndarray, extent: list[np.ndarray], positions: int, d: int) -> np.ndarray:
+    """Sums of ``values`` ``(B, C, *S)`` over ``[s, s + extent[a])`` along each spatial axis ``a``, for ``s`` in
+    ``0 .. positions - 1``: ``(B, C, positions, ...)``, float64.
+
+    :func:`_box_sums` for windows that slide from the origin, without prefix sums of the whole axis: the sum
+    of the axis, less the sums before the window and after it (each at most ``positions`` plus the spread of
+    the extents long), the longest axis first.
+    """
+    out = values
+    batch = len(values)
+    for a in sorted(range(d), key=lambda a: -values.shape[2 + a]):
+        axis = 2 + a
+        size = out.shape[axis]
+        e = np.broadcast_to(extent[a].reshape(-1), (batch,))
+
+        def part(lo, hi, out=out, axis=axis):
+            return out[(slice(None),) * axis + (slice(lo, hi),)]
+
+        total = out.sum(axis=axis, dtype=np.float64, keepdims=True)
+        shape = list(out.shape)
+        shape[axis] = positions
+        head = np.zeros(shape, np.float64)  # before the window: the first s values
+        np.cumsum(
+            part(0, positions - 1), axis=axis, dtype=np.float64, out=head[(slice(None),) * axis + (slice(1, None),)]
+        )
+        start = max(int(e.min()), 0)  # after the window: from s + e on, within the last size - start values
+        shape[axis] = size - start + 1
+        tail = np.zeros(shape, np.float64)
+        tail[(slice(None),) * axis + (slice(0, size - start),)] = np.flip(
+            np.cumsum(np.flip(part(start, size), axis=axis), axis=axis, dtype=np.float64), axis=axis
+        )
+        after = np.empty(head.shape, np.float64)
+        index = np.minimum(np.arange(positions)[None, :] + e[:, None] - start, size - start)
+        for b in range(batch):
+            after[b] = tail[b].take(index[b], axis=axis - 1)
+        out = total - head - after
+    return out
+
+
 def _masked_sums(f, t, have, mask, reach, d):
     """The six maps of the masked NCC over the shifts ``0 .. 2 reach`` per axis, each ``(B, *(2 reach + 1,) * d)``.
 
@@ -284,7 +317,7 @@ def _masked_sums(f, t, have, mask, reach, d):
         shifts = np.arange(2 * reach + 1)[None, :]
         extent = [hi[:, None] for _, hi in mask_box]  # (B, 1): the template's box, [0, extent) per axis
         # the search over the template's box at each shift; the template over the part that meets the data
-        searched = _box_sums(np.stack([f, f * f], axis=1), [shifts] * d, [shifts + e for e in extent], d)
+        searched = _sliding_sums(np.stack([f, f * f], axis=1), extent, 2 * reach + 1, d)
         n = np.ones((len(f),) + (2 * reach + 1,) * d)  # the pixels both hold: a product of 1D overlaps
         for a, ((lo, hi), e) in enumerate(zip(have_box, extent)):
             width = np.clip(np.minimum(shifts + e, hi[:, None]) - np.maximum(shifts, lo[:, None]), 0, None)

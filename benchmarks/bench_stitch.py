@@ -2,7 +2,7 @@
 
     python benchmarks/bench_stitch.py [--case small|camera|synthetic|all] [--quick] [--repeats 5] [--ashlar]
                                       [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
-    python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax]
+    python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax] [--peers 600]
     xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
 
 Cases (each tool gets the tiles and the regular grid the stage reports, the same information):
@@ -367,6 +367,55 @@ def bench_scale(args) -> None:
                   f"{len(result.pairs)} | {rms:.3f} / {worst:.3f} | {int(result.placed_from_stage.sum())} "
                   f"({int(in_hole.sum())} in the hole) | {drift:.2f} |")  # fmt: skip
         stitch.FORCE_ENGINE = None
+        if args.peers:
+            for tool in ("m2stitch", "ashlar"):
+                print(peer_at_scale(tool, Path(folder), path, stage, true, ~in_hole, grid, overlap, args.peers))
+
+
+PEER_AT_SCALE = """
+import sys, time, json, warnings
+import numpy as np
+sys.path[:0] = [{root!r}, {bench!r}]
+from bench_stitch import run_ashlar, run_m2stitch
+tool, zarr_path, folder, grid, overlap = {tool!r}, {zarr_path!r}, {folder!r}, {grid}, {overlap}
+stage = np.array({stage})
+start = time.perf_counter()
+if tool == "m2stitch":
+    import zarr
+    tiles = np.asarray(zarr.open(zarr_path, mode="r")[:], np.float32)  # m2stitch takes the tiles in memory
+    positions, note = run_m2stitch(tiles, stage, (grid, grid))
+else:
+    positions, note = run_ashlar(folder, (grid, grid), overlap)  # ASHLAR reads its TIFF files itself
+print(json.dumps({{"s": time.perf_counter() - start, "positions": positions.tolist(), "note": note}}))
+"""
+
+
+def peer_at_scale(tool, folder: Path, zarr_path: Path, stage, true, textured, grid, overlap, timeout) -> str:
+    """m2stitch or ASHLAR on the scale mosaic, in a new process stopped after ``timeout`` s: a table row."""
+    import resource
+
+    if tool == "ashlar" and not (folder / "tiff").exists():
+        import tifffile
+        import zarr
+
+        (folder / "tiff").mkdir()
+        store = zarr.open(str(zarr_path), mode="r")
+        for t in range(store.shape[0]):
+            tifffile.imwrite(folder / "tiff" / f"img_{t:03}.tif", store[t])
+    code = PEER_AT_SCALE.format(root=str(ROOT), bench=str(Path(__file__).parent), tool=tool,
+                                zarr_path=str(zarr_path), folder=str(folder / "tiff"), grid=grid, overlap=overlap,
+                                stage=stage.tolist())  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return f"| {tool} | did not finish in {timeout} s at grid {grid}x{grid} | | | | | |"
+    if out.returncode != 0:
+        return f"| {tool} | failed: {out.stderr.strip().splitlines()[-1][:120]} | | | | | |"
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    peak = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024
+    rms, worst = errors(np.array(result["positions"])[textured], true[textured])
+    return f"| {tool}{result['note']} | {result['s']:.1f} | {peak:.0f} (process peak) | | {rms:.3f} / {worst:.3f} | | |"
 
 
 FIRST_RUN = """
@@ -414,7 +463,9 @@ def main() -> None:
     parser.add_argument("--grid", type=int, nargs=2, help="rows, columns of --real")
     parser.add_argument("--overlap", type=float, nargs="+", help="nominal overlap of --real, a fraction (or y x)")
     parser.add_argument("--scale", type=int, metavar="N", help="an N x N grid of 512^2 tiles from Zarr (e.g. 30)")
-    parser.add_argument("--engines", nargs="+", default=["auto"], help="--scale: auto, numpy and/or jax")
+    parser.add_argument("--engines", nargs="*", default=["auto"], help="--scale: auto, numpy and/or jax")
+    parser.add_argument("--peers", type=int, metavar="SECONDS", help="--scale: m2stitch and ASHLAR too, each "
+                        "stopped after SECONDS")  # fmt: skip
     parser.add_argument("--first-run", action="store_true", help="the widget's first Run, new process (xvfb-run)")
     args = parser.parse_args()
     from _harness import machine

@@ -224,9 +224,12 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     peak = core.reshape(-1)[flat]
     featureless = featureless | ~jnp.isfinite(peak)
     peak = jnp.where(featureless, jnp.nan, peak)
-    on_edge = jnp.any((peak_index == 0) | (peak_index == 2 * max_shift))
+    raw_hood = lax.dynamic_slice(ncc, tuple(peak_index[k] + MARGIN - 1 for k in range(d)), (3,) * d)
+    # a peak next to a shift that keeps less than half the overlap is on the search's edge too: the true one
+    # may lie beyond (a stage error that eats most of the nominal overlap)
+    on_edge = jnp.any((peak_index == 0) | (peak_index == 2 * max_shift)) | jnp.any(jnp.isnan(raw_hood))
     integer = peak_index - max_shift  # the shift s at the integer peak
-    hood = lax.dynamic_slice(jnp.nan_to_num(ncc), tuple(peak_index[k] + MARGIN - 1 for k in range(d)), (3,) * d)
+    hood = jnp.nan_to_num(raw_hood)
     quadratic = _quadratic_nd(hood)
     start = integer.astype(f.dtype) + (quadratic if subpixel != "none" else 0)
     return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False)

@@ -46,16 +46,11 @@ def _boxes(have: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray]] | No
         other = tuple(a for a in range(1, d + 1) if a != axis + 1)
         line = have.any(axis=other) if other else have
         lo, hi = line.argmax(axis=1), line.shape[1] - line[:, ::-1].argmax(axis=1)
-        out.append((lo, hi))
-    grids = np.indices(have.shape[1:])
-    inside = np.ones(have.shape, bool)
-    for axis, (lo, hi) in enumerate(out):
-        inside &= (grids[axis][None] >= _col(lo, d)) & (grids[axis][None] < _col(hi, d))
-    return out if np.array_equal(inside, have) else None
-
-
-def _col(x: np.ndarray, d: int) -> np.ndarray:
-    return x.reshape((-1,) + (1,) * d)
+        empty = ~line.any(axis=1)  # no pixel at all: the empty box [0, 0)
+        out.append((np.where(empty, 0, lo), np.where(empty, 0, hi)))
+    # the pixels lie inside the box their projections span: they fill it if they are as many as its pixels
+    count = have.reshape(len(have), -1).sum(axis=1)
+    return out if np.array_equal(count, np.prod([hi - lo for lo, hi in out], axis=0)) else None
 
 
 def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool = False) -> np.ndarray:
@@ -234,6 +229,113 @@ def gauss_newton(f, t, mask, start, integer, reach, t_shape, iterations, max_ste
     return s, info, failed, ncc
 
 
+def _box_sums(values: np.ndarray, lo: list[np.ndarray], hi: list[np.ndarray], d: int) -> np.ndarray:
+    """Sums of ``values`` ``(B, C, *S)`` over the boxes ``[lo[a], hi[a])`` along each spatial axis ``a``.
+
+    ``lo[a]``, ``hi[a]``: ``(B, L_a)`` integer bounds (or ``(1, L_a)`` for all), one box per position; the
+    result is ``(B, C, L_1, ..., L_d)``, float64. Prefix sums along one axis at a time (a summed-area table,
+    axis by axis), the longest axis first: it shrinks the most.
+    """
+    out = values
+    batch = len(values)
+    for a in sorted(range(d), key=lambda a: -values.shape[2 + a]):
+        axis = 2 + a
+        shape = list(out.shape)
+        shape[axis] += 1
+        prefix = np.zeros(shape, np.float64)
+        np.cumsum(out, axis=axis, dtype=np.float64, out=prefix[(slice(None),) * axis + (slice(1, None),)])
+        first, last = (np.broadcast_to(x[a], (batch, np.shape(x[a])[-1])) for x in (lo, hi))
+        shape[axis] = first.shape[1]
+        out = np.empty(shape, np.float64)
+        for b in range(batch):  # one gather per pair along one axis: plain copies, no index grids
+            out[b] = prefix[b].take(last[b], axis=axis - 1) - prefix[b].take(first[b], axis=axis - 1)
+    return out
+
+
+def _sliding_sums(values: np.ndarray, extent: list[np.ndarray], positions: int, d: int) -> np.ndarray:
+    """Sums of ``values`` ``(B, C, *S)`` over ``[s, s + extent[a])`` along each spatial axis ``a``, for ``s`` in
+    ``0 .. positions - 1``: ``(B, C, positions, ...)``, float64.
+
+    :func:`_box_sums` for windows that slide from the origin, without prefix sums of the whole axis: the sum
+    of the axis, less the sums before the window and after it (each at most ``positions`` plus the spread of
+    the extents long), the longest axis first.
+    """
+    out = values
+    batch = len(values)
+    for a in sorted(range(d), key=lambda a: -values.shape[2 + a]):
+        axis = 2 + a
+        size = out.shape[axis]
+        e = np.broadcast_to(extent[a].reshape(-1), (batch,))
+
+        def part(lo, hi, out=out, axis=axis):
+            return out[(slice(None),) * axis + (slice(lo, hi),)]
+
+        total = out.sum(axis=axis, dtype=np.float64, keepdims=True)
+        shape = list(out.shape)
+        shape[axis] = positions
+        head = np.zeros(shape, np.float64)  # before the window: the first s values
+        np.cumsum(
+            part(0, positions - 1), axis=axis, dtype=np.float64, out=head[(slice(None),) * axis + (slice(1, None),)]
+        )
+        start = max(int(e.min()), 0)  # after the window: from s + e on, within the last size - start values
+        shape[axis] = size - start + 1
+        tail = np.zeros(shape, np.float64)
+        tail[(slice(None),) * axis + (slice(0, size - start),)] = np.flip(
+            np.cumsum(np.flip(part(start, size), axis=axis), axis=axis, dtype=np.float64), axis=axis
+        )
+        after = np.empty(head.shape, np.float64)
+        index = np.minimum(np.arange(positions)[None, :] + e[:, None] - start, size - start)
+        for b in range(batch):
+            after[b] = tail[b].take(index[b], axis=axis - 1)
+        out = total - head - after
+    return out
+
+
+def _masked_sums(f, t, have, mask, reach, d):
+    """The six maps of the masked NCC over the shifts ``0 .. 2 reach`` per axis, each ``(B, *(2 reach + 1,) * d)``.
+
+    ``num`` (the template against the search) by FFTs; where the template's
+    mask is a box from its origin and the search's data a box (tiles always
+    are), the five sums of the template and the search over the pixels both
+    hold at each shift by box sums (:func:`_box_sums`): three FFTs instead of
+    twelve, and the sums exact. Otherwise all six by FFTs, as the JAX kernel.
+    """
+    window = (slice(None), slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
+    # FFT sizes padded to fast lengths (the search's padding holds no data: the masked NCC is unchanged)
+    s_shape = tuple(sfft.next_fast_len(n, real=True) for n in f.shape[1:])
+    axes = tuple(range(-d, 0))
+    tm = t * mask
+    mask_box = _boxes(mask > 0, d)
+    have_box = _boxes(have > 0, d)
+    boxes = mask_box is not None and have_box is not None
+    if boxes and all(np.all(lo == 0) for lo, _ in mask_box):
+        num = sfft.irfftn(
+            sfft.rfftn(f, s=s_shape, axes=axes, workers=WORKERS)
+            * np.conj(sfft.rfftn(tm, s=s_shape, axes=axes, workers=WORKERS)),
+            s=s_shape, axes=axes, workers=WORKERS,
+        )[window[:1] + window[2:]]  # fmt: skip
+        shifts = np.arange(2 * reach + 1)[None, :]
+        extent = [hi[:, None] for _, hi in mask_box]  # (B, 1): the template's box, [0, extent) per axis
+        # the search over the template's box at each shift; the template over the part that meets the data
+        searched = _sliding_sums(np.stack([f, f * f], axis=1), extent, 2 * reach + 1, d)
+        n = np.ones((len(f),) + (2 * reach + 1,) * d)  # the pixels both hold: a product of 1D overlaps
+        for a, ((lo, hi), e) in enumerate(zip(have_box, extent)):
+            width = np.clip(np.minimum(shifts + e, hi[:, None]) - np.maximum(shifts, lo[:, None]), 0, None)
+            n = n * width.reshape((len(f),) + tuple(-1 if k == a else 1 for k in range(d)))
+        t_lo = [np.clip(lo[:, None] - shifts, 0, e) for (lo, _), e in zip(have_box, extent)]
+        t_hi = [np.clip(hi[:, None] - shifts, 0, e) for (_, hi), e in zip(have_box, extent)]
+        templated = _box_sums(np.stack([tm, tm * t], axis=1), t_lo, t_hi, d)
+        maps = [num, templated[:, 0], templated[:, 1], n, searched[:, 0], searched[:, 1]]
+        return [m.astype(np.float32) for m in maps]
+    searched = sfft.rfftn(np.stack([f, f * f, have], axis=1), s=s_shape, axes=axes, workers=WORKERS)
+    templated = np.conj(sfft.rfftn(np.stack([tm, tm * t, mask], axis=1), s=s_shape, axes=axes, workers=WORKERS))
+    ff, ff2, fv = searched[:, 0], searched[:, 1], searched[:, 2]
+    ft, ft2, fm = templated[:, 0], templated[:, 1], templated[:, 2]
+    products = np.stack([ft * ff, ft * fv, ft2 * fv, fm * fv, fm * ff, fm * ff2], axis=1)
+    maps = sfft.irfftn(products, s=s_shape, axes=axes, workers=WORKERS)[window]
+    return [maps[:, q] for q in range(6)]
+
+
 def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sigma: float, filtered: bool = False):
     """``stitch._register_batch`` in NumPy: the same six outputs for the same ``(B, ...)`` float32 batches.
 
@@ -269,18 +371,7 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
             f, t, mask, zero, zero, reach, t_shape, stitch.GN_ITERATIONS, stitch.MAX_REFINE_STEP
         )
         return shift, np.where(featureless, np.nan, ncc), info, featureless, false, failed
-    # FFT sizes padded to fast lengths (the search's padding holds no data: the masked NCC is unchanged)
-    s_shape = tuple(sfft.next_fast_len(n, real=True) for n in f.shape[1:])
-    axes = tuple(range(-d, 0))
-    searched = sfft.rfftn(np.stack([f, f * f, have], axis=1), s=s_shape, axes=axes, workers=WORKERS)
-    tm = t * mask
-    templated = np.conj(sfft.rfftn(np.stack([tm, tm * t, mask], axis=1), s=s_shape, axes=axes, workers=WORKERS))
-    ff, ff2, fv = searched[:, 0], searched[:, 1], searched[:, 2]
-    ft, ft2, fm = templated[:, 0], templated[:, 1], templated[:, 2]
-    products = np.stack([ft * ff, ft * fv, ft2 * fv, fm * fv, fm * ff, fm * ff2], axis=1)
-    window = (slice(None), slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
-    maps = sfft.irfftn(products, s=s_shape, axes=axes, workers=WORKERS)[window]
-    num, sum_t, sum_t2, n, sum_f, sum_f2 = (maps[:, q] for q in range(6))
+    num, sum_t, sum_t2, n, sum_f, sum_f2 = _masked_sums(f, t, have, mask, reach, d)
     n_safe = np.maximum(n, 1)
     cov = num - sum_t * sum_f / n_safe
     var_t = np.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
@@ -296,12 +387,14 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
     peak = core.reshape(batch, -1)[np.arange(batch), flat]
     featureless = featureless | ~np.isfinite(peak)
     peak = np.where(featureless, np.nan, peak)
-    on_edge = np.any((peak_index == 0) | (peak_index == 2 * max_shift), axis=1)
-    integer = (peak_index - max_shift).astype(np.float32)
-    filled = np.nan_to_num(ncc)
-    hood = np.stack(
-        [filled[(b, *(slice(int(i) + margin - 1, int(i) + margin + 2) for i in peak_index[b]))] for b in range(batch)]
+    raw_hood = np.stack(
+        [ncc[(b, *(slice(int(i) + margin - 1, int(i) + margin + 2) for i in peak_index[b]))] for b in range(batch)]
     )
+    # next to a shift that keeps less than half the overlap: on the search's edge too (as in the JAX kernel)
+    on_edge = np.any((peak_index == 0) | (peak_index == 2 * max_shift), axis=1)
+    on_edge |= np.isnan(raw_hood).reshape(batch, -1).any(axis=1)
+    integer = (peak_index - max_shift).astype(np.float32)
+    hood = np.nan_to_num(raw_hood)
     start = integer + (quadratic_nd(hood) if subpixel != "none" else 0)
     info = np.broadcast_to(np.eye(d, dtype=np.float32), (batch, d, d)).copy()
     return start.astype(np.float32), peak, info, featureless, on_edge, false

@@ -36,6 +36,16 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    does not converge, keeps the quadratic fit of its NCC peak (weighted a
    quarter of a typical refined pair): a significant pair is never dropped
    for its refinement.
+   A peak next to a shift that keeps less than half the overlap counts as
+   on the edge too (a stage error that eats most of the overlap puts the
+   true peak beyond the search).
+   Then the pairs pass 1 missed between tiles its significant pairs tie
+   together are searched again (``_guided_pass``): within ``GUIDED_SHIFT`` px
+   of the offset a first placement predicts, on their actual overlap there,
+   against each pair's own threshold from null samples of its template's
+   size. Narrowed edges (5 px of a nominal 19) and the corners of diagonal
+   neighbours are found this way; a guided pair whose refinement runs away
+   goes back to pass 1's verdict.
 3. All accepted pairs are placed at once by weighted least squares (sparse normal equations, SciPy; each pair
    weighted by the inverse covariance of its shift: a pair whose overlap has
    structure along one direction only constrains that direction only), so
@@ -83,6 +93,7 @@ WEAK_WEIGHT = 1e-4  # stage ties of rejected pairs, relative to the median accep
 PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the same
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
+NUMPY_BATCH_PAIRS = 128  # pairs per NumPy call at most (within BATCH_BYTES: batches of BATCH_PAIRS merged)
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
@@ -102,6 +113,8 @@ REASONS = (
 REFINEMENTS = ("none", "peak-fit", "refined")
 """How a pair's sub-pixel shift was found: ``TileRegistration.refinement`` indexes this tuple."""
 MIN_REFINE = 3  # the refinement's box must be at least this wide (px) along every axis
+GUIDED_SHIFT = 3  # pairs pass 1 missed are searched again within this many px of their predicted offset
+GUIDED_NULLS = 24  # null samples per pair searched again (its own threshold)
 PEAK_FIT_WEIGHT = 0.25  # a peak-fit pair's weight relative to the median refined pair's (its error is about 2x)
 
 
@@ -323,6 +336,10 @@ def _long_axes(geometry: _Pairs, k: int) -> tuple[bool, ...]:
     return tuple(bool(e > s // 2) for e, s in zip(geometry.extent[k], geometry.shape))
 
 
+def _canonical_extent(geometry: _Pairs, k: int) -> np.ndarray:
+    return geometry.extent[k][_canonical(geometry, k)]
+
+
 def _canonical(geometry: _Pairs, k: int) -> np.ndarray:
     """The axis order that puts a pair's short axes first: a horizontal pair transposed is a vertical one."""
     return np.argsort(_long_axes(geometry, k), kind="stable")
@@ -485,12 +502,6 @@ class _TileReader:
         return out
 
 
-def _padded(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    out = np.full(shape, np.nan, np.float32)
-    out[tuple(slice(0, n) for n in data.shape)] = data
-    return out
-
-
 def register_tiles(
     tiles: Any,
     positions: Any,
@@ -651,6 +662,12 @@ def register_tiles(
             else:
                 reason[k] = REASONS.index("accepted")
     info[:] = np.eye(d)
+    guided: dict[int, tuple] = {}
+    if max_shift > GUIDED_SHIFT:
+        guided = _guided_pass(
+            stage, coarse, shift, ncc, threshold, info, reason, reader, max_residual, first, sigma, alpha, seed,
+            progress, done, total, engine,
+        )  # fmt: skip
     reader.clear()  # pass 1 is done with its regions: the memory bound holds one pass's cache at a time
     significant = np.flatnonzero(reason == REASONS.index("accepted"))
     refinement = np.full(p, REFINEMENTS.index("none"), np.int64)
@@ -672,7 +689,12 @@ def register_tiles(
                 s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
                 if featureless or on_edge or failed or not np.all(np.isfinite(inv_cov)):
                     # the integer peak was significant: keep its peak fit (weighted down) rather than drop the
-                    # pair; the placement's residual test still rejects it if it disagrees with the others
+                    # pair; the placement's residual test still rejects it if it disagrees with the others. A
+                    # pair the guided search found (within a few px of where the others place it) whose
+                    # refinement runs away was a near miss: it goes back to what pass 1 found
+                    if k in guided:
+                        shift[k], ncc[k], threshold[k], reason[k] = guided[k]
+                        refinement[k] = REFINEMENTS.index("none")
                     continue
                 shift[k] = s + fine.rounded[k] - delta[k]
                 info[k] = inv_cov
@@ -710,22 +732,104 @@ def register_tiles(
     )
 
 
+def _components(n: int, pairs: np.ndarray) -> np.ndarray:
+    """The connected component of each of ``n`` tiles in the graph of ``pairs`` (union-find; labels are roots)."""
+    root = np.arange(n)
+
+    def find(a):
+        while root[a] != a:
+            root[a] = root[root[a]]
+            a = root[a]
+        return a
+
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            root[max(ra, rb)] = min(ra, rb)
+    return np.array([find(a) for a in range(n)])
+
+
+def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max_residual, subpixel, sigma, alpha,
+                 seed, progress, done, total, engine):  # fmt: skip
+    """Search again, within ``GUIDED_SHIFT`` px of where the significant pairs place them, the pairs pass 1 missed.
+
+    Pass 1 searches each pair on its *nominal* overlap within ``max_shift``,
+    so a pair whose true overlap is less than half the nominal one (the stage
+    error eats it: 5 px of a nominal 19) cannot be found, and a small overlap
+    (a corner between diagonal neighbours) searched over the whole window has
+    null peaks so high (an NCC of 0.8 for 19x19 px at +-16 px) that right peaks
+    fail the test. Once the significant pairs are placed (the quadratic fits,
+    residual test included), a rejected pair between two tiles that they tie
+    together (one connected component) has a predicted offset good to a pixel
+    or so: its *actual* overlap at that offset is searched within
+    ``+-GUIDED_SHIFT`` px, against a threshold calibrated the same way on null
+    samples of the same shape and window (templates against the search regions
+    of pairs far apart). A pair significant there is accepted (its shift,
+    peak and threshold replaced) and refined with the others; one that is not
+    keeps pass 1's result and reason. Updates the arrays in place; returns
+    pass 1's ``(shift, ncc, threshold, reason)`` of each pair the guided
+    search accepted, by pair.
+    """
+    accepted_here: dict[int, tuple] = {}
+    n, d = stage.shape
+    significant = reason == REASONS.index("accepted")
+    if not significant.any():
+        return accepted_here
+    provisional = reason.copy()
+    positions, _ = _placement(stage, coarse, shift, info, significant, provisional, max_residual)
+    kept = provisional == REASONS.index("accepted")
+    component = _components(n, coarse.pairs[kept])
+    i, j = coarse.pairs[:, 0], coarse.pairs[:, 1]
+    tied = component[i] == component[j]
+    has_pair = np.zeros(n, bool)
+    has_pair[coarse.pairs[kept].ravel()] = True
+    retry = np.isin(provisional, [REASONS.index(r) for r in ("not significant", "peak at max_shift", "residual")])
+    predicted = positions[j] - positions[i]
+    guided = _geometry(coarse.pairs, predicted, coarse.shape, 0, 0)  # the actual overlap at the predicted offset
+    room = np.all(guided.extent >= MIN_REFINE, axis=1)
+    candidates = np.flatnonzero(retry & tied & has_pair[i] & has_pair[j] & room)
+    if not len(candidates):
+        return accepted_here
+    groups = _groups(candidates, guided)
+    plans = [_plan_group(members, guided, positions, GUIDED_SHIFT + MARGIN, seed, windows=True) for members in groups]
+    for members, plan in zip(groups, plans):
+        _report(progress, done, total)  # (it may stop the run) the total stays the one announced: a few batches
+        out, nulls, _ = _run_group(
+            plan, members, guided, reader, GUIDED_SHIFT, subpixel, sigma, None, done, total, engine
+        )
+        owner = np.array([a for a, _, _ in plan.nulls])
+        for slot, k in enumerate(members):
+            s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
+            pair_threshold = _gumbel_quantile(nulls[owner == k], 1 - alpha)
+            if featureless or on_edge or not peak >= pair_threshold:
+                if provisional[k] == REASONS.index("residual"):
+                    reason[k] = REASONS.index("residual")
+                continue
+            accepted_here[k] = (shift[k].copy(), ncc[k], threshold[k], provisional[k])
+            ncc[k], threshold[k] = peak, pair_threshold
+            shift[k] = s + guided.rounded[k] - coarse.delta[k]
+            reason[k] = REASONS.index("accepted")
+    return accepted_here
+
+
 @dataclass
 class _Plan:
     t_shape: tuple[int, ...]
     batch: int
     batches: int
     nulls: list[tuple[int, int, tuple[bool, ...]]]  # (template pair, search pair, flipped axes)
+    own_size: bool = False  # null samples: the template pair's size (search regions cut), else the search pair's
 
 
-def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
+def _plan_group(members, geometry, stage, reach, seed, *, nulls=True, windows=False) -> _Plan:
     """The static pair shape, the batch size and the null (non-matching) samples of one group of pairs.
 
     Null samples: each template turned by 180 degrees (mirrored along every
     axis) against its own search region, then templates against the search
     regions of pairs far apart on the stage, drawn at random (``seed``), up to
     ``max(MIN_NULL, NULL_PER_PAIR * pairs)`` in all; with a single pair, its
-    template mirrored along every combination of axes.
+    template mirrored along every combination of axes. ``windows``: each
+    pair's own nulls instead (:func:`_plan_windows`).
     """
     d = stage.shape[1]
     t_shape = _static_shape(np.stack([geometry.extent[k][_canonical(geometry, k)] for k in members]))
@@ -734,6 +838,8 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
     samples: list[tuple[int, int, tuple[bool, ...]]] = []
     if nulls:
         flips = [f for f in itertools.product((False, True), repeat=d) if any(f)]
+        if windows:
+            return _plan_windows(members, geometry, stage, reach, seed, t_shape, batch)
         if len(members) > 1:
             flips = [(True,) * d]
         samples = [(k, k, f) for k in members for f in flips]
@@ -747,6 +853,40 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True) -> _Plan:
                 samples.append((int(a), int(b), (False,) * d))
     batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)
     return _Plan(t_shape, batch, batches, samples)
+
+
+def _plan_windows(members, geometry, positions, reach, seed, t_shape, batch) -> _Plan:
+    """:func:`_plan_group`'s null samples for the guided pass, each pair's own: ``GUIDED_NULLS`` per pair.
+
+    A pair's template (its whole overlap) turned by 180 degrees against its
+    own search region, then against windows of its search region's size cut
+    at random from random tiles, away from the template's content (placed by
+    ``positions``): the nulls have the template's size, which sets how high
+    chance peaks reach (a corner of 6x19 px far higher than an edge of 15x180
+    px), so each pair gets its own threshold.
+    """
+    n, d = positions.shape
+    size = np.asarray(geometry.shape)
+    rng = np.random.default_rng(seed)
+    samples: list[tuple] = []
+    for a in members:
+        j = geometry.pairs[a][1]
+        extent = geometry.extent[a] + 2 * reach
+        t_lo = positions[j] + geometry.lo[a]
+        t_hi = t_lo + geometry.extent[a]
+        samples.append((a, None, (True,) * d))
+        drawn = 1
+        for _ in range(20 * GUIDED_NULLS):
+            if drawn >= GUIDED_NULLS:
+                break
+            tile = int(rng.integers(n))
+            start = np.array([int(rng.integers(0, max(int(m - e), 0) + 1)) for m, e in zip(size, extent)])
+            w_lo = positions[tile] + start
+            if np.any((t_hi + 2 * reach <= w_lo) | (w_lo + extent + 2 * reach <= t_lo)):
+                samples.append((a, (tile, tuple(start.tolist())), (False,) * d))
+                drawn += 1
+    batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)
+    return _Plan(t_shape, batch, batches, samples, own_size=True)
 
 
 def _engine(plans: Sequence[_Plan], max_shift: int) -> str:
@@ -794,56 +934,69 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     raw_s = tuple(n + 2 * h for n in s_shape)
 
     def template_of(k, flips=None, limit=None):
+        """Pair k's template (canonical axes, cut to ``limit``, flipped) and its extent."""
         order = _canonical(geometry, k)
         region = reader.region(geometry.pairs[k][1], geometry.lo[k], geometry.extent[k]).transpose(order)
         extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
         region = region[tuple(slice(0, int(e) + 2 * h) for e in extent)]
         if flips is not None and any(flips):
             region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
-        mask = np.zeros(t_shape, np.float32)
-        mask[tuple(slice(0, int(e)) for e in extent)] = 1
-        return _padded(region, raw_t), mask
+        return region, extent
 
     def search_of(k):
         start = geometry.lo[k] + geometry.rounded[k] - reach
         region = reader.region(geometry.pairs[k][0], start, geometry.extent[k] + 2 * reach)
-        return _padded(region.transpose(_canonical(geometry, k)), raw_s)
+        return region.transpose(_canonical(geometry, k))
+
+    def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere
+        region = reader.region(tile, np.asarray(start), geometry.extent[k] + 2 * reach)
+        return region.transpose(_canonical(geometry, k))
+
+    def corner(shape):
+        return tuple(slice(0, int(n)) for n in shape)
+
+    # NumPy: several of the plan's batches at once (fewer, larger array operations; the same results); JAX: one
+    # batch of the plan's static size per call
+    fit = min(NUMPY_BATCH_PAIRS, BATCH_BYTES // (16 * math.prod(s_shape) * 4))  # as _plan_group's bound
+    step = plan.batch * (max(1, fit // plan.batch) if engine == "numpy" else 1)
 
     def run(items):
         nonlocal done
         results = []
-        for first in range(0, len(items), plan.batch):
-            chunk = items[first : first + plan.batch]
-            searches, templates, masks = [], [], []
-            for item in chunk:
-                search, (template, mask) = item()
-                searches.append(search)
-                templates.append(template)
-                masks.append(mask)
+        for first in range(0, len(items), step):
+            chunk = items[first : first + step]
+            size = len(chunk) if engine == "numpy" else plan.batch  # JAX: padded to one compiled shape
+            searches = np.full((size, *raw_s), np.nan, np.float32)
+            templates = np.full((size, *raw_t), np.nan, np.float32)
+            masks = np.zeros((size, *t_shape), np.float32)
+            if engine != "numpy":
+                searches[len(chunk) :] = 0
+                templates[len(chunk) :] = 0
+            for slot, item in enumerate(chunk):  # written in place: no per-pair padded copies to stack
+                search, (template, extent) = item()
+                searches[slot][corner(search.shape)] = search
+                templates[slot][corner(template.shape)] = template
+                masks[slot][corner(extent)] = 1
             if engine == "numpy":  # nothing compiled: no need for one batch shape
                 out = _stitch_numpy.register_batch(
-                    np.stack(searches), np.stack(templates), np.stack(masks), max_shift=max_shift,
+                    searches, templates, masks, max_shift=max_shift,
                     subpixel=subpixel, sigma=sigma, filtered=isinstance(reader, _stitch_numpy.FilteredTiles),
                 )  # fmt: skip
             else:
-                while len(searches) < plan.batch:  # pad the batch: one compiled program per shape
-                    searches.append(np.zeros(raw_s, np.float32))
-                    templates.append(np.zeros(raw_t, np.float32))
-                    masks.append(np.zeros(t_shape, np.float32))
                 import jax.numpy as jnp
 
                 from napari_gridmip.core.patches._stitch_jax import _register_batch
 
                 out = _register_batch(
-                    jnp.asarray(np.stack(searches)),
-                    jnp.asarray(np.stack(templates)),
-                    jnp.asarray(np.stack(masks)),
+                    jnp.asarray(searches),
+                    jnp.asarray(templates),
+                    jnp.asarray(masks),
                     max_shift=max_shift,
                     subpixel=subpixel,
                     sigma=sigma,
                 )
             results.append([np.asarray(x)[: len(chunk)] for x in out])
-            done += 1
+            done += math.ceil(len(chunk) / plan.batch)
             _report(progress, done, total)
         return [np.concatenate([r[q] for r in results]) for q in range(6)]
 
@@ -855,10 +1008,19 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
         out[2][slot][np.ix_(order, order)] = info
     nulls = np.zeros(0)
     if plan.nulls:
-        items = [
-            lambda a=a, b=b, f=f: (search_of(b), template_of(a, f, limit=geometry.extent[b][_canonical(geometry, b)]))
-            for a, b, f in plan.nulls
-        ]
+        if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
+            items = [
+                lambda a=a, w=w, f=f: (search_of(a) if w is None else window_of(a, *w), template_of(a, f))
+                for a, w, f in plan.nulls
+            ]
+        else:
+            items = [
+                lambda a=a, b=b, f=f: (
+                    search_of(b),
+                    template_of(a, f, limit=geometry.extent[b][_canonical(geometry, b)]),
+                )
+                for a, b, f in plan.nulls
+            ]
         nulls = run(items)[1]
     return out, nulls, done
 

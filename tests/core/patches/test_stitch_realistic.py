@@ -151,3 +151,62 @@ def test_five_percent_overlap_camera_tiles():
     error = np.linalg.norm(r.shift - true_shifts(r, sample), axis=1)
     assert np.median(error[r.accepted]) < 0.35, np.median(error[r.accepted])
     assert tile_rms(r, sample) < 0.35, tile_rms(r, sample)
+
+
+def true_overlap(sample, pairs, shape):
+    """Each pair's overlap at the true positions (px per axis) and whether the picture there holds texture."""
+    width, textured = [], []
+    for i, j in pairs:
+        lo = np.maximum(sample.true_positions[i], sample.true_positions[j])
+        hi = np.minimum(sample.true_positions[i], sample.true_positions[j]) + np.asarray(shape)
+        width.append(hi - lo)
+        box = tuple(slice(int(np.ceil(a)), int(np.floor(b))) for a, b in zip(lo, hi))
+        region = sample.image[box]
+        textured.append(region.size > 0 and float(np.mean(region == 0)) < 0.5)  # the blank region is exactly 0
+    return np.array(width), np.array(textured)
+
+
+@pytest.fixture(scope="module")
+def widget_camera_mosaic():
+    """The Stitch tiles widget's camera case (docs/screenshots.py --flat-field): 3x4 tiles of 192^2, 10% overlap
+    (19 px), +-8 px stage errors (up to 16 px between neighbours: some overlaps shrink to 5 px), 2000 photons,
+    uint16, vignetting, a blank corner."""
+    sample = make_mosaic(grid_shape=(3, 4), tile_shape=(192, 192), overlap=0.1, noise=0.0, blank_corner=True)
+    tiles = microscope_tiles(sample, photons=2000, dark=100)
+    return sample, register_tiles(tiles, sample.stage_positions, max_shift=16)
+
+
+def test_pairs_that_the_stage_error_narrowed_are_found(widget_camera_mosaic):
+    """Pairs whose true overlap is less than half the nominal one (5 and 7 px of 19: pass 1's search cannot reach
+    them) and corners between diagonal neighbours (too small for pass 1's threshold over +-16 px) are searched
+    again around where their neighbours place them, and used: every textured pair with a right peak."""
+    sample, r = widget_camera_mosaic
+    width, textured = true_overlap(sample, r.pairs, (192, 192))
+    error = np.linalg.norm(r.shift - true_shifts(r, sample), axis=1)
+    edges = edge_pairs(r)
+    narrow = edges & textured & (width.min(axis=1) < 0.5 * 19.2)
+    assert narrow.sum() >= 2  # the case this test is about
+    # every textured edge pair, however narrow (down to 4 px), is used, and right
+    wanted = edges & textured & (width.min(axis=1) >= 4)
+    assert r.accepted[wanted].all(), np.array(r.reasons)[wanted]
+    assert error[wanted].max() < 1.0, error[wanted]
+    # diagonal neighbours whose corner holds at least 8x8 textured px are used too
+    corners = ~edges & textured & (width.min(axis=1) >= 8)
+    assert corners.sum() >= 5 and r.accepted[corners].all(), np.array(r.reasons)[corners]
+    # nothing wrong is used and nothing blank
+    assert error[r.accepted].max() < 1.5, error[r.accepted]
+    assert not r.accepted[~textured].any()
+    assert r.accepted.sum() >= 24  # of 29 (the blank tile's 3 pairs and a blank corner cannot be)
+    assert r.placed_from_stage.tolist() == sample.blank.tolist()
+    assert tile_rms(r, sample) < 0.25, tile_rms(r, sample)
+
+
+def test_peak_at_the_edge_of_the_overlap_is_not_trusted():
+    """The mosaic sample: a pair whose stage error leaves 5 px of a nominal 29 px overlap peaks, in pass 1, where
+    the search stops (a shift that keeps half the overlap), 1.8 px from the truth; that peak is on the search's
+    edge, and the guided search finds the right one."""
+    sample = make_mosaic(blank_corner=True)
+    r = register_tiles(sample.tiles, sample.stage_positions, max_shift=16)
+    error = np.linalg.norm(r.shift - true_shifts(r, sample), axis=1)
+    assert error[r.accepted].max() < 1.0, error[r.accepted]
+    assert tile_rms(r, sample) < 0.1, tile_rms(r, sample)

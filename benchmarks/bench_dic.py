@@ -286,6 +286,161 @@ def real(args) -> str:
     return "\n".join(lines)
 
 
+# -- 3. against the peers: IC-GN in Numba, pyvale -------------------------------------------------------
+
+PEERS = ("ours refine", "ours affine", "Numba IC-GN translation", "Numba IC-GN affine", "pyvale rigid",
+         "pyvale affine")  # fmt: skip
+PEER_WINDOW, PEER_SUBSET, PEER_STEP = (21, 21), 31, 4  # bench_first_run.py's DIC row: search +-10 px
+
+
+def _peer_pair(quick: bool):
+    from napari_gridmip._sample_data.dic import make_dic_pair
+
+    size = 512 if quick else 1024
+    return make_dic_pair((size, size))  # the sample's field (dic_field): up to 4.6 px, strains up to 0.6%
+
+
+def _peer_grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Our points (find_displacement's convention), which the Numba peer is given too."""
+    first = PEER_WINDOW[0] // 2 + PEER_SUBSET // 2
+    count = (size - (PEER_WINDOW[0] - 1) - (PEER_SUBSET - 1) + PEER_STEP - 1) // PEER_STEP
+    points = first + PEER_STEP * np.arange(count)
+    return points, points
+
+
+def _peer_call(name: str, reference: np.ndarray, deformed: np.ndarray):
+    """A function running method ``name`` on the pair, returning ``(dy, dx, y, x)`` (1D: the points and their
+    positions on the reference)."""
+    size = reference.shape[0]
+    gy, gx = _peer_grid(size)
+    yy, xx = (a.ravel() for a in np.meshgrid(gy, gx, indexing="ij"))
+    if name.startswith("ours"):
+        from napari_gridmip import find_displacement
+
+        shape = "affine" if name.endswith("affine") else "translation"
+
+        def call():
+            out = find_displacement(deformed[None], reference[None], PEER_WINDOW, subset=(PEER_SUBSET,) * 2,
+                                    step=PEER_STEP, subpixel="refine", shape=shape)  # fmt: skip
+            return np.asarray(out.dy).ravel(), np.asarray(out.dx).ravel(), yy, xx
+
+        return call
+    if name.startswith("Numba"):
+        from _numba_icgn import icgn_dic
+
+        shape = "affine" if name.endswith("affine") else "translation"
+
+        def call():
+            out = icgn_dic(deformed, reference, gy, gx, subset=PEER_SUBSET, radius=PEER_WINDOW[0] // 2, shape=shape)
+            return out["dy"].ravel(), out["dx"].ravel(), yy, xx
+
+        return call
+    import tempfile
+
+    import pyvale.dic
+
+    shape = "AFFINE" if name.endswith("affine") else "RIGID"
+    folder = tempfile.mkdtemp(prefix="pyvale_")
+
+    def call():
+        # its defaults otherwise (multi-window FFT start, reliability-guided scan, bicubic B-spline, ZNSSD,
+        # 5 x 5 Gaussian prefilter); the results are files, as its API writes them
+        pyvale.dic.calculate_2d(reference, deformed[None], np.ones(reference.shape, bool), seed=[size // 2] * 2,
+                                subset_size=PEER_SUBSET, subset_step=PEER_STEP, shape_function=shape,
+                                max_displacement=PEER_WINDOW[0] // 2, output_basepath=folder, output_prefix=shape,
+                                print_level=0)  # fmt: skip
+        table = np.loadtxt(Path(folder) / f"{shape}def_img_0000.csv", delimiter=",", skiprows=1, usecols=range(6))
+        x, y = table[:, 0].astype(int), table[:, 1].astype(int)
+        dx, dy = np.where(table[:, 5] > 0, table[:, 2], np.nan), np.where(table[:, 5] > 0, table[:, 3], np.nan)
+        inside = (y >= gy[0]) & (y <= gy[-1]) & (x >= gx[0]) & (x <= gx[-1])  # our points' region
+        return dy[inside], dx[inside], y[inside], x[inside]
+
+    return call
+
+
+def _available(name: str) -> str | None:
+    """Why ``name`` cannot run here (None: it can)."""
+    import importlib.util
+
+    module = {"Numba": "numba", "pyvale": "pyvale"}.get(name.split()[0])
+    if module and importlib.util.find_spec(module) is None:
+        return f"{module} is not installed"
+    return None
+
+
+def _first_call(name: str, quick: bool) -> dict:
+    """``name``'s first call in a new process with empty caches (JAX's persistent cache; Numba compiles
+    without a cache): the call alone, its imports timed apart."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    command = [sys.executable, __file__, "--first-call", name] + (["--quick"] if quick else [])
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": cache, "NUMBA_CACHE_DIR": cache}
+        for key in ("JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPILE_CACHE"):
+            env.pop(key, None)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{name}'s first call failed: {done.stderr.strip().splitlines()[-3:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def _first_call_child(name: str, quick: bool) -> None:
+    import json
+
+    reference, deformed, _ = _peer_pair(quick)
+    start = time.perf_counter()
+    call = _peer_call(name, reference, deformed)  # the imports
+    imported = time.perf_counter() - start
+    start = time.perf_counter()
+    call()
+    print("RESULT " + json.dumps({"import": imported, "first": time.perf_counter() - start}), flush=True)
+
+
+def peer(args) -> str:
+    """DIC at 1024^2 (``--quick``: 512^2), subset 31, step 4: ours (refine, affine) against a Numba IC-GN loop
+    (translation, affine; :mod:`_numba_icgn`) and pyvale's C++ engine (rigid, affine): warm (best of
+    ``--repeats``, alternating), first call in a new process, RMS error against the known field, peak memory."""
+    from _harness import alternate
+
+    reference, deformed, truth = _peer_pair(args.quick)
+    size = reference.shape[0]
+    names = [n for n in PEERS if _available(n) is None]
+    missing = [f"{n}: {_available(n)}" for n in PEERS if _available(n) is not None]
+    calls = {n: _peer_call(n, reference, deformed) for n in names}
+    errors = {}
+    for n in names:
+        dy, dx, y, x = calls[n]()
+        e2 = (dy - truth["dy"][y, x]) ** 2 + (dx - truth["dx"][y, x]) ** 2
+        errors[n] = (float(np.sqrt(np.nanmean(e2))), float(np.isnan(e2).mean()), len(e2))
+    rows = {r.name: r for r in alternate([(n, calls[n]) for n in names], rounds=args.repeats)}
+    first = {n: _first_call(n, args.quick) for n in names}
+    gy, _ = _peer_grid(size)
+    lines = [
+        f"DIC against the peers: {size}x{size} 8-bit pair (make_dic_pair: the sample's field, up to 4.6 px and "
+        f"0.6% strain; 0.5% noise), subset {PEER_SUBSET}, step {PEER_STEP} ({len(gy)}x{len(gy)} points), "
+        f"search +-{PEER_WINDOW[0] // 2} px; {machine()}",
+        "",
+        "| method | warm s (best of " + str(args.repeats) + ") | x ours refine | first call s (new process) "
+        "| first / warm | imports s | RMS error px | failed points | points | peak extra MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = rows["ours refine"].best_s
+    for n in names:
+        r, f = rows[n], first[n]
+        rms, failed, points = errors[n]
+        lines.append(
+            f"| {n} | {r.best_s:.3f} | {r.best_s / base:.2f} | {f['first']:.2f} | {f['first'] / r.best_s:.1f} "
+            f"| {f['import']:.2f} | {rms:.4f} | {100 * failed:.2f}% | {points} | {r.peak_mb:.0f} |"
+        )
+    if missing:
+        lines += ["", "Not run: " + "; ".join(missing) + "."]
+    return "\n".join(lines)
+
+
 # -- 2. speed ---------------------------------------------------------------------------------------
 
 
@@ -372,7 +527,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds to minutes")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["accuracy", "speed", "real"])
+    parser.add_argument("--only", choices=["accuracy", "speed", "real", "peer"])
+    parser.add_argument("--first-call", help=argparse.SUPPRESS)  # the child process of the peer part
     parser.add_argument("--figure", help="write the bias curves to this PNG (docs/images/dic_bias.png)")
     parser.add_argument(
         "--real-dir",
@@ -381,6 +537,12 @@ def main() -> None:
         "jaredvanblitterswyk/image_deformation, rigid_body_translation/): adds the real-data table",
     )
     args = parser.parse_args()
+    if args.first_call:
+        _first_call_child(args.first_call, args.quick)
+        return
+    if args.only == "peer":
+        print(peer(args), flush=True)
+        return
     if args.real_dir and args.only in (None, "real"):
         print(real(args), end="\n\n", flush=True)
     if args.only in (None, "accuracy"):

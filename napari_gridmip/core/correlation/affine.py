@@ -85,13 +85,15 @@ def _compose(p: jax.Array, dp: jax.Array) -> jax.Array:
                       out[..., 1, 1] - 1], -1)  # fmt: skip
 
 
-@partial(jax.jit, static_argnames=("subset",))
-def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, start, *, subset):
+@partial(jax.jit, static_argnames=("subset", "prefilter"))
+def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, *, subset, prefilter=0.0):
     """IC-GN for a band of points: ``(params (P, 6), zncc (P,), iterations)``.
 
     ``c1``: img1's spline coefficients ``(K, M + 4, N + 4)``; ``f_img``, ``fy_img``, ``fx_img``: img2 and its
-    spline gradient ``(K, M, N)``; ``centres_*``: the points' img2 positions ``(P,)`` (integers);
-    ``start``: the translation ``(P, 2)`` = ``(dy, dx)``.
+    spline gradient ``(K, M, N)``; ``curvature``: img2's second derivatives ``(f_yy, f_xy, f_xx)`` (each
+    ``(K, M, N)``; None without a prefilter); ``centres_*``: the points' img2 positions ``(P,)`` (integers);
+    ``start``: the translation ``(P, 2)`` = ``(dy, dx)``; ``prefilter``: the Gaussian's standard deviation (px)
+    both images were smoothed by (0: none), whose mismatch under the warp is corrected (:func:`_blur_mismatch`).
     """
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
@@ -107,6 +109,7 @@ def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, start, *, subset):
         return jnp.take(img.reshape(k, rows * cols), index, axis=1).reshape(k, *iy.shape)  # (K, P, S)
 
     f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
+    curves = None if curvature is None else tuple(gather(c) for c in curvature)
     f = f - f.mean(axis=(0, 2), keepdims=True)
     norm_f = jnp.sqrt(jnp.sum(f * f, axis=(0, 2)))  # (P,)
     e, z = eta[None, None, :], zeta[None, None, :]
@@ -128,11 +131,20 @@ def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, start, *, subset):
 
     tolerance = TOLERANCE[np.dtype(c1.dtype)]
 
+    def reference(p):
+        """The reference subset (centred) and its norm, blurred as img1's prefilter blurs it under ``p``."""
+        if curves is None:
+            return f, norm_f
+        fp = f + _blur_mismatch(p, prefilter, curves)
+        fp = fp - fp.mean(axis=(0, 2), keepdims=True)
+        return fp, jnp.sqrt(jnp.sum(fp * fp, axis=(0, 2)))
+
     def body(state):
         p, active, count = state
         g, norm_g = evaluate(p)
-        scale = jnp.where(norm_g > 0, norm_f / jnp.where(norm_g > 0, norm_g, 1), 0)
-        residual = f - scale[None, :, None] * g  # (K, P, S)
+        fp, norm_fp = reference(p)
+        scale = jnp.where(norm_g > 0, norm_fp / jnp.where(norm_g > 0, norm_g, 1), 0)
+        residual = fp - scale[None, :, None] * g  # (K, P, S)
         rhs = jnp.einsum("kpsi,kps->pi", jac, residual)
         dp = -jax.scipy.linalg.cho_solve(factor, rhs[..., None])[..., 0]
         dp = jnp.where(active[:, None], dp, 0)
@@ -151,22 +163,53 @@ def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, start, *, subset):
     p0 = jnp.where(ok[:, None], p0, 0)
     p, _, count = lax.while_loop(going, body, (p0, ok, jnp.int32(0)))
     g, norm_g = evaluate(p)
-    zncc = jnp.einsum("kps,kps->p", f, g) / (norm_f * jnp.where(norm_g > 0, norm_g, jnp.inf))
+    fp, norm_fp = reference(p)
+    zncc = jnp.einsum("kps,kps->p", fp, g) / (norm_fp * jnp.where(norm_g > 0, norm_g, jnp.inf))
     nan = jnp.array(jnp.nan, c1.dtype)
     return jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan), count
 
 
-@jax.jit
-def _spline_gradients(c2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _blur_mismatch(p: jax.Array, sigma: float, curves: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+    """What the reference subset lacks of the blur that img1's prefilter gives it under the warp ``p`` ``(P, 6)``,
+    to first order: ``(D_yy f_yy + 2 D_xy f_xy + D_xx f_xx) / 2`` ``(K, P, S)``, ``D = sigma^2 ((F'F)^-1 - I)``.
+
+    Both images are smoothed by a Gaussian of ``sigma`` in their own pixels. Where img1 is img2 warped by ``x' =
+    F x + t``, img1's blur, seen on img2's grid, is a Gaussian of covariance ``sigma^2 (F'F)^-1``, not the
+    ``sigma^2 I`` img2 got: a translation or a rotation commutes with the filter, a stretch does not, and the
+    difference (3% of the blur's variance along a 3% stretch) pulls each point's gradients by up to 3e-4 on a
+    noise-free pair. A Gaussian's change with its covariance is half the image's second derivatives (the heat
+    equation), so the reference subset blurred as img1 is ``f + (D : grad grad f) / 2``; ``curves`` = ``(f_yy,
+    f_xy, f_xx)`` of the prefiltered img2 at the subset's pixels."""
+    f_yy, f_xy, f_xx = curves
+    a, b = 1 + p[:, 1], p[:, 2]  # F = [[1 + v_y, v_x], [u_y, 1 + u_x]] in (y, x) order
+    c, d = p[:, 4], 1 + p[:, 5]
+    # (F'F)^-1 = inv([[a^2 + c^2, a b + c d], [a b + c d, b^2 + d^2]])
+    m_yy, m_xy, m_xx = a * a + c * c, a * b + c * d, b * b + d * d
+    det = m_yy * m_xx - m_xy * m_xy
+    d_yy = sigma**2 * (m_xx / det - 1)
+    d_xy = sigma**2 * (-m_xy / det)
+    d_xx = sigma**2 * (m_yy / det - 1)
+    return 0.5 * (d_yy[None, :, None] * f_yy + 2 * d_xy[None, :, None] * f_xy + d_xx[None, :, None] * f_xx)
+
+
+@partial(jax.jit, static_argnames=("curvature",))
+def _spline_gradients(c2: jax.Array, *, curvature: bool = False) -> tuple[jax.Array, ...]:
     """img2's values and its spline's gradient at the knots, from its coefficients ``(K, M + 4, N + 4)``
-    (edge-padded by 2): ``B(0) = 4/6, B(+-1) = 1/6``, ``B'(+-1) = -+1/2``."""
+    (edge-padded by 2): ``B(0) = 4/6, B(+-1) = 1/6``, ``B'(+-1) = -+1/2``; with ``curvature`` also the second
+    derivatives ``f_yy, f_xy, f_xx`` (``B''(0) = -2, B''(+-1) = 1``)."""
     centre = c2[:, 1:-1, 1:-1]  # padded by 1 now
     smooth_y = (centre[:, :-2] + 4 * centre[:, 1:-1] + centre[:, 2:]) / 6  # (K, M, N + 2)
     smooth_x = (centre[:, :, :-2] + 4 * centre[:, :, 1:-1] + centre[:, :, 2:]) / 6  # (K, M + 2, N)
     value = (smooth_y[:, :, :-2] + 4 * smooth_y[:, :, 1:-1] + smooth_y[:, :, 2:]) / 6
     grad_y = (smooth_x[:, 2:] - smooth_x[:, :-2]) / 2
     grad_x = (smooth_y[:, :, 2:] - smooth_y[:, :, :-2]) / 2
-    return value, grad_y, grad_x
+    if not curvature:
+        return value, grad_y, grad_x
+    curve_yy = smooth_x[:, :-2] - 2 * smooth_x[:, 1:-1] + smooth_x[:, 2:]
+    curve_xx = smooth_y[:, :, :-2] - 2 * smooth_y[:, :, 1:-1] + smooth_y[:, :, 2:]
+    slope_x = (centre[:, :, 2:] - centre[:, :, :-2]) / 2  # (K, M + 2, N)
+    curve_xy = (slope_x[:, 2:] - slope_x[:, :-2]) / 2
+    return value, grad_y, grad_x, (curve_yy, curve_xy, curve_xx)
 
 
 def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int) -> tuple[int, list[int]]:
@@ -210,12 +253,15 @@ def affine_refine(
     window: tuple[int, int],
     subset: tuple[int, int],
     step: int,
+    prefilter: float = 0.0,
     on_band: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, ...]:
     """IC-GN from the translation ``(dy, dx)`` ``(B, rows, cols)`` for centred (and prefiltered) stacks ``x1``,
     ``x2`` ``(B, K, M, N)`` (``coefficients``: a frame stack's cubic B-spline coefficients): ``(dy, dx, zncc,
     dy_y, dy_x, dx_y, dx_x)``, each ``(B, rows, cols)``. The points are the translation grid's: img2's pixel
-    ``(i step + m + hs, j step + n + hw)``.
+    ``(i step + m + hs, j step + n + hw)``. ``prefilter``: the standard deviation (px) of the Gaussian both
+    stacks were smoothed by (0: none); the reference subsets are then blurred as the warp blurs img1
+    (:func:`_blur_mismatch`).
 
     Runs band by band, item by item (``B`` times the bands of :func:`affine_plan`, one compiled program for
     all); ``on_band(done)`` is called before each band with the bands done so far, and may raise to stop
@@ -231,7 +277,10 @@ def affine_refine(
     for item in range(batch):
         c1 = jnp.pad(coefficients(x1[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
         c2 = jnp.pad(coefficients(x2[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
-        f_img, fy_img, fx_img = _spline_gradients(c2)
+        if prefilter > 0:
+            f_img, fy_img, fx_img, curvature = _spline_gradients(c2, curvature=True)
+        else:
+            (f_img, fy_img, fx_img), curvature = _spline_gradients(c2), None
         pieces = []
         for done, start in enumerate(starts):
             if on_band is not None:
@@ -239,8 +288,8 @@ def affine_refine(
             cy, cx = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
             begin = jnp.stack([dy[item, start : start + band].ravel(), dx[item, start : start + band].ravel()], -1)
             params, zncc, _ = _band(
-                c1, f_img, fy_img, fx_img, jnp.asarray(cy.ravel(), jnp.int32), jnp.asarray(cx.ravel(), jnp.int32),
-                begin.astype(x1.dtype), subset=subset,
+                c1, f_img, fy_img, fx_img, curvature, jnp.asarray(cy.ravel(), jnp.int32),
+                jnp.asarray(cx.ravel(), jnp.int32), begin.astype(x1.dtype), subset=subset, prefilter=float(prefilter),
             )  # fmt: skip
             _wait((params, zncc))
             pieces.append((params.reshape(band, out_cols, 6), zncc.reshape(band, out_cols)))

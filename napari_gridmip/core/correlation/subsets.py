@@ -844,7 +844,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 
         parts = affine_refine(
             *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step,
-            on_band=on_band,
+            prefilter=prefilter, on_band=on_band,
         )  # fmt: skip
         if progress is not None:
             progress(total, total)

@@ -13,7 +13,9 @@ ZNCC) between the reference subset and img1 interpolated by cubic B-splines at t
 linearises the criterion about the *reference* subset: its steepest-descent images ``J`` (the reference's
 gradient times the warp's Jacobian) and the 6 x 6 Hessian ``J'J`` are computed once per point, and each
 iteration only interpolates img1, solves ``H dp = -J' r`` and composes the warp with the inverse of the
-increment's. The start is the translation search's refined position (zero gradients).
+increment's. The start is the translation search's refined position, with the gradients of the translation
+field across neighbouring points (DICe's and ncorr's neighbour start: two to three iterations fewer than zero
+gradients).
 
 References
 ----------
@@ -92,8 +94,9 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, *, 
     ``c1``: img1's spline coefficients ``(K, M + 4, N + 4)``; ``f_img``, ``fy_img``, ``fx_img``: img2 and its
     spline gradient ``(K, M, N)``; ``curvature``: img2's second derivatives ``(f_yy, f_xy, f_xx)`` (each
     ``(K, M, N)``; None without a prefilter); ``centres_*``: the points' img2 positions ``(P,)`` (integers);
-    ``start``: the translation ``(P, 2)`` = ``(dy, dx)``; ``prefilter``: the Gaussian's standard deviation (px)
-    both images were smoothed by (0: none), whose mismatch under the warp is corrected (:func:`_blur_mismatch`).
+    ``start``: the warp to start from ``(P, 6)`` (finite ``dy``, ``dx`` where the point is valid);
+    ``prefilter``: the Gaussian's standard deviation (px) both images were smoothed by (0: none), whose
+    mismatch under the warp is corrected (:func:`_blur_mismatch`).
     """
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
@@ -118,7 +121,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, *, 
     jac = (fy, fy * e, fy * z, fx, fx * e, fx * z)
     upper = {(i, j): jnp.sum(jac[i] * jac[j], axis=(0, 2)) for i in range(6) for j in range(i, 6)}
     hessian = jnp.stack([jnp.stack([upper[min(i, j), max(i, j)] for j in range(6)], -1) for i in range(6)], -2)
-    ok = jnp.isfinite(start).all(axis=-1) & (norm_f > 0)
+    ok = jnp.isfinite(start[:, 0]) & jnp.isfinite(start[:, 3]) & (norm_f > 0)
     hessian = jnp.where(ok[:, None, None], hessian, jnp.eye(6, dtype=c1.dtype))
     factor = jax.scipy.linalg.cho_factor(hessian)
     corner = jnp.array([hs, hw], c1.dtype)
@@ -143,9 +146,12 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, *, 
         return fp, jnp.sqrt(jnp.sum(fp * fp, axis=(0, 2)))
 
     def body(state):
-        p, active, count = state
+        p, active, count, _ = state
         g, norm_g = evaluate(p)
         fp, norm_fp = reference(p)
+        # the ZNCC at this evaluation (ncorr's): at the result for a point that has stopped, and one increment
+        # below the tolerance before it for one stopping now; no evaluation after the loop
+        zncc = jnp.sum(fp * g, axis=(0, 2)) / (norm_fp * jnp.where(norm_g > 0, norm_g, jnp.inf))
         scale = jnp.where(norm_g > 0, norm_fp / jnp.where(norm_g > 0, norm_g, 1), 0)
         residual = fp - scale[None, :, None] * g  # (K, P, S)
         rhs = jnp.stack([jnp.sum(j * residual, axis=(0, 2)) for j in jac], -1)
@@ -155,21 +161,31 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, *, 
         # the increment's largest move of the subset's corners
         move = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 1]) * corner[0] + jnp.abs(dp[:, 2]) * corner[1]
         move = jnp.maximum(move, jnp.abs(dp[:, 3]) + jnp.abs(dp[:, 4]) * corner[0] + jnp.abs(dp[:, 5]) * corner[1])
-        return p, active & (move > tolerance), count + 1
+        return p, active & (move > tolerance), count + 1, zncc
 
     def going(state):
-        _, active, count = state
+        _, active, count, _ = state
         return jnp.any(active) & (count < MAX_ITERATIONS)
 
-    zeros = jnp.zeros_like(start[:, :1])
-    p0 = jnp.concatenate([start[:, :1], zeros, zeros, start[:, 1:], zeros, zeros], axis=1)
-    p0 = jnp.where(ok[:, None], p0, 0)
-    p, _, count = lax.while_loop(going, body, (p0, ok, jnp.int32(0)))
-    g, norm_g = evaluate(p)
-    fp, norm_fp = reference(p)
-    zncc = jnp.einsum("kps,kps->p", fp, g) / (norm_fp * jnp.where(norm_g > 0, norm_g, jnp.inf))
+    p0 = jnp.where(ok[:, None], jnp.where(jnp.isfinite(start), start, 0), 0)
+    p, _, count, zncc = lax.while_loop(going, body, (p0, ok, jnp.int32(0), jnp.zeros_like(norm_f)))
     nan = jnp.array(jnp.nan, c1.dtype)
     return jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan), count
+
+
+@partial(jax.jit, static_argnames=("step",))
+def _initial_warp(dy: jax.Array, dx: jax.Array, *, step: int) -> jax.Array:
+    """IC-GN's start at every point ``(rows, cols, 6)``: the translation ``(dy, dx)`` and its gradients across
+    the neighbouring points (central differences over ``step`` px, one-sided at the grid's edges; 0 where a
+    neighbour is missing or the grid is one point wide)."""
+
+    def slope(a, axis):
+        if a.shape[axis] < 2:
+            return jnp.zeros_like(a)
+        out = jnp.gradient(a, float(step), axis=axis)
+        return jnp.where(jnp.isfinite(out), out, 0)
+
+    return jnp.stack([dy, slope(dy, 0), slope(dy, 1), dx, slope(dx, 0), slope(dx, 1)], -1)
 
 
 def _blur_mismatch(p: jax.Array, sigma: float, curves: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
@@ -280,6 +296,7 @@ def affine_refine(
     for item in range(batch):
         c1 = jnp.pad(coefficients(x1[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
         c2 = jnp.pad(coefficients(x2[item]), ((0, 0), (2, 2), (2, 2)), mode="edge")
+        initial = _initial_warp(dy[item], dx[item], step=step)
         if prefilter > 0:
             f_img, fy_img, fx_img, curvature = _spline_gradients(c2, curvature=True)
         else:
@@ -289,7 +306,7 @@ def affine_refine(
             if on_band is not None:
                 on_band(item * len(starts) + done)
             cy, cx = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
-            begin = jnp.stack([dy[item, start : start + band].ravel(), dx[item, start : start + band].ravel()], -1)
+            begin = initial[start : start + band].reshape(-1, 6)
             params, zncc, _ = _band(
                 c1, f_img, fy_img, fx_img, curvature, jnp.asarray(cy.ravel(), jnp.int32),
                 jnp.asarray(cx.ravel(), jnp.int32), begin.astype(x1.dtype), subset=subset, prefilter=float(prefilter),

@@ -286,6 +286,74 @@ def real(args) -> str:
     return "\n".join(lines)
 
 
+# -- gradients of the affine subsets: noise, prediction, systematic part -------------------------------------
+
+
+def gradients(args) -> str:
+    """Per-point errors of the affine subsets' gradients on a 3% stretch plus a 2 degree rotation (the test's
+    field), against the spread least squares predicts from each subset's Gauss-Newton Hessian and residual
+    (``tests/core/correlation/subset_reference.affine_spread``), per noise level; "none" is the float pair
+    without noise or quantisation, "0%" the 8-bit pair without added noise (quantisation only)."""
+    from napari_gridmip import find_displacement
+    from napari_gridmip._sample_data import dic as dic_module
+    from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA
+    from tests.core.correlation.subset_reference import affine_spread
+
+    size, step = (160, 8) if args.quick else (256, 6)
+    seeds = (1,) if args.quick else (1, 2)
+    angle = np.deg2rad(2.0)
+    grad = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]]) @ np.diag([1.0, 1.03])
+    grad = grad - np.eye(2)
+    y, x = np.meshgrid(np.arange(size, dtype=float), np.arange(size, dtype=float), indexing="ij")
+    c = (size - 1) / 2
+    field = {"dy": grad[0, 0] * (y - c) + grad[0, 1] * (x - c), "dx": grad[1, 0] * (y - c) + grad[1, 1] * (x - c)}
+    names = ("dy", "dy_y", "dy_x", "dx", "dx_y", "dx_x")
+    cases = [("none", 31, "auto"), ("none", 31, None), ("0%", 31, "auto"), ("0.5%", 31, "auto"), ("0.5%", 31, None),
+             ("0.5%", 41, "auto"), ("1.5%", 31, "auto")]  # fmt: skip
+    lines = [
+        f"Affine subsets' gradients: {size}x{size} pairs under a 3% stretch and a 2 degree rotation, window 15, "
+        f"step {step}, {len(seeds)} seeds; the four gradients pooled; {machine()}",
+        "",
+        "| noise | subset | prefilter | mean error | spread (std) | predicted spread | spread / predicted "
+        "| median abs error | max abs error | dx spread / predicted |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    original = dic_module.camera
+    for noise, subset, prefilter in cases:
+        errors, spreads, predicted, disp = [], [], [], []
+        for seed in seeds:
+            if noise == "none":
+                dic_module.camera = lambda intensity, rng, noise=None: 10 + 235 * intensity
+            try:
+                level = None if noise == "none" else float(noise.rstrip("%")) / 100
+                reference, deformed, _ = dic_module.make_dic_pair((size, size), field=field, seed=seed, noise=level)
+            finally:
+                dic_module.camera = original
+            window = (15, 15)
+            out = find_displacement(deformed[None], reference[None], window, subset=(subset, subset), step=step,
+                                    subpixel="refine", shape="affine", prefilter=prefilter)  # fmt: skip
+            gy = np.arange(out.dy.shape[0]) * step + window[0] // 2 + subset // 2
+            gx = np.arange(out.dy.shape[1]) * step + window[1] // 2 + subset // 2
+            params = np.stack([np.asarray(getattr(out, n), np.float64) for n in names], -1)
+            sigma = DEFAULT_SIGMA if prefilter == "auto" else 0.0
+            spread = affine_spread(deformed, reference, params, gy, gx, (subset, subset), sigma)
+            truth = [field["dy"][np.ix_(gy, gx)], *grad[0], field["dx"][np.ix_(gy, gx)], *grad[1]]
+            for k in (1, 2, 4, 5):
+                e = params[..., k] - truth[k]
+                errors.append(e.ravel())
+                spreads.append(np.nanstd(e))
+                predicted.append(np.nanmedian(spread[..., k]))
+            disp.append(np.nanstd(params[..., 3] - truth[3]) / np.nanmedian(spread[..., 3]))
+        e = np.concatenate(errors)
+        ratio = np.divide(spreads, predicted)
+        lines.append(
+            f"| {noise} | {subset} | {prefilter or 'none'} | {np.nanmean(e):+.1e} | {np.mean(spreads):.1e} "
+            f"| {np.mean(predicted):.1e} | {ratio.min():.2f}-{ratio.max():.2f} "
+            f"| {np.nanmedian(np.abs(e)):.1e} | {np.nanmax(np.abs(e)):.1e} | {min(disp):.2f}-{max(disp):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 # -- 3. against the peers: IC-GN in Numba, pyvale -------------------------------------------------------
 
 PEERS = ("ours refine", "ours affine", "Numba IC-GN translation", "Numba IC-GN affine", "pyvale rigid",
@@ -527,7 +595,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds to minutes")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["accuracy", "speed", "real", "peer"])
+    parser.add_argument("--only", choices=["accuracy", "speed", "real", "peer", "gradients"])
     parser.add_argument("--first-call", help=argparse.SUPPRESS)  # the child process of the peer part
     parser.add_argument("--figure", help="write the bias curves to this PNG (docs/images/dic_bias.png)")
     parser.add_argument(
@@ -542,6 +610,9 @@ def main() -> None:
         return
     if args.only == "peer":
         print(peer(args), flush=True)
+        return
+    if args.only == "gradients":
+        print(gradients(args), flush=True)
         return
     if args.real_dir and args.only in (None, "real"):
         print(real(args), end="\n\n", flush=True)

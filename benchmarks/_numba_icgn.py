@@ -155,7 +155,7 @@ def _compose(p, dp, out):
 
 
 @njit(cache=False, parallel=True, fastmath=True)
-def _icgn(f_img, fy_img, fx_img, g_img, g_coef, grid_y, grid_x, hs, hw, radius, affine):
+def _icgn(f_img, fy_img, fx_img, g_img, g_coef, grid_y, grid_x, hs, hw, radius, affine, tolerance):
     """IC-GN at every point of the grid: ``(params (rows, cols, 6), zncc, iterations)``."""
     rows, cols = grid_y.size, grid_x.size
     npar = 6 if affine else 2
@@ -266,7 +266,7 @@ def _icgn(f_img, fy_img, fx_img, g_img, g_coef, grid_y, grid_x, hs, hw, radius, 
                     p[0] -= d0  # the inverse of a translation, composed
                     p[3] -= d1
                     move = np.sqrt(d0 * d0 + d1 * d1)
-                if move < TOLERANCE:
+                if move < tolerance:
                     converged = True
                     # the ZNCC at the increment's start (as ncorr reports its last evaluation)
                     cross = 0.0
@@ -288,10 +288,10 @@ def _icgn(f_img, fy_img, fx_img, g_img, g_coef, grid_y, grid_x, hs, hw, radius, 
     return params, zncc, iterations
 
 
-def icgn_dic(deformed, reference, grid_y, grid_x, *, subset=31, radius=10, shape="affine"):
-    """Subset DIC of ``deformed`` against ``reference`` (2D arrays) at the points ``grid_y`` x ``grid_x``
-    (the reference's pixels, 1D int arrays): a dict of ``(rows, cols)`` arrays ``dy, dx, zncc, iterations`` and,
-    for ``shape="affine"``, ``dy_y, dy_x, dx_y, dx_x``."""
+def icgn_dic(deformed, reference, grid_y, grid_x, *, subset=31, radius=10, shape="affine", tolerance=TOLERANCE):
+    """Subset DIC of ``deformed`` against ``reference`` (2D arrays) at the points ``grid_y`` x ``grid_x`` (the
+    reference's pixels, 1D int arrays); ``tolerance``: px, the increment's norm that stops a point. A dict of
+    ``(rows, cols)`` arrays ``dy, dx, zncc, iterations`` and, for ``shape="affine"``, ``dy_y, dy_x, dx_y, dx_x``."""
     reference = np.asarray(reference, np.float64)
     deformed = np.asarray(deformed, np.float64)
     f_coef = ndimage.spline_filter(reference, order=3, mode="mirror")
@@ -299,7 +299,8 @@ def icgn_dic(deformed, reference, grid_y, grid_x, *, subset=31, radius=10, shape
     f_img, fy_img, fx_img = _knot_gradients(f_coef)
     half = subset // 2
     params, zncc, iterations = _icgn(f_img, fy_img, fx_img, deformed, g_coef, np.asarray(grid_y, np.int64),
-                                     np.asarray(grid_x, np.int64), half, half, radius, shape == "affine")  # fmt: skip
+                                     np.asarray(grid_x, np.int64), half, half, radius, shape == "affine",
+                                     float(tolerance))  # fmt: skip
     out = {"dy": params[..., 0], "dx": params[..., 3], "zncc": zncc, "iterations": iterations}
     if shape == "affine":
         out.update(dy_y=params[..., 1], dy_x=params[..., 2], dx_y=params[..., 4], dx_x=params[..., 5])

@@ -13,9 +13,9 @@ ZNCC) between the reference subset and img1 interpolated by cubic B-splines at t
 linearises the criterion about the *reference* subset: its steepest-descent images ``J`` (the reference's
 gradient times the warp's Jacobian) and the 6 x 6 Hessian ``J'J`` are computed once per point, and each
 iteration only interpolates img1, solves ``H dp = -J' r`` and composes the warp with the inverse of the
-increment's. The start is the translation search's refined position, with the gradients of the translation
-field across neighbouring points (DICe's and ncorr's neighbour start: two to three iterations fewer than zero
-gradients).
+increment's. The start is the translation search's position (its Hessian step: IC-GN corrects any sub-pixel
+start, and the refinement would cost more than the search), with the gradients of the translation field
+across neighbouring points (DICe's and ncorr's neighbour start).
 
 References
 ----------

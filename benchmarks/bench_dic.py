@@ -2,6 +2,8 @@
 
     python benchmarks/bench_dic.py            # full size (the docs' tables)
     python benchmarks/bench_dic.py --quick    # small, seconds to minutes
+    python benchmarks/bench_dic.py --only peer        # 3. ours against a Numba IC-GN and pyvale at 1024^2
+    python benchmarks/bench_dic.py --only gradients   # the affine gradients' per-point error and its prediction
 
 1. Accuracy: 8-bit speckle pairs (napari_gridmip._sample_data.dic: analytic Gaussian dots, shot and read
    noise, quantised) moved rigidly by 0 to 1 px in 0.1 px steps (the same shift along both axes), subset 31,
@@ -17,6 +19,11 @@
    then one contiguous multiply-add loop per offset (no temporaries), first maximum kept. It is timed on a
    band of rows (its cost is the same for every row) and scaled to the image; ours on the same band and on
    the whole image. Target: at least 10x faster; memory at most 4x the two images.
+3. Peers (``--only peer``): DIC at 1024 x 1024, subset 31, step 4: ours (refine, affine) against an IC-GN loop in
+   Numba written as ncorr and DICe write theirs (``_numba_icgn.py``) and pyvale's C++ engine; warm, first call in
+   a new process, RMS error against the known field, peak memory.
+4. Gradients (``--only gradients``): the affine subsets' per-point gradient errors against the spread least
+   squares predicts (``tests/core/correlation/subset_reference.affine_spread``), per noise level.
 """
 
 from __future__ import annotations
@@ -286,6 +293,232 @@ def real(args) -> str:
     return "\n".join(lines)
 
 
+# -- gradients of the affine subsets: noise, prediction, systematic part -------------------------------------
+
+
+def gradients(args) -> str:
+    """Per-point errors of the affine subsets' gradients on a 3% stretch plus a 2 degree rotation (the test's
+    field), against the spread least squares predicts from each subset's Gauss-Newton Hessian and residual
+    (``tests/core/correlation/subset_reference.affine_spread``), per noise level; "none" is the float pair
+    without noise or quantisation, "0%" the 8-bit pair without added noise (quantisation only)."""
+    from napari_gridmip import find_displacement
+    from napari_gridmip._sample_data import dic as dic_module
+    from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA
+    from tests.core.correlation.subset_reference import affine_spread
+
+    size, step = (160, 8) if args.quick else (256, 6)
+    seeds = (1,) if args.quick else (1, 2)
+    angle = np.deg2rad(2.0)
+    grad = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]]) @ np.diag([1.0, 1.03])
+    grad = grad - np.eye(2)
+    y, x = np.meshgrid(np.arange(size, dtype=float), np.arange(size, dtype=float), indexing="ij")
+    c = (size - 1) / 2
+    field = {"dy": grad[0, 0] * (y - c) + grad[0, 1] * (x - c), "dx": grad[1, 0] * (y - c) + grad[1, 1] * (x - c)}
+    names = ("dy", "dy_y", "dy_x", "dx", "dx_y", "dx_x")
+    cases = [("none", 31, "auto"), ("none", 31, None), ("0%", 31, "auto"), ("0.5%", 31, "auto"), ("0.5%", 31, None),
+             ("0.5%", 41, "auto"), ("1.5%", 31, "auto")]  # fmt: skip
+    lines = [
+        f"Affine subsets' gradients: {size}x{size} pairs under a 3% stretch and a 2 degree rotation, window 15, "
+        f"step {step}, {len(seeds)} seeds; the four gradients pooled; {machine()}",
+        "",
+        "| noise | subset | prefilter | mean error | spread (std) | predicted spread | spread / predicted "
+        "| median abs error | max abs error | dx spread / predicted |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    original = dic_module.camera
+    for noise, subset, prefilter in cases:
+        errors, spreads, predicted, disp = [], [], [], []
+        for seed in seeds:
+            if noise == "none":
+                dic_module.camera = lambda intensity, rng, noise=None: 10 + 235 * intensity
+            try:
+                level = None if noise == "none" else float(noise.rstrip("%")) / 100
+                reference, deformed, _ = dic_module.make_dic_pair((size, size), field=field, seed=seed, noise=level)
+            finally:
+                dic_module.camera = original
+            window = (15, 15)
+            out = find_displacement(deformed[None], reference[None], window, subset=(subset, subset), step=step,
+                                    subpixel="refine", shape="affine", prefilter=prefilter)  # fmt: skip
+            gy = np.arange(out.dy.shape[0]) * step + window[0] // 2 + subset // 2
+            gx = np.arange(out.dy.shape[1]) * step + window[1] // 2 + subset // 2
+            params = np.stack([np.asarray(getattr(out, n), np.float64) for n in names], -1)
+            sigma = DEFAULT_SIGMA if prefilter == "auto" else 0.0
+            spread = affine_spread(deformed, reference, params, gy, gx, (subset, subset), sigma)
+            truth = [field["dy"][np.ix_(gy, gx)], *grad[0], field["dx"][np.ix_(gy, gx)], *grad[1]]
+            for k in (1, 2, 4, 5):
+                e = params[..., k] - truth[k]
+                errors.append(e.ravel())
+                spreads.append(np.nanstd(e))
+                predicted.append(np.nanmedian(spread[..., k]))
+            disp.append(np.nanstd(params[..., 3] - truth[3]) / np.nanmedian(spread[..., 3]))
+        e = np.concatenate(errors)
+        ratio = np.divide(spreads, predicted)
+        lines.append(
+            f"| {noise} | {subset} | {prefilter or 'none'} | {np.nanmean(e):+.1e} | {np.mean(spreads):.1e} "
+            f"| {np.mean(predicted):.1e} | {ratio.min():.2f}-{ratio.max():.2f} "
+            f"| {np.nanmedian(np.abs(e)):.1e} | {np.nanmax(np.abs(e)):.1e} | {min(disp):.2f}-{max(disp):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+# -- 3. against the peers: IC-GN in Numba, pyvale -------------------------------------------------------
+
+PEERS = ("ours refine", "ours affine", "Numba IC-GN translation", "Numba IC-GN affine",
+         "Numba IC-GN affine, ours' tolerance", "pyvale rigid", "pyvale affine")  # fmt: skip
+PEER_WINDOW, PEER_SUBSET, PEER_STEP = (21, 21), 31, 4  # bench_first_run.py's DIC row: search +-10 px
+
+
+def _peer_pair(quick: bool):
+    from napari_gridmip._sample_data.dic import make_dic_pair
+
+    size = 512 if quick else 1024
+    return make_dic_pair((size, size))  # the sample's field (dic_field): up to 4.6 px, strains up to 0.6%
+
+
+def _peer_grid(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Our points (find_displacement's convention), which the Numba peer is given too."""
+    first = PEER_WINDOW[0] // 2 + PEER_SUBSET // 2
+    count = (size - (PEER_WINDOW[0] - 1) - (PEER_SUBSET - 1) + PEER_STEP - 1) // PEER_STEP
+    points = first + PEER_STEP * np.arange(count)
+    return points, points
+
+
+def _peer_call(name: str, reference: np.ndarray, deformed: np.ndarray):
+    """A function running method ``name`` on the pair, returning ``(dy, dx, y, x)`` (1D: the points and their
+    positions on the reference)."""
+    size = reference.shape[0]
+    gy, gx = _peer_grid(size)
+    yy, xx = (a.ravel() for a in np.meshgrid(gy, gx, indexing="ij"))
+    if name.startswith("ours"):
+        from napari_gridmip import find_displacement
+
+        shape = "affine" if name.endswith("affine") else "translation"
+
+        def call():
+            out = find_displacement(deformed[None], reference[None], PEER_WINDOW, subset=(PEER_SUBSET,) * 2,
+                                    step=PEER_STEP, subpixel="refine", shape=shape)  # fmt: skip
+            return np.asarray(out.dy).ravel(), np.asarray(out.dx).ravel(), yy, xx
+
+        return call
+    if name.startswith("Numba"):
+        from _numba_icgn import icgn_dic
+
+        shape = "affine" if "affine" in name else "translation"
+        # the brief's 1e-3 px (ncorr-like), or ours: no corner moves by 1e-4 px (float32)
+        tolerance = 1e-4 if name.endswith("tolerance") else 1e-3
+
+        def call():
+            out = icgn_dic(deformed, reference, gy, gx, subset=PEER_SUBSET, radius=PEER_WINDOW[0] // 2, shape=shape,
+                           tolerance=tolerance)  # fmt: skip
+            return out["dy"].ravel(), out["dx"].ravel(), yy, xx
+
+        return call
+    import tempfile
+
+    import pyvale.dic
+
+    shape = "AFFINE" if name.endswith("affine") else "RIGID"
+    folder = tempfile.mkdtemp(prefix="pyvale_")
+
+    def call():
+        # its defaults otherwise (multi-window FFT start, reliability-guided scan, bicubic B-spline, ZNSSD,
+        # 5 x 5 Gaussian prefilter); the results are files, as its API writes them
+        pyvale.dic.calculate_2d(reference, deformed[None], np.ones(reference.shape, bool), seed=[size // 2] * 2,
+                                subset_size=PEER_SUBSET, subset_step=PEER_STEP, shape_function=shape,
+                                max_displacement=PEER_WINDOW[0] // 2, output_basepath=folder, output_prefix=shape,
+                                print_level=0)  # fmt: skip
+        table = np.loadtxt(Path(folder) / f"{shape}def_img_0000.csv", delimiter=",", skiprows=1, usecols=range(6))
+        x, y = table[:, 0].astype(int), table[:, 1].astype(int)
+        dx, dy = np.where(table[:, 5] > 0, table[:, 2], np.nan), np.where(table[:, 5] > 0, table[:, 3], np.nan)
+        inside = (y >= gy[0]) & (y <= gy[-1]) & (x >= gx[0]) & (x <= gx[-1])  # our points' region
+        return dy[inside], dx[inside], y[inside], x[inside]
+
+    return call
+
+
+def _available(name: str) -> str | None:
+    """Why ``name`` cannot run here (None: it can)."""
+    import importlib.util
+
+    module = {"Numba": "numba", "pyvale": "pyvale"}.get(name.split()[0])
+    if module and importlib.util.find_spec(module) is None:
+        return f"{module} is not installed"
+    return None
+
+
+def _first_call(name: str, quick: bool) -> dict:
+    """``name``'s first call in a new process with empty caches (JAX's persistent cache; Numba compiles
+    without a cache): the call alone, its imports timed apart."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    command = [sys.executable, __file__, "--first-call", name] + (["--quick"] if quick else [])
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": cache, "NUMBA_CACHE_DIR": cache}
+        for key in ("JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPILE_CACHE"):
+            env.pop(key, None)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{name}'s first call failed: {done.stderr.strip().splitlines()[-3:]}")
+    return json.loads(line[len("RESULT ") :])
+
+
+def _first_call_child(name: str, quick: bool) -> None:
+    import json
+
+    reference, deformed, _ = _peer_pair(quick)
+    start = time.perf_counter()
+    call = _peer_call(name, reference, deformed)  # the imports
+    imported = time.perf_counter() - start
+    start = time.perf_counter()
+    call()
+    print("RESULT " + json.dumps({"import": imported, "first": time.perf_counter() - start}), flush=True)
+
+
+def peer(args) -> str:
+    """DIC at 1024^2 (``--quick``: 512^2), subset 31, step 4: ours (refine, affine) against a Numba IC-GN loop
+    (translation, affine; :mod:`_numba_icgn`) and pyvale's C++ engine (rigid, affine): warm (best of
+    ``--repeats``, alternating), first call in a new process, RMS error against the known field, peak memory."""
+    from _harness import alternate
+
+    reference, deformed, truth = _peer_pair(args.quick)
+    size = reference.shape[0]
+    names = [n for n in PEERS if _available(n) is None]
+    missing = [f"{n}: {_available(n)}" for n in PEERS if _available(n) is not None]
+    calls = {n: _peer_call(n, reference, deformed) for n in names}
+    errors = {}
+    for n in names:
+        dy, dx, y, x = calls[n]()
+        e2 = (dy - truth["dy"][y, x]) ** 2 + (dx - truth["dx"][y, x]) ** 2
+        errors[n] = (float(np.sqrt(np.nanmean(e2))), float(np.isnan(e2).mean()), len(e2))
+    rows = {r.name: r for r in alternate([(n, calls[n]) for n in names], rounds=args.repeats)}
+    first = {n: _first_call(n, args.quick) for n in names}
+    gy, _ = _peer_grid(size)
+    lines = [
+        f"DIC against the peers: {size}x{size} 8-bit pair (make_dic_pair: the sample's field, up to 4.6 px and "
+        f"0.6% strain; 0.5% noise), subset {PEER_SUBSET}, step {PEER_STEP} ({len(gy)}x{len(gy)} points), "
+        f"search +-{PEER_WINDOW[0] // 2} px; {machine()}",
+        "",
+        "| method | warm s (best of " + str(args.repeats) + ") | x ours refine | first call s (new process) "
+        "| first / warm | imports s | RMS error px | failed points | points | peak extra MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = rows["ours refine"].best_s
+    for n in names:
+        r, f = rows[n], first[n]
+        rms, failed, points = errors[n]
+        lines.append(
+            f"| {n} | {r.best_s:.3f} | {r.best_s / base:.2f} | {f['first']:.2f} | {f['first'] / r.best_s:.1f} "
+            f"| {f['import']:.2f} | {rms:.4f} | {100 * failed:.2f}% | {points} | {r.peak_mb:.0f} |"
+        )
+    if missing:
+        lines += ["", "Not run: " + "; ".join(missing) + "."]
+    return "\n".join(lines)
+
+
 # -- 2. speed ---------------------------------------------------------------------------------------
 
 
@@ -372,7 +605,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds to minutes")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["accuracy", "speed", "real"])
+    parser.add_argument("--only", choices=["accuracy", "speed", "real", "peer", "gradients"])
+    parser.add_argument("--first-call", help=argparse.SUPPRESS)  # the child process of the peer part
     parser.add_argument("--figure", help="write the bias curves to this PNG (docs/images/dic_bias.png)")
     parser.add_argument(
         "--real-dir",
@@ -381,6 +615,15 @@ def main() -> None:
         "jaredvanblitterswyk/image_deformation, rigid_body_translation/): adds the real-data table",
     )
     args = parser.parse_args()
+    if args.first_call:
+        _first_call_child(args.first_call, args.quick)
+        return
+    if args.only == "peer":
+        print(peer(args), flush=True)
+        return
+    if args.only == "gradients":
+        print(gradients(args), flush=True)
+        return
     if args.real_dir and args.only in (None, "real"):
         print(real(args), end="\n\n", flush=True)
     if args.only in (None, "accuracy"):

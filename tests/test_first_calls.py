@@ -25,7 +25,9 @@ BUDGET = {
     "find_displacement": 3,
     "find_displacement refine": 6,
     "find_displacement subset refine": 6,
-    "find_displacement subset affine": 4,  # the search's join, each item's images, the IC-GN band, the join
+    # after the subset refine call: its search is the Hessian step's (its own _finish, band and join), then each
+    # item's images, the IC-GN band and the join
+    "find_displacement subset affine": 6,
     "track_speckles": 4,
     "local_correlation_image": 3,
     "traverse_occupied": 3,

@@ -13,7 +13,9 @@ ZNCC) between the reference subset and img1 interpolated by cubic B-splines at t
 linearises the criterion about the *reference* subset: its steepest-descent images ``J`` (the reference's
 gradient times the warp's Jacobian) and the 6 x 6 Hessian ``J'J`` are computed once per point, and each
 iteration only interpolates img1, solves ``H dp = -J' r`` and composes the warp with the inverse of the
-increment's. The start is the translation search's refined position (zero gradients).
+increment's. The start is the translation search's position (its Hessian step: IC-GN corrects any sub-pixel
+start, and the refinement would cost more than the search), with the gradients of the translation field
+across neighbouring points (DICe's and ncorr's neighbour start).
 
 References
 ----------
@@ -45,7 +47,10 @@ MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
 # point on its own, so that a result does not depend on which points share its band)
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-8}
-BAND_VALUES = 2**21  # points x subset pixels x frames interpolated per compiled call (16 taps each)
+# points x subset pixels x frames interpolated per compiled call (16 taps each): about 270 subsets of 31 x 31. A
+# band iterates until its slowest point has converged and its arrays (K, P, S) should stay in the cache: 2**21
+# took 1.8x as long at 512^2 (7-8 iterations per band against 5-6); 2**16 pays the per-band dispatch
+BAND_VALUES = 2**18
 SHAPES = ("translation", "affine")
 
 
@@ -86,18 +91,22 @@ def _compose(p: jax.Array, dp: jax.Array) -> jax.Array:
                       out[..., 1, 1] - 1], -1)  # fmt: skip
 
 
-@partial(jax.jit, static_argnames=("subset", "band"))
-def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, dy, dx, item, row0, *, subset, band):
-    """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of batch item ``item``:
+@partial(jax.jit, static_argnames=("subset", "band", "prefilter"))
+def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, *, subset, band, prefilter=0.0):
+    """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
     ``c1``: img1's spline coefficients ``(K, M + 4, N + 4)``; ``f_img``, ``fy_img``, ``fx_img``: img2 and its
-    spline gradient ``(K, M, N)``; ``centres_*``: the points' img2 positions ``(P,)`` (integers, ``P = band
-    cols``); ``dy``, ``dx``: the translation ``(B, out rows, cols)``, where each point starts.
+    spline gradient ``(K, M, N)``; ``curvature``: img2's second derivatives ``(f_yy, f_xy, f_xx)`` (each
+    ``(K, M, N)``; None without a prefilter); ``centres_*``: the points' img2 positions ``(P,)`` (integers,
+    ``P = band cols``); ``initial``: the warp each of the item's points starts from ``(out rows, cols, 6)``
+    (:func:`_initial_warp`: finite ``dy``, ``dx`` where the point is valid); ``prefilter``: the Gaussian's
+    standard deviation (px) both images were smoothed by (0: none), whose mismatch under the warp is corrected
+    (:func:`_blur_mismatch`).
     """
-    out_cols = dy.shape[2]
-    begin = [lax.dynamic_slice(d, int32_indices(item, row0, 0), (1, band, out_cols)).reshape(-1) for d in (dy, dx)]
-    start = jnp.stack(begin, -1).astype(c1.dtype)  # (P, 2)
+    out_cols = initial.shape[1]
+    start = lax.dynamic_slice(initial, int32_indices(row0, 0, 0), (band, out_cols, 6)).reshape(-1, 6)
+    start = start.astype(c1.dtype)  # (P, 6)
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
     eta, zeta = jnp.meshgrid(
@@ -112,12 +121,16 @@ def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, dy, dx, item, row0, *
         return jnp.take(img.reshape(k, rows * cols), index, axis=1).reshape(k, *iy.shape)  # (K, P, S)
 
     f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
+    curves = None if curvature is None else tuple(gather(c) for c in curvature)
     f = f - f.mean(axis=(0, 2), keepdims=True)
     norm_f = jnp.sqrt(jnp.sum(f * f, axis=(0, 2)))  # (P,)
     e, z = eta[None, None, :], zeta[None, None, :]
-    jac = jnp.stack([fy, fy * e, fy * z, fx, fx * e, fx * z], -1)  # (K, P, S, 6)
-    hessian = jnp.einsum("kpsi,kpsj->pij", jac, jac)
-    ok = jnp.isfinite(start).all(axis=-1) & (norm_f > 0)
+    # the steepest-descent images, kept as six (K, P, S) arrays: elementwise products summed over (K, S) beat a
+    # batched (P, S, 6) contraction on the CPU by 4x (XLA's dot with a batch of 6-wide matrices is slow)
+    jac = (fy, fy * e, fy * z, fx, fx * e, fx * z)
+    upper = {(i, j): jnp.sum(jac[i] * jac[j], axis=(0, 2)) for i in range(6) for j in range(i, 6)}
+    hessian = jnp.stack([jnp.stack([upper[min(i, j), max(i, j)] for j in range(6)], -1) for i in range(6)], -2)
+    ok = jnp.isfinite(start[:, 0]) & jnp.isfinite(start[:, 3]) & (norm_f > 0)
     hessian = jnp.where(ok[:, None, None], hessian, jnp.eye(6, dtype=c1.dtype))
     factor = jax.scipy.linalg.cho_factor(hessian)
     corner = jnp.array([hs, hw], c1.dtype)
@@ -133,55 +146,115 @@ def _band(c1, f_img, fy_img, fx_img, centres_y, centres_x, dy, dx, item, row0, *
 
     tolerance = TOLERANCE[np.dtype(c1.dtype)]
 
+    def reference(p):
+        """The reference subset (centred) and its norm, blurred as img1's prefilter blurs it under ``p``."""
+        if curves is None:
+            return f, norm_f
+        fp = f + _blur_mismatch(p, prefilter, curves)
+        fp = fp - fp.mean(axis=(0, 2), keepdims=True)
+        return fp, jnp.sqrt(jnp.sum(fp * fp, axis=(0, 2)))
+
     def body(state):
-        p, active, count = state
+        p, active, count, _ = state
         g, norm_g = evaluate(p)
-        scale = jnp.where(norm_g > 0, norm_f / jnp.where(norm_g > 0, norm_g, 1), 0)
-        residual = f - scale[None, :, None] * g  # (K, P, S)
-        rhs = jnp.einsum("kpsi,kps->pi", jac, residual)
+        fp, norm_fp = reference(p)
+        # the ZNCC at this evaluation (ncorr's): at the result for a point that has stopped, and one increment
+        # below the tolerance before it for one stopping now; no evaluation after the loop
+        zncc = jnp.sum(fp * g, axis=(0, 2)) / (norm_fp * jnp.where(norm_g > 0, norm_g, jnp.inf))
+        scale = jnp.where(norm_g > 0, norm_fp / jnp.where(norm_g > 0, norm_g, 1), 0)
+        residual = fp - scale[None, :, None] * g  # (K, P, S)
+        rhs = jnp.stack([jnp.sum(j * residual, axis=(0, 2)) for j in jac], -1)
         dp = -jax.scipy.linalg.cho_solve(factor, rhs[..., None])[..., 0]
         dp = jnp.where(active[:, None], dp, 0)
         p = jnp.where(active[:, None], _compose(p, dp), p)
         # the increment's largest move of the subset's corners
         move = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 1]) * corner[0] + jnp.abs(dp[:, 2]) * corner[1]
         move = jnp.maximum(move, jnp.abs(dp[:, 3]) + jnp.abs(dp[:, 4]) * corner[0] + jnp.abs(dp[:, 5]) * corner[1])
-        return p, active & (move > tolerance), count + 1
+        return p, active & (move > tolerance), count + 1, zncc
 
     def going(state):
-        _, active, count = state
+        _, active, count, _ = state
         return jnp.any(active) & (count < MAX_ITERATIONS)
 
-    zeros = jnp.zeros_like(start[:, :1])
-    p0 = jnp.concatenate([start[:, :1], zeros, zeros, start[:, 1:], zeros, zeros], axis=1)
-    p0 = jnp.where(ok[:, None], p0, 0)
-    p, _, _ = lax.while_loop(going, body, (p0, ok, jnp.int32(0)))
-    g, norm_g = evaluate(p)
-    zncc = jnp.einsum("kps,kps->p", f, g) / (norm_f * jnp.where(norm_g > 0, norm_g, jnp.inf))
+    p0 = jnp.where(ok[:, None], jnp.where(jnp.isfinite(start), start, 0), 0)
+    p, _, _, zncc = lax.while_loop(going, body, (p0, ok, jnp.int32(0), jnp.zeros_like(norm_f)))
     nan = jnp.array(jnp.nan, c1.dtype)
     p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
     v, vy, vx, u, uy, ux = (p[:, i].reshape(1, band, out_cols) for i in range(6))
     return v, u, zncc.reshape(1, band, out_cols), vy, vx, uy, ux
 
 
-@partial(jax.jit, static_argnames=("coefficients",))
-def _item_images(x1, x2, item, *, coefficients):
-    """Batch item ``item``'s images for :func:`_band`: img1's spline coefficients edge-padded by 2, img2's values
-    and its spline's gradient (one program: the eager indexing and pads compiled one each on a first call)."""
-    one = [lax.dynamic_index_in_dim(x, item, keepdims=False) for x in (x1, x2)]
-    c1, c2 = (jnp.pad(coefficients(x), ((0, 0), (2, 2), (2, 2)), mode="edge") for x in one)
-    return (c1, *_spline_gradients(c2))
+@partial(jax.jit, static_argnames=("coefficients", "step", "curvature"))
+def _item_images(x1, x2, dy, dx, item, *, coefficients, step, curvature):
+    """Batch item ``item``'s inputs for :func:`_band` (one program: the eager indexing and pads compiled one
+    each on a first call): img1's spline coefficients edge-padded by 2, img2's values and its spline's
+    gradient, its second derivatives (``curvature``; else None) and the warp each point starts from
+    (:func:`_initial_warp`)."""
+    one = [lax.dynamic_index_in_dim(x, item, keepdims=False) for x in (x1, x2, dy, dx)]
+    c1, c2 = (jnp.pad(coefficients(x), ((0, 0), (2, 2), (2, 2)), mode="edge") for x in one[:2])
+    if curvature:
+        f_img, fy_img, fx_img, curves = _spline_gradients(c2, curvature=True)
+    else:
+        (f_img, fy_img, fx_img), curves = _spline_gradients(c2), None
+    return c1, f_img, fy_img, fx_img, curves, _initial_warp(one[2], one[3], step=step)
 
 
-def _spline_gradients(c2: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+@partial(jax.jit, static_argnames=("step",))
+def _initial_warp(dy: jax.Array, dx: jax.Array, *, step: int) -> jax.Array:
+    """IC-GN's start at every point ``(rows, cols, 6)``: the translation ``(dy, dx)`` and its gradients across
+    the neighbouring points (central differences over ``step`` px, one-sided at the grid's edges; 0 where a
+    neighbour is missing or the grid is one point wide)."""
+
+    def slope(a, axis):
+        if a.shape[axis] < 2:
+            return jnp.zeros_like(a)
+        out = jnp.gradient(a, float(step), axis=axis)
+        return jnp.where(jnp.isfinite(out), out, 0)
+
+    return jnp.stack([dy, slope(dy, 0), slope(dy, 1), dx, slope(dx, 0), slope(dx, 1)], -1)
+
+
+def _blur_mismatch(p: jax.Array, sigma: float, curves: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+    """What the reference subset lacks of the blur that img1's prefilter gives it under the warp ``p`` ``(P, 6)``,
+    to first order: ``(D_yy f_yy + 2 D_xy f_xy + D_xx f_xx) / 2`` ``(K, P, S)``, ``D = sigma^2 ((F'F)^-1 - I)``.
+
+    Both images are smoothed by a Gaussian of ``sigma`` in their own pixels. Where img1 is img2 warped by ``x' =
+    F x + t``, img1's blur, seen on img2's grid, is a Gaussian of covariance ``sigma^2 (F'F)^-1``, not the
+    ``sigma^2 I`` img2 got: a translation or a rotation commutes with the filter, a stretch does not, and the
+    difference (3% of the blur's variance along a 3% stretch) pulls each point's gradients by up to 3e-4 on a
+    noise-free pair. A Gaussian's change with its covariance is half the image's second derivatives (the heat
+    equation), so the reference subset blurred as img1 is ``f + (D : grad grad f) / 2``; ``curves`` = ``(f_yy,
+    f_xy, f_xx)`` of the prefiltered img2 at the subset's pixels."""
+    f_yy, f_xy, f_xx = curves
+    a, b = 1 + p[:, 1], p[:, 2]  # F = [[1 + v_y, v_x], [u_y, 1 + u_x]] in (y, x) order
+    c, d = p[:, 4], 1 + p[:, 5]
+    # (F'F)^-1 = inv([[a^2 + c^2, a b + c d], [a b + c d, b^2 + d^2]])
+    m_yy, m_xy, m_xx = a * a + c * c, a * b + c * d, b * b + d * d
+    det = m_yy * m_xx - m_xy * m_xy
+    d_yy = sigma**2 * (m_xx / det - 1)
+    d_xy = sigma**2 * (-m_xy / det)
+    d_xx = sigma**2 * (m_yy / det - 1)
+    return 0.5 * (d_yy[None, :, None] * f_yy + 2 * d_xy[None, :, None] * f_xy + d_xx[None, :, None] * f_xx)
+
+
+@partial(jax.jit, static_argnames=("curvature",))
+def _spline_gradients(c2: jax.Array, *, curvature: bool = False) -> tuple[jax.Array, ...]:
     """img2's values and its spline's gradient at the knots, from its coefficients ``(K, M + 4, N + 4)``
-    (edge-padded by 2): ``B(0) = 4/6, B(+-1) = 1/6``, ``B'(+-1) = -+1/2``."""
+    (edge-padded by 2): ``B(0) = 4/6, B(+-1) = 1/6``, ``B'(+-1) = -+1/2``; with ``curvature`` also the second
+    derivatives ``f_yy, f_xy, f_xx`` (``B''(0) = -2, B''(+-1) = 1``)."""
     centre = c2[:, 1:-1, 1:-1]  # padded by 1 now
     smooth_y = (centre[:, :-2] + 4 * centre[:, 1:-1] + centre[:, 2:]) / 6  # (K, M, N + 2)
     smooth_x = (centre[:, :, :-2] + 4 * centre[:, :, 1:-1] + centre[:, :, 2:]) / 6  # (K, M + 2, N)
     value = (smooth_y[:, :, :-2] + 4 * smooth_y[:, :, 1:-1] + smooth_y[:, :, 2:]) / 6
     grad_y = (smooth_x[:, 2:] - smooth_x[:, :-2]) / 2
     grad_x = (smooth_y[:, :, 2:] - smooth_y[:, :, :-2]) / 2
-    return value, grad_y, grad_x
+    if not curvature:
+        return value, grad_y, grad_x
+    curve_yy = smooth_x[:, :-2] - 2 * smooth_x[:, 1:-1] + smooth_x[:, 2:]
+    curve_xx = smooth_y[:, :, :-2] - 2 * smooth_y[:, :, 1:-1] + smooth_y[:, :, 2:]
+    slope_x = (centre[:, :, 2:] - centre[:, :, :-2]) / 2  # (K, M + 2, N)
+    curve_xy = (slope_x[:, 2:] - slope_x[:, :-2]) / 2
+    return value, grad_y, grad_x, (curve_yy, curve_xy, curve_xx)
 
 
 def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int) -> tuple[int, list[int]]:
@@ -226,12 +299,16 @@ def affine_refine(
     subset: tuple[int, int],
     step: int,
     batch: tuple[int, ...] | None = None,
+    prefilter: float = 0.0,
     on_band: Callable[[int], None] | None = None,
 ) -> tuple[jax.Array, ...]:
     """IC-GN from the translation ``(dy, dx)`` ``(B, rows, cols)`` for centred (and prefiltered) stacks ``x1``,
     ``x2`` ``(B, K, M, N)`` (``coefficients``: a frame stack's cubic B-spline coefficients, a jitted function):
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(*batch, rows, cols)`` (``batch`` None: ``(B, rows,
     cols)``). The points are the translation grid's: img2's pixel ``(i step + m + hs, j step + n + hw)``.
+    ``prefilter``: the standard deviation (px) of the Gaussian both
+    stacks were smoothed by (0: none); the reference subsets are then blurred as the warp blurs img1
+    (:func:`_blur_mismatch`).
 
     Runs band by band, item by item (``B`` times the bands of :func:`affine_plan`, one compiled program for
     all, and one to join them: :func:`.join_bands`); ``on_band(done)`` is called before each band with the bands
@@ -245,13 +322,30 @@ def affine_refine(
     band, starts = affine_plan((out_rows, out_cols), subset, k)
     pieces = []
     for item in range(items):
-        images = _item_images(x1, x2, np.int32(item), coefficients=coefficients)
+        c1, f_img, fy_img, fx_img, curvature, initial = _item_images(
+            x1, x2, dy, dx, np.int32(item), coefficients=coefficients, step=step, curvature=prefilter > 0
+        )
         for done, start in enumerate(starts):
             if on_band is not None:
                 on_band(item * len(starts) + done)
             centres = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
             cy, cx = (c.ravel().astype(np.int32) for c in centres)  # NumPy into the program: jnp.asarray compiled one
-            pieces.append(_band(*images, cy, cx, dy, dx, np.int32(item), np.int32(start), subset=subset, band=band))
+            pieces.append(
+                _band(
+                    c1,
+                    f_img,
+                    fy_img,
+                    fx_img,
+                    curvature,
+                    cy,
+                    cx,
+                    initial,
+                    np.int32(start),
+                    subset=subset,
+                    band=band,
+                    prefilter=float(prefilter),
+                )  # fmt: skip
+            )
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 

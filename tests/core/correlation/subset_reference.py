@@ -103,3 +103,56 @@ def spline_subset(img, y, x, subset):
         yy, xx = np.meshgrid(np.arange(sh) + y + pad, np.arange(sw) + x + pad, indexing="ij")
         out.append(ndimage.map_coordinates(coeffs, [yy, xx], order=3, prefilter=False))
     return np.stack(out)
+
+
+def affine_spread(img1, img2, params, centres_y, centres_x, subset, prefilter):
+    """Predicted standard deviations of IC-GN's six parameters ``(v, v_y, v_x, u, u_y, u_x)`` at each point, from
+    the Gauss-Newton Hessian and the residual at the solution, in float64: ``(rows, cols, 6)``.
+
+    ``params``: the solution ``(rows, cols, 6)`` at the reference's (img2's) pixels ``centres_y`` x ``centres_x``;
+    ``prefilter``: the Gaussian (px) both images were smoothed by (0: none), with the library's taps. Least squares
+    with a residual ``r = f - (|f| / |g|) g`` of covariance ``s^2 R`` (``R``: the filter's normalised
+    autocorrelation, which sums to 1; the identity without a filter) give ``cov = s^2 inv(H) (J' R J) inv(H)``,
+    ``H = J'J``; ``s^2 R(0)`` is estimated by ``|r|^2 / (n - 8)`` (six parameters, the mean and the scale).
+    """
+    from scipy import ndimage
+
+    from napari_gridmip.core.correlation.prefilter import taps
+
+    a, b = np.asarray(img1, np.float64), np.asarray(img2, np.float64)
+    kernel = np.ones((1, 1))
+    if prefilter > 0:
+        w = taps(prefilter)
+        for axis in (0, 1):
+            a = ndimage.correlate1d(a, w, axis=axis, mode="nearest")
+            b = ndimage.correlate1d(b, w, axis=axis, mode="nearest")
+        r1 = np.correlate(w, w, mode="full")
+        kernel = np.outer(r1, r1)  # sums to 1
+    coef = ndimage.spline_filter(b, order=3, mode="nearest")
+    smooth, slope = [1 / 6, 4 / 6, 1 / 6], [-0.5, 0.0, 0.5]
+    grad_y = ndimage.correlate1d(ndimage.correlate1d(coef, slope, axis=0, mode="nearest"), smooth, axis=1,
+                                 mode="nearest")  # fmt: skip
+    grad_x = ndimage.correlate1d(ndimage.correlate1d(coef, slope, axis=1, mode="nearest"), smooth, axis=0,
+                                 mode="nearest")  # fmt: skip
+    hs, hw = subset[0] // 2, subset[1] // 2
+    eta, zeta = (t.ravel() for t in np.meshgrid(np.arange(-hs, hs + 1.0), np.arange(-hw, hw + 1.0), indexing="ij"))
+    out = np.full(np.shape(params), np.nan)
+    for i, cy in enumerate(centres_y):
+        for j, cx in enumerate(centres_x):
+            v, vy, vx, u, uy, ux = params[i, j]
+            if not np.isfinite(params[i, j]).all():
+                continue
+            ry, rx = (cy + eta).astype(int), (cx + zeta).astype(int)
+            fy, fx = grad_y[ry, rx], grad_x[ry, rx]
+            jac = np.stack([fy, fy * eta, fy * zeta, fx, fx * eta, fx * zeta], -1)
+            g = ndimage.map_coordinates(a, [cy + eta + v + vy * eta + vx * zeta, cx + zeta + u + uy * eta + ux * zeta],
+                                        order=3, mode="nearest")  # fmt: skip
+            f = b[ry, rx] - b[ry, rx].mean()
+            g = g - g.mean()
+            residual = f - np.linalg.norm(f) / np.linalg.norm(g) * g
+            s2 = np.sum(residual**2) / (len(residual) - 8) / kernel[kernel.shape[0] // 2, kernel.shape[1] // 2]
+            images = jac.T.reshape(6, 2 * hs + 1, 2 * hw + 1)
+            spread = np.stack([ndimage.convolve(im, kernel, mode="constant").ravel() for im in images], -1)
+            inverse = np.linalg.inv(jac.T @ jac)
+            out[i, j] = np.sqrt(s2 * np.diag(inverse @ (jac.T @ spread) @ inverse))
+    return out

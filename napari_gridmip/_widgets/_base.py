@@ -119,6 +119,7 @@ class JobWidget(Container):
         self.extend([*inputs, *buttons, *outputs, self.summary, self.device, self.copy_button])
         self._restore_settings()
         self._ready = True
+        start_jax_early()
         self.reset_choices()
         for field in inputs:  # an option changed: what Run would compute changed
             field.changed.connect(self._schedule_prefetch)
@@ -280,6 +281,31 @@ def prefetch_enabled() -> bool:
     if switched_off("NAPARI_GRIDMIP_PREFETCH"):
         return False
     return bool(_settings.load("general").get("start_early", True))
+
+
+# the session's one early start of JAX (see start_jax_early): its worker, once started
+_JAX_STARTED: dict[str, Any] = {"worker": None}
+
+
+def start_jax_early() -> None:
+    """Import JAX and start its backend in a worker, once per session, when the first widget is made.
+
+    Importing JAX and starting the backend (the persistent compile cache set up, the device named:
+    :func:`napari_gridmip._jobs.prepare_jax`) takes about a second before a first job can trace anything
+    (docs/benchmarks.md, "First calls": the import column); done while the user opens data and sets the
+    options, it is out of the first Run's way, and out of the early start's. Nothing of JAX runs on the
+    GUI thread, and nothing starts when early starts are switched off (:func:`prefetch_enabled`).
+    """
+    if _JAX_STARTED["worker"] is not None or not prefetch_enabled():
+        return
+    from napari.qt.threading import create_worker
+
+    from napari_gridmip._jobs import prepare_jax
+
+    # errors are left to the first job, which runs prepare_jax again and reports them
+    worker = create_worker(prepare_jax, _start_thread=False, _ignore_errors=True)
+    _JAX_STARTED["worker"] = worker
+    worker.start()
 
 
 def _is_layer(value: Any) -> bool:

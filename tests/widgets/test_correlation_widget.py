@@ -1,5 +1,6 @@
 """The Correlation map widget in a real viewer, driven through its buttons."""
 
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -607,3 +608,28 @@ def test_nothing_starts_early_when_switched_off(viewer_and_widget, qtbot, monkey
     _pair(viewer)
     qtbot.wait(1000)
     assert not widget.runner.prefetching and not widget.runner.prefetched
+
+
+@pytest.mark.parametrize("switched_on", [True, False])
+def test_the_first_widget_starts_jax_in_a_worker_once(docked, qtbot, monkeypatch, switched_on):
+    import napari_gridmip._jobs as jobs
+    from napari_gridmip._widgets import _base
+
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1" if switched_on else "0")
+    monkeypatch.setattr(_base, "_JAX_STARTED", {"worker": None})  # as in a new session
+    threads = []
+    prepare = jobs.prepare_jax
+    monkeypatch.setattr(jobs, "prepare_jax", lambda: threads.append(threading.get_ident()) or prepare())
+    docked(CorrelationWidget)
+    worker = _base._JAX_STARTED["worker"]
+    if not switched_on:
+        assert worker is None and threads == []
+        return
+    assert worker is not None
+    qtbot.waitUntil(lambda: len(threads) == 1, timeout=60_000)
+    assert threads[0] != threading.main_thread().ident  # never on the GUI thread
+    qtbot.waitUntil(lambda: not worker.is_running, timeout=60_000)
+    docked(CorrelationWidget)  # a second widget: nothing started again
+    assert _base._JAX_STARTED["worker"] is worker
+    qtbot.wait(50)
+    assert len(threads) == 1

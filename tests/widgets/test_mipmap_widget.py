@@ -135,7 +135,7 @@ def test_bad_layer_gives_a_notification_and_stays_usable(viewer_and_widget, wait
 
 def test_device_is_shown_after_the_first_run(viewer_and_widget, wait_idle):
     viewer, widget = viewer_and_widget
-    assert "after the first run" in widget.device.value  # building the widget starts no JAX backend
+    assert "after the first run" in widget.device.value  # the device is named once a run has used it
     viewer.add_image(np.ones((2, 2, 2)), name="vol")
     widget.run_button.native.click()
     wait_idle(widget)

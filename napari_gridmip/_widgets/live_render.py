@@ -17,11 +17,13 @@ or the widget stops the worker, disconnects every event and removes the quad lay
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 DEBOUNCE_MS = 300  # the camera has rested this long: render
+PICTURES_KEPT = 4  # the coarse and final pictures of the last two renders
 FACES = np.array([[0, 1, 2], [0, 2, 3]])
 TEXCOORDS = np.array([[0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # napari flips textures vertically
 LAYER_EVENTS = ("colormap", "contrast_limits", "gamma", "rendering", "iso_threshold", "attenuation")
@@ -75,7 +77,9 @@ class LiveRender:
         self._pending_state: Any = None  # the state of the render under way
         self._shown_state: Any = None  # the state of the picture on screen (final or not)
         self._final_state: Any = None
-        self.pictures: list[Any] = []  # what each render yielded (for tests and the status line)
+        # the last pictures the renders yielded (for tests and the status line): each holds canvas-sized arrays,
+        # so a session of camera moves must not keep them all
+        self.pictures: deque[Any] = deque(maxlen=PICTURES_KEPT)
         self.active = True
         self._timer = QTimer()
         self._timer.setSingleShot(True)

@@ -59,6 +59,7 @@ def test_camera_rays_pass_through_the_points_napari_draws(make_napari_viewer, qt
 
 # -- the switch in a real viewer ----------------------------------------------------------------------------------
 
+from napari_gridmip._widgets.live_render import PICTURES_KEPT  # noqa: E402
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget  # noqa: E402
 from tests.core.occupancy.test_raycast import sparse_volume  # noqa: E402
 
@@ -127,6 +128,7 @@ def test_the_switch_shows_full_resolution_in_the_3d_canvas(live_viewer, qtbot):
     np.testing.assert_allclose(picture.rgba, expected, atol=1e-6)
     # the coarse pass came first
     assert not live.pictures[0].final and live.pictures[0].rgba.shape[0] < height
+    assert len(live.pictures) <= live.pictures.maxlen == PICTURES_KEPT  # a session of moves keeps only the last
 
 
 @pytest.mark.slow  # five renders; the switch test above keeps the default run covered

@@ -336,10 +336,6 @@ def _long_axes(geometry: _Pairs, k: int) -> tuple[bool, ...]:
     return tuple(bool(e > s // 2) for e, s in zip(geometry.extent[k], geometry.shape))
 
 
-def _canonical_extent(geometry: _Pairs, k: int) -> np.ndarray:
-    return geometry.extent[k][_canonical(geometry, k)]
-
-
 def _canonical(geometry: _Pairs, k: int) -> np.ndarray:
     """The axis order that puts a pair's short axes first: a horizontal pair transposed is a vertical one."""
     return np.argsort(_long_axes(geometry, k), kind="stable")

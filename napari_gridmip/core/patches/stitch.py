@@ -776,14 +776,12 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
     kept = provisional == REASONS.index("accepted")
     component = _components(n, coarse.pairs[kept])
     i, j = coarse.pairs[:, 0], coarse.pairs[:, 1]
-    tied = component[i] == component[j]
-    has_pair = np.zeros(n, bool)
-    has_pair[coarse.pairs[kept].ravel()] = True
+    tied = component[i] == component[j]  # (i != j: both tiles then hold kept pairs)
     retry = np.isin(provisional, [REASONS.index(r) for r in ("not significant", "peak at max_shift", "residual")])
     predicted = positions[j] - positions[i]
     guided = _geometry(coarse.pairs, predicted, coarse.shape, 0, 0)  # the actual overlap at the predicted offset
     room = np.all(guided.extent >= MIN_REFINE, axis=1)
-    candidates = np.flatnonzero(retry & tied & has_pair[i] & has_pair[j] & room)
+    candidates = np.flatnonzero(retry & tied & room)
     if not len(candidates):
         return accepted_here
     groups = _groups(candidates, guided)

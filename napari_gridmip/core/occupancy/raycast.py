@@ -119,7 +119,8 @@ class ChunkCache:
 
     def prepare(self, cells: np.ndarray, cell: int) -> None:
         """Lay the pool out for the occupancy grid ``cells`` of ``cell``^3 voxels (emptied if it was another)."""
-        if self._cells is not None and self.cell == cell and (cells is self._cells or np.array_equal(cells, self._cells)):
+        same = self._cells is not None and (cells is self._cells or np.array_equal(cells, self._cells))
+        if same and self.cell == cell:
             return
         from napari_gridmip.core._transfer import aligned_empty
 
@@ -200,7 +201,9 @@ class ChunkCache:
             raise ValueError("the cache has no occupancy grid yet: call prepare(cells, cell) first")
         ids = [int(i) for i in ids]
         if not self.fits(np.asarray(ids, np.int64)):
-            raise ValueError(f"{len(ids)} chunks asked for at once; the cache holds {self.slots} ({self.bricks} bricks)")
+            raise ValueError(
+                f"{len(ids)} chunks asked for at once; the cache holds {self.slots} chunks ({self.bricks} bricks)"
+            )
         wanted = set(ids)
         missing = [i for i in ids if i not in self.slot_of]
         need = int(self.counts[np.asarray(missing, np.int64)].sum()) if missing else 0
@@ -385,8 +388,9 @@ def _first_best(values, t, better):
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "mode", "brick", "per_chunk"))
-def _reduce(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, params, prefix, segment, mode, brick,
-            per_chunk):
+def _reduce(
+    o, d, t0, n, segs, atlas, tables, slots, step, shape, background, params, prefix, segment, mode, brick, per_chunk
+):
     """Each segment reduced: (value, t) per segment (-inf/+inf and inf: none); the rays' reduction is in NumPy.
 
     ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment.

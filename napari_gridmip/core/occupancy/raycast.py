@@ -267,6 +267,21 @@ def _corner(base, corner, shape):
     return jnp.clip(base + corner, 0, shape - 1)
 
 
+def _pack(o, d, t0, n) -> np.ndarray:
+    """Rays as one float32 ``(P, 8)`` array (one transfer a call): origin, direction, ``t0`` and the sample count's
+    int32 bits."""
+    return np.concatenate([o, d, t0[:, None], n.astype(np.int32).view(np.float32)[:, None]], axis=1)
+
+
+def _unpack(rays):
+    return rays[:, 0:3], rays[:, 3:6], rays[:, 6], jax.lax.bitcast_convert_type(rays[:, 7], jnp.int32)
+
+
+def _div(x, k: int):
+    """``x // k`` for non-negative int ``x`` and a static ``k`` (a shift when ``k`` is a power of two)."""
+    return x >> (k.bit_length() - 1) if k & (k - 1) == 0 else x // k
+
+
 def _segments_occupied(o, d, t0, n, first, length, cells, step, shape, cell):
     """Whether a segment's samples may read a voxel of an occupied cell: the voxels its trilinear samples read lie
     in the box from the first sample's lower voxels to the last's upper ones, which spans at most 2 cells per axis
@@ -274,26 +289,30 @@ def _segments_occupied(o, d, t0, n, first, length, cells, step, shape, cell):
     last = jnp.minimum(first + length - 1, n - 1)
     bf, _ = _base(_points(o, d, t0, first, step)[0], shape)
     bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
-    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1) // cell
-    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1) // cell
+    lo = _div(jnp.clip(jnp.minimum(bf, bl), 0, shape - 1), cell)
+    hi = _div(jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1), cell)
+    # per axis its two cells (one where the box is in one), then the 8 corners' lookups, flat
+    sides = [(lo[..., a], jnp.minimum(lo[..., a] + 1, hi[..., a])) for a in range(3)]
+    grid, flat = cells.shape, cells.reshape(-1)
     occupied = jnp.zeros(first.shape, bool)
-    for corner in np.ndindex(2, 2, 2):
-        c = jnp.minimum(lo + jnp.asarray(corner, jnp.int32), hi)
-        occupied = occupied | cells[c[..., 0], c[..., 1], c[..., 2]]
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        occupied = occupied | flat[(sides[0][c0] * grid[1] + sides[1][c1]) * grid[2] + sides[2][c2]]
     return occupied & (first < n)
 
 
 @functools.partial(jax.jit, static_argnames=("length", "count", "cell"))
-def _scan(o, d, t0, n, cells, step, shape, length, count, cell):
+def _scan(rays, cells, step, shape, length, count, cell):
     """(rays, count): which of each ray's first ``count`` segments of ``length`` samples meet an occupied cell."""
+    o, d, t0, n = _unpack(rays)
     first = jnp.broadcast_to(jnp.arange(count, dtype=jnp.int32)[None, :] * length, (o.shape[0], count))
     return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, cells, step, shape, cell)
 
 
 @functools.partial(jax.jit, static_argnames=("length", "split", "cell"))
-def _refine(o, d, t0, n, coarse, cells, step, shape, length, split, cell):
+def _refine(rays, coarse, cells, step, shape, length, split, cell):
     """(P, split): which of the ``split`` segments of ``length`` samples inside each coarse segment meet one
     (``o``, ``d``, ``t0``, ``n``: each coarse segment's ray)."""
+    o, d, t0, n = _unpack(rays)
     first = (coarse[:, None] * split + jnp.arange(split, dtype=jnp.int32)[None, :]) * length
     return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, cells, step, shape, cell)
 
@@ -307,8 +326,9 @@ def _samples(o, d, t0, n, segs, step, shape, segment):
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks"))
-def _mark(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
+def _mark(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
     """Which of the ``chunks`` chunks hold a voxel that a sample of the given segments reads in an occupied cell."""
+    o, d, t0, n = _unpack(rays)
     base, _, _, valid = _samples(o, d, t0, n, segs, step, shape, segment)
     marked = jnp.zeros(chunks + 1, bool)
     for corner in CORNERS:
@@ -322,10 +342,11 @@ def _mark(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chu
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks", "aligned"))
-def _mark_boxes(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cell, chunks, aligned):
+def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks, aligned):
     """As :func:`_mark`, per segment rather than per sample (8 lookups a segment, not 8 a sample): the chunks of
     the part of each occupied cell inside the box of voxels the segment's samples read. A superset of ``_mark``'s
     (a box holds more voxels than its samples read), as tight at the cells' scale; chunks of at least a cell."""
+    o, d, t0, n = _unpack(rays)
     last = jnp.minimum((segs + 1) * segment - 1, n - 1)
     bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
     bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
@@ -343,11 +364,6 @@ def _mark_boxes(o, d, t0, n, segs, cells, step, shape, chunk, grid, segment, cel
             flat = (q[:, 0] * grid[1] + q[:, 1]) * grid[2] + q[:, 2]
             marked = marked.at[jnp.where(hit[:, 0], flat, chunks)].set(True)
     return marked[:chunks]
-
-
-def _div(x, k: int):
-    """``x // k`` for non-negative int ``x`` and a static ``k`` (a shift when ``k`` is a power of two)."""
-    return x >> (k.bit_length() - 1) if k & (k - 1) == 0 else x // k
 
 
 def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick, per_chunk):
@@ -388,13 +404,12 @@ def _first_best(values, t, better):
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "mode", "brick", "per_chunk"))
-def _reduce(
-    o, d, t0, n, segs, atlas, tables, slots, step, shape, background, params, prefix, segment, mode, brick, per_chunk
-):
+def _reduce(rays, segs, atlas, tables, slots, step, shape, background, params, prefix, segment, mode, brick, per_chunk):
     """Each segment reduced: (value, t) per segment (-inf/+inf and inf: none); the rays' reduction is in NumPy.
 
     ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment.
     """
+    o, d, t0, n = _unpack(rays)
     value, valid, t = _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick,
                               per_chunk)  # fmt: skip
     if mode == "mip":
@@ -415,15 +430,33 @@ def _reduce(
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "brick", "per_chunk"))
-def _totals(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, lo, hi, segment, brick, per_chunk):
+def _totals(rays, segs, atlas, tables, slots, step, shape, background, lo, hi, segment, brick, per_chunk):
     """attenuated_mip: each segment's sum of ``step * clip((v - lo) / (hi - lo), 0, 1)``."""
+    o, d, t0, n = _unpack(rays)
     value, valid, _ = _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick,
                               per_chunk)  # fmt: skip
     return jnp.sum(jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0), axis=1)
 
 
-def _padded(n: int, minimum: int = 1024) -> int:
-    return max(minimum, 1 << max(0, int(n - 1).bit_length()))
+def _ahead(items, call, check, ahead: bool = True):
+    """``(item, result as NumPy)`` for each item, the next call dispatched before a result is read: the compiled
+    call runs (on XLA's threads) while the caller handles the previous result (JAX dispatches asynchronously).
+    ``ahead=False``: one call at a time (where making the next item overwrites what a call reads: the cache's pool,
+    which the device aliases on the CPU, when a band of chunks is loaded after another)."""
+    if not ahead:  # each result read before the next item is made
+        for item in items:
+            check()
+            yield item, jax.tree_util.tree_map(np.asarray, call(item))
+        return
+    pending = None
+    for item in items:
+        check()
+        out = call(item)
+        if pending is not None:
+            yield pending[0], jax.tree_util.tree_map(np.asarray, pending[1])
+        pending = (item, out)
+    if pending is not None:
+        yield pending[0], jax.tree_util.tree_map(np.asarray, pending[1])
 
 
 def _pad(a: np.ndarray, size: int, value: Any = 0) -> np.ndarray:
@@ -599,7 +632,7 @@ def render_view(
     rays_t0, rays_n = t0[hit].astype(np.float32), n[hit].astype(np.int32)
     step32, shape_device = np.float32(step), jnp.asarray(shape, jnp.int32)
     # coarsest segments per ray: enough for the volume's diagonal, whatever the view (one program per volume)
-    count = _padded(int(np.ceil((np.linalg.norm(shape) / step + 1) / lengths[0])), 8)
+    count = -(-int(np.ceil((np.linalg.norm(shape) / step + 1) / lengths[0])) // 8) * 8
     if "grids" not in cache.derived:  # the cells on the device, and 16x and 4x coarser: kept with the cache
         cache.derived["grids"] = [jnp.asarray(_coarser(cells, f)) for f in scales[:-1]] + [jnp.asarray(cells)]
     grids = cache.derived["grids"]
@@ -609,38 +642,47 @@ def render_view(
         if cancel is not None and cancel():
             raise RenderCancelled
 
-    def of_rays(index: np.ndarray, size: int) -> list:
-        """The rays ``index`` (into the rays that meet the box) as device arrays padded to ``size``."""
-        return [jnp.asarray(_pad(a[index], size, fill))
-                for a, fill in zip((rays_o, rays_d, rays_t0, rays_n), (-1, 0, 0, 0))]  # fmt: skip
+    packed = _pack(rays_o, rays_d, rays_t0, rays_n)
+    padding = _pack(np.full((1, 3), -1, np.float32), np.zeros((1, 3), np.float32), np.zeros(1, np.float32),
+                    np.zeros(1, np.int32))[0]  # fmt: skip
 
-    # 1. which segments meet an occupied cell: the coarsest segments of each batch of rays, then finer ones
-    rays_list, segs_list = [], []
-    for start in range(0, len(hit), RAY_BATCH):
-        check()
-        batch = np.arange(start, min(start + RAY_BATCH, len(hit)))
-        occupied = np.asarray(_scan(*of_rays(batch, RAY_BATCH), grids[0], step32, shape_device, lengths[0], count,
-                                    scales[0] * cell))  # fmt: skip
+    def of_rays(index: np.ndarray, size: int) -> list:
+        """The rays ``index`` (into the rays that meet the box), packed and padded to ``size``, on the device."""
+        out = np.empty((size, 8), np.float32)
+        out[: len(index)] = packed[index]
+        out[len(index) :] = padding
+        return [jax.device_put(out)]
+
+    # 1. which segments meet an occupied cell: the coarsest segments of every ray, then finer ones inside the occupied
+    # ones, level by level over all rays at once (full batches: each call's work is real, not padding)
+    r_list, c_list = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    ray_batches = [np.arange(a, min(a + RAY_BATCH, len(hit))) for a in range(0, len(hit), RAY_BATCH)]
+
+    def scan(batch):
+        return _scan(*of_rays(batch, RAY_BATCH), grids[0], step32, shape_device, lengths[0], count, scales[0] * cell)
+
+    for batch, occupied in _ahead(ray_batches, scan, check):
         r, c = np.nonzero(occupied[: len(batch)])
-        r = batch[r]
-        for level in range(1, len(scales)):
-            split = lengths[level - 1] // lengths[level]
-            finer_r, finer_c = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-            for a in range(0, len(r), SEGMENT_BATCH):
-                rr, cc = r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]
-                index = jnp.asarray(_pad(cc.astype(np.int32), SEGMENT_BATCH))
-                fine = np.asarray(_refine(*of_rays(rr, SEGMENT_BATCH), index, grids[level], step32, shape_device,
-                                          lengths[level], split, scales[level] * cell))[: len(rr)]  # fmt: skip
-                i, j = np.nonzero(fine)
-                finer_r.append(rr[i])
-                finer_c.append(cc[i] * split + j)
-            r, c = np.concatenate(finer_r), np.concatenate(finer_c)
-        rays_list.append(r)
-        segs_list.append(c)
-    rays = np.concatenate(rays_list) if rays_list else np.zeros(0, np.int64)
-    segs = np.concatenate(segs_list) if segs_list else np.zeros(0, np.int64)
+        r_list.append(batch[r])
+        c_list.append(c)
+    r, c = np.concatenate(r_list), np.concatenate(c_list)
+    for level in range(1, len(scales)):
+        split = lengths[level - 1] // lengths[level]
+        finer_r, finer_c = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        parts = [(r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]) for a in range(0, len(r), SEGMENT_BATCH)]
+
+        def refine(part, level=level, split=split):
+            rr, cc = part
+            return _refine(*of_rays(rr, SEGMENT_BATCH), jax.device_put(_pad(cc.astype(np.int32), SEGMENT_BATCH)),
+                           grids[level], step32, shape_device, lengths[level], split, scales[level] * cell)  # fmt: skip
+
+        for (rr, cc), fine in _ahead(parts, refine, check):
+            i, j = np.nonzero(fine[: len(rr)])
+            finer_r.append(rr[i])
+            finer_c.append(cc[i] * split + j)
+        r, c = np.concatenate(finer_r), np.concatenate(finer_c)
     # sorted by ray, then along it, as made: batches in ray order, np.nonzero in row-major order
-    rays, segs = rays.astype(np.int32), segs.astype(np.int32)
+    rays, segs = r.astype(np.int32), c.astype(np.int32)
 
     # 2. the chunks their samples read in occupied cells, per batch of segments; bands of batches that fit
     batches = []
@@ -650,20 +692,27 @@ def render_view(
         mark = functools.partial(_mark_boxes, aligned=all(c % cell == 0 for c in cache.chunk))
     else:
         mark = _mark
-    while pending:
-        check()
-        r, s = pending.pop(0)
-        flat = mark(*of_rays(r, SEGMENT_BATCH), jnp.asarray(_pad(s, SEGMENT_BATCH)), cells_device, step32,
+
+    def marked(part):
+        r, s = part
+        return mark(*of_rays(r, SEGMENT_BATCH), jax.device_put(_pad(s, SEGMENT_BATCH)), cells_device, step32,
                     shape_device, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
-        ids = np.flatnonzero(np.asarray(flat))
-        if not cache.fits(ids):  # more chunks than the cache holds: two halves (bands of rows), in order
-            if len(r) == 1:
-                raise ValueError(f"the cache holds {cache.slots} chunks ({cache.bricks} bricks); one segment needs "
-                                 f"{len(ids)} ({int(cache.counts[ids].sum())} bricks)")  # fmt: skip
-            half = len(r) // 2
-            pending[:0] = [(r[:half], s[:half]), (r[half:], s[half:])]
-            continue
-        batches.append((r, s, ids))
+
+    def settle(r, s, flat) -> list:
+        ids = np.flatnonzero(flat)
+        if cache.fits(ids):
+            return [(r, s, ids)]
+        # more chunks than the cache holds: two halves (bands of rows), in order
+        if len(r) == 1:
+            raise ValueError(f"the cache holds {cache.slots} chunks ({cache.bricks} bricks); one segment needs "
+                             f"{len(ids)} ({int(cache.counts[ids].sum())} bricks)")  # fmt: skip
+        check()
+        half = len(r) // 2
+        return [*settle(r[:half], s[:half], np.asarray(marked((r[:half], s[:half])))),
+                *settle(r[half:], s[half:], np.asarray(marked((r[half:], s[half:]))))]  # fmt: skip
+
+    for (r, s), flat in _ahead(pending, marked, check):
+        batches += settle(r, s, flat)
     bands, band, band_ids = [], [], np.zeros(0, np.int64)
     for r, s, ids in batches:
         union = np.union1d(band_ids, ids)
@@ -703,10 +752,13 @@ def render_view(
     if mode == "attenuated_mip":
         per_sample = step * float(np.clip((background - lo) / (hi - lo), 0, 1))
         totals = np.zeros(len(rays), np.float64)
-        for index, r, part in prepared or _band_batches(bands, cache, check):
-            out = _totals(*of_rays(r, SEGMENT_BATCH), *part, *constants, np.float32(lo), np.float32(hi), segment,
-                          **layout)  # fmt: skip
-            totals[index] = np.asarray(out)[: len(index)]
+
+        def total(item):
+            return _totals(*of_rays(item[1], SEGMENT_BATCH), *item[2], *constants, np.float32(lo), np.float32(hi),
+                           segment, **layout)  # fmt: skip
+
+        for (index, _, _), out in _ahead(prepared or _band_batches(bands, cache, check), total, check, bool(prepared)):
+            totals[index] = out[: len(index)]
         # the occupied segments before each one, and the background samples between them
         before = np.cumsum(totals) - totals
         before -= np.repeat((np.cumsum(totals) - totals)[first_of_ray], np.diff(np.r_[np.flatnonzero(first_of_ray),
@@ -720,12 +772,15 @@ def render_view(
     depth = np.full(len(hit), np.nan, np.float32)
     samples = len(rays) * segment
     params_device = jnp.asarray(params)
-    for index, r, part in prepared or _band_batches(bands, cache, check):
-        check()
-        seg_prefix = jnp.asarray(_pad(prefix[index], SEGMENT_BATCH))
-        v, t = _reduce(*of_rays(r, SEGMENT_BATCH), *part, *constants, params_device, seg_prefix, segment, mode,
+
+    def reduce(item):
+        index, r, part = item
+        seg_prefix = jax.device_put(_pad(prefix[index], SEGMENT_BATCH))
+        return _reduce(*of_rays(r, SEGMENT_BATCH), *part, *constants, params_device, seg_prefix, segment, mode,
                        **layout)  # fmt: skip
-        ids, best, best_t = _per_ray(mode, r, np.asarray(v)[: len(r)], np.asarray(t)[: len(r)])
+
+    for (_, r, _), (v, t) in _ahead(prepared or _band_batches(bands, cache, check), reduce, check, bool(prepared)):
+        ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
         values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
@@ -762,7 +817,7 @@ def _band_batches(bands, cache, check):
         for r, s in band:
             index = np.arange(start, start + len(r))
             start += len(r)
-            yield index, r, (jnp.asarray(_pad(s, SEGMENT_BATCH)), atlas, tables, table)
+            yield index, r, (jax.device_put(_pad(s, SEGMENT_BATCH)), atlas, tables, table)
 
 
 def _per_ray(mode, rays, v, t):

@@ -327,18 +327,19 @@ def _samples(o, d, t0, n, segs, step, shape, segment):
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks"))
 def _mark(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
-    """Which of the ``chunks`` chunks hold a voxel that a sample of the given segments reads in an occupied cell."""
+    """The chunks (flat ids; ``chunks``: none) that hold a voxel a sample of the given segments reads in an occupied
+    cell, per segment and sample: (P, 8 segment) int32, made a set in NumPy (XLA's scatter on the CPU is slow)."""
     o, d, t0, n = _unpack(rays)
     base, _, _, valid = _samples(o, d, t0, n, segs, step, shape, segment)
-    marked = jnp.zeros(chunks + 1, bool)
+    marked = []
     for corner in CORNERS:
         v = _corner(base, corner, shape)
         c = v // cell
         hit = cells[c[..., 0], c[..., 1], c[..., 2]] & valid
         q = v // chunk
         flat = (q[..., 0] * grid[1] + q[..., 1]) * grid[2] + q[..., 2]
-        marked = marked.at[jnp.where(hit, flat, chunks)].set(True)
-    return marked[:chunks]
+        marked.append(jnp.where(hit, flat, chunks))
+    return jnp.concatenate(marked, axis=1)
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks", "aligned"))
@@ -353,7 +354,7 @@ def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chun
     lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
     hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
     valid = (segs * segment < n)[:, None]
-    marked = jnp.zeros(chunks + 1, bool)
+    marked = []
     for corner in np.ndindex(2, 2, 2):
         c = jnp.minimum(lo // cell + jnp.asarray(corner, jnp.int32), hi // cell)
         hit = cells[c[:, 0], c[:, 1], c[:, 2]][:, None] & valid
@@ -362,8 +363,8 @@ def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chun
         for end in np.ndindex(2, 2, 2) if not aligned else [(0, 0, 0)]:
             q = jnp.where(jnp.asarray(end, bool), part_hi, part_lo) // chunk
             flat = (q[:, 0] * grid[1] + q[:, 1]) * grid[2] + q[:, 2]
-            marked = marked.at[jnp.where(hit[:, 0], flat, chunks)].set(True)
-    return marked[:chunks]
+            marked.append(jnp.where(hit[:, 0], flat, chunks))
+    return jnp.stack(marked, axis=1)
 
 
 def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick, per_chunk):
@@ -698,8 +699,10 @@ def render_view(
         return mark(*of_rays(r, SEGMENT_BATCH), jax.device_put(_pad(s, SEGMENT_BATCH)), cells_device, step32,
                     shape_device, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
 
-    def settle(r, s, flat) -> list:
-        ids = np.flatnonzero(flat)
+    def settle(r, s, marked_ids) -> list:
+        flags = np.zeros(int(np.prod(cache.grid)) + 1, bool)
+        flags[marked_ids[: len(r)].ravel()] = True
+        ids = np.flatnonzero(flags[:-1])
         if cache.fits(ids):
             return [(r, s, ids)]
         # more chunks than the cache holds: two halves (bands of rows), in order

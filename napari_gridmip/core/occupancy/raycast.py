@@ -648,11 +648,11 @@ def render_view(
                     np.zeros(1, np.int32))[0]  # fmt: skip
 
     def of_rays(index: np.ndarray, size: int) -> list:
-        """The rays ``index`` (into the rays that meet the box), packed and padded to ``size``, on the device."""
+        """The rays ``index`` (into the rays that meet the box), packed and padded to ``size``."""
         out = np.empty((size, 8), np.float32)
         out[: len(index)] = packed[index]
         out[len(index) :] = padding
-        return [jax.device_put(out)]
+        return [out]  # NumPy: the compiled call's own transfer is cheaper than jax.device_put's
 
     # 1. which segments meet an occupied cell: the coarsest segments of every ray, then finer ones inside the occupied
     # ones, level by level over all rays at once (full batches: each call's work is real, not padding)
@@ -674,7 +674,7 @@ def render_view(
 
         def refine(part, level=level, split=split):
             rr, cc = part
-            return _refine(*of_rays(rr, SEGMENT_BATCH), jax.device_put(_pad(cc.astype(np.int32), SEGMENT_BATCH)),
+            return _refine(*of_rays(rr, SEGMENT_BATCH), _pad(cc.astype(np.int32), SEGMENT_BATCH),
                            grids[level], step32, shape_device, lengths[level], split, scales[level] * cell)  # fmt: skip
 
         for (rr, cc), fine in _ahead(parts, refine, check):
@@ -696,7 +696,7 @@ def render_view(
 
     def marked(part):
         r, s = part
-        return mark(*of_rays(r, SEGMENT_BATCH), jax.device_put(_pad(s, SEGMENT_BATCH)), cells_device, step32,
+        return mark(*of_rays(r, SEGMENT_BATCH), _pad(s, SEGMENT_BATCH), cells_device, step32,
                     shape_device, chunk_device, grid_device, segment, cell, int(np.prod(cache.grid)))  # fmt: skip
 
     def settle(r, s, marked_ids) -> list:
@@ -778,7 +778,7 @@ def render_view(
 
     def reduce(item):
         index, r, part = item
-        seg_prefix = jax.device_put(_pad(prefix[index], SEGMENT_BATCH))
+        seg_prefix = _pad(prefix[index], SEGMENT_BATCH)
         return _reduce(*of_rays(r, SEGMENT_BATCH), *part, *constants, params_device, seg_prefix, segment, mode,
                        **layout)  # fmt: skip
 
@@ -820,7 +820,7 @@ def _band_batches(bands, cache, check):
         for r, s in band:
             index = np.arange(start, start + len(r))
             start += len(r)
-            yield index, r, (jax.device_put(_pad(s, SEGMENT_BATCH)), atlas, tables, table)
+            yield index, r, (_pad(s, SEGMENT_BATCH), atlas, tables, table)
 
 
 def _per_ray(mode, rays, v, t):

@@ -38,6 +38,7 @@ MODES = ("mip", "minip", "attenuated_mip", "iso")
 RAY_BATCH = 1 << 12  # rays per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
 SEGMENT_BATCH = 1 << 13  # occupied segments per gather call (short, as RAY_BATCH)
 IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
+SCALES = (16, 4, 1)  # segments are found against cells this many times the occupancy cells, coarsest first
 
 
 class ViewRender(NamedTuple):
@@ -478,14 +479,24 @@ def _coarser(cells: np.ndarray, factor: int) -> np.ndarray:
 
 
 def _box_entry(o: np.ndarray, d: np.ndarray, shape: np.ndarray, t_near: float) -> tuple[np.ndarray, np.ndarray]:
-    """Where each ray enters the box [0, shape) (clamped to ``t_near``), and its samples' count is found from."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = (0 - o) / d
-        b = (shape - o) / d
-        lo = np.where(d != 0, np.minimum(a, b), np.where((o >= 0) & (o < shape), -np.inf, np.inf))
-        hi = np.where(d != 0, np.maximum(a, b), np.where((o >= 0) & (o < shape), np.inf, -np.inf))
-    enter = np.maximum(lo.max(axis=-1), t_near)
-    leave = hi.min(axis=-1)
+    """Where each ray enters the box [0, shape) (clamped to ``t_near``), and its samples' count is found from.
+
+    Axis by axis, in place: few temporaries (each large fresh array costs its first touch of memory, slow here)."""
+    enter = np.full(len(o), t_near, np.float64)
+    leave = np.full(len(o), np.inf)
+    for axis in range(3):
+        oa, da = o[:, axis], d[:, axis]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.divide(-oa, da)
+            b = np.divide(shape[axis] - oa, da)
+        lo, hi = np.minimum(a, b), np.maximum(a, b, out=b)
+        flat = da == 0
+        if flat.any():  # parallel to the faces: the whole line where it lies between them, else nowhere
+            inside = (oa[flat] >= 0) & (oa[flat] < shape[axis])
+            lo[flat] = np.where(inside, -np.inf, np.inf)
+            hi[flat] = np.where(inside, np.inf, -np.inf)
+        np.maximum(enter, lo, out=enter)
+        np.minimum(leave, hi, out=leave)
     return enter, leave
 
 
@@ -624,7 +635,7 @@ def render_view(
     # the largest segment whose samples span less than a cell along every axis (at most 2 cells per axis), and
     # segments of more samples against cells 4 and 16 times as large, scanned first (coarsest first: a ray's
     # segments are looked at in finer ones only where the coarser one meets an occupied cell)
-    scales = (16, 4, 1)
+    scales = SCALES
     lengths = [1 << int(np.floor(np.log2((f * cell - 1) / step + 1))) for f in scales]
     lengths[-1] = segment = min(lengths[-1], 64)
     t0, n = sample_plan(o, d, shape, step, t_near)

@@ -8,8 +8,9 @@ which vispy's shader gets from OpenGL's linear 3D texture filter with clamp to e
 skipped: its samples are taken to be ``background`` (exact when every voxel of an empty cell holds ``background``,
 as the zeros around a sparse volume's data do; a sample within a voxel of an occupied cell reads it, so such a
 segment is never skipped). The other segments are sampled, and their chunks (the volume's own chunks for dask and
-Zarr) are read into a bounded cache, only where a sample reads a voxel of an occupied cell; a view that needs more
-chunks than the cache holds is rendered in bands of rows. The sampling, skipping, gathering and reductions run in
+Zarr) are read, only where a sample reads a voxel of an occupied cell, into a bounded cache that keeps only their
+occupied cells (a pool of ``cell``^3 bricks, where the chunks are whole cells); a view that needs more than the
+cache holds is rendered in bands of rows. The sampling, skipping, gathering and reductions run in
 JAX, in compiled programs of fixed shapes (batches of rays and of segments padded to one size each), so that no
 camera state compiles a new program once a level has been rendered.
 
@@ -557,8 +558,8 @@ def render_view(
         A :class:`ChunkCache` of this volume kept between renders (a live view passes its own); default a new
         one of ``cache_bytes``.
     cache_bytes
-        The size of the new cache (512 MiB): at most this many bytes of chunks are held; a view needing more is
-        rendered in bands of rows.
+        The size of the new cache (512 MiB): at most this many bytes of occupied cells (and the chunks' tables of
+        them) are held; a view needing more is rendered in bands of rows.
     cancel
         Called between batches; when it returns True the render stops with :class:`RenderCancelled`.
 

@@ -7,7 +7,8 @@ view's two passes as the widget runs them (``LiveSource.progressive``):
 - time to first pixels (the coarse pass) and to full resolution, cold (first render: compiles, reads chunks)
   and warm (the same view again: chunks in the cache);
 - chunks read against chunks in the volume's box;
-- peak resident memory above the start (the chunk cache is 2 GiB at most; no dense copy is made);
+- peak resident memory above the start (the pool of occupied cells is 512 MiB at most, 43 MiB for the whole 2048^3
+  sample; no dense copy is made);
 - samples per ray against a dense ray march with the same step;
 - napari's coarse view from the same camera (its coarsest level, which napari shows in 3D) against ours: pixels
   brighter than the filaments' floor (700) in each.

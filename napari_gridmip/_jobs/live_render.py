@@ -19,8 +19,10 @@ import numpy as np
 from napari_gridmip._jobs import is_lazy
 
 SUPPORTED = ("mip", "minip", "attenuated_mip", "iso")
-CACHE_BYTES = 2 << 30  # the full-resolution level's chunk cache (a whole 2048^3 sample in view needs 1.5 GiB)
-COARSE_CACHE_BYTES = 256 << 20  # the coarse pass's level
+# the full-resolution level's cache: the occupied cells of the chunks read (a whole 2048^3 sample in view: 43 MiB
+# of them, in 3058 chunks of 1.5 GiB; the pool never holds more than the level's occupied cells)
+CACHE_BYTES = 512 << 20
+COARSE_CACHE_BYTES = 128 << 20  # the coarse pass's level
 COARSE_FACTOR = 4  # the coarse pass's pixels are this many canvas pixels a side
 MAX_COARSE_LEVEL = 2  # the coarse pass reads at most level 2 (a 16th of level 0's chunks)
 CELL = 8  # the occupancy cells computed for layers without stored ones (8 skips 3x more samples than 16)
@@ -160,6 +162,7 @@ class LiveSource:
         self.factors = [round(levels[0].shape[0] / level.shape[0]) for level in levels]
         coarse = [k for k in range(1, len(levels)) if k <= MAX_COARSE_LEVEL]
         self.coarse_level = coarse[-1] if coarse else None
+        self._cells_cache: dict[int, np.ndarray] = {}
         self.caches = {0: ChunkCache(levels[0], capacity=cache_bytes)}
         if self.coarse_level is not None:
             self.caches[self.coarse_level] = ChunkCache(levels[self.coarse_level], capacity=COARSE_CACHE_BYTES)
@@ -171,6 +174,12 @@ class LiveSource:
         return pool, self.cell * pool // factor
 
     def _cells_at(self, level: int) -> np.ndarray:
+        """The occupancy cells the render of ``level`` skips with (made once: the same array every render)."""
+        if level not in self._cells_cache:
+            self._cells_cache[level] = self._make_cells_at(level)
+        return self._cells_cache[level]
+
+    def _make_cells_at(self, level: int) -> np.ndarray:
         from napari_gridmip.core.occupancy.raycast import _coarser
 
         pool, cell = self._cell_at(level)

@@ -255,7 +255,10 @@ class LiveRender:
             self._viewer.layers.selection.update(selection)
             self._viewer.layers.selection.active = active
         else:
-            # one upload: napari's surface visual uploads the texture again on every data change
+            # one upload: napari's Surface refreshes its visual (which uploads the texture) when the texture is set,
+            # when the data is set and when it is made visible, but not while it is hidden; so the quad is hidden
+            # (no refresh), changed, and shown again by the caller (one refresh, one upload)
+            self.overlay.visible = False
             with self.overlay.events.texture.blocker():
                 self.overlay.texture = texture
             self.overlay.data = (corners, FACES)
@@ -269,8 +272,8 @@ class LiveRender:
         self._place(canvas_corners(state), np.zeros((1, 1, 4), np.uint8))
 
     def _show_overlay(self) -> None:
-        if self.overlay is not None and self.overlay in self._viewer.layers:
-            self.overlay.visible = True
+        if self.overlay is not None and self.overlay in self._viewer.layers and not self.overlay.visible:
+            self.overlay.visible = True  # a refresh (one upload of the texture); none when it is shown already
 
     def _hide(self) -> None:
         self._shown_state = None

@@ -131,6 +131,32 @@ def test_the_switch_shows_full_resolution_in_the_3d_canvas(live_viewer, qtbot):
     assert len(live.pictures) <= live.pictures.maxlen == PICTURES_KEPT  # a session of moves keeps only the last
 
 
+def test_each_picture_is_uploaded_once(live_viewer, qtbot, monkeypatch):
+    from vispy.visuals.filters.mesh import TextureFilter
+
+    uploads = []
+    texture = TextureFilter.texture  # napari's surface visual sets its filter's texture: one upload to the GPU
+
+    def counted(self, value):
+        uploads.append(value.shape)
+        texture.fset(self, value)
+
+    monkeypatch.setattr(TextureFilter, "texture", property(texture.fget, counted))
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    live = widget._live
+    shown = []
+    show = live._show
+    monkeypatch.setattr(live, "_show", lambda state, picture: (shown.append(picture), show(state, picture)))
+    uploads.clear()
+    viewer.scene.camera.angles = (40.0, 10.0, 20.0)  # hides the picture; the coarse one, then the final one
+    live.pictures.clear()
+    _final(widget, qtbot)
+    assert [p.final for p in shown] == [False, True]
+    assert uploads == [p.texture.shape for p in shown]  # one upload each, the final one over the coarse one shown
+
+
 @pytest.mark.slow  # five renders; the switch test above keeps the default run covered
 def test_it_follows_the_camera_and_the_layer_display(live_viewer, qtbot):
     viewer, widget, layer = live_viewer

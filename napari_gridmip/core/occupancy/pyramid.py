@@ -516,6 +516,13 @@ def threshold_mipmap(max_levels: Sequence[Any], *, threshold: float = 0.0) -> li
         return list(_compare_levels([jnp.asarray(level) for level in levels], jnp.asarray(scalar)))
 
 
+def _reject_dask(name: str, levels: list[Any], *, first: int = 0) -> None:
+    """TypeError if a level is a dask array (``levels`` are ``name[first:]``)."""
+    for k, level in enumerate(levels, start=first):
+        if _validate.is_dask(level):
+            raise TypeError(f"{name}[{k}] is a dask array: compute the levels first (they are small next to the data)")
+
+
 def check_pyramid(name: str, levels: Any, *, allow_dask: bool = True) -> list[Any]:
     """Validate a bool occupancy pyramid of one 3D volume: all levels, level 0 first, with
     :func:`mipmap_shapes`' shapes. Returns the levels as a list (arrays untouched)."""
@@ -534,8 +541,8 @@ def check_pyramid(name: str, levels: Any, *, allow_dask: bool = True) -> list[An
                 f"{name}[{k}] must be a bool occupancy level (from occupancy_mipmap or threshold_mipmap); "
                 f"got dtype {dtype}"
             )
-        if not allow_dask and _validate.is_dask(level):
-            raise TypeError(f"{name}[{k}] is a dask array: compute the levels first (they are small next to the data)")
+        if not allow_dask:
+            _reject_dask(name, out[k : k + 1], first=k)
     shape = _validate.shape_of(out[0])
     if len(shape) != 3:
         raise ValueError(

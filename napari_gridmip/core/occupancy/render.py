@@ -28,6 +28,7 @@ from napari_gridmip.core.occupancy.pyramid import (
     _constant_occupancy,
     _device_threshold,
     _key_dtype,
+    _reject_dask,
     check_pyramid,
     float_key,
     from_float_key,
@@ -427,7 +428,7 @@ def render_volume(
                 f"levels must be the pyramid of volume (or its levels from level 1): level 0 has shape "
                 f"{levels[0].shape}, volume {shape}"
             )
-        check_pyramid("levels", levels, allow_dask=False)
+        _reject_dask("levels", levels)  # check_pyramid's allow_dask=False, without validating the levels again
     mode = _validate.check_choice("mode", mode, MODES)
     mip_threshold = None  # a MIP from level 1: a ray's maximum counts above it
     if threshold is None and from_level_1:

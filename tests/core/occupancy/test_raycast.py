@@ -173,17 +173,45 @@ def test_chunked_volumes_read_only_chunks_with_occupied_cells_on_the_rays(kind):
     assert render_view(lazy, cells, rays.origins, rays.directions, t_near=0.0, cache=cache).chunks_read == 0
 
 
-def test_a_small_cache_renders_in_bands_with_the_same_image():
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_small_cache_renders_in_bands_with_the_same_image(mode):
     volume = sparse_volume()
     lazy = da.from_array(volume, chunks=8)
     rays = views(volume.shape)["orthographic"]
     cells = np.asarray(occupancy_mipmap(volume)[2])
-    # eight chunks at a time: a segment's trilinear samples read at most 2 chunks per axis
+    # eight chunks' bytes: a segment's trilinear samples read at most 2 chunks per axis (each band's chunks
+    # overwrite the last band's in the pool: attenuated_mip reads every band twice)
     small = ChunkCache(lazy, capacity=8 * 8**3 * 2)
-    banded = render_view(lazy, cells, rays.origins, rays.directions, cache=small)
-    whole = render_view(volume, cells, rays.origins, rays.directions)
+    banded = render_view(lazy, cells, rays.origins, rays.directions, cache=small, mode=mode, **MODES[mode])
+    whole = render_view(volume, cells, rays.origins, rays.directions, mode=mode, **MODES[mode])
     np.testing.assert_array_equal(banded.values, whole.values)
-    assert len(small.blocks) <= 8 < banded.chunks_used
+    np.testing.assert_array_equal(banded.depth, whole.depth)
+    assert len(small.blocks) <= small.slots < banded.chunks_used  # it rendered in bands
+    assert small.nbytes <= small.capacity
+
+
+def test_the_cache_keeps_only_the_occupied_cells_of_the_chunks_it_reads():
+    volume = sparse_volume()
+    cells = np.asarray(occupancy_mipmap(volume)[2])  # cells of 4
+    rays = views(volume.shape)["perspective"]
+    cache = ChunkCache(zarr.array(volume, chunks=(8, 8, 8)), capacity=1 << 20)
+    got = render_view(cache.volume, cells, rays.origins, rays.directions, t_near=0.0, cache=cache)
+    assert cache.bricked and cache.brick == (4, 4, 4)
+    # the bricks held are the occupied cells of the chunks read, nothing else
+    per_chunk = np.zeros((3, 2, 5, 2, 7, 2), bool)
+    per_chunk.reshape(6, 10, 14)[: cells.shape[0], : cells.shape[1], : cells.shape[2]] = cells
+    occupied_in = per_chunk.sum(axis=(1, 3, 5)).ravel()
+    assert cache.nbytes == occupied_in[cache.blocks].sum() * 4**3 * 2 < got.chunks_read * 8**3 * 2
+    # chunks not whole cells (6 is not a multiple of 4): whole chunks, the same image
+    whole = ChunkCache(zarr.array(volume, chunks=(6, 8, 8)), capacity=1 << 20)
+    again = render_view(whole.volume, cells, rays.origins, rays.directions, t_near=0.0, cache=whole)
+    assert not whole.bricked and whole.nbytes == len(whole.blocks) * 6 * 8 * 8 * 2
+    np.testing.assert_array_equal(again.values, got.values)
+    # another occupancy grid (cells of 8) empties the pool and lays it out again
+    coarse = np.asarray(occupancy_mipmap(volume)[3])
+    third = render_view(cache.volume, coarse, rays.origins, rays.directions, t_near=0.0, cache=cache)
+    assert cache.brick == (8, 8, 8) and third.chunks_read == third.chunks_used
+    np.testing.assert_array_equal(third.values, got.values)
 
 
 def test_cancel_stops_the_render():

@@ -16,6 +16,7 @@ Keys, "Cubic convolution interpolation for digital image processing", IEEE TASSP
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 
 import numpy as np
@@ -166,27 +167,36 @@ def quadratic_nd(hood: np.ndarray) -> np.ndarray:
 
 
 def resample(f: np.ndarray, position: np.ndarray, out_shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """``stitch._resample`` on a batch: ``f (B, *S)``, ``position (B, d)``: the values and the gradient."""
+    """``stitch._resample`` on a batch: ``f (B, *S)``, ``position (B, d)``: the values and the gradient.
+
+    Separable: along each axis the 4 Keys taps weigh 4 shifted slices (no stacked copies); the value takes
+    the value weights along every axis, the derivative along axis ``k`` the slope weights along ``k``.
+    """
     d = len(out_shape)
+    batch = len(f)
     base = np.floor(position)
     phi = (position - base).astype(f.dtype)
     start = base.astype(np.int64) - 1
-    block = np.stack(
-        [f[(b, *(slice(int(start[b, k]), int(start[b, k]) + o + 3) for k, o in enumerate(out_shape)))]
-         for b in range(len(f))]
-    )  # fmt: skip
-    out = block[:, None]  # (B, variants, ...): variant 0 the value, k + 1 the derivative along axis k
+    # every pair's block of out_shape + 3 samples from its start, in one gather
+    windows = np.lib.stride_tricks.sliding_window_view(f, tuple(o + 3 for o in out_shape), axis=tuple(range(1, d + 1)))
+    block = windows[(np.arange(batch), *(start[:, k] for k in range(d)))]
+    variants = {(): block}  # key: the axes along which the slope (not the value) was taken so far
     for axis in range(d):
         value, slope, _ = keys_weights(phi[:, axis], np)  # (B, 4) each: the same operations as the JAX engine's
-        kernels = np.stack([slope, value], axis=1).astype(f.dtype)  # (B, 2, 4)
-        pick = [0 if v == axis + 1 else 1 for v in range(d + 1)]
-        weights = kernels[:, pick]  # (B, d + 1, 4)
         n = out_shape[axis]
-        taps = np.stack([np.take(out, np.arange(t, t + n), axis=axis + 2) for t in range(4)], axis=2)
-        if taps.shape[1] == 1:
-            taps = np.broadcast_to(taps, (taps.shape[0], d + 1, *taps.shape[2:]))
-        out = np.einsum("bvt,bvt...->bv...", weights, taps)
-    return out[:, 0], [out[:, k + 1] for k in range(d)]
+        weights = {False: value.astype(f.dtype), True: slope.astype(f.dtype)}
+        shape = (batch,) + (1,) * d
+        new = {}
+        for key, x in variants.items():
+            for derivative in (False, True) if len(key) == 0 else (False,):
+                w = weights[derivative]
+                acc = None
+                for t in range(4):
+                    term = w[:, t].reshape(shape) * x[(slice(None),) * (axis + 1) + (slice(t, t + n),)]
+                    acc = term if acc is None else acc + term
+                new[key + ((axis,) if derivative else ())] = acc
+        variants = new
+    return variants[()], [variants[(k,)] for k in range(d)]
 
 
 def gauss_newton(f, t, mask, start, integer, reach, t_shape, iterations, max_step):
@@ -246,10 +256,15 @@ def _box_sums(values: np.ndarray, lo: list[np.ndarray], hi: list[np.ndarray], d:
         np.cumsum(out, axis=axis, dtype=np.float64, out=prefix[(slice(None),) * axis + (slice(1, None),)])
         first, last = (np.broadcast_to(x[a], (batch, np.shape(x[a])[-1])) for x in (lo, hi))
         shape[axis] = first.shape[1]
-        out = np.empty(shape, np.float64)
-        for b in range(batch):  # one gather per pair along one axis: plain copies, no index grids
-            out[b] = prefix[b].take(last[b], axis=axis - 1) - prefix[b].take(first[b], axis=axis - 1)
+        out = _along(prefix, last, axis) - _along(prefix, first, axis)
     return out
+
+
+def _along(values: np.ndarray, index: np.ndarray, axis: int) -> np.ndarray:
+    """``values[b, ..., index[b, l], ...]`` along ``axis``: ``(B, ..., L, ...)`` (a per-pair gather, in one call)."""
+    shape = [1] * values.ndim
+    shape[0], shape[axis] = index.shape
+    return np.take_along_axis(values, index.reshape(shape), axis=axis)
 
 
 def _sliding_sums(values: np.ndarray, extent: list[np.ndarray], positions: int, d: int) -> np.ndarray:
@@ -283,11 +298,8 @@ def _sliding_sums(values: np.ndarray, extent: list[np.ndarray], positions: int, 
         tail[(slice(None),) * axis + (slice(0, size - start),)] = np.flip(
             np.cumsum(np.flip(part(start, size), axis=axis), axis=axis, dtype=np.float64), axis=axis
         )
-        after = np.empty(head.shape, np.float64)
         index = np.minimum(np.arange(positions)[None, :] + e[:, None] - start, size - start)
-        for b in range(batch):
-            after[b] = tail[b].take(index[b], axis=axis - 1)
-        out = total - head - after
+        out = total - head - _along(tail, index, axis)
     return out
 
 
@@ -387,9 +399,8 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
     peak = core.reshape(batch, -1)[np.arange(batch), flat]
     featureless = featureless | ~np.isfinite(peak)
     peak = np.where(featureless, np.nan, peak)
-    raw_hood = np.stack(
-        [ncc[(b, *(slice(int(i) + margin - 1, int(i) + margin + 2) for i in peak_index[b]))] for b in range(batch)]
-    )
+    hoods = np.lib.stride_tricks.sliding_window_view(ncc, (3,) * d, axis=tuple(range(1, d + 1)))
+    raw_hood = hoods[(np.arange(batch), *(peak_index[:, k] + margin - 1 for k in range(d)))]  # (B, 3, ..., 3)
     # next to a shift that keeps less than half the overlap: on the search's edge too (as in the JAX kernel)
     on_edge = np.any((peak_index == 0) | (peak_index == 2 * max_shift), axis=1)
     on_edge |= np.isnan(raw_hood).reshape(batch, -1).any(axis=1)
@@ -400,6 +411,71 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
     return start.astype(np.float32), peak, info, featureless, on_edge, false
 
 
+def band_pass_tiles(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np.ndarray:
+    """:func:`band_pass` ``(box=True)`` on a batch of whole tiles ``(B, *raw)`` (each a box of data, NaN around
+    it), by FFTs: one forward transform per tile, one inverse per Gaussian.
+
+    The Gaussians are the same truncated kernels (radius: the halo), so the
+    circular convolution of the zero-padded tile equals the linear one on
+    the output (the tile less its halo, which stays clear of the wrap). Each
+    tile's mean is taken out before the transforms and put back after (the
+    normalised convolution passes a constant unchanged): float32 transforms
+    then keep the precision of the separable passes. Tiles that are not a
+    box of data (NaN inside) take :func:`band_pass`.
+    """
+    from napari_gridmip.core.patches._stitch_shared import filter_halo
+
+    have = np.isfinite(raw)
+    boxes = _boxes(have, d) if sigma > 0 else None
+    if boxes is None:
+        return band_pass(raw, sigma, low_only, d, box=True)
+    halo = filter_halo(sigma, low_only)
+    shape = raw.shape[-d:]
+    axes = tuple(range(-d, 0))
+    fast = tuple(sfft.next_fast_len(n, real=True) for n in shape)
+    count = np.maximum(have.reshape(len(raw), -1).sum(axis=1), 1)
+    f = np.where(have, raw, np.float32(0))
+    level = (f.reshape(len(raw), -1).sum(axis=1, dtype=np.float64) / count).astype(np.float32)
+    f = np.where(have, f - _expand(level, d), np.float32(0))
+    spectrum = sfft.rfftn(f, s=fast, axes=axes, workers=WORKERS)
+    crop = (Ellipsis, *(slice(halo, n - halo) for n in shape))
+    x = np.arange(-halo, halo + 1, dtype=np.float64)
+    lows = []
+    for width in (sigma,) if low_only else (sigma, 2 * sigma):
+        taps = np.exp(-0.5 * (x / width) ** 2)
+        taps /= taps.sum()
+        smooth_f = sfft.irfftn(spectrum * _real_gaussian_spectrum(fast, float(width), halo), s=fast, axes=axes,
+                               workers=WORKERS)[(Ellipsis, *(slice(0, n) for n in shape))][crop]  # fmt: skip
+        smooth_w = np.ones((len(raw),) + (1,) * d, np.float32)
+        for axis, (lo, hi) in enumerate(boxes):
+            line = np.zeros((len(raw), shape[axis]), np.float32)
+            line[np.arange(shape[axis])[None, :] >= lo[:, None]] = 1
+            line[np.arange(shape[axis])[None, :] >= hi[:, None]] = 0
+            line = ndimage_correlate1d(line, taps)[:, halo : shape[axis] - halo]
+            smooth_w = smooth_w * line.reshape((len(raw),) + tuple(-1 if k == axis else 1 for k in range(d)))
+        lows.append((smooth_f / np.maximum(smooth_w, np.float32(1e-3)), smooth_w))
+    out = lows[0][0] + _expand(level, d) if low_only else lows[0][0] - lows[1][0]
+    return np.where(np.broadcast_to(lows[0][1], out.shape) > 1e-3, out, np.float32(0)).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _real_gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.ndarray:
+    """``_stitch_shared._gaussian_spectrum``, real (the kernel is symmetric about pixel 0): float32, kept."""
+    from napari_gridmip.core.patches._stitch_shared import _gaussian_spectrum
+
+    return np.ascontiguousarray(_gaussian_spectrum(shape, sigma, radius).real)
+
+
+def ndimage_correlate1d(lines: np.ndarray, taps: np.ndarray) -> np.ndarray:
+    """``scipy.ndimage.correlate1d`` along the last axis, zeros beyond the ends (SciPy's ndimage imported here)."""
+    from scipy import ndimage
+
+    return ndimage.correlate1d(lines, taps, axis=-1, mode="constant", cval=0.0)
+
+
+STACK_CHUNK_BYTES = 2**20  # tiles band-passed per FFT batch: about this much raw data
+
+
 class FilteredTiles:
     """Regions of band-passed tiles (NaN beyond the tile), each tile filtered once as a whole.
 
@@ -408,28 +484,63 @@ class FilteredTiles:
     only its own tile's pixels within the halo, so filtering the whole tile
     once and cutting the regions out gives the same values, and a tile's many
     regions (its pairs and the null samples) cost one filter.
+
+    Where all tiles fit in ``CACHE_BYTES`` (with a border of ``pad`` px of
+    NaN around each), they are filtered together by FFTs, a few at a time,
+    into one padded stack, and :meth:`gather` cuts many regions at once from
+    it without a copy per region; otherwise tiles are filtered one by one
+    when asked for and the least recently used dropped.
     """
 
     halo = 0
 
-    def __init__(self, reader, sigma: float, low_only: bool):
+    def __init__(self, reader, sigma: float, low_only: bool, pad: int = 0):
         self.reader, self.sigma, self.low_only = reader, sigma, low_only
         self.shape = reader.shape
+        self.pad = int(pad)
         self.tiles: OrderedDict[int, np.ndarray] = OrderedDict()  # least recently used first
+        self.stack: np.ndarray | None = None
 
     def clear(self) -> None:
         self.tiles.clear()
+        self.stack = None
+
+    def _filtered(self, indices) -> np.ndarray:
+        from napari_gridmip.core.patches._stitch_shared import filter_halo
+
+        d = len(self.shape)
+        halo = filter_halo(self.sigma, self.low_only)
+        raw = np.stack([self.reader.read(i, (0,) * d, self.shape, halo=halo) for i in indices])  # NaN around
+        return band_pass_tiles(raw, self.sigma, self.low_only, d)
+
+    def _fill_stack(self) -> bool:
+        """Filter every tile into the padded stack if they fit in ``CACHE_BYTES``; whether they did."""
+        from napari_gridmip.core.patches._stitch_shared import CACHE_BYTES
+
+        if self.stack is not None:
+            return True
+        n = int(self.reader.tiles.shape[0])
+        padded = tuple(s + 2 * self.pad for s in self.shape)
+        if n * int(np.prod(padded)) * 4 > CACHE_BYTES:
+            return False
+        stack = np.full((n, *padded), np.nan, np.float32)
+        inside = tuple(slice(self.pad, self.pad + s) for s in self.shape)
+        per = max(1, STACK_CHUNK_BYTES // (int(np.prod(self.shape)) * 4))
+        for first in range(0, n, per):
+            chunk = range(first, min(first + per, n))
+            stack[(slice(chunk.start, chunk.stop), *inside)] = self._filtered(chunk)
+        self.stack = stack
+        return True
 
     def tile(self, index: int) -> np.ndarray:
-        from napari_gridmip.core.patches._stitch_shared import CACHE_BYTES, filter_halo
+        from napari_gridmip.core.patches._stitch_shared import CACHE_BYTES
 
+        if self._fill_stack():
+            return self.stack[(int(index), *(slice(self.pad, self.pad + s) for s in self.shape))]
         if index in self.tiles:
             self.tiles.move_to_end(index)
             return self.tiles[index]
-        d = len(self.shape)
-        halo = filter_halo(self.sigma, self.low_only)
-        raw = self.reader.read(index, (0,) * d, self.shape, halo=halo)  # NaN around the tile
-        filtered = band_pass(raw[None], self.sigma, self.low_only, d, box=True)[0]
+        filtered = self._filtered([index])[0]
         self.tiles[index] = filtered
         while len(self.tiles) > max(1, CACHE_BYTES // max(filtered.nbytes, 1)):
             self.tiles.popitem(last=False)
@@ -446,3 +557,37 @@ class FilteredTiles:
                 tuple(slice(a, b) for a, b in zip(lo, hi))
             ]
         return out
+
+    def gather(self, requests, out: np.ndarray) -> bool:
+        """Write regions into the corners of ``out[slot]`` (NaN there already); False (nothing written) when the
+        stack is not there or a region leaves its border (the caller then cuts them one by one).
+
+        ``requests``: per slot ``(tile, start, order, cut, flips)``: the region ``[start, start + cut)`` along the
+        tile's axes ``order`` (``cut`` in that order), its axes ``order`` first, flipped along ``flips``.
+        """
+        if not self._fill_stack():
+            return False
+        d = len(self.shape)
+        size = self.stack.shape[1:]
+        views: dict = {}
+        cuts = []
+        for slot, (tile, start, order, cut, flips) in enumerate(requests):
+            key = (tuple(order), tuple(flips) if flips is not None else (False,) * d)
+            view = views.get(key)
+            if view is None:
+                view = self.stack.transpose(0, *(1 + np.asarray(order)))
+                view = view[(slice(None), *(slice(None, None, -1) if f else slice(None) for f in key[1]))]
+                views[key] = view
+            window = []
+            for a in range(d):
+                o, c = int(order[a]), int(cut[a])
+                first = int(start[o]) + self.pad
+                if key[1][a]:  # flipped: the view counts from the far end
+                    first = size[o] - first - c
+                if first < 0 or first + c > size[o]:
+                    return False
+                window.append(slice(first, first + c))
+            cuts.append((slot, view, int(tile), window, cut))
+        for slot, view, tile, window, cut in cuts:
+            out[(slot, *(slice(0, int(c)) for c in cut))] = view[(tile, *window)]
+        return True

@@ -94,6 +94,7 @@ PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
 NUMPY_BATCH_PAIRS = 128  # pairs per NumPy call at most (within BATCH_BYTES: batches of BATCH_PAIRS merged)
+NUMPY_BUCKET = 4  # NumPy batches group regions whose sizes round up to the same multiple of this (px)
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
@@ -634,7 +635,9 @@ def register_tiles(
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
     engine = _engine(plans, max_shift)
     if engine == "numpy":  # each tile band-passed once, its regions cut out (the same values, less work)
-        reader = _stitch_numpy.FilteredTiles(_TileReader(tiles, channel, has_channels, 0), sigma, low_only=False)
+        reader = _stitch_numpy.FilteredTiles(
+            _TileReader(tiles, channel, has_channels, 0), sigma, low_only=False, pad=max_shift + MARGIN
+        )
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
     total = sum(plan.batches for plan in plans) * (2 if subpixel == "refine" else 1) + 1
     done = 0
@@ -673,7 +676,7 @@ def register_tiles(
         fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
         fine = _fine_geometry(pairs, delta + shift, shape, fine_reader.halo)
         if engine == "numpy":
-            fine_reader = _stitch_numpy.FilteredTiles(reader.reader, sigma, low_only=True)
+            fine_reader = _stitch_numpy.FilteredTiles(reader.reader, sigma, low_only=True, pad=2 * MARGIN)
         # a pair too narrow even for the tight box keeps its quadratic fit of the NCC peak ("peak-fit")
         usable = significant[np.all(fine.extent[significant] >= MIN_REFINE, axis=1)]
         for members in _groups(usable, fine):
@@ -924,27 +927,38 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     t_shape = plan.t_shape
     s_shape = tuple(t + 2 * reach for t in t_shape)
     h = reader.halo
-    raw_t = tuple(n + 2 * h for n in t_shape)
-    raw_s = tuple(n + 2 * h for n in s_shape)
 
+    orders: dict[int, np.ndarray] = {}
+
+    def order_of(k):
+        if k not in orders:
+            orders[k] = _canonical(geometry, k)
+        return orders[k]
+
+    # a region: (tile, start, order, cut, flips): [start, start + cut) along the tile's axes ``order`` (cut in
+    # that order), its axes ``order`` first, flipped along ``flips``; cut to the batch's shape by the caller
     def template_of(k, flips=None, limit=None):
-        """Pair k's template (canonical axes, cut to ``limit``, flipped) and its extent."""
-        order = _canonical(geometry, k)
-        region = reader.region(geometry.pairs[k][1], geometry.lo[k], geometry.extent[k]).transpose(order)
+        """Pair k's template (canonical axes, cut to ``limit``, flipped)."""
+        order = order_of(k)
         extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
-        region = region[tuple(slice(0, int(e) + 2 * h) for e in extent)]
-        if flips is not None and any(flips):
-            region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
-        return region, extent
+        return (geometry.pairs[k][1], geometry.lo[k], order, extent, flips)
 
     def search_of(k):
-        start = geometry.lo[k] + geometry.rounded[k] - reach
-        region = reader.region(geometry.pairs[k][0], start, geometry.extent[k] + 2 * reach)
-        return region.transpose(_canonical(geometry, k))
+        order = order_of(k)
+        return (geometry.pairs[k][0], geometry.lo[k] + geometry.rounded[k] - reach, order,
+                (geometry.extent[k] + 2 * reach)[order], None)  # fmt: skip
 
     def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere
-        region = reader.region(tile, np.asarray(start), geometry.extent[k] + 2 * reach)
-        return region.transpose(_canonical(geometry, k))
+        order = order_of(k)
+        return (tile, np.asarray(start), order, (geometry.extent[k] + 2 * reach)[order], None)
+
+    def cut_region(tile, start, order, cut, flips):
+        """One region, read through the reader (with its halo), as the batch wants it."""
+        inverse = np.argsort(order)
+        region = reader.region(tile, start, np.asarray(cut)[inverse]).transpose(order)
+        if flips is not None and any(flips):
+            region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
+        return region
 
     def corner(shape):
         return tuple(slice(0, int(n)) for n in shape)
@@ -953,24 +967,53 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     # batch of the plan's static size per call
     fit = min(NUMPY_BATCH_PAIRS, BATCH_BYTES // (16 * math.prod(s_shape) * 4))  # as _plan_group's bound
     step = plan.batch * (max(1, fit // plan.batch) if engine == "numpy" else 1)
+    gather = getattr(reader, "gather", None)
+
+    def batches(items):
+        """``(indices, template shape, search shape)`` per batch. JAX: the plan's static shapes, in order. NumPy:
+        items of one region size together (sizes rounded up to ``NUMPY_BUCKET`` px), each batch as large as its
+        items need (nothing compiled: no shape to share; a group's corners or a pass's nulls vary in size)."""
+        if engine != "numpy":
+            return [(list(range(a, min(a + step, len(items)))), t_shape, s_shape) for a in range(0, len(items), step)]
+        buckets: dict[tuple, list[int]] = {}
+        for index, (search, template) in enumerate(items):
+            key = tuple(-(-np.asarray(x[3]) // NUMPY_BUCKET) * NUMPY_BUCKET for x in (template, search))
+            buckets.setdefault(tuple(map(tuple, key)), []).append(index)
+        out = []
+        for (t_cut, s_cut), indices in buckets.items():
+            t_b = tuple(min(int(c), n) for c, n in zip(t_cut, t_shape))
+            s_b = tuple(min(max(int(c), t + 2 * reach), n) for c, t, n in zip(s_cut, t_b, s_shape))
+            out += [(indices[a : a + step], t_b, s_b) for a in range(0, len(indices), step)]
+        return out
 
     def run(items):
         nonlocal done
-        results = []
-        for first in range(0, len(items), step):
-            chunk = items[first : first + step]
+        start, finished = done, 0
+        results: list = [None] * 6
+        for indices, t_b, s_b in batches(items):
+            chunk = [items[i] for i in indices]
             size = len(chunk) if engine == "numpy" else plan.batch  # JAX: padded to one compiled shape
-            searches = np.full((size, *raw_s), np.nan, np.float32)
-            templates = np.full((size, *raw_t), np.nan, np.float32)
-            masks = np.zeros((size, *t_shape), np.float32)
+            searches = np.full((size, *(n + 2 * h for n in s_b)), np.nan, np.float32)
+            templates = np.full((size, *(n + 2 * h for n in t_b)), np.nan, np.float32)
+            cuts = np.zeros((size, len(t_b)), np.int64)
+            cuts[: len(chunk)] = [template[3] for _, template in chunk]
+            inside = np.ones((size, *t_b), bool)  # each template's mask: [0, cut) along every axis
+            for a, n in enumerate(t_b):
+                inside &= (np.arange(n)[None, :] < cuts[:, a : a + 1]).reshape(
+                    (size, *(n if b == a else 1 for b in range(len(t_b))))
+                )
+            masks = inside.astype(np.float32)
             if engine != "numpy":
                 searches[len(chunk) :] = 0
                 templates[len(chunk) :] = 0
-            for slot, item in enumerate(chunk):  # written in place: no per-pair padded copies to stack
-                search, (template, extent) = item()
-                searches[slot][corner(search.shape)] = search
-                templates[slot][corner(template.shape)] = template
-                masks[slot][corner(extent)] = 1
+            # band-passed tiles in one stack: the regions cut from it in place; else one by one (with a halo)
+            if not (gather is not None and gather([s for s, _ in chunk], searches)
+                    and gather([t for _, t in chunk], templates)):  # fmt: skip
+                for slot, (search, template) in enumerate(chunk):  # written in place: no padded copies to stack
+                    region = cut_region(*search)
+                    searches[slot][corner(region.shape)] = region
+                    region = cut_region(*template)
+                    templates[slot][corner(region.shape)] = region
             if engine == "numpy":  # nothing compiled: no need for one batch shape
                 out = _stitch_numpy.register_batch(
                     searches, templates, masks, max_shift=max_shift,
@@ -989,32 +1032,28 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                     subpixel=subpixel,
                     sigma=sigma,
                 )
-            results.append([np.asarray(x)[: len(chunk)] for x in out])
-            done += math.ceil(len(chunk) / plan.batch)
+            for q, x in enumerate(out):
+                x = np.asarray(x)[: len(chunk)]
+                if results[q] is None:
+                    results[q] = np.empty((len(items), *x.shape[1:]), x.dtype)
+                results[q][indices] = x
+            finished += len(chunk)
+            done = start + math.ceil(finished / plan.batch)
             _report(progress, done, total)
-        return [np.concatenate([r[q] for r in results]) for q in range(6)]
+        return results
 
-    out = run([lambda k=k: (search_of(k), template_of(k)) for k in members])
+    out = run([(search_of(k), template_of(k)) for k in members])
     for slot, k in enumerate(members):  # back to the tiles' axis order
-        order = _canonical(geometry, k)
+        order = order_of(k)
         shift, info = out[0][slot].copy(), out[2][slot].copy()
         out[0][slot][order] = shift
         out[2][slot][np.ix_(order, order)] = info
     nulls = np.zeros(0)
     if plan.nulls:
         if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
-            items = [
-                lambda a=a, w=w, f=f: (search_of(a) if w is None else window_of(a, *w), template_of(a, f))
-                for a, w, f in plan.nulls
-            ]
+            items = [(search_of(a) if w is None else window_of(a, *w), template_of(a, f)) for a, w, f in plan.nulls]
         else:
-            items = [
-                lambda a=a, b=b, f=f: (
-                    search_of(b),
-                    template_of(a, f, limit=geometry.extent[b][_canonical(geometry, b)]),
-                )
-                for a, b, f in plan.nulls
-            ]
+            items = [(search_of(b), template_of(a, f, limit=geometry.extent[b][order_of(b)])) for a, b, f in plan.nulls]
         nulls = run(items)[1]
     return out, nulls, done
 

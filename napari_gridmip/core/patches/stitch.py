@@ -691,9 +691,10 @@ def register_tiles(
                     # pair; the placement's residual test still rejects it if it disagrees with the others. A
                     # pair the guided search found (within a few px of where the others place it) whose
                     # refinement runs away was a near miss: it goes back to what pass 1 found
-                    if k in guided:
+                    if k in guided:  # (a pair pass 1 accepted keeps its peak fit, for the final placement)
                         shift[k], ncc[k], threshold[k], reason[k] = guided[k]
-                        refinement[k] = REFINEMENTS.index("none")
+                        if reason[k] != REASONS.index("accepted"):
+                            refinement[k] = REFINEMENTS.index("none")
                     continue
                 shift[k] = s + fine.rounded[k] - delta[k]
                 info[k] = inv_cov
@@ -765,9 +766,11 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
     samples of the same shape and window (templates against the search regions
     of pairs far apart). A pair significant there is accepted (its shift,
     peak and threshold replaced) and refined with the others; one that is not
-    keeps pass 1's result and reason. Updates the arrays in place; returns
-    pass 1's ``(shift, ncc, threshold, reason)`` of each pair the guided
-    search accepted, by pair.
+    keeps pass 1's result and reason (one that pass 1 accepted but the first
+    placement doubted is then refined and decided by the final placement, as
+    any accepted pair). Updates the arrays in place; returns pass 1's
+    ``(shift, ncc, threshold, reason)`` of each pair the guided search
+    accepted, by pair.
     """
     accepted_here: dict[int, tuple] = {}
     n, d = stage.shape
@@ -799,10 +802,10 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
             s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
             pair_threshold = _gumbel_quantile(nulls[owner == k], 1 - alpha)
             if featureless or on_edge or not peak >= pair_threshold:
-                if provisional[k] == REASONS.index("residual"):
-                    reason[k] = REASONS.index("residual")
+                # not found here: pass 1's verdict stands; a pair pass 1 accepted (that the provisional
+                # placement doubted) goes on to the refinement and the final placement, which decide it
                 continue
-            accepted_here[k] = (shift[k].copy(), ncc[k], threshold[k], provisional[k])
+            accepted_here[k] = (shift[k].copy(), ncc[k], threshold[k], reason[k])
             ncc[k], threshold[k] = peak, pair_threshold
             shift[k] = s + guided.rounded[k] - coarse.delta[k]
             reason[k] = REASONS.index("accepted")
@@ -977,7 +980,7 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
             return [(list(range(a, min(a + step, len(items)))), t_shape, s_shape) for a in range(0, len(items), step)]
         buckets: dict[tuple, list[int]] = {}
         for index, (search, template) in enumerate(items):
-            key = tuple(-(-np.asarray(x[3]) // NUMPY_BUCKET) * NUMPY_BUCKET for x in (template, search))
+            key = tuple(_bucket(x[3], subpixel == "refine") for x in (template, search))
             buckets.setdefault(tuple(map(tuple, key)), []).append(index)
         out = []
         for (t_cut, s_cut), indices in buckets.items():
@@ -1056,6 +1059,14 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
             items = [(search_of(b), template_of(a, f, limit=geometry.extent[b][order_of(b)])) for a, b, f in plan.nulls]
         nulls = run(items)[1]
     return out, nulls, done
+
+
+def _bucket(extent, coarse: bool) -> np.ndarray:
+    """A region's extent rounded up to ``NUMPY_BUCKET`` px (twice that when ``coarse``), or to 8 times that
+    along long axes (64 px and more), so that a NumPy batch holds regions of similar sizes and batches are few."""
+    extent = np.asarray(extent)
+    step = np.where(extent >= 64, 8 * NUMPY_BUCKET, NUMPY_BUCKET * (2 if coarse else 1))
+    return -(-extent // step) * step
 
 
 def _gumbel_quantile(samples: np.ndarray, q: float) -> float:

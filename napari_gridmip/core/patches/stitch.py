@@ -978,12 +978,13 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
         items need (nothing compiled: no shape to share; a group's corners or a pass's nulls vary in size)."""
         if engine != "numpy":
             return [(list(range(a, min(a + step, len(items)))), t_shape, s_shape) for a in range(0, len(items), step)]
-        buckets: dict[tuple, list[int]] = {}
-        for index, (search, template) in enumerate(items):
-            key = tuple(_bucket(x[3], subpixel == "refine") for x in (template, search))
-            buckets.setdefault(tuple(map(tuple, key)), []).append(index)
+        coarse = subpixel == "refine"
+        keys = np.concatenate([_bucket(np.array([item[q][3] for item in items]), coarse) for q in (1, 0)], axis=1)
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
         out = []
-        for (t_cut, s_cut), indices in buckets.items():
+        for u, key in enumerate(unique):
+            indices = np.flatnonzero(inverse.reshape(-1) == u).tolist()
+            t_cut, s_cut = key[: len(t_shape)], key[len(t_shape) :]
             t_b = tuple(min(int(c), n) for c, n in zip(t_cut, t_shape))
             s_b = tuple(min(max(int(c), t + 2 * reach), n) for c, t, n in zip(s_cut, t_b, s_shape))
             out += [(indices[a : a + step], t_b, s_b) for a in range(0, len(indices), step)]

@@ -239,21 +239,26 @@ def gauss_newton(f, t, mask, start, integer, reach, t_shape, iterations, max_ste
     return s, info, failed, ncc
 
 
-def _box_sums(values: np.ndarray, lo: list[np.ndarray], hi: list[np.ndarray], d: int) -> np.ndarray:
+def _box_sums(
+    values: np.ndarray, lo: list[np.ndarray], hi: list[np.ndarray], d: int, rows: np.ndarray | None = None
+) -> np.ndarray:
     """Sums of ``values`` ``(B, C, *S)`` over the boxes ``[lo[a], hi[a])`` along each spatial axis ``a``.
 
     ``lo[a]``, ``hi[a]``: ``(B, L_a)`` integer bounds (or ``(1, L_a)`` for all), one box per position; the
     result is ``(B, C, L_1, ..., L_d)``, float64. Prefix sums along one axis at a time (a summed-area table,
-    axis by axis), the longest axis first: it shrinks the most.
+    axis by axis), the longest axis first: it shrinks the most. ``rows``: ``(B,)``, the row of ``values``
+    (``(U, C, *S)``) that each box sums (its prefix sums taken once), else row ``b`` for box ``b``.
     """
     out = values
-    batch = len(values)
+    batch = len(values) if rows is None else len(rows)
     for a in sorted(range(d), key=lambda a: -values.shape[2 + a]):
         axis = 2 + a
         shape = list(out.shape)
         shape[axis] += 1
         prefix = np.zeros(shape, np.float64)
         np.cumsum(out, axis=axis, dtype=np.float64, out=prefix[(slice(None),) * axis + (slice(1, None),)])
+        if rows is not None:  # the shared prefix sums, one copy per box (then per box along the next axes)
+            prefix, rows = prefix[rows], None
         first, last = (np.broadcast_to(x[a], (batch, np.shape(x[a])[-1])) for x in (lo, hi))
         shape[axis] = first.shape[1]
         out = _along(prefix, last, axis) - _along(prefix, first, axis)
@@ -303,7 +308,7 @@ def _sliding_sums(values: np.ndarray, extent: list[np.ndarray], positions: int, 
     return out
 
 
-def _masked_sums(f, t, have, mask, reach, d):
+def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None):
     """The six maps of the masked NCC over the shifts ``0 .. 2 reach`` per axis, each ``(B, *(2 reach + 1,) * d)``.
 
     ``num`` (the template against the search) by FFTs; where the template's
@@ -311,34 +316,47 @@ def _masked_sums(f, t, have, mask, reach, d):
     are), the five sums of the template and the search over the pixels both
     hold at each shift by box sums (:func:`_box_sums`): three FFTs instead of
     twelve, and the sums exact. Otherwise all six by FFTs, as the JAX kernel.
+
+    ``si``, ``ti``: ``(B,)``, item ``b`` matches search ``f[si[b]]`` against template ``t[ti[b]]`` (each
+    search's and template's transform, and each search's sums over one template box, computed once); None:
+    item ``b`` is ``f[b]`` against ``t[b]``.
     """
     window = (slice(None), slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
     # FFT sizes padded to fast lengths (the search's padding holds no data: the masked NCC is unchanged)
     s_shape = tuple(sfft.next_fast_len(n, real=True) for n in f.shape[1:])
     axes = tuple(range(-d, 0))
+    si = np.arange(len(f)) if si is None else np.asarray(si)
+    ti = np.arange(len(t)) if ti is None else np.asarray(ti)
+    batch = len(si)
     tm = t * mask
     mask_box = _boxes(mask > 0, d)
     have_box = _boxes(have > 0, d)
     boxes = mask_box is not None and have_box is not None
     if boxes and all(np.all(lo == 0) for lo, _ in mask_box):
         num = sfft.irfftn(
-            sfft.rfftn(f, s=s_shape, axes=axes, workers=WORKERS)
-            * np.conj(sfft.rfftn(tm, s=s_shape, axes=axes, workers=WORKERS)),
+            sfft.rfftn(f, s=s_shape, axes=axes, workers=WORKERS)[si]
+            * np.conj(sfft.rfftn(tm, s=s_shape, axes=axes, workers=WORKERS))[ti],
             s=s_shape, axes=axes, workers=WORKERS,
         )[window[:1] + window[2:]]  # fmt: skip
         shifts = np.arange(2 * reach + 1)[None, :]
-        extent = [hi[:, None] for _, hi in mask_box]  # (B, 1): the template's box, [0, extent) per axis
-        # the search over the template's box at each shift; the template over the part that meets the data
-        searched = _sliding_sums(np.stack([f, f * f], axis=1), extent, 2 * reach + 1, d)
-        n = np.ones((len(f),) + (2 * reach + 1,) * d)  # the pixels both hold: a product of 1D overlaps
+        extent = [hi[ti][:, None] for _, hi in mask_box]  # (B, 1): the template's box, [0, extent) per axis
+        have_box = [(lo[si], hi[si]) for lo, hi in have_box]
+        # the search over the template's box at each shift (once per search and box); the template over the
+        # part that meets the data
+        combos, which = np.unique(np.stack([si, *(e[:, 0] for e in extent)], axis=1), axis=0, return_inverse=True)
+        searched = _sliding_sums(
+            np.stack([f, f * f], axis=1)[combos[:, 0]], [combos[:, 1 + a, None] for a in range(d)], 2 * reach + 1, d
+        )[which.reshape(-1)]
+        n = np.ones((batch,) + (2 * reach + 1,) * d)  # the pixels both hold: a product of 1D overlaps
         for a, ((lo, hi), e) in enumerate(zip(have_box, extent)):
             width = np.clip(np.minimum(shifts + e, hi[:, None]) - np.maximum(shifts, lo[:, None]), 0, None)
-            n = n * width.reshape((len(f),) + tuple(-1 if k == a else 1 for k in range(d)))
+            n = n * width.reshape((batch,) + tuple(-1 if k == a else 1 for k in range(d)))
         t_lo = [np.clip(lo[:, None] - shifts, 0, e) for (lo, _), e in zip(have_box, extent)]
         t_hi = [np.clip(hi[:, None] - shifts, 0, e) for (_, hi), e in zip(have_box, extent)]
-        templated = _box_sums(np.stack([tm, tm * t], axis=1), t_lo, t_hi, d)
+        templated = _box_sums(np.stack([tm, tm * t], axis=1), t_lo, t_hi, d, rows=ti)
         maps = [num, templated[:, 0], templated[:, 1], n, searched[:, 0], searched[:, 1]]
         return [m.astype(np.float32) for m in maps]
+    f, have, t, tm, mask = f[si], have[si], t[ti], tm[ti], mask[ti]
     searched = sfft.rfftn(np.stack([f, f * f, have], axis=1), s=s_shape, axes=axes, workers=WORKERS)
     templated = np.conj(sfft.rfftn(np.stack([tm, tm * t, mask], axis=1), s=s_shape, axes=axes, workers=WORKERS))
     ff, ff2, fv = searched[:, 0], searched[:, 1], searched[:, 2]
@@ -348,17 +366,26 @@ def _masked_sums(f, t, have, mask, reach, d):
     return [maps[:, q] for q in range(6)]
 
 
-def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sigma: float, filtered: bool = False):
+def register_batch(
+    search, template, mask, *, max_shift: int, subpixel: str, sigma: float, filtered: bool = False, items=None
+):
     """``stitch._register_batch`` in NumPy: the same six outputs for the same ``(B, ...)`` float32 batches.
 
     ``filtered``: the regions come band-passed already (from :class:`FilteredTiles`, without a halo).
+    ``items``: ``(si, ti)``, each ``(B,)``: item ``b`` is ``search[si[b]]`` against ``template[ti[b]]`` (with
+    ``mask[ti[b]]``), so that regions shared by several items (a pair and its null samples) are prepared and
+    transformed once; None: item ``b`` is ``search[b]`` against ``template[b]``.
     """
     from napari_gridmip.core.patches import _stitch_shared as stitch
 
     search, template, mask = (np.asarray(x, np.float32) for x in (search, template, mask))
-    batch = len(search)
     d = mask.ndim - 1
     low_only = subpixel == "refine"
+    if items is not None and low_only:  # (the refinement has no shared regions)
+        search, template, mask = search[items[0]], template[items[1]], mask[items[1]]
+        items = None
+    si, ti = (np.arange(len(search)), np.arange(len(template))) if items is None else map(np.asarray, items)
+    batch = len(si)
     sigma = 0.0 if filtered else sigma
     halo = stitch.filter_halo(sigma, low_only)
     have = np.isfinite(search)[(slice(None), *(slice(halo, n - halo) for n in search.shape[1:]))].astype(np.float32)
@@ -375,7 +402,7 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
     f_scale = np.sqrt(_sum((centred * have) ** 2, d) / have_count)
     f = np.where(have > 0, centred / _expand(np.where(f_scale > 0, f_scale, 1), d), np.float32(0))
     t, f = t.astype(np.float32), f.astype(np.float32)
-    featureless = t_norm <= 1e-6 * np.sqrt(count)
+    featureless = (t_norm <= 1e-6 * np.sqrt(count))[ti]
     false = np.zeros(batch, bool)
     if low_only:
         zero = np.zeros((batch, d), np.float32)
@@ -383,13 +410,13 @@ def register_batch(search, template, mask, *, max_shift: int, subpixel: str, sig
             f, t, mask, zero, zero, reach, t_shape, stitch.GN_ITERATIONS, stitch.MAX_REFINE_STEP
         )
         return shift, np.where(featureless, np.nan, ncc), info, featureless, false, failed
-    num, sum_t, sum_t2, n, sum_f, sum_f2 = _masked_sums(f, t, have, mask, reach, d)
+    num, sum_t, sum_t2, n, sum_f, sum_f2 = _masked_sums(f, t, have, mask, reach, d, si, ti)
     n_safe = np.maximum(n, 1)
     cov = num - sum_t * sum_f / n_safe
     var_t = np.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
     var_f = np.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
     denominator = np.sqrt(var_t * var_f)
-    ok = (n > 0.5 * _expand(count, d) - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
+    ok = (n > 0.5 * _expand(count[ti], d) - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
     with np.errstate(invalid="ignore", divide="ignore"):
         ncc = np.where(ok, cov / np.where(denominator > 0, denominator, 1), np.nan).astype(np.float32)
     margin = stitch.MARGIN

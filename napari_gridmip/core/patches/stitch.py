@@ -992,36 +992,42 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
 
     def run(items):
         nonlocal done
-        start, finished = done, 0
+        start, finished, calls = done, 0, 0
         results: list = [None] * 6
         for indices, t_b, s_b in batches(items):
             chunk = [items[i] for i in indices]
+            shared = None
+            if engine == "numpy":  # each distinct region once (a pair and its null samples share some)
+                search_list, template_list, shared = _distinct(chunk)
+            else:
+                search_list, template_list = [s for s, _ in chunk], [t for _, t in chunk]
             size = len(chunk) if engine == "numpy" else plan.batch  # JAX: padded to one compiled shape
-            searches = np.full((size, *(n + 2 * h for n in s_b)), np.nan, np.float32)
-            templates = np.full((size, *(n + 2 * h for n in t_b)), np.nan, np.float32)
-            cuts = np.zeros((size, len(t_b)), np.int64)
-            cuts[: len(chunk)] = [template[3] for _, template in chunk]
-            inside = np.ones((size, *t_b), bool)  # each template's mask: [0, cut) along every axis
+            n_s, n_t = (len(search_list), len(template_list)) if shared else (size, size)
+            searches = np.full((n_s, *(n + 2 * h for n in s_b)), np.nan, np.float32)
+            templates = np.full((n_t, *(n + 2 * h for n in t_b)), np.nan, np.float32)
+            cuts = np.zeros((n_t, len(t_b)), np.int64)
+            cuts[: len(template_list)] = [template[3] for template in template_list]
+            inside = np.ones((n_t, *t_b), bool)  # each template's mask: [0, cut) along every axis
             for a, n in enumerate(t_b):
                 inside &= (np.arange(n)[None, :] < cuts[:, a : a + 1]).reshape(
-                    (size, *(n if b == a else 1 for b in range(len(t_b))))
+                    (n_t, *(n if b == a else 1 for b in range(len(t_b))))
                 )
             masks = inside.astype(np.float32)
             if engine != "numpy":
                 searches[len(chunk) :] = 0
                 templates[len(chunk) :] = 0
             # band-passed tiles in one stack: the regions cut from it in place; else one by one (with a halo)
-            if not (gather is not None and gather([s for s, _ in chunk], searches)
-                    and gather([t for _, t in chunk], templates)):  # fmt: skip
-                for slot, (search, template) in enumerate(chunk):  # written in place: no padded copies to stack
+            if not (gather is not None and gather(search_list, searches) and gather(template_list, templates)):
+                for slot, search in enumerate(search_list):  # written in place: no padded copies to stack
                     region = cut_region(*search)
                     searches[slot][corner(region.shape)] = region
+                for slot, template in enumerate(template_list):
                     region = cut_region(*template)
                     templates[slot][corner(region.shape)] = region
             if engine == "numpy":  # nothing compiled: no need for one batch shape
                 out = _stitch_numpy.register_batch(
-                    searches, templates, masks, max_shift=max_shift,
-                    subpixel=subpixel, sigma=sigma, filtered=isinstance(reader, _stitch_numpy.FilteredTiles),
+                    searches, templates, masks, max_shift=max_shift, subpixel=subpixel, sigma=sigma,
+                    filtered=isinstance(reader, _stitch_numpy.FilteredTiles), items=shared,
                 )  # fmt: skip
             else:
                 import jax.numpy as jnp
@@ -1041,25 +1047,42 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                 if results[q] is None:
                     results[q] = np.empty((len(items), *x.shape[1:]), x.dtype)
                 results[q][indices] = x
-            finished += len(chunk)
-            done = start + math.ceil(finished / plan.batch)
+            finished, calls = finished + len(chunk), calls + 1
+            # one step per batch run, but never past the plan's count of batches for the items done
+            done = start + min(calls, math.ceil(finished / plan.batch))
             _report(progress, done, total)
         return results
 
-    out = run([(search_of(k), template_of(k)) for k in members])
+    items = [(search_of(k), template_of(k)) for k in members]
+    if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
+        items += [(search_of(a) if w is None else window_of(a, *w), template_of(a, f)) for a, w, f in plan.nulls]
+    else:
+        items += [(search_of(b), template_of(a, f, limit=geometry.extent[b][order_of(b)])) for a, b, f in plan.nulls]
+    # the pairs and their null samples in one run: a pair's regions serve its null samples too (NumPy)
+    results = run(items)
+    out, nulls = [r[: len(members)] for r in results], results[1][len(members) :]
     for slot, k in enumerate(members):  # back to the tiles' axis order
         order = order_of(k)
         shift, info = out[0][slot].copy(), out[2][slot].copy()
         out[0][slot][order] = shift
         out[2][slot][np.ix_(order, order)] = info
-    nulls = np.zeros(0)
-    if plan.nulls:
-        if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
-            items = [(search_of(a) if w is None else window_of(a, *w), template_of(a, f)) for a, w, f in plan.nulls]
-        else:
-            items = [(search_of(b), template_of(a, f, limit=geometry.extent[b][order_of(b)])) for a, b, f in plan.nulls]
-        nulls = run(items)[1]
     return out, nulls, done
+
+
+def _distinct(chunk) -> tuple[list, list, tuple[np.ndarray, np.ndarray]]:
+    """A batch's distinct search and template regions, and ``(si, ti)``: which of them each item pairs."""
+    keys: tuple[dict, dict] = ({}, {})
+    lists: tuple[list, list] = ([], [])
+    index = np.zeros((2, len(chunk)), np.int64)
+    for slot, item in enumerate(chunk):
+        for q, (tile, start, order, cut, flips) in enumerate(item):
+            key = (int(tile), *np.asarray(start).tolist(), *np.asarray(order).tolist(), *np.asarray(cut).tolist(),
+                   flips)  # fmt: skip
+            if key not in keys[q]:
+                keys[q][key] = len(lists[q])
+                lists[q].append(item[q])
+            index[q, slot] = keys[q][key]
+    return lists[0], lists[1], (index[0], index[1])
 
 
 def _bucket(extent, coarse: bool) -> np.ndarray:

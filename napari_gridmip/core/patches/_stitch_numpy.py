@@ -500,6 +500,56 @@ def ndimage_correlate1d(lines: np.ndarray, taps: np.ndarray) -> np.ndarray:
     return ndimage.correlate1d(lines, taps, axis=-1, mode="constant", cval=0.0)
 
 
+def whole_tiles_transform(tiles: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """Whole tiles ``(B, *S)`` (all finite) less their means, transformed: ``(spectrum, means, S)``, for
+    :func:`whole_tiles_band_pass` (both filters: the transform is sized for the wider halo)."""
+    from napari_gridmip.core.patches._stitch_shared import filter_halo
+
+    d = tiles.ndim - 1
+    shape = tiles.shape[1:]
+    level = tiles.reshape(len(tiles), -1).mean(axis=1, dtype=np.float64).astype(np.float32)
+    # zeros past the tile reach the far side's halo on the wrap: the linear convolution on the tile
+    fast = tuple(sfft.next_fast_len(n + filter_halo(sigma), real=True) for n in shape)
+    spectrum = sfft.rfftn(tiles - _expand(level, d), s=fast, axes=tuple(range(-d, 0)), workers=WORKERS)
+    return spectrum, level, shape
+
+
+def whole_tiles_band_pass(transform, sigma: float, low_only: bool) -> np.ndarray:
+    """:func:`band_pass` ``(box=True)`` of whole tiles (no NaN) from their :func:`whole_tiles_transform`.
+
+    The normalised convolution of a whole tile divides by the smoothed tile footprint, the same for every
+    tile (:func:`_footprint`); one inverse transform per Gaussian.
+    """
+    from napari_gridmip.core.patches._stitch_shared import filter_halo
+
+    spectrum, level, shape = transform
+    d = len(shape)
+    halo = filter_halo(sigma, low_only)
+    fast = tuple(sfft.next_fast_len(n + filter_halo(sigma), real=True) for n in shape)
+    crop = (Ellipsis, *(slice(0, n) for n in shape))
+    lows = []
+    for width in (sigma,) if low_only else (sigma, 2 * sigma):
+        smooth = sfft.irfftn(spectrum * _real_gaussian_spectrum(fast, float(width), halo), s=fast,
+                             axes=tuple(range(-d, 0)), workers=WORKERS)[crop]  # fmt: skip
+        lows.append(smooth / _footprint(shape, float(width), halo))
+    out = lows[0] + _expand(level, d) if low_only else lows[0] - lows[1]
+    return out.astype(np.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _footprint(shape: tuple[int, ...], sigma: float, radius: int) -> np.ndarray:
+    """A whole tile's footprint (ones on the tile, zeros beyond) smoothed by the truncated Gaussian: float32,
+    kept. An outer product of 1D profiles; at least about a quarter (a corner), so never the 1e-3 floor."""
+    x = np.arange(-radius, radius + 1, dtype=np.float64)
+    taps = np.exp(-0.5 * (x / sigma) ** 2)
+    taps /= taps.sum()
+    out = np.ones((1,) * len(shape), np.float32)
+    for axis, n in enumerate(shape):
+        line = ndimage_correlate1d(np.ones((1, n), np.float32), taps)[0]
+        out = out * line.reshape(tuple(-1 if k == axis else 1 for k in range(len(shape))))
+    return np.maximum(out, np.float32(1e-3))
+
+
 STACK_CHUNK_BYTES = 2**20  # tiles band-passed per FFT batch: about this much raw data
 
 
@@ -521,21 +571,33 @@ class FilteredTiles:
 
     halo = 0
 
-    def __init__(self, reader, sigma: float, low_only: bool, pad: int = 0):
+    def __init__(self, reader, sigma: float, low_only: bool, pad: int = 0, spectra: dict | None = None):
         self.reader, self.sigma, self.low_only = reader, sigma, low_only
         self.shape = reader.shape
         self.pad = int(pad)
         self.tiles: OrderedDict[int, np.ndarray] = OrderedDict()  # least recently used first
         self.stack: np.ndarray | None = None
+        self.spectra = spectra  # the stack's tiles' transforms, shared between the two filters' readers
 
     def clear(self) -> None:
         self.tiles.clear()
         self.stack = None
 
-    def _filtered(self, indices) -> np.ndarray:
+    def _filtered(self, indices, keep: bool = False) -> np.ndarray:
         from napari_gridmip.core.patches._stitch_shared import filter_halo
 
         d = len(self.shape)
+        key = tuple(indices)
+        if self.sigma > 0 and self.spectra is not None and key in self.spectra:  # (the last filter to need it)
+            transform = self.spectra.pop(key) if self.low_only else self.spectra[key]
+            return whole_tiles_band_pass(transform, self.sigma, self.low_only)
+        if self.sigma > 0:
+            data = np.stack([self.reader.read(i, (0,) * d, self.shape, halo=0) for i in indices])
+            if np.isfinite(data).all():  # (tiles always are; NaN inside a tile takes the general filter)
+                transform = whole_tiles_transform(data, self.sigma)
+                if keep and self.spectra is not None:
+                    self.spectra[key] = transform
+                return whole_tiles_band_pass(transform, self.sigma, self.low_only)
         halo = filter_halo(self.sigma, self.low_only)
         raw = np.stack([self.reader.read(i, (0,) * d, self.shape, halo=halo) for i in indices])  # NaN around
         return band_pass_tiles(raw, self.sigma, self.low_only, d)
@@ -550,12 +612,13 @@ class FilteredTiles:
         padded = tuple(s + 2 * self.pad for s in self.shape)
         if n * int(np.prod(padded)) * 4 > CACHE_BYTES:
             return False
+        keep = 2 * n * int(np.prod(padded)) * 4 <= CACHE_BYTES  # the transforms too (about the stack's size)
         stack = np.full((n, *padded), np.nan, np.float32)
         inside = tuple(slice(self.pad, self.pad + s) for s in self.shape)
         per = max(1, STACK_CHUNK_BYTES // (int(np.prod(self.shape)) * 4))
         for first in range(0, n, per):
             chunk = range(first, min(first + per, n))
-            stack[(slice(chunk.start, chunk.stop), *inside)] = self._filtered(chunk)
+            stack[(slice(chunk.start, chunk.stop), *inside)] = self._filtered(list(chunk), keep)
         self.stack = stack
         return True
 

@@ -635,9 +635,11 @@ def register_tiles(
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
     engine = _engine(plans, max_shift)
     if engine == "numpy":  # each tile band-passed once, its regions cut out (the same values, less work)
+        spectra: dict = {}  # each tile transformed once for both filters (kept while both need it)
         reader = _stitch_numpy.FilteredTiles(
-            _TileReader(tiles, channel, has_channels, 0), sigma, low_only=False, pad=max_shift + MARGIN
-        )
+            _TileReader(tiles, channel, has_channels, 0), sigma, low_only=False, pad=max_shift + MARGIN,
+            spectra=spectra if subpixel == "refine" else None,
+        )  # fmt: skip
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
     total = sum(plan.batches for plan in plans) * (2 if subpixel == "refine" else 1) + 1
     done = 0
@@ -676,7 +678,9 @@ def register_tiles(
         fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
         fine = _fine_geometry(pairs, delta + shift, shape, fine_reader.halo)
         if engine == "numpy":
-            fine_reader = _stitch_numpy.FilteredTiles(reader.reader, sigma, low_only=True, pad=2 * MARGIN)
+            fine_reader = _stitch_numpy.FilteredTiles(
+                reader.reader, sigma, low_only=True, pad=2 * MARGIN, spectra=reader.spectra
+            )
         # a pair too narrow even for the tight box keeps its quadratic fit of the NCC peak ("peak-fit")
         usable = significant[np.all(fine.extent[significant] >= MIN_REFINE, axis=1)]
         for members in _groups(usable, fine):

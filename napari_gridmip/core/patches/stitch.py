@@ -870,24 +870,27 @@ def _plan_windows(members, geometry, positions, reach, seed, t_shape, batch) -> 
     px), so each pair gets its own threshold.
     """
     n, d = positions.shape
-    size = np.asarray(geometry.shape)
     rng = np.random.default_rng(seed)
+    integers = rng.integers
+    origins = positions.tolist()  # (Python numbers: the draws below are many and each tiny)
     samples: list[tuple] = []
     for a in members:
         j = geometry.pairs[a][1]
-        extent = geometry.extent[a] + 2 * reach
-        t_lo = positions[j] + geometry.lo[a]
-        t_hi = t_lo + geometry.extent[a]
+        extent = (geometry.extent[a] + 2 * reach).tolist()
+        room = [max(int(m - e), 0) + 1 for m, e in zip(geometry.shape, extent)]
+        # a window is away from the template's content when it lies 2 reach px beyond it along some axis
+        after = (positions[j] + geometry.lo[a] + geometry.extent[a] + 2 * reach).tolist()
+        before = (positions[j] + geometry.lo[a] - 2 * reach - np.asarray(extent)).tolist()
         samples.append((a, None, (True,) * d))
         drawn = 1
         for _ in range(20 * GUIDED_NULLS):
             if drawn >= GUIDED_NULLS:
                 break
-            tile = int(rng.integers(n))
-            start = np.array([int(rng.integers(0, max(int(m - e), 0) + 1)) for m, e in zip(size, extent)])
-            w_lo = positions[tile] + start
-            if np.any((t_hi + 2 * reach <= w_lo) | (w_lo + extent + 2 * reach <= t_lo)):
-                samples.append((a, (tile, tuple(start.tolist())), (False,) * d))
+            tile = int(integers(n))
+            start = tuple(int(integers(0, r)) for r in room)
+            origin = origins[tile]
+            if any(after[k] <= origin[k] + start[k] or origin[k] + start[k] <= before[k] for k in range(d)):
+                samples.append((a, (tile, start), (False,) * d))
                 drawn += 1
     batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)
     return _Plan(t_shape, batch, batches, samples, own_size=True)

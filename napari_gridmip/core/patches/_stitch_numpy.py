@@ -367,14 +367,25 @@ def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None):
 
 
 def register_batch(
-    search, template, mask, *, max_shift: int, subpixel: str, sigma: float, filtered: bool = False, items=None
+    search,
+    template,
+    mask,
+    *,
+    max_shift: int,
+    subpixel: str,
+    sigma: float,
+    filtered: bool = False,
+    items=None,
+    margin: int | None = None,
 ):
     """``stitch._register_batch`` in NumPy: the same six outputs for the same ``(B, ...)`` float32 batches.
 
     ``filtered``: the regions come band-passed already (from :class:`FilteredTiles`, without a halo).
     ``items``: ``(si, ti)``, each ``(B,)``: item ``b`` is ``search[si[b]]`` against ``template[ti[b]]`` (with
     ``mask[ti[b]]``), so that regions shared by several items (a pair and its null samples) are prepared and
-    transformed once; None: item ``b`` is ``search[b]`` against ``template[b]``.
+    transformed once; None: item ``b`` is ``search[b]`` against ``template[b]``. ``margin``: how far the
+    regions reach beyond ``max_shift`` (``MARGIN``, the JAX kernel's, unless given: the integer search needs 1,
+    its peak's neighbours; the refinement ``MARGIN``).
     """
     from napari_gridmip.core.patches import _stitch_shared as stitch
 
@@ -390,7 +401,8 @@ def register_batch(
     halo = stitch.filter_halo(sigma, low_only)
     have = np.isfinite(search)[(slice(None), *(slice(halo, n - halo) for n in search.shape[1:]))].astype(np.float32)
     search, template = band_pass(search, sigma, low_only, d), band_pass(template, sigma, low_only, d)
-    reach = max_shift + stitch.MARGIN
+    margin = stitch.MARGIN if margin is None else int(margin)
+    reach = max_shift + margin
     t_shape = template.shape[1:]
     count = np.maximum(_sum(mask, d), 1)
     t = np.where(mask > 0, template - _expand(_sum(template * mask, d) / count, d), np.float32(0))
@@ -419,7 +431,6 @@ def register_batch(
     ok = (n > 0.5 * _expand(count[ti], d) - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
     with np.errstate(invalid="ignore", divide="ignore"):
         ncc = np.where(ok, cov / np.where(denominator > 0, denominator, 1), np.nan).astype(np.float32)
-    margin = stitch.MARGIN
     core = ncc[(slice(None), *(slice(margin, margin + 2 * max_shift + 1) for _ in range(d)))]
     flat = np.argmax(np.where(np.isnan(core), -np.inf, core).reshape(batch, -1), axis=1)
     peak_index = np.stack(np.unravel_index(flat, core.shape[1:]), axis=1)  # (B, d)

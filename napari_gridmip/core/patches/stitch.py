@@ -933,7 +933,11 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     Returns the pairs' results (shift and information in the tiles' axis
     order), the null samples' peaks and the progress count.
     """
-    reach = max_shift + MARGIN
+    # the NumPy engine's integer search cuts its regions 1 px beyond max_shift (its peak's neighbours: the NCC at
+    # a shift does not depend on how far the region reaches past it), not MARGIN: smaller transforms and sums.
+    # The JAX engine keeps one region shape for both passes' programs; the refinement needs MARGIN to resample
+    margin = 1 if engine == "numpy" and subpixel != "refine" else MARGIN
+    reach = max_shift + margin
     t_shape = plan.t_shape
     s_shape = tuple(t + 2 * reach for t in t_shape)
     h = reader.halo
@@ -958,9 +962,10 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
         return (geometry.pairs[k][0], geometry.lo[k] + geometry.rounded[k] - reach, order,
                 (geometry.extent[k] + 2 * reach)[order], None)  # fmt: skip
 
-    def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere
-        order = order_of(k)
-        return (tile, np.asarray(start), order, (geometry.extent[k] + 2 * reach)[order], None)
+    def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere (the plan's window, drawn
+        order = order_of(k)  # MARGIN px beyond max_shift: its inner part when the regions reach less far)
+        start = np.asarray(start) + (MARGIN - margin)
+        return (tile, start, order, (geometry.extent[k] + 2 * reach)[order], None)
 
     def cut_region(tile, start, order, cut, flips):
         """One region, read through the reader (with its halo), as the batch wants it."""
@@ -1034,7 +1039,7 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
             if engine == "numpy":  # nothing compiled: no need for one batch shape
                 out = _stitch_numpy.register_batch(
                     searches, templates, masks, max_shift=max_shift, subpixel=subpixel, sigma=sigma,
-                    filtered=isinstance(reader, _stitch_numpy.FilteredTiles), items=shared,
+                    filtered=isinstance(reader, _stitch_numpy.FilteredTiles), items=shared, margin=margin,
                 )  # fmt: skip
             else:
                 import jax.numpy as jnp

@@ -333,10 +333,19 @@ def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None):
     have_box = _boxes(have > 0, d)
     boxes = mask_box is not None and have_box is not None
     if boxes and all(np.all(lo == 0) for lo, _ in mask_box):
+        # a shift that keeps less than half the template on the data is no candidate (``ok`` is False there, from
+        # the exact counts), so the transforms need not reach beyond half a template past the data's end (a
+        # region cut past its tile's edge: its NaN part); the candidates' products never wrap
+        fft_shape = []
+        for a in range(d):
+            data_end, e = have_box[a][1][si], mask_box[a][1][ti]
+            need = np.maximum(data_end, np.minimum(e + 2 * reach, data_end + (e + 1) // 2 + 1))
+            fft_shape.append(min(sfft.next_fast_len(max(int(need.max()), 2 * reach + 1), real=True), s_shape[a]))
+        fft_shape = tuple(fft_shape)
         num = sfft.irfftn(
-            sfft.rfftn(f, s=s_shape, axes=axes, workers=WORKERS)[si]
-            * np.conj(sfft.rfftn(tm, s=s_shape, axes=axes, workers=WORKERS))[ti],
-            s=s_shape, axes=axes, workers=WORKERS,
+            sfft.rfftn(f, s=fft_shape, axes=axes, workers=WORKERS)[si]
+            * np.conj(sfft.rfftn(tm, s=fft_shape, axes=axes, workers=WORKERS))[ti],
+            s=fft_shape, axes=axes, workers=WORKERS,
         )[window[:1] + window[2:]]  # fmt: skip
         shifts = np.arange(2 * reach + 1)[None, :]
         extent = [hi[ti][:, None] for _, hi in mask_box]  # (B, 1): the template's box, [0, extent) per axis

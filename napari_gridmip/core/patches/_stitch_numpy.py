@@ -681,6 +681,7 @@ class FilteredTiles:
         size = self.stack.shape[1:]
         views: dict = {}
         cuts = []
+        pad = self.pad
         for slot, (tile, start, order, cut, flips) in enumerate(requests):
             key = (tuple(order), tuple(flips) if flips is not None else (False,) * d)
             view = views.get(key)
@@ -688,16 +689,16 @@ class FilteredTiles:
                 view = self.stack.transpose(0, *(1 + np.asarray(order)))
                 view = view[(slice(None), *(slice(None, None, -1) if f else slice(None) for f in key[1]))]
                 views[key] = view
-            window = []
+            window = [int(tile)]
             for a in range(d):
-                o, c = int(order[a]), int(cut[a])
-                first = int(start[o]) + self.pad
+                o, c = order[a], cut[a]
+                first = start[o] + pad
                 if key[1][a]:  # flipped: the view counts from the far end
                     first = size[o] - first - c
                 if first < 0 or first + c > size[o]:
                     return False
                 window.append(slice(first, first + c))
-            cuts.append((slot, view, int(tile), window, cut))
-        for slot, view, tile, window, cut in cuts:
-            out[(slot, *(slice(0, int(c)) for c in cut))] = view[(tile, *window)]
+            cuts.append(((slot, *(slice(0, c) for c in cut)), view, tuple(window)))
+        for place, view, window in cuts:
+            out[place] = view[window]
         return True

@@ -942,35 +942,46 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     s_shape = tuple(t + 2 * reach for t in t_shape)
     h = reader.halo
 
-    orders: dict[int, np.ndarray] = {}
+    orders: dict[int, tuple[int, ...]] = {}
+    made: dict[tuple, tuple] = {}  # a pair's regions serve many items: each request made once
 
     def order_of(k):
         if k not in orders:
-            orders[k] = _canonical(geometry, k)
+            orders[k] = tuple(_canonical(geometry, k).tolist())
         return orders[k]
 
-    # a region: (tile, start, order, cut, flips): [start, start + cut) along the tile's axes ``order`` (cut in
-    # that order), its axes ``order`` first, flipped along ``flips``; cut to the batch's shape by the caller
+    def ints(values) -> tuple[int, ...]:
+        return tuple(int(v) for v in values)
+
+    # a region: (tile, start, order, cut, flips), Python integers (hashable: a batch's distinct regions are
+    # found by it): [start, start + cut) along the tile's axes ``order`` (cut in that order), its axes ``order``
+    # first, flipped along ``flips``; cut to the batch's shape by the caller
     def template_of(k, flips=None, limit=None):
         """Pair k's template (canonical axes, cut to ``limit``, flipped)."""
-        order = order_of(k)
-        extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
-        return (geometry.pairs[k][1], geometry.lo[k], order, extent, flips)
+        key = ("t", k, flips, None if limit is None else ints(limit))
+        if key not in made:
+            order = list(order_of(k))
+            extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
+            made[key] = (int(geometry.pairs[k][1]), ints(geometry.lo[k]), order_of(k), ints(extent),
+                         None if flips is None else tuple(bool(f) for f in flips))  # fmt: skip
+        return made[key]
 
     def search_of(k):
-        order = order_of(k)
-        return (geometry.pairs[k][0], geometry.lo[k] + geometry.rounded[k] - reach, order,
-                (geometry.extent[k] + 2 * reach)[order], None)  # fmt: skip
+        key = ("s", k)
+        if key not in made:
+            order = list(order_of(k))
+            made[key] = (int(geometry.pairs[k][0]), ints(geometry.lo[k] + geometry.rounded[k] - reach), order_of(k),
+                         ints((geometry.extent[k] + 2 * reach)[order]), None)  # fmt: skip
+        return made[key]
 
     def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere (the plan's window, drawn
-        order = order_of(k)  # MARGIN px beyond max_shift: its inner part when the regions reach less far)
-        start = np.asarray(start) + (MARGIN - margin)
-        return (tile, start, order, (geometry.extent[k] + 2 * reach)[order], None)
+        search = search_of(k)  # MARGIN px beyond max_shift: its inner part when the regions reach less far)
+        return (int(tile), tuple(int(x) + MARGIN - margin for x in start), search[2], search[3], None)
 
     def cut_region(tile, start, order, cut, flips):
         """One region, read through the reader (with its halo), as the batch wants it."""
         inverse = np.argsort(order)
-        region = reader.region(tile, start, np.asarray(cut)[inverse]).transpose(order)
+        region = reader.region(tile, np.asarray(start), np.asarray(cut)[inverse]).transpose(order)
         if flips is not None and any(flips):
             region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
         return region
@@ -1069,12 +1080,13 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
         items += [(search_of(a) if w is None else window_of(a, *w), template_of(a, f)) for a, w, f in plan.nulls]
     else:
-        items += [(search_of(b), template_of(a, f, limit=geometry.extent[b][order_of(b)])) for a, b, f in plan.nulls]
+        for a, b, f in plan.nulls:
+            items.append((search_of(b), template_of(a, f, limit=geometry.extent[b][list(order_of(b))])))
     # the pairs and their null samples in one run: a pair's regions serve its null samples too (NumPy)
     results = run(items)
     out, nulls = [r[: len(members)] for r in results], results[1][len(members) :]
     for slot, k in enumerate(members):  # back to the tiles' axis order
-        order = order_of(k)
+        order = list(order_of(k))
         shift, info = out[0][slot].copy(), out[2][slot].copy()
         out[0][slot][order] = shift
         out[2][slot][np.ix_(order, order)] = info
@@ -1087,12 +1099,10 @@ def _distinct(chunk) -> tuple[list, list, tuple[np.ndarray, np.ndarray]]:
     lists: tuple[list, list] = ([], [])
     index = np.zeros((2, len(chunk)), np.int64)
     for slot, item in enumerate(chunk):
-        for q, (tile, start, order, cut, flips) in enumerate(item):
-            key = (int(tile), *np.asarray(start).tolist(), *np.asarray(order).tolist(), *np.asarray(cut).tolist(),
-                   flips)  # fmt: skip
+        for q, key in enumerate(item):  # (a region is a tuple of Python integers: its own key)
             if key not in keys[q]:
                 keys[q][key] = len(lists[q])
-                lists[q].append(item[q])
+                lists[q].append(key)
             index[q, slot] = keys[q][key]
     return lists[0], lists[1], (index[0], index[1])
 

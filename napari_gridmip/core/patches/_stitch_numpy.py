@@ -551,9 +551,10 @@ def whole_tiles_band_pass(transform, sigma: float, low_only: bool) -> np.ndarray
     for width in (sigma,) if low_only else (sigma, 2 * sigma):
         smooth = sfft.irfftn(spectrum * _real_gaussian_spectrum(fast, float(width), halo), s=fast,
                              axes=tuple(range(-d, 0)), workers=WORKERS)[crop]  # fmt: skip
-        lows.append(smooth / _footprint(shape, float(width), halo))
-    out = lows[0] + _expand(level, d) if low_only else lows[0] - lows[1]
-    return out.astype(np.float32)
+        lows.append(np.divide(smooth, _footprint(shape, float(width), halo), out=smooth))  # (in place: no new pages)
+    if low_only:
+        return np.add(lows[0], _expand(level, d), out=lows[0])
+    return np.subtract(lows[0], lows[1], out=lows[0])
 
 
 @functools.lru_cache(maxsize=16)

@@ -2,11 +2,15 @@
 
 The same computation as ``stitch._register_batch`` (band-pass by normalised
 convolution, masked NCC over every integer shift by FFTs, the 3^d quadratic
-peak fit, the Gauss-Newton refinement with Keys cubic resampling), on the
-same padded float32 batches, step for step, vectorised over the batch.
-``register_tiles`` takes it for small mosaics, where compiling the JAX
-programs (seconds, once per process and pair shape) would cost far more than
-the work; the tests hold the two to the same results.
+peak fit, the Gauss-Newton refinement with Keys cubic resampling) on float32
+batches, vectorised over the batch. Where nothing is compiled, no shape needs
+sharing, so the work is cut to what the results depend on: batches of regions
+of similar size, each distinct region prepared and transformed once (a pair
+and its null samples share some), tiles band-passed whole, once, by FFTs, and
+the integer search's regions 1 px past ``max_shift``. ``register_tiles``
+takes it for small mosaics, where compiling the JAX programs (seconds, once
+per process and pair shape) would cost far more than the work; the tests hold
+the two to the same results.
 
 References
 ----------

@@ -29,8 +29,8 @@ Tools:
 Cold: a new Python process with an empty JAX compilation cache (``JAX_COMPILATION_CACHE_DIR`` set to a fresh
 temporary folder; the library itself never turns the persistent cache on, only the napari worker does), timing
 the import and then the first call. Warm: best and median of ``--repeats`` calls in this process, ours and
-m2stitch alternating, timed bare. Peak memory: the resident set's growth during one more call (PeakMemory: its
-sampling thread would slow the timed calls; cold: the child's ``ru_maxrss``). Accuracy: RMS and max tile error
+m2stitch alternating, timed bare. Peak memory: the resident set's growth during one more call (PeakMemory, its
+sampling thread kept out of the timed calls; cold: the child's ``ru_maxrss``). Accuracy: RMS and max tile error
 against the truth, common translation removed; and "exact pairs": neighbour pairs whose overlap at the integer
 positions correlates above 0.999 (the measure of MIST's paper; meaningful on real, integer-shifted tiles).
 """
@@ -212,9 +212,8 @@ def cold(tool: str, tiles, stage, grid) -> dict:
 def timed(fn, memory: bool = True):
     """``(fn(), seconds, peak extra MiB)``; ``memory=False``: no RSS sampler around the call (0 MiB).
 
-    The sampler is a Python thread reading the RSS every millisecond: it competes for the interpreter and slows
-    Python-heavy calls (m2stitch's more than ours), so the warm times are taken without it and the memory in one
-    more call with it.
+    The sampler is a Python thread reading the RSS every millisecond, sharing the interpreter with the call: the
+    warm times are taken without it and the memory in one more call with it.
     """
     from _harness import PeakMemory
 

@@ -29,10 +29,10 @@ Tools:
 Cold: a new Python process with an empty JAX compilation cache (``JAX_COMPILATION_CACHE_DIR`` set to a fresh
 temporary folder; the library itself never turns the persistent cache on, only the napari worker does), timing
 the import and then the first call. Warm: best and median of ``--repeats`` calls in this process, ours and
-m2stitch alternating. Peak memory: the resident set's growth during one call (PeakMemory; cold: the child's
-``ru_maxrss``). Accuracy: RMS and max tile error against the truth, common translation removed; and
-"exact pairs": neighbour pairs whose overlap at the integer positions correlates above 0.999 (the measure of
-MIST's paper; meaningful on real, integer-shifted tiles).
+m2stitch alternating, timed bare. Peak memory: the resident set's growth during one more call (PeakMemory, its
+sampling thread kept out of the timed calls; cold: the child's ``ru_maxrss``). Accuracy: RMS and max tile error
+against the truth, common translation removed; and "exact pairs": neighbour pairs whose overlap at the integer
+positions correlates above 0.999 (the measure of MIST's paper; meaningful on real, integer-shifted tiles).
 """
 
 from __future__ import annotations
@@ -209,14 +209,23 @@ def cold(tool: str, tiles, stage, grid) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def timed(fn):
+def timed(fn, memory: bool = True):
+    """``(fn(), seconds, peak extra MiB)``; ``memory=False``: no RSS sampler around the call (0 MiB).
+
+    The sampler is a Python thread reading the RSS every millisecond, sharing the interpreter with the call: the
+    warm times are taken without it and the memory in one more call with it.
+    """
     from _harness import PeakMemory
 
-    with PeakMemory() as memory:
+    if not memory:
+        start = time.perf_counter()
+        out = fn()
+        return out, time.perf_counter() - start, 0.0
+    with PeakMemory() as sampled:
         start = time.perf_counter()
         out = fn()
         elapsed = time.perf_counter() - start
-    return out, elapsed, memory.extra_mb
+    return out, elapsed, sampled.extra_mb
 
 
 def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep=None) -> None:
@@ -244,14 +253,16 @@ def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep
             colds[tool] = {"error": error.stderr.strip().splitlines()[-1]}
     warm: dict[str, list[float]] = {tool: [] for tool in tools}
     results = {}
-    for r in range(args.repeats):  # alternate, so that the machine's load falls on both
+    for r in range(args.repeats + 1):  # alternate, so that the machine's load falls on both; the last: memory
         for tool in tools[r % len(tools) :] + tools[: r % len(tools)]:
             try:
-                (positions, note), elapsed, memory = timed(lambda t=tool: TOOLS[t](tiles, stage, grid))
+                (positions, note), elapsed, memory = timed(lambda t=tool: TOOLS[t](tiles, stage, grid),
+                                                           memory=r == args.repeats)  # fmt: skip
             except Exception as error:  # noqa: BLE001 - a peer that fails is reported, not fatal
                 results[tool] = (None, f"failed: {error}", 0.0)
                 continue
-            warm[tool].append(elapsed)
+            if r < args.repeats:
+                warm[tool].append(elapsed)
             results[tool] = (positions, note, memory)
     for tool in tools:
         c = colds[tool]

@@ -94,6 +94,7 @@ PRIOR_WEIGHT = 1e-8  # pull of every tile to its stage position, relative to the
 BATCH_BYTES = 256 * 2**20  # pairs per compiled call: about this much working memory
 BATCH_PAIRS = 32  # pairs per compiled call at most: one program serves any mosaic of the same tile geometry
 NUMPY_BATCH_PAIRS = 128  # pairs per NumPy call at most (within BATCH_BYTES: batches of BATCH_PAIRS merged)
+NUMPY_BUCKET = 4  # NumPy batches group regions whose sizes round up to the same multiple of this (px)
 NULL_PER_PAIR = 1  # null (non-matching) samples per registered pair, at least
 MIN_NULL = 64  # and at least this many per pair shape
 NUMPY_MAX_WORK = 2 * 10**8  # pair work (pixels of search regions, padded batches) below which NumPy runs the kernel
@@ -634,7 +635,11 @@ def register_tiles(
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
     engine = _engine(plans, max_shift)
     if engine == "numpy":  # each tile band-passed once, its regions cut out (the same values, less work)
-        reader = _stitch_numpy.FilteredTiles(_TileReader(tiles, channel, has_channels, 0), sigma, low_only=False)
+        spectra: dict = {}  # each tile transformed once for both filters (kept while both need it)
+        reader = _stitch_numpy.FilteredTiles(
+            _TileReader(tiles, channel, has_channels, 0), sigma, low_only=False, pad=max_shift + MARGIN,
+            spectra=spectra if subpixel == "refine" else None,
+        )  # fmt: skip
     # pass 2 (refine): Gauss-Newton on the whole overlap at the coarse offset, searched +-FINE_SHIFT around it
     total = sum(plan.batches for plan in plans) * (2 if subpixel == "refine" else 1) + 1
     done = 0
@@ -673,7 +678,9 @@ def register_tiles(
         fine_reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma, low_only=True))
         fine = _fine_geometry(pairs, delta + shift, shape, fine_reader.halo)
         if engine == "numpy":
-            fine_reader = _stitch_numpy.FilteredTiles(reader.reader, sigma, low_only=True)
+            fine_reader = _stitch_numpy.FilteredTiles(
+                reader.reader, sigma, low_only=True, pad=2 * MARGIN, spectra=reader.spectra
+            )
         # a pair too narrow even for the tight box keeps its quadratic fit of the NCC peak ("peak-fit")
         usable = significant[np.all(fine.extent[significant] >= MIN_REFINE, axis=1)]
         for members in _groups(usable, fine):
@@ -688,9 +695,10 @@ def register_tiles(
                     # pair; the placement's residual test still rejects it if it disagrees with the others. A
                     # pair the guided search found (within a few px of where the others place it) whose
                     # refinement runs away was a near miss: it goes back to what pass 1 found
-                    if k in guided:
+                    if k in guided:  # (a pair pass 1 accepted keeps its peak fit, for the final placement)
                         shift[k], ncc[k], threshold[k], reason[k] = guided[k]
-                        refinement[k] = REFINEMENTS.index("none")
+                        if reason[k] != REASONS.index("accepted"):
+                            refinement[k] = REFINEMENTS.index("none")
                     continue
                 shift[k] = s + fine.rounded[k] - delta[k]
                 info[k] = inv_cov
@@ -762,9 +770,11 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
     samples of the same shape and window (templates against the search regions
     of pairs far apart). A pair significant there is accepted (its shift,
     peak and threshold replaced) and refined with the others; one that is not
-    keeps pass 1's result and reason. Updates the arrays in place; returns
-    pass 1's ``(shift, ncc, threshold, reason)`` of each pair the guided
-    search accepted, by pair.
+    keeps pass 1's result and reason (one that pass 1 accepted but the first
+    placement doubted is then refined and decided by the final placement, as
+    any accepted pair). Updates the arrays in place; returns pass 1's
+    ``(shift, ncc, threshold, reason)`` of each pair the guided search
+    accepted, by pair.
     """
     accepted_here: dict[int, tuple] = {}
     n, d = stage.shape
@@ -796,10 +806,10 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
             s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
             pair_threshold = _gumbel_quantile(nulls[owner == k], 1 - alpha)
             if featureless or on_edge or not peak >= pair_threshold:
-                if provisional[k] == REASONS.index("residual"):
-                    reason[k] = REASONS.index("residual")
+                # not found here: pass 1's verdict stands; a pair pass 1 accepted (that the provisional
+                # placement doubted) goes on to the refinement and the final placement, which decide it
                 continue
-            accepted_here[k] = (shift[k].copy(), ncc[k], threshold[k], provisional[k])
+            accepted_here[k] = (shift[k].copy(), ncc[k], threshold[k], reason[k])
             ncc[k], threshold[k] = peak, pair_threshold
             shift[k] = s + guided.rounded[k] - coarse.delta[k]
             reason[k] = REASONS.index("accepted")
@@ -860,24 +870,27 @@ def _plan_windows(members, geometry, positions, reach, seed, t_shape, batch) -> 
     px), so each pair gets its own threshold.
     """
     n, d = positions.shape
-    size = np.asarray(geometry.shape)
     rng = np.random.default_rng(seed)
+    integers = rng.integers
+    origins = positions.tolist()  # (Python numbers: the draws below are many and each tiny)
     samples: list[tuple] = []
     for a in members:
         j = geometry.pairs[a][1]
-        extent = geometry.extent[a] + 2 * reach
-        t_lo = positions[j] + geometry.lo[a]
-        t_hi = t_lo + geometry.extent[a]
+        extent = (geometry.extent[a] + 2 * reach).tolist()
+        room = [max(int(m - e), 0) + 1 for m, e in zip(geometry.shape, extent)]
+        # a window is away from the template's content when it lies 2 reach px beyond it along some axis
+        after = (positions[j] + geometry.lo[a] + geometry.extent[a] + 2 * reach).tolist()
+        before = (positions[j] + geometry.lo[a] - 2 * reach - np.asarray(extent)).tolist()
         samples.append((a, None, (True,) * d))
         drawn = 1
         for _ in range(20 * GUIDED_NULLS):
             if drawn >= GUIDED_NULLS:
                 break
-            tile = int(rng.integers(n))
-            start = np.array([int(rng.integers(0, max(int(m - e), 0) + 1)) for m, e in zip(size, extent)])
-            w_lo = positions[tile] + start
-            if np.any((t_hi + 2 * reach <= w_lo) | (w_lo + extent + 2 * reach <= t_lo)):
-                samples.append((a, (tile, tuple(start.tolist())), (False,) * d))
+            tile = int(integers(n))
+            start = tuple(int(integers(0, r)) for r in room)
+            origin = origins[tile]
+            if any(after[k] <= origin[k] + start[k] or origin[k] + start[k] <= before[k] for k in range(d)):
+                samples.append((a, (tile, start), (False,) * d))
                 drawn += 1
     batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)
     return _Plan(t_shape, batch, batches, samples, own_size=True)
@@ -920,31 +933,58 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     Returns the pairs' results (shift and information in the tiles' axis
     order), the null samples' peaks and the progress count.
     """
-    reach = max_shift + MARGIN
+    # the NumPy engine's integer search cuts its regions 1 px beyond max_shift (its peak's neighbours: the NCC at
+    # a shift does not depend on how far the region reaches past it), not MARGIN: smaller transforms and sums.
+    # The JAX engine keeps one region shape for both passes' programs; the refinement needs MARGIN to resample
+    margin = 1 if engine == "numpy" and subpixel != "refine" else MARGIN
+    reach = max_shift + margin
     t_shape = plan.t_shape
     s_shape = tuple(t + 2 * reach for t in t_shape)
     h = reader.halo
-    raw_t = tuple(n + 2 * h for n in t_shape)
-    raw_s = tuple(n + 2 * h for n in s_shape)
 
+    orders: dict[int, tuple[int, ...]] = {}
+    made: dict[tuple, tuple] = {}  # a pair's regions serve many items: each request made once
+
+    def order_of(k):
+        if k not in orders:
+            orders[k] = tuple(_canonical(geometry, k).tolist())
+        return orders[k]
+
+    def ints(values) -> tuple[int, ...]:
+        return tuple(int(v) for v in values)
+
+    # a region: (tile, start, order, cut, flips), Python integers (hashable: a batch's distinct regions are
+    # found by it): [start, start + cut) along the tile's axes ``order`` (cut in that order), its axes ``order``
+    # first, flipped along ``flips``; cut to the batch's shape by the caller
     def template_of(k, flips=None, limit=None):
-        """Pair k's template (canonical axes, cut to ``limit``, flipped) and its extent."""
-        order = _canonical(geometry, k)
-        region = reader.region(geometry.pairs[k][1], geometry.lo[k], geometry.extent[k]).transpose(order)
-        extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
-        region = region[tuple(slice(0, int(e) + 2 * h) for e in extent)]
-        if flips is not None and any(flips):
-            region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
-        return region, extent
+        """Pair k's template (canonical axes, cut to ``limit``, flipped)."""
+        key = ("t", k, flips, None if limit is None else ints(limit))
+        if key not in made:
+            order = list(order_of(k))
+            extent = geometry.extent[k][order] if limit is None else np.minimum(geometry.extent[k][order], limit)
+            made[key] = (int(geometry.pairs[k][1]), ints(geometry.lo[k]), order_of(k), ints(extent),
+                         None if flips is None else tuple(bool(f) for f in flips))  # fmt: skip
+        return made[key]
 
     def search_of(k):
-        start = geometry.lo[k] + geometry.rounded[k] - reach
-        region = reader.region(geometry.pairs[k][0], start, geometry.extent[k] + 2 * reach)
-        return region.transpose(_canonical(geometry, k))
+        key = ("s", k)
+        if key not in made:
+            order = list(order_of(k))
+            made[key] = (int(geometry.pairs[k][0]), ints(geometry.lo[k] + geometry.rounded[k] - reach), order_of(k),
+                         ints((geometry.extent[k] + 2 * reach)[order]), None)  # fmt: skip
+        return made[key]
 
-    def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere
-        region = reader.region(tile, np.asarray(start), geometry.extent[k] + 2 * reach)
-        return region.transpose(_canonical(geometry, k))
+    def window_of(k, tile, start):  # pair k's search region's shape, cut from elsewhere (the plan's window, drawn
+        search = search_of(k)  # MARGIN px beyond max_shift: its inner part when the regions reach less far)
+        return (int(tile), tuple(int(x) + MARGIN - margin for x in start), search[2], search[3], None)
+
+    def cut_region(tile, start, order, cut, flips):
+        """One region, read through the reader (with its halo), as the batch wants it."""
+        inverse = np.argsort(order)
+        region = reader.region(tile, np.asarray(start), np.asarray(cut)[inverse]).transpose(order)
+        if flips is not None and any(flips):
+            region = np.flip(region, axis=tuple(a for a, f in enumerate(flips) if f))
+        return region
 
     def corner(shape):
         return tuple(slice(0, int(n)) for n in shape)
@@ -953,28 +993,64 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     # batch of the plan's static size per call
     fit = min(NUMPY_BATCH_PAIRS, BATCH_BYTES // (16 * math.prod(s_shape) * 4))  # as _plan_group's bound
     step = plan.batch * (max(1, fit // plan.batch) if engine == "numpy" else 1)
+    gather = getattr(reader, "gather", None)
+
+    def batches(items):
+        """``(indices, template shape, search shape)`` per batch. JAX: the plan's static shapes, in order. NumPy:
+        items of one region size together (sizes rounded up to ``NUMPY_BUCKET`` px), each batch as large as its
+        items need (nothing compiled: no shape to share; a group's corners or a pass's nulls vary in size)."""
+        if engine != "numpy":
+            return [(list(range(a, min(a + step, len(items)))), t_shape, s_shape) for a in range(0, len(items), step)]
+        coarse = subpixel == "refine"
+        keys = np.concatenate([_bucket(np.array([item[q][3] for item in items]), coarse) for q in (1, 0)], axis=1)
+        unique, inverse = np.unique(keys, axis=0, return_inverse=True)
+        out = []
+        for u, key in enumerate(unique):
+            indices = np.flatnonzero(inverse.reshape(-1) == u).tolist()
+            t_cut, s_cut = key[: len(t_shape)], key[len(t_shape) :]
+            t_b = tuple(min(int(c), n) for c, n in zip(t_cut, t_shape))
+            s_b = tuple(min(max(int(c), t + 2 * reach), n) for c, t, n in zip(s_cut, t_b, s_shape))
+            out += [(indices[a : a + step], t_b, s_b) for a in range(0, len(indices), step)]
+        return out
 
     def run(items):
         nonlocal done
-        results = []
-        for first in range(0, len(items), step):
-            chunk = items[first : first + step]
+        start, finished, calls = done, 0, 0
+        results: list = [None] * 6
+        for indices, t_b, s_b in batches(items):
+            chunk = [items[i] for i in indices]
+            shared = None
+            if engine == "numpy":  # each distinct region once (a pair and its null samples share some)
+                search_list, template_list, shared = _distinct(chunk)
+            else:
+                search_list, template_list = [s for s, _ in chunk], [t for _, t in chunk]
             size = len(chunk) if engine == "numpy" else plan.batch  # JAX: padded to one compiled shape
-            searches = np.full((size, *raw_s), np.nan, np.float32)
-            templates = np.full((size, *raw_t), np.nan, np.float32)
-            masks = np.zeros((size, *t_shape), np.float32)
+            n_s, n_t = (len(search_list), len(template_list)) if shared else (size, size)
+            searches = np.full((n_s, *(n + 2 * h for n in s_b)), np.nan, np.float32)
+            templates = np.full((n_t, *(n + 2 * h for n in t_b)), np.nan, np.float32)
+            cuts = np.zeros((n_t, len(t_b)), np.int64)
+            cuts[: len(template_list)] = [template[3] for template in template_list]
+            inside = np.ones((n_t, *t_b), bool)  # each template's mask: [0, cut) along every axis
+            for a, n in enumerate(t_b):
+                inside &= (np.arange(n)[None, :] < cuts[:, a : a + 1]).reshape(
+                    (n_t, *(n if b == a else 1 for b in range(len(t_b))))
+                )
+            masks = inside.astype(np.float32)
             if engine != "numpy":
                 searches[len(chunk) :] = 0
                 templates[len(chunk) :] = 0
-            for slot, item in enumerate(chunk):  # written in place: no per-pair padded copies to stack
-                search, (template, extent) = item()
-                searches[slot][corner(search.shape)] = search
-                templates[slot][corner(template.shape)] = template
-                masks[slot][corner(extent)] = 1
+            # band-passed tiles in one stack: the regions cut from it in place; else one by one (with a halo)
+            if not (gather is not None and gather(search_list, searches) and gather(template_list, templates)):
+                for slot, search in enumerate(search_list):  # written in place: no padded copies to stack
+                    region = cut_region(*search)
+                    searches[slot][corner(region.shape)] = region
+                for slot, template in enumerate(template_list):
+                    region = cut_region(*template)
+                    templates[slot][corner(region.shape)] = region
             if engine == "numpy":  # nothing compiled: no need for one batch shape
                 out = _stitch_numpy.register_batch(
-                    searches, templates, masks, max_shift=max_shift,
-                    subpixel=subpixel, sigma=sigma, filtered=isinstance(reader, _stitch_numpy.FilteredTiles),
+                    searches, templates, masks, max_shift=max_shift, subpixel=subpixel, sigma=sigma,
+                    filtered=isinstance(reader, _stitch_numpy.FilteredTiles), items=shared, margin=margin,
                 )  # fmt: skip
             else:
                 import jax.numpy as jnp
@@ -989,34 +1065,54 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                     subpixel=subpixel,
                     sigma=sigma,
                 )
-            results.append([np.asarray(x)[: len(chunk)] for x in out])
-            done += math.ceil(len(chunk) / plan.batch)
+            for q, x in enumerate(out):
+                x = np.asarray(x)[: len(chunk)]
+                if results[q] is None:
+                    results[q] = np.empty((len(items), *x.shape[1:]), x.dtype)
+                results[q][indices] = x
+            finished, calls = finished + len(chunk), calls + 1
+            # one step per batch run, but never past the plan's count of batches for the items done
+            done = start + min(calls, math.ceil(finished / plan.batch))
             _report(progress, done, total)
-        return [np.concatenate([r[q] for r in results]) for q in range(6)]
+        return results
 
-    out = run([lambda k=k: (search_of(k), template_of(k)) for k in members])
+    items = [(search_of(k), template_of(k)) for k in members]
+    if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
+        items += [(search_of(a) if w is None else window_of(a, *w), template_of(a, f)) for a, w, f in plan.nulls]
+    else:
+        for a, b, f in plan.nulls:
+            items.append((search_of(b), template_of(a, f, limit=geometry.extent[b][list(order_of(b))])))
+    # the pairs and their null samples in one run: a pair's regions serve its null samples too (NumPy)
+    results = run(items)
+    out, nulls = [r[: len(members)] for r in results], results[1][len(members) :]
     for slot, k in enumerate(members):  # back to the tiles' axis order
-        order = _canonical(geometry, k)
+        order = list(order_of(k))
         shift, info = out[0][slot].copy(), out[2][slot].copy()
         out[0][slot][order] = shift
         out[2][slot][np.ix_(order, order)] = info
-    nulls = np.zeros(0)
-    if plan.nulls:
-        if plan.own_size:  # (pair, None: its own search region | (tile, start): a window, flips)
-            items = [
-                lambda a=a, w=w, f=f: (search_of(a) if w is None else window_of(a, *w), template_of(a, f))
-                for a, w, f in plan.nulls
-            ]
-        else:
-            items = [
-                lambda a=a, b=b, f=f: (
-                    search_of(b),
-                    template_of(a, f, limit=geometry.extent[b][_canonical(geometry, b)]),
-                )
-                for a, b, f in plan.nulls
-            ]
-        nulls = run(items)[1]
     return out, nulls, done
+
+
+def _distinct(chunk) -> tuple[list, list, tuple[np.ndarray, np.ndarray]]:
+    """A batch's distinct search and template regions, and ``(si, ti)``: which of them each item pairs."""
+    keys: tuple[dict, dict] = ({}, {})
+    lists: tuple[list, list] = ([], [])
+    index = np.zeros((2, len(chunk)), np.int64)
+    for slot, item in enumerate(chunk):
+        for q, key in enumerate(item):  # (a region is a tuple of Python integers: its own key)
+            if key not in keys[q]:
+                keys[q][key] = len(lists[q])
+                lists[q].append(key)
+            index[q, slot] = keys[q][key]
+    return lists[0], lists[1], (index[0], index[1])
+
+
+def _bucket(extent, coarse: bool) -> np.ndarray:
+    """A region's extent rounded up to ``NUMPY_BUCKET`` px (twice that when ``coarse``), or to 8 times that
+    along long axes (64 px and more), so that a NumPy batch holds regions of similar sizes and batches are few."""
+    extent = np.asarray(extent)
+    step = np.where(extent >= 64, 8 * NUMPY_BUCKET, NUMPY_BUCKET * (2 if coarse else 1))
+    return -(-extent // step) * step
 
 
 def _gumbel_quantile(samples: np.ndarray, q: float) -> float:

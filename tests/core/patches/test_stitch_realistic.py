@@ -210,3 +210,32 @@ def test_peak_at_the_edge_of_the_overlap_is_not_trusted():
     error = np.linalg.norm(r.shift - true_shifts(r, sample), axis=1)
     assert error[r.accepted].max() < 1.0, error[r.accepted]
     assert tile_rms(r, sample) < 0.1, tile_rms(r, sample)
+
+
+def test_a_pair_the_first_placement_doubts_is_decided_by_refinement_and_placement(monkeypatch):
+    """A pair that pass 1 accepted, that the provisional placement of the guided search flags (its shift one pixel
+    off), and that the guided search does not find again keeps pass 1's verdict: it is refined and the final
+    placement decides it (here: refined back onto the truth and used), not rejected as "residual" before."""
+    sample = make_mosaic(grid_shape=(3, 3), tile_shape=(96, 96), overlap=0.2, stage_error=3, noise=0.01, seed=5)
+    options = {"max_shift": 8, "max_residual": 0.5}
+    clean = register_tiles(sample.tiles, sample.stage_positions, **options)
+    original, quantile = stitch._guided_pass, stitch._gumbel_quantile
+    chosen = {}
+
+    def guided(stage, coarse, shift, ncc, threshold, info, reason, *rest):
+        k = int(np.flatnonzero(reason == stitch.REASONS.index("accepted"))[0])
+        chosen["k"] = k
+        shift[k] += (1.0, 0.0)  # pass 1 a pixel off: the first placement flags it (residual > max_residual)
+        monkeypatch.setattr(stitch, "_gumbel_quantile", lambda samples, q: float("inf"))  # guided: nothing found
+        try:
+            return original(stage, coarse, shift, ncc, threshold, info, reason, *rest)
+        finally:
+            monkeypatch.setattr(stitch, "_gumbel_quantile", quantile)
+
+    monkeypatch.setattr(stitch, "_guided_pass", guided)
+    r = register_tiles(sample.tiles, sample.stage_positions, **options)
+    k = chosen["k"]
+    assert clean.accepted[k]
+    assert r.reasons[k] == "accepted" and r.refinements[k] == "refined"
+    np.testing.assert_allclose(r.shift[k], clean.shift[k], atol=0.05)
+    assert r.accepted.sum() == clean.accepted.sum()

@@ -124,13 +124,17 @@ def _refine_band(img1k, z2, dy, dx, row0, *, window, block):
         py = jnp.clip(y + jnp.nan_to_num(start_y), 0, rows - 1)
         px = jnp.clip(x + jnp.nan_to_num(start_x), 0, cols - 1)
         take = jax.vmap(jax.vmap(lambda r, c: lax.dynamic_slice(img1k, (item, r, c, zero), (1, 4, 4, k))[0]))
-        for _ in range(ITERATIONS):
+
+        def newton(_, position):
+            py, px = position
             y0, x0 = jnp.floor(py), jnp.floor(px)
             # taps y0 - 1 .. y0 + 2 sit at padded rows y0 - 1 + PAD ..
             blocks = take((y0.astype(jnp.int32) - 1 + PAD), (x0.astype(jnp.int32) - 1 + PAD))
             sy, sx = _newton_step(blocks, py - y0, px - x0, z)
-            py = jnp.clip(py + sy, 0, rows - 1)
-            px = jnp.clip(px + sx, 0, cols - 1)
+            return jnp.clip(py + sy, 0, rows - 1), jnp.clip(px + sx, 0, cols - 1)
+
+        # a loop, not unrolled: one copy of the step in the program (half the compile of two copies)
+        py, px = lax.fori_loop(0, ITERATIONS, newton, (py, px))
         new_y = jnp.where(jnp.isnan(start_y), start_y, py - y)
         new_x = jnp.where(jnp.isnan(start_x), start_x, px - x)
         return ry.at[item].set(new_y), rx.at[item].set(new_x)

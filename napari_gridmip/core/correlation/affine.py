@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core._peak import int32_indices
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
@@ -52,6 +51,10 @@ TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-8}
 BAND_VALUES = 2**18
 FULL_ITERATIONS = 3  # steps every point of a band takes together (from the translation's start, 3 is the mode)
 BUCKET = 0.125  # then the points still going take each step in batches of this share of the band
+# a point starts from the converged warp of the point above it (carried down by its gradients) where that one's ZNCC
+# is at least this and it agrees with the point's own start (the translation search's) within this many px
+PROPAGATE_ZNCC = 0.9
+PROPAGATE_PX = 1.0
 SHAPES = ("translation", "affine")
 
 
@@ -137,7 +140,8 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
 
 
 @partial(jax.jit, static_argnames=("subset", "band"))
-def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, prefilter, *, subset, band):
+def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
+          prefilter, *, subset, band):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
@@ -145,18 +149,47 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     spline gradient ``(K, M, N)``; ``curvature``: img2's second derivatives ``(f_yy, f_xy, f_xx)`` (each
     ``(K, M, N)``; None without a prefilter); ``centres_*``: the points' img2 positions ``(P,)`` (integers,
     ``P = band cols``); ``initial``: the warp each of the item's points starts from ``(out rows, cols, 6)``
-    (:func:`_initial_warp`: finite ``dy``, ``dx`` where the point is valid); ``prefilter``: the Gaussian's
-    standard deviation (px) both images were smoothed by (a traced scalar: one program for every width), whose
-    mismatch under the warp is corrected (:func:`_blur_mismatch`; only with ``curvature``).
+    (:func:`_initial_warp`: finite ``dy``, ``dx`` where the point is valid); ``previous``: the outputs of the
+    band before (NaN for the first), whose row ``above`` lies just above ``row0``; ``spacing``: the step (px);
+    ``prefilter``: the Gaussian's standard deviation (px) both images were smoothed by (a traced scalar: one
+    program for every width), whose mismatch under the warp is corrected (:func:`_blur_mismatch`; only with
+    ``curvature``).
+
+    The rows run one after the other (:func:`_row`), each starting from the row above where that one is trusted
+    (ncorr's seed propagation, row by row whatever the bands: a result does not depend on how the rows are cut
+    into bands).
+    """
+    cols = initial.shape[1]
+    first = tuple(lax.dynamic_index_in_dim(a[0], above, 0, keepdims=False) for a in previous)  # (cols,) each
+
+    def one(above_row, xs):
+        cy, cx, i = xs
+        out = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, initial, row0 + i, above_row, spacing, prefilter,
+                   subset=subset)  # fmt: skip
+        return out, out
+
+    rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
+    return tuple(a[None] for a in lax.scan(one, first, rows)[1])
+
+
+def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row, above, spacing, prefilter, *,
+         subset):  # fmt: skip
+    """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``above``: the
+    outputs of the row above, each ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each
+    ``(cols,)``.
+
+    A point starts from the translation search's result and the gradients across its neighbours
+    (:func:`_initial_warp`), or from the converged warp of the point above, carried down by its own gradients,
+    where that one's ZNCC is at least ``PROPAGATE_ZNCC`` and the two starts agree within ``PROPAGATE_PX`` (ncorr's
+    seed propagation: one IC-GN step fewer for most points; the result moves within the tolerance).
 
     Every point takes ``FULL_ITERATIONS`` steps together (most have converged by then); then the points still
     going are gathered, :func:`_bucket` at a time, into a batch of fixed size for each further step, and
-    scattered back: each point stops on its own, and the band costs about the sum of its points' iterations
-    rather than its slowest point's times the band.
+    scattered back: each point stops on its own, and the row costs about the sum of its points' iterations
+    rather than its slowest point's times the row.
     """
-    out_cols = initial.shape[1]
-    start = lax.dynamic_slice(initial, int32_indices(row0, 0, 0), (band, out_cols, 6)).reshape(-1, 6)
-    start = start.astype(c1.dtype)  # (P, 6)
+    start = lax.dynamic_index_in_dim(initial, row, 0, keepdims=False).astype(c1.dtype)  # (P, 6)
+    start = _propagated(start, above, spacing)
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
     eta, zeta = jnp.meshgrid(
@@ -168,7 +201,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     index = (iy * cols + ix).ravel()
 
     def gather(img):
-        return jnp.take(img.reshape(k, rows * cols), index, axis=1).reshape(k, *iy.shape)  # (K, P, S)
+        return jnp.take(img.reshape(k, rows * cols), index, axis=1, mode="clip").reshape(k, *iy.shape)  # (K, P, S)
 
     f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
     curves = None if curvature is None else tuple(gather(c) for c in curvature)
@@ -242,8 +275,8 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), some, state)
     nan = jnp.array(jnp.nan, c1.dtype)
     p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
-    v, vy, vx, u, uy, ux = (p[:, i].reshape(1, band, out_cols) for i in range(6))
-    return v, u, zncc.reshape(1, band, out_cols), vy, vx, uy, ux
+    v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
+    return v, u, zncc, vy, vx, uy, ux
 
 
 # the Hessian's entry (i, j) from the sums of :func:`_band`: the product of (f_y, f_x)[i // 3] and [j // 3] (0: f_y^2,
@@ -259,13 +292,23 @@ def _over_subset(values: jax.Array, weights: jax.Array) -> jax.Array:
     return jnp.dot(values, weights, precision=lax.Precision.HIGHEST)
 
 
+def _propagated(start: jax.Array, above: tuple[jax.Array, ...], spacing: jax.Array) -> jax.Array:
+    """The start ``(P, 6)`` of a row's points, with the converged warps of the row above (``above``: its outputs)
+    carried down by their own gradients where they are trusted (see :func:`_row`)."""
+    v, u, zncc, vy, vx, uy, ux = above
+    carried = jnp.stack([v + vy * spacing, vy, vx, u + uy * spacing, uy, ux], -1).astype(start.dtype)
+    near = jnp.maximum(jnp.abs(carried[:, 0] - start[:, 0]), jnp.abs(carried[:, 3] - start[:, 3])) <= PROPAGATE_PX
+    use = (zncc >= PROPAGATE_ZNCC) & near & jnp.all(jnp.isfinite(carried), -1)  # NaN compares False: none above
+    return jnp.where(use[:, None], carried, start)
+
+
 def _take(tree: Any, where: jax.Array, axis: int) -> Any:
     """Each array of ``tree`` (None: none) at indices ``where`` along ``axis``."""
-    return jax.tree.map(lambda a: jnp.take(a, where, axis=axis), tree)
+    return jax.tree.map(lambda a: jnp.take(a, where, axis=axis, mode="clip"), tree)
 
 
 def _bucket(points: int) -> int:
-    """The batch of points that take a step together once ``FULL_ITERATIONS`` are done: ``BUCKET`` of the band
+    """The batch of points that take a step together once ``FULL_ITERATIONS`` are done: ``BUCKET`` of the row
     (at least 1)."""
     return max(1, min(points, int(round(points * BUCKET))))
 
@@ -407,6 +450,8 @@ def affine_refine(
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
+    spacing = np.asarray(step, x1.dtype)
+    none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
     pieces = []
     for item in range(items):
         c1, f_img, fy_img, fx_img, curvature, initial = _item_images(
@@ -418,7 +463,9 @@ def affine_refine(
             centres = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
             cy, cx = (c.ravel().astype(np.int32) for c in centres)  # NumPy into the program: jnp.asarray compiled one
             images = (c1, f_img, fy_img, fx_img, curvature)
-            pieces.append(_band(*images, cy, cx, initial, np.int32(start), sigma, subset=subset, band=band))
+            previous, above = (pieces[-1], start - 1 - starts[done - 1]) if done else (none, 0)
+            where = (cy, cx, initial, np.int32(start), previous, np.int32(above), spacing)
+            pieces.append(_band(*images, *where, sigma, subset=subset, band=band))
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 

@@ -15,7 +15,11 @@ gradient times the warp's Jacobian) and the 6 x 6 Hessian ``J'J`` are computed o
 iteration only interpolates img1, solves ``H dp = -J' r`` and composes the warp with the inverse of the
 increment's. The start is the translation search's position (its Hessian step: IC-GN corrects any sub-pixel
 start, and the refinement would cost more than the search), with the gradients of the translation field
-across neighbouring points (DICe's and ncorr's neighbour start).
+across neighbouring points (DICe's and ncorr's neighbour start); from the second row of points on, a point
+whose neighbour above converged starts from that one's warp instead, carried down by its gradients (ncorr's
+seed propagation, row by row). Each point stops on its own: after the steps every point of a row takes, the
+points still going are gathered into small batches of a fixed size, so that a row costs the sum of its
+points' iterations, not its slowest point's times the row (static shapes, one program).
 
 References
 ----------
@@ -45,12 +49,13 @@ MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
 # point on its own, so that a result does not depend on which points share its band)
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-8}
-# points x subset pixels x frames interpolated per compiled call (16 taps each): about 270 subsets of 31 x 31. A
-# band iterates until its slowest point has converged and its arrays (K, P, S) should stay in the cache: 2**21
-# took 1.8x as long at 512^2 (7-8 iterations per band against 5-6); 2**16 pays the per-band dispatch
-BAND_VALUES = 2**18
-FULL_ITERATIONS = 3  # steps every point of a band takes together (from the translation's start, 3 is the mode)
-BUCKET = 0.125  # then the points still going take each step in batches of this share of the band
+# points x subset pixels x frames per compiled call: about 1100 subsets of 31 x 31. Its rows run one after the
+# other, each row's arrays (K, P, S) in the cache; at 1024^2 (subset 31, step 4) bands of 2**20 took 0.88x the
+# time of 2**18 or 2**21 (fewer calls and waits, and progress still every 4 rows)
+BAND_VALUES = 2**20
+FULL_ITERATIONS = 3  # steps every point of a row takes together (from the search's start, 3 was the mode)
+# then the points still going take each step in batches of this share of the row (1/16 and 1/4: the same time)
+BUCKET = 0.125
 # a point starts from the converged warp of the point above it (carried down by its gradients) where that one's ZNCC
 # is at least this and it agrees with the point's own start (the translation search's) within this many px
 PROPAGATE_ZNCC = 0.9

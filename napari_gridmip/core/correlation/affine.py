@@ -15,7 +15,11 @@ gradient times the warp's Jacobian) and the 6 x 6 Hessian ``J'J`` are computed o
 iteration only interpolates img1, solves ``H dp = -J' r`` and composes the warp with the inverse of the
 increment's. The start is the translation search's position (its Hessian step: IC-GN corrects any sub-pixel
 start, and the refinement would cost more than the search), with the gradients of the translation field
-across neighbouring points (DICe's and ncorr's neighbour start).
+across neighbouring points (DICe's and ncorr's neighbour start); from the second row of points on, a point
+whose neighbour above converged starts from that one's warp instead, carried down by its gradients (ncorr's
+seed propagation, row by row). Each point stops on its own: after the steps every point of a row takes, the
+points still going are gathered into small batches of a fixed size, so that a row costs the sum of its
+points' iterations, not its slowest point's times the row (static shapes, one program).
 
 References
 ----------
@@ -39,18 +43,23 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core._interpolation import bspline_weights
-from napari_gridmip.core._peak import int32_indices
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
 # point on its own, so that a result does not depend on which points share its band)
 TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-8}
-# points x subset pixels x frames interpolated per compiled call (16 taps each): about 270 subsets of 31 x 31. A
-# band iterates until its slowest point has converged and its arrays (K, P, S) should stay in the cache: 2**21
-# took 1.8x as long at 512^2 (7-8 iterations per band against 5-6); 2**16 pays the per-band dispatch
-BAND_VALUES = 2**18
+# points x subset pixels x frames per compiled call: about 1100 subsets of 31 x 31. Its rows run one after the
+# other, each row's arrays (K, P, S) in the cache; at 1024^2 (subset 31, step 4) bands of 2**20 took 0.88x the
+# time of 2**18 or 2**21 (fewer calls and waits, and progress still every 4 rows)
+BAND_VALUES = 2**20
+FULL_ITERATIONS = 3  # steps every point of a row takes together (from the search's start, 3 was the mode)
+# then the points still going take each step in batches of this share of the row (1/16 and 1/4: the same time)
+BUCKET = 0.125
+# a point starts from the converged warp of the point above it (carried down by its gradients) where that one's ZNCC
+# is at least this and it agrees with the point's own start (the translation search's) within this many px
+PROPAGATE_ZNCC = 0.9
+PROPAGATE_PX = 1.0
 SHAPES = ("translation", "affine")
 
 
@@ -61,38 +70,83 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
     py = jnp.clip(py, 0, rows - 5)
     px = jnp.clip(px, 0, cols - 5)
     y0, x0 = jnp.floor(py), jnp.floor(px)
-    # the weights only (the derivatives are dead code that jit drops)
-    wy, wx = bspline_weights(py - y0, jnp)[0], bspline_weights(px - x0, jnp)[0]
-    iy = y0.astype(jnp.int32) + 1  # tap -1 of the image sits at padded row y0 + 1
-    ix = x0.astype(jnp.int32) + 1
+    # the weights as separate arrays, and one flat index plus a constant per tap: 20% faster than the
+    # stacked weights of bspline_weights and an index per tap (XLA on the CPU)
+    wy, wx = _weights(py - y0), _weights(px - x0)
+    base = (
+        (y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
+    ).ravel()  # tap (-1, -1): padded (y0 + 1, x0 + 1)
     flat = coefficients.reshape(k, rows * cols)
     out = 0
     for a in range(4):
-        row = jnp.zeros((k, *py.shape), coefficients.dtype)
+        row = 0
         for b in range(4):
-            taps = jnp.take(flat, ((iy + a) * cols + ix + b).ravel(), axis=1).reshape(k, *py.shape)
-            row = row + wx[..., b] * taps
-        out = out + wy[..., a] * row
+            taps = jnp.take(flat, base + (a * cols + b), axis=1, mode="clip").reshape(k, *py.shape)
+            row = row + wx[b] * taps
+        out = out + wy[a] * row
     return out
 
 
+def _weights(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The cubic B-spline's weights of the taps -1, 0, 1, 2 at the fraction ``t``, as
+    :func:`napari_gridmip.core._interpolation.bspline_weights` gives them, each an array shaped as ``t``."""
+    t2, u = t * t, 1 - t
+    t3 = t2 * t
+    return u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6
+
+
 def _compose(p: jax.Array, dp: jax.Array) -> jax.Array:
-    """The warp ``W(p) o W(dp)^-1`` as parameters ``(..., 6)`` = ``(v, v_y, v_x, u, u_y, u_x)``."""
+    """The warp ``W(p) o W(dp)^-1`` as parameters ``(n, 6)`` = ``(v, v_y, v_x, u, u_y, u_x)``.
 
-    def matrix(q):
-        v, vy, vx, u, uy, ux = (q[..., i] for i in range(6))
-        one, zero = jnp.ones_like(v), jnp.zeros_like(v)
-        return jnp.stack(
-            [jnp.stack([1 + vy, vx, v], -1), jnp.stack([uy, 1 + ux, u], -1), jnp.stack([zero, zero, one], -1)], -2
-        )
+    In closed form (``jnp.linalg.inv`` of a batch of 3 x 3 matrices is a LAPACK call per band, several times
+    the rest of a step on the CPU): with ``W(q) = [[A(q), t(q)], [0, 1]]``, the result is ``A(p) A(dp)^-1`` and
+    ``t(p) - A(p) A(dp)^-1 t(dp)``; its gradient part ``A(p) A(dp)^-1 - I = (A(p) - A(dp)) A(dp)^-1`` is formed
+    from the differences of the gradients, with no ``1 + small - 1`` rounding."""
+    v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
+    dv, dvy, dvx, du, duy, dux = (dp[:, i] for i in range(6))
+    det = (1 + dvy) * (1 + dux) - dvx * duy
+    # A(dp)^-1 = [[1 + dux, -dvx], [-duy, 1 + dvy]] / det
+    i00, i01, i10, i11 = (1 + dux) / det, -dvx / det, -duy / det, (1 + dvy) / det
+    e00, e01, e10, e11 = vy - dvy, vx - dvx, uy - duy, ux - dux  # A(p) - A(dp)
+    g00, g01 = e00 * i00 + e01 * i10, e00 * i01 + e01 * i11  # (A(p) - A(dp)) A(dp)^-1 = A(p) A(dp)^-1 - I
+    g10, g11 = e10 * i00 + e11 * i10, e10 * i01 + e11 * i11
+    return jnp.stack([v - (1 + g00) * dv - g01 * du, g00, g01, u - g10 * dv - (1 + g11) * du, g10, g11], -1)
 
-    out = matrix(p) @ jnp.linalg.inv(matrix(dp))
-    return jnp.stack([out[..., 0, 2], out[..., 0, 0] - 1, out[..., 0, 1], out[..., 1, 2], out[..., 1, 0],
-                      out[..., 1, 1] - 1], -1)  # fmt: skip
+
+def _cholesky(h: jax.Array) -> jax.Array:
+    """The lower Cholesky factors of a batch of symmetric positive definite ``h`` ``(n, 6, 6)``, packed by rows
+    ``(n, 21)`` with the diagonal inverted (``L[i, j]``, ``j < i``, at ``i (i + 1) / 2 + j``; ``1 / L[i, i]`` at
+    ``i (i + 1) / 2 + i``). Unrolled over the entries: XLA's batched factorisation and triangular solves on
+    the CPU are LAPACK calls looping over the points, milliseconds per band (NaN where ``h`` is not positive
+    definite, as LAPACK's)."""
+    size = h.shape[-1]
+    low: dict[tuple[int, int], jax.Array] = {}
+    for j in range(size):
+        low[j, j] = lax.rsqrt(h[:, j, j] - sum((low[j, m] ** 2 for m in range(j)), jnp.zeros_like(h[:, 0, 0])))
+        for i in range(j + 1, size):
+            low[i, j] = (h[:, i, j] - sum((low[i, m] * low[j, m] for m in range(j)), 0)) * low[j, j]
+    return jnp.stack([low[i, j] for i in range(size) for j in range(i + 1)], -1)
 
 
-@partial(jax.jit, static_argnames=("subset", "band", "prefilter"))
-def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, *, subset, band, prefilter=0.0):
+def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
+    """``x`` with ``L L' x = b`` for the packed factors of :func:`_cholesky` ``(n, 21)`` and ``b`` ``(n, 6)``."""
+    size = b.shape[-1]
+
+    def at(i, j):
+        return factor[:, i * (i + 1) // 2 + j]
+
+    y: list[jax.Array] = []
+    for i in range(size):
+        y.append((b[:, i] - sum((at(i, m) * y[m] for m in range(i)), 0)) * at(i, i))
+    x: list[jax.Array] = [jnp.zeros_like(b[:, 0])] * size
+    for i in reversed(range(size)):
+        x[i] = (y[i] - sum((at(m, i) * x[m] for m in range(i + 1, size)), 0)) * at(i, i)
+    return jnp.stack(x, -1)
+
+
+@partial(jax.jit, static_argnames=("subset", "band"))
+def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
+          prefilter, *, subset, band):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
@@ -100,13 +154,47 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     spline gradient ``(K, M, N)``; ``curvature``: img2's second derivatives ``(f_yy, f_xy, f_xx)`` (each
     ``(K, M, N)``; None without a prefilter); ``centres_*``: the points' img2 positions ``(P,)`` (integers,
     ``P = band cols``); ``initial``: the warp each of the item's points starts from ``(out rows, cols, 6)``
-    (:func:`_initial_warp`: finite ``dy``, ``dx`` where the point is valid); ``prefilter``: the Gaussian's
-    standard deviation (px) both images were smoothed by (0: none), whose mismatch under the warp is corrected
-    (:func:`_blur_mismatch`).
+    (:func:`_initial_warp`: finite ``dy``, ``dx`` where the point is valid); ``previous``: the outputs of the
+    band before (NaN for the first), whose row ``above`` lies just above ``row0``; ``spacing``: the step (px);
+    ``prefilter``: the Gaussian's standard deviation (px) both images were smoothed by (a traced scalar: one
+    program for every width), whose mismatch under the warp is corrected (:func:`_blur_mismatch`; only with
+    ``curvature``).
+
+    The rows run one after the other (:func:`_row`), each starting from the row above where that one is trusted
+    (ncorr's seed propagation, row by row whatever the bands: a result does not depend on how the rows are cut
+    into bands).
     """
-    out_cols = initial.shape[1]
-    start = lax.dynamic_slice(initial, int32_indices(row0, 0, 0), (band, out_cols, 6)).reshape(-1, 6)
-    start = start.astype(c1.dtype)  # (P, 6)
+    cols = initial.shape[1]
+    first = tuple(lax.dynamic_index_in_dim(a[0], above, 0, keepdims=False) for a in previous)  # (cols,) each
+
+    def one(above_row, xs):
+        cy, cx, i = xs
+        out = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, initial, row0 + i, above_row, spacing, prefilter,
+                   subset=subset)  # fmt: skip
+        return out, out
+
+    rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
+    return tuple(a[None] for a in lax.scan(one, first, rows)[1])
+
+
+def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row, above, spacing, prefilter, *,
+         subset):  # fmt: skip
+    """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``above``: the
+    outputs of the row above, each ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each
+    ``(cols,)``.
+
+    A point starts from the translation search's result and the gradients across its neighbours
+    (:func:`_initial_warp`), or from the converged warp of the point above, carried down by its own gradients,
+    where that one's ZNCC is at least ``PROPAGATE_ZNCC`` and the two starts agree within ``PROPAGATE_PX`` (ncorr's
+    seed propagation: one IC-GN step fewer for most points; the result moves within the tolerance).
+
+    Every point takes ``FULL_ITERATIONS`` steps together (most have converged by then); then the points still
+    going are gathered, :func:`_bucket` at a time, into a batch of fixed size for each further step, and
+    scattered back: each point stops on its own, and the row costs about the sum of its points' iterations
+    rather than its slowest point's times the row.
+    """
+    start = lax.dynamic_index_in_dim(initial, row, 0, keepdims=False).astype(c1.dtype)  # (P, 6)
+    start = _propagated(start, above, spacing)
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
     eta, zeta = jnp.meshgrid(
@@ -118,70 +206,116 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     index = (iy * cols + ix).ravel()
 
     def gather(img):
-        return jnp.take(img.reshape(k, rows * cols), index, axis=1).reshape(k, *iy.shape)  # (K, P, S)
+        return jnp.take(img.reshape(k, rows * cols), index, axis=1, mode="clip").reshape(k, *iy.shape)  # (K, P, S)
 
     f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
     curves = None if curvature is None else tuple(gather(c) for c in curvature)
     f = f - f.mean(axis=(0, 2), keepdims=True)
     norm_f = jnp.sqrt(jnp.sum(f * f, axis=(0, 2)))  # (P,)
-    e, z = eta[None, None, :], zeta[None, None, :]
-    # the steepest-descent images, kept as six (K, P, S) arrays: elementwise products summed over (K, S) beat a
-    # batched (P, S, 6) contraction on the CPU by 4x (XLA's dot with a batch of 6-wide matrices is slow)
-    jac = (fy, fy * e, fy * z, fx, fx * e, fx * z)
-    upper = {(i, j): jnp.sum(jac[i] * jac[j], axis=(0, 2)) for i in range(6) for j in range(i, 6)}
-    hessian = jnp.stack([jnp.stack([upper[min(i, j), max(i, j)] for j in range(6)], -1) for i in range(6)], -2)
+    # the steepest-descent images are (f_y, f_x) times (1, eta, zeta): the Hessian's 36 sums are the moments
+    # (1, eta, zeta, eta^2, eta zeta, zeta^2) of f_y^2, f_y f_x and f_x^2, one plain matrix product over the
+    # subset (a batched (P, S, 6) contraction, or 21 sums of products, cost 4x and 10x as much on the CPU)
+    moments = jnp.stack([jnp.ones_like(eta), eta, zeta, eta * eta, eta * zeta, zeta * zeta], -1)  # (S, 6)
+    sums = [_over_subset(jnp.sum(a * b, 0), moments) for a, b in ((fy, fy), (fy, fx), (fx, fx))]  # (P, 6) each
+    hessian = jnp.stack([jnp.stack([sums[_PAIR[i // 3, j // 3]][:, _MOMENT[i % 3, j % 3]] for j in range(6)], -1)
+                         for i in range(6)], -2)  # fmt: skip
     ok = jnp.isfinite(start[:, 0]) & jnp.isfinite(start[:, 3]) & (norm_f > 0)
     hessian = jnp.where(ok[:, None, None], hessian, jnp.eye(6, dtype=c1.dtype))
-    factor = jax.scipy.linalg.cho_factor(hessian)
+    factor = _cholesky(hessian)  # (P, 21)
     corner = jnp.array([hs, hw], c1.dtype)
+    tolerance = TOLERANCE[np.dtype(c1.dtype)]
+    # what a step needs of each point, its point axis first or second (the subsets' (K, P, S))
+    points = {"f": f, "fy": fy, "fx": fx, "curves": curves, "factor": factor, "cy": centres_y, "cx": centres_x}
+    axis = {"f": 1, "fy": 1, "fx": 1, "curves": 1, "factor": 0, "cy": 0, "cx": 0}
 
-    def evaluate(p):
+    def step(d, p, active):
+        """One IC-GN step of the points ``d`` from ``p`` ``(n, 6)``: the new warp (``p`` where not ``active``),
+        whether each point goes on (its increment moved a corner by more than the tolerance) and the ZNCC at
+        ``p`` (ncorr's: one increment below the tolerance before the result, for a point stopping now)."""
         v, vy, vx, u, uy, ux = (p[:, i : i + 1] for i in range(6))
-        py = centres_y[:, None] + eta[None, :] + v + vy * eta[None, :] + vx * zeta[None, :]
-        px = centres_x[:, None] + zeta[None, :] + u + uy * eta[None, :] + ux * zeta[None, :]
+        py = d["cy"][:, None] + eta[None, :] + v + vy * eta[None, :] + vx * zeta[None, :]
+        px = d["cx"][:, None] + zeta[None, :] + u + uy * eta[None, :] + ux * zeta[None, :]
         g = _interpolate(c1, py, px)
         g = g - g.mean(axis=(0, 2), keepdims=True)
         norm_g = jnp.sqrt(jnp.sum(g * g, axis=(0, 2)))
-        return g, norm_g
-
-    tolerance = TOLERANCE[np.dtype(c1.dtype)]
-
-    def reference(p):
-        """The reference subset (centred) and its norm, blurred as img1's prefilter blurs it under ``p``."""
-        if curves is None:
-            return f, norm_f
-        fp = f + _blur_mismatch(p, prefilter, curves)
-        fp = fp - fp.mean(axis=(0, 2), keepdims=True)
-        return fp, jnp.sqrt(jnp.sum(fp * fp, axis=(0, 2)))
-
-    def body(state):
-        p, active, count, _ = state
-        g, norm_g = evaluate(p)
-        fp, norm_fp = reference(p)
-        # the ZNCC at this evaluation (ncorr's): at the result for a point that has stopped, and one increment
-        # below the tolerance before it for one stopping now; no evaluation after the loop
+        fp = d["f"]
+        if d["curves"] is not None:  # the reference blurred as img1's prefilter blurs it under p
+            fp = fp + _blur_mismatch(p, prefilter, d["curves"])
+            fp = fp - fp.mean(axis=(0, 2), keepdims=True)
+        norm_fp = jnp.sqrt(jnp.sum(fp * fp, axis=(0, 2)))
         zncc = jnp.sum(fp * g, axis=(0, 2)) / (norm_fp * jnp.where(norm_g > 0, norm_g, jnp.inf))
         scale = jnp.where(norm_g > 0, norm_fp / jnp.where(norm_g > 0, norm_g, 1), 0)
-        residual = fp - scale[None, :, None] * g  # (K, P, S)
-        rhs = jnp.stack([jnp.sum(j * residual, axis=(0, 2)) for j in jac], -1)
-        dp = -jax.scipy.linalg.cho_solve(factor, rhs[..., None])[..., 0]
+        residual = fp - scale[None, :, None] * g  # (K, n, S)
+        rhs = jnp.concatenate([_over_subset(jnp.sum(d[a] * residual, 0), moments[:, :3]) for a in ("fy", "fx")], -1)
+        dp = -_cholesky_solve(d["factor"], rhs)
         dp = jnp.where(active[:, None], dp, 0)
-        p = jnp.where(active[:, None], _compose(p, dp), p)
         # the increment's largest move of the subset's corners
         move = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 1]) * corner[0] + jnp.abs(dp[:, 2]) * corner[1]
         move = jnp.maximum(move, jnp.abs(dp[:, 3]) + jnp.abs(dp[:, 4]) * corner[0] + jnp.abs(dp[:, 5]) * corner[1])
-        return p, active & (move > tolerance), count + 1, zncc
+        return jnp.where(active[:, None], _compose(p, dp), p), active & (move > tolerance), zncc
 
-    def going(state):
-        _, active, count, _ = state
-        return jnp.any(active) & (count < MAX_ITERATIONS)
+    def together(_, state):
+        p, active, count, zncc = state
+        p, going, new_zncc = step(points, p, active)
+        count = count + active
+        return p, going & (count < MAX_ITERATIONS), count, jnp.where(active, new_zncc, zncc)
+
+    n = f.shape[1]
+    bucket = _bucket(n)
+
+    def some(state):
+        p, active, count, zncc = state
+        at = jnp.nonzero(active, size=bucket, fill_value=n)[0]  # (bucket,), n: an empty slot
+        safe = jnp.minimum(at, n - 1)
+        d = {key: _take(value, safe, axis[key]) for key, value in points.items()}
+        q, going, new_zncc = step(d, p[safe], at < n)
+        counted = count[safe] + 1
+        going = going & (counted < MAX_ITERATIONS)
+        return (p.at[at].set(q, mode="drop"), active.at[at].set(going, mode="drop"),
+                count.at[at].set(counted, mode="drop"), zncc.at[at].set(new_zncc, mode="drop"))  # fmt: skip
 
     p0 = jnp.where(ok[:, None], jnp.where(jnp.isfinite(start), start, 0), 0)
-    p, _, _, zncc = lax.while_loop(going, body, (p0, ok, jnp.int32(0), jnp.zeros_like(norm_f)))
+    state = (p0, ok, jnp.zeros(n, jnp.int32), jnp.zeros_like(norm_f))
+    state = lax.fori_loop(0, min(FULL_ITERATIONS, MAX_ITERATIONS), together, state)
+    p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), some, state)
     nan = jnp.array(jnp.nan, c1.dtype)
     p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
-    v, vy, vx, u, uy, ux = (p[:, i].reshape(1, band, out_cols) for i in range(6))
-    return v, u, zncc.reshape(1, band, out_cols), vy, vx, uy, ux
+    v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
+    return v, u, zncc, vy, vx, uy, ux
+
+
+# the Hessian's entry (i, j) from the sums of :func:`_band`: the product of (f_y, f_x)[i // 3] and [j // 3] (0: f_y^2,
+# 1: f_y f_x, 2: f_x^2) times the moment of (1, eta, zeta)[i % 3] (1, eta, zeta)[j % 3]
+_PAIR = np.array([[0, 1], [1, 2]])
+_MOMENT = np.array([[0, 1, 2], [1, 3, 4], [2, 4, 5]])
+
+
+def _over_subset(values: jax.Array, weights: jax.Array) -> jax.Array:
+    """``sum_s values[:, s] weights[s, m]``: ``values`` ``(P, S)``, ``weights`` ``(S, m)`` -> ``(P, m)``, one
+    matrix product (full precision: an accelerator's default would round the operands). One per product: a
+    stack of them into one operand was a concatenation costing 3x the product on the CPU."""
+    return jnp.dot(values, weights, precision=lax.Precision.HIGHEST)
+
+
+def _propagated(start: jax.Array, above: tuple[jax.Array, ...], spacing: jax.Array) -> jax.Array:
+    """The start ``(P, 6)`` of a row's points, with the converged warps of the row above (``above``: its outputs)
+    carried down by their own gradients where they are trusted (see :func:`_row`)."""
+    v, u, zncc, vy, vx, uy, ux = above
+    carried = jnp.stack([v + vy * spacing, vy, vx, u + uy * spacing, uy, ux], -1).astype(start.dtype)
+    near = jnp.maximum(jnp.abs(carried[:, 0] - start[:, 0]), jnp.abs(carried[:, 3] - start[:, 3])) <= PROPAGATE_PX
+    use = (zncc >= PROPAGATE_ZNCC) & near & jnp.all(jnp.isfinite(carried), -1)  # NaN compares False: none above
+    return jnp.where(use[:, None], carried, start)
+
+
+def _take(tree: Any, where: jax.Array, axis: int) -> Any:
+    """Each array of ``tree`` (None: none) at indices ``where`` along ``axis``."""
+    return jax.tree.map(lambda a: jnp.take(a, where, axis=axis, mode="clip"), tree)
+
+
+def _bucket(points: int) -> int:
+    """The batch of points that take a step together once ``FULL_ITERATIONS`` are done: ``BUCKET`` of the row
+    (at least 1)."""
+    return max(1, min(points, int(round(points * BUCKET))))
 
 
 @partial(jax.jit, static_argnames=("coefficients", "step", "curvature"))
@@ -214,7 +348,7 @@ def _initial_warp(dy: jax.Array, dx: jax.Array, *, step: int) -> jax.Array:
     return jnp.stack([dy, slope(dy, 0), slope(dy, 1), dx, slope(dx, 0), slope(dx, 1)], -1)
 
 
-def _blur_mismatch(p: jax.Array, sigma: float, curves: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+def _blur_mismatch(p: jax.Array, sigma: float | jax.Array, curves: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
     """What the reference subset lacks of the blur that img1's prefilter gives it under the warp ``p`` ``(P, 6)``,
     to first order: ``(D_yy f_yy + 2 D_xy f_xy + D_xx f_xx) / 2`` ``(K, P, S)``, ``D = sigma^2 ((F'F)^-1 - I)``.
 
@@ -320,6 +454,9 @@ def affine_refine(
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
+    sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
+    spacing = np.asarray(step, x1.dtype)
+    none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
     pieces = []
     for item in range(items):
         c1, f_img, fy_img, fx_img, curvature, initial = _item_images(
@@ -330,22 +467,10 @@ def affine_refine(
                 on_band(item * len(starts) + done)
             centres = np.meshgrid(grid_y[start : start + band], grid_x, indexing="ij")
             cy, cx = (c.ravel().astype(np.int32) for c in centres)  # NumPy into the program: jnp.asarray compiled one
-            pieces.append(
-                _band(
-                    c1,
-                    f_img,
-                    fy_img,
-                    fx_img,
-                    curvature,
-                    cy,
-                    cx,
-                    initial,
-                    np.int32(start),
-                    subset=subset,
-                    band=band,
-                    prefilter=float(prefilter),
-                )  # fmt: skip
-            )
+            images = (c1, f_img, fy_img, fx_img, curvature)
+            previous, above = (pieces[-1], start - 1 - starts[done - 1]) if done else (none, 0)
+            where = (cy, cx, initial, np.int32(start), previous, np.int32(above), spacing)
+            pieces.append(_band(*images, *where, sigma, subset=subset, band=band))
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 

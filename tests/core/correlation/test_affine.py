@@ -256,3 +256,16 @@ def test_strain_of_the_subsets_gradients(stretched):
         strain_field(out.dy, out.dx, gradients=(vy, vx))
     with pytest.raises(ValueError, match="dy's shape"):
         strain_field(out.dy, out.dx, gradients=(vy, vx, uy, ux[:-1]))
+
+
+def test_one_ic_gn_program_serves_every_prefilter_width():
+    """The prefilter's width is a traced argument of the IC-GN band: a second width runs the program compiled for
+    the first (a static float compiled one per width), and gives its own result."""
+    reference, deformed, _ = make_dic_pair((96, 96), field=_affine_field(96), seed=5, noise=0.005)
+    options = {"subset": (15, 15), "step": 8, "subpixel": "refine", "shape": "affine"}
+    first = find_displacement(deformed[None], reference[None], (7, 7), prefilter=0.8, **options)
+    compiled = affine_module._band._cache_size()
+    second = find_displacement(deformed[None], reference[None], (7, 7), prefilter=1.3, **options)
+    assert affine_module._band._cache_size() == compiled
+    assert np.isfinite(np.asarray(second.dx)).all()
+    assert not np.allclose(np.asarray(first.dx_x), np.asarray(second.dx_x), rtol=0, atol=1e-7)

@@ -103,3 +103,37 @@ def test_small_mosaics_take_numpy_large_ones_jax(monkeypatch):
     assert stitch._engine([plan], 16) == "numpy"
     monkeypatch.setattr(stitch, "NUMPY_MAX_WORK", 1000)
     assert stitch._engine([plan], 16) == "jax"
+
+
+@pytest.mark.parametrize("axis", [1, 2, 3])
+def test_per_pair_gather_picks_each_pairs_indices(axis):
+    """``_along`` (block indexing, the gathered axis next to the batch's) against an explicit loop over pairs."""
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal((4, 3, 7, 5))
+    index = rng.integers(0, values.shape[axis], (4, 6))
+    got = _stitch_numpy._along(values, index, axis)
+    expected = np.stack([np.take(values[b], index[b], axis=axis - 1) for b in range(4)])
+    assert got.shape == expected.shape == tuple(6 if a == axis else n for a, n in enumerate(values.shape))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_box_and_sliding_sums_against_explicit_sums():
+    """The masked NCC's box sums (per box bounds) and sliding sums (windows from the origin) against sums of
+    the boxes taken one by one."""
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal((3, 2, 9, 8))
+    lo = [rng.integers(0, 4, (3, 5)), rng.integers(0, 4, (3, 4))]
+    hi = [lo[0] + rng.integers(0, 6, (3, 5)), lo[1] + rng.integers(0, 5, (3, 4))]
+    got = _stitch_numpy._box_sums(values, lo, hi, 2)
+    for b in range(3):
+        for i in range(5):
+            for j in range(4):
+                box = values[b, :, lo[0][b, i] : hi[0][b, i], lo[1][b, j] : hi[1][b, j]].sum(axis=(1, 2))
+                np.testing.assert_allclose(got[b, :, i, j], box, atol=1e-12)
+    extent = [np.array([[3], [5], [2]]), np.array([[4], [1], [6]])]
+    slid = _stitch_numpy._sliding_sums(values, extent, 3, 2)
+    for b in range(3):
+        for i in range(3):
+            for j in range(3):
+                box = values[b, :, i : i + extent[0][b, 0], j : j + extent[1][b, 0]].sum(axis=(1, 2))
+                np.testing.assert_allclose(slid[b, :, i, j], box, atol=1e-12)

@@ -39,6 +39,11 @@ MODES = ("mip", "minip", "attenuated_mip", "iso")
 RAY_BATCH = 1 << 12  # rays per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
 SEGMENT_BATCH = 1 << 13  # occupied segments per gather call (short, as RAY_BATCH)
 IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
+# a trilinear sample in float32 exceeds the largest voxel it reads by a few units in the last place at most (8
+# products of weights summing to 1 within rounding): a segment is skipped only when its bound, raised by this
+# fraction of its size, stays below the ray's best (generous: 2^-12 against about 2^-21)
+BOUND_MARGIN = 2.0**-12
+MIP_ROUNDS = 2  # mip: rounds of one segment per ray (its largest bound left) before the rest that may reach
 SCALES = (16, 4, 1)  # segments are found against cells this many times the occupancy cells, coarsest first
 
 
@@ -154,6 +159,7 @@ class ChunkCache:
         self.slots, self.bricks = slots, bricks
         self.atlas = aligned_empty((bricks, *self.brick), self.dtype)  # pages are committed as bricks arrive
         self.tables = np.full((slots, *self.per_chunk), -1, np.int32)
+        self.maxima = np.zeros(bricks, np.float32)  # each brick's largest voxel (as the render reads it: float32)
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_bricks = np.arange(bricks - 1, -1, -1, dtype=np.int32)  # a stack: the top is the end
         self._free_top = bricks
@@ -179,11 +185,12 @@ class ChunkCache:
         block = self.volume[region]
         return np.asarray(block.compute() if _validate.is_dask(block) else block)
 
-    def _read_bricks(self, flat: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chunk ``flat``'s bricks ``(k, *brick)`` and which of its cells they are (bool ``per_chunk``)."""
+    def _read_bricks(self, flat: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Chunk ``flat``'s bricks ``(k, *brick)``, which of its cells they are (bool ``per_chunk``) and their
+        largest voxels (float32 ``(k,)``; read in the reading threads, where NumPy's reductions overlap Zarr's)."""
         block = self._read(flat)
         if not self.bricked:
-            return np.ones((1, 1, 1), bool), block[None]
+            return np.ones((1, 1, 1), bool), block[None], np.asarray([block.max()], np.float32)
         index = np.unravel_index(flat, self.grid)
         first = [i * p for i, p in zip(index, self.per_chunk)]
         mask = np.zeros(self.per_chunk, bool)
@@ -194,8 +201,9 @@ class ChunkCache:
             whole[tuple(slice(0, n) for n in block.shape)] = block
             block = whole
         c, p = self.cell, self.per_chunk
-        cells = block.reshape(p[0], c, p[1], c, p[2], c).transpose(0, 2, 4, 1, 3, 5)
-        return mask, cells[mask]
+        cells = block.reshape(p[0], c, p[1], c, p[2], c).transpose(0, 2, 4, 1, 3, 5)[mask]
+        maxima = cells.reshape(len(cells), -1).max(axis=1) if len(cells) else np.zeros(0)
+        return mask, cells, maxima.astype(np.float32)
 
     def load(self, ids: np.ndarray) -> np.ndarray:
         """Hold the chunks ``ids`` (they must :meth:`fit`), reading the missing ones; returns their slots."""
@@ -219,10 +227,11 @@ class ChunkCache:
                 self._free_top += len(freed)
         if missing:
             with ThreadPoolExecutor(max_workers=4) as pool:  # Zarr decompression releases the GIL
-                for chunk_id, (mask, bricks) in zip(missing, pool.map(self._read_bricks, missing)):
+                for chunk_id, (mask, bricks, maxima) in zip(missing, pool.map(self._read_bricks, missing)):
                     slot = self._free_slots.pop()
                     taken = self._free_bricks[self._free_top - len(bricks) : self._free_top].copy()
                     self._free_top -= len(bricks)
+                    self.maxima[taken] = maxima
                     if self.bricked:
                         self.atlas[taken] = bricks
                     else:  # a whole chunk (an edge chunk fills part of its brick; never sampled beyond the volume)
@@ -398,6 +407,38 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
         read = atlas[((jnp.maximum(index, 0) * brick[0] + l0) * brick[1] + l1) * brick[2] + l2].astype(jnp.float32)
         value = value + (w0 * w1 * w2) * jnp.where((slot >= 0) & (index >= 0), read, background)
     return value, valid, t
+
+
+@functools.partial(jax.jit, static_argnames=("segment", "brick", "per_chunk"))
+def _bounds(rays, segs, maxima, tables, slots, step, shape, background, segment, brick, per_chunk):
+    """Per segment, a value none of its samples exceeds (float32 (P,)): the largest voxel of the bricks holding the
+    box of voxels its trilinear samples read (a sample is a convex combination of the voxels it reads), an empty
+    cell or a chunk not held counting as ``background``. The box is at most ``cell + 1`` voxels wide per axis (see
+    :func:`_segments_occupied`), so with bricks of at least a cell it lies in 2 bricks per axis: 8 lookups a
+    segment, against the 64 of its samples' gathers."""
+    o, d, t0, n = _unpack(rays)
+    last = jnp.minimum((segs + 1) * segment - 1, n - 1)
+    bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
+    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
+    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
+    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
+    grid = slots.shape
+    per_axis = []  # per axis, its (one or) two bricks: the chunk's index, the brick's in the chunk
+    for axis in range(3):
+        first = _div(lo[:, axis], brick[axis])
+        sides = []
+        for b in (first, jnp.minimum(first + 1, _div(hi[:, axis], brick[axis]))):
+            q = _div(b, per_chunk[axis])
+            sides.append((q, b - q * per_chunk[axis]))
+        per_axis.append(sides)
+    slots, tables = slots.reshape(-1), tables.reshape(-1)
+    bound = jnp.full(segs.shape, -jnp.inf, jnp.float32)
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        (q0, i0), (q1, i1), (q2, i2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
+        slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
+        index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
+        bound = jnp.maximum(bound, jnp.where((slot >= 0) & (index >= 0), maxima[jnp.maximum(index, 0)], background))
+    return bound
 
 
 def _first_best(values, t, better):
@@ -763,7 +804,9 @@ def render_view(
     constants = (step32, shape_device, np.float32(background))
     layout = {"brick": tuple(cache.brick), "per_chunk": tuple(cache.per_chunk)}  # static: one program per layout
     # one band (the usual case: the pool holds the view's occupied cells): its arrays made once for both passes
-    prepared = list(_band_batches(bands, cache, check)) if len(bands) == 1 else None
+    # mip with bricks of at least a cell: segments that cannot beat their ray's best are skipped (below)
+    skipping = mode == "mip" and all(b >= cell for b in cache.brick)
+    prepared = list(_band_batches(bands, cache, check)) if len(bands) == 1 and not skipping else None
     if mode == "attenuated_mip":
         per_sample = step * float(np.clip((background - lo) / (hi - lo), 0, 1))
         totals = np.zeros(len(rays), np.float64)
@@ -790,13 +833,60 @@ def render_view(
 
     def reduce(item):
         index, r, part = item
-        seg_prefix = _pad(prefix[index], SEGMENT_BATCH)
+        seg_prefix = _pad(prefix[index], SEGMENT_BATCH) if index is not None else np.zeros(SEGMENT_BATCH, np.float32)
         return _reduce(*of_rays(r, SEGMENT_BATCH), *part, *constants, params_device, seg_prefix, segment, mode,
                        **layout)  # fmt: skip
 
-    for (_, r, _), (v, t) in _ahead(prepared or _band_batches(bands, cache, check), reduce, check, bool(prepared)):
-        ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
-        values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
+    if skipping:
+        # best first: per ray its segment of the largest bound, then only the segments whose bound may reach the
+        # best value found (exact: a segment skipped holds no sample as large as a sample already found)
+        floor = np.where(any_skipped, np.float32(background), -np.inf).astype(np.float32)
+        samples = 0
+        for band, ids in bands:
+            check()
+            slots_of = cache.load(ids)
+            table = np.full(cache.grid, -1, np.int32)
+            table.flat[ids] = slots_of
+            arrays = (jnp.asarray(table),)
+            atlas, tables = cache.device_arrays()
+            maxima = jax.device_put(cache.maxima)
+            r = np.concatenate([part[0] for part in band])
+            s = np.concatenate([part[1] for part in band])
+
+            def bounded(a, r=r, s=s, tables=tables, table=arrays[0], maxima=maxima):
+                return _bounds(*of_rays(r[a : a + SEGMENT_BATCH], SEGMENT_BATCH), _pad(s[a : a + SEGMENT_BATCH],
+                               SEGMENT_BATCH), maxima, tables, table, step32, shape_device, constants[2], segment,
+                               **layout)  # fmt: skip
+
+            bound = np.empty(len(r), np.float32)
+            for a, out in _ahead(range(0, len(r), SEGMENT_BATCH), bounded, check):
+                bound[a : a + SEGMENT_BATCH] = out[: min(SEGMENT_BATCH, len(r) - a)]
+            order = np.lexsort((-bound, r))  # by ray, then by decreasing bound
+            ray_of = r[order]
+            reach = (bound + np.abs(bound) * BOUND_MARGIN)[order]  # with float32's rounding of a sample
+            left = np.ones(len(r), bool)  # not read yet, in `order`
+            for round_ in range(MIP_ROUNDS + 1):
+                # the segments whose bound may still reach their ray's best so far (NaN: none yet)
+                left &= ~(reach < np.fmax(values[ray_of], floor[ray_of]))
+                chosen = np.flatnonzero(left)
+                if round_ < MIP_ROUNDS and len(chosen):  # each ray's largest bound left; the last round: all left
+                    chosen = chosen[np.r_[True, ray_of[chosen][1:] != ray_of[chosen][:-1]]]
+                left[chosen] = False
+                chosen = order[chosen]
+                samples += len(chosen) * segment
+                parts = [
+                    (None, r[chosen[a : a + SEGMENT_BATCH]], (_pad(s[chosen[a : a + SEGMENT_BATCH]], SEGMENT_BATCH),
+                                                              atlas, tables, arrays[0]))
+                    for a in range(0, len(chosen), SEGMENT_BATCH)
+                ]  # fmt: skip
+                for (_, rr, _), (v, t) in _ahead(parts, reduce, check):
+                    ids, best_v, best_t = _per_ray(mode, rr, v[: len(rr)], t[: len(rr)])
+                    values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best_v, best_t)
+    else:
+        batches = prepared or _band_batches(bands, cache, check)
+        for (_, r, _), (v, t) in _ahead(batches, reduce, check, bool(prepared)):
+            ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
+            values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
         values, depth = _combine(mode, values, depth, bg, np.where(any_skipped, t_skipped, np.inf))

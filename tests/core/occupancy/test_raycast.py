@@ -314,26 +314,26 @@ def test_mip_skips_only_segments_that_cannot_reach_the_maximum():
     volume[33, 6, 6] = 700  # the maximum again, later along the ray: the depth stays the first
     cells = np.asarray(occupancy_mipmap(volume)[2])
     o, d = np.array([[-1.0, 6.5, 6.5]]), np.array([[1.0, 0.0, 0.0]])
-    got = render_view(volume, cells, o, d)
+    got = render_view(volume, cells, o, d, skip_by_maxima=True)
     want, want_depth, samples = reference(volume, o, d, -np.inf, 0.5, "mip")
     assert got.values[0] == want[0] == 525 and got.depth[0] == want_depth[0] == samples[0][0][18]
-    # minip reads every occupied segment (19 of the 20: a segment's box reaches the occupied cells around it); mip
-    # skipped the 4 whose box lies in the bound-400 cell and the empty ones beside it
-    every = render_view(volume, cells, o, d, mode="minip").samples
+    # every occupied segment is 19 of the 20 (a segment's box reaches the occupied cells around it); skipping by
+    # maxima left out the 4 whose box lies in the bound-400 cell and the empty ones beside it
+    every = render_view(volume, cells, o, d).samples  # by default mip reads them all too
     assert every == 19 * 4 and got.samples == every - 4 * 4
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mip_skipping_gives_the_image_of_every_segment_read(seed):
-    # the same image (values and depths, to the bit) as a render that reads every occupied segment: chunks smaller
-    # than a cell, where no segment is skipped; plateaus of equal maxima make the depth's ties count
+    # the same image (values and depths, to the bit) as a render that reads every occupied segment (the default);
+    # plateaus of equal maxima make the depth's ties count
     volume = sparse_volume(seed=seed)
     volume[10:14, 20:24, 10:30] = 900
     volume[16:20, 5:9, 10:30] = 900
     cells = np.asarray(occupancy_mipmap(volume)[2])
     for camera, rays in views(volume.shape).items():
-        skipped = render_view(volume, cells, rays.origins, rays.directions, t_near=rays.t_near)
-        every = render_view(da.from_array(volume, chunks=3), cells, rays.origins, rays.directions, t_near=rays.t_near)
+        skipped = render_view(volume, cells, rays.origins, rays.directions, t_near=rays.t_near, skip_by_maxima=True)
+        every = render_view(volume, cells, rays.origins, rays.directions, t_near=rays.t_near)
         np.testing.assert_array_equal(skipped.values, every.values, err_msg=camera)
         np.testing.assert_array_equal(skipped.depth, every.depth, err_msg=camera)
         assert skipped.samples < every.samples, camera

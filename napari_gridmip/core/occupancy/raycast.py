@@ -167,6 +167,7 @@ class ChunkCache:
         self.atlas = aligned_empty((bricks, *self.brick), self.dtype)  # pages are committed as bricks arrive
         self.tables = np.full((slots, *self.per_chunk), -1, np.int32)
         self.maxima = np.zeros(bricks, np.float32)  # each brick's largest voxel (as the render reads it: float32)
+        self.maxima_known = np.zeros(bricks, bool)  # made when a render asks (skip_by_maxima), not on every read
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_bricks = np.arange(bricks - 1, -1, -1, dtype=np.int32)  # a stack: the top is the end
         self._free_top = bricks
@@ -192,12 +193,11 @@ class ChunkCache:
         block = self.volume[region]
         return np.asarray(block.compute() if _validate.is_dask(block) else block)
 
-    def _read_bricks(self, flat: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Chunk ``flat``'s bricks ``(k, *brick)``, which of its cells they are (bool ``per_chunk``) and their
-        largest voxels (float32 ``(k,)``; read in the reading threads, where NumPy's reductions overlap Zarr's)."""
+    def _read_bricks(self, flat: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``flat``'s bricks ``(k, *brick)`` and which of its cells they are (bool ``per_chunk``)."""
         block = self._read(flat)
         if not self.bricked:
-            return np.ones((1, 1, 1), bool), block[None], np.asarray([block.max()], np.float32)
+            return np.ones((1, 1, 1), bool), block[None]
         index = np.unravel_index(flat, self.grid)
         first = [i * p for i, p in zip(index, self.per_chunk)]
         mask = np.zeros(self.per_chunk, bool)
@@ -208,9 +208,8 @@ class ChunkCache:
             whole[tuple(slice(0, n) for n in block.shape)] = block
             block = whole
         c, p = self.cell, self.per_chunk
-        cells = block.reshape(p[0], c, p[1], c, p[2], c).transpose(0, 2, 4, 1, 3, 5)[mask]
-        maxima = cells.reshape(len(cells), -1).max(axis=1) if len(cells) else np.zeros(0)
-        return mask, cells, maxima.astype(np.float32)
+        cells = block.reshape(p[0], c, p[1], c, p[2], c).transpose(0, 2, 4, 1, 3, 5)
+        return mask, cells[mask]
 
     def load(self, ids: np.ndarray) -> np.ndarray:
         """Hold the chunks ``ids`` (they must :meth:`fit`), reading the missing ones; returns their slots."""
@@ -234,11 +233,11 @@ class ChunkCache:
                 self._free_top += len(freed)
         if missing:
             with ThreadPoolExecutor(max_workers=4) as pool:  # Zarr decompression releases the GIL
-                for chunk_id, (mask, bricks, maxima) in zip(missing, pool.map(self._read_bricks, missing)):
+                for chunk_id, (mask, bricks) in zip(missing, pool.map(self._read_bricks, missing)):
                     slot = self._free_slots.pop()
                     taken = self._free_bricks[self._free_top - len(bricks) : self._free_top].copy()
                     self._free_top -= len(bricks)
-                    self.maxima[taken] = maxima
+                    self.maxima_known[taken] = False
                     if self.bricked:
                         self.atlas[taken] = bricks
                     else:  # a whole chunk (an edge chunk fills part of its brick; never sampled beyond the volume)
@@ -254,6 +253,22 @@ class ChunkCache:
             self.slot_of.move_to_end(chunk_id)
             slots[j] = self.slot_of[chunk_id]
         return slots
+
+    def brick_maxima(self) -> np.ndarray:
+        """Each brick's largest voxel (float32 ``(bricks,)``), made for the bricks read since the last call."""
+        held = np.concatenate(list(self.bricks_of.values())) if self.bricks_of else np.zeros(0, np.int32)
+        todo = held[~self.maxima_known[held]]
+        if len(todo):
+            if self.bricked:
+                self.maxima[todo] = self.atlas[todo].reshape(len(todo), -1).max(axis=1)
+            else:  # whole chunks: an edge chunk fills part of its brick (the rest is never sampled)
+                for chunk_id, taken in self.bricks_of.items():
+                    if not self.maxima_known[taken[0]]:
+                        index = np.unravel_index(chunk_id, self.grid)
+                        part = tuple(slice(0, min(c, n - i * c)) for i, c, n in zip(index, self.chunk, self.shape))
+                        self.maxima[taken[0]] = self.atlas[taken[0]][part].max()
+            self.maxima_known[todo] = True
+        return self.maxima
 
     def device_arrays(self) -> tuple[jax.Array, jax.Array]:
         """The pool and the chunks' tables on the device."""
@@ -911,7 +926,7 @@ def render_view(
             table.flat[ids] = slots_of
             arrays = (jnp.asarray(table),)
             atlas, tables = cache.device_arrays()
-            maxima = jax.device_put(cache.maxima)
+            maxima = jax.device_put(cache.brick_maxima())
             r = np.concatenate([part[0] for part in band])
             s = np.concatenate([part[1] for part in band])
 

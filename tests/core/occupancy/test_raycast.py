@@ -337,3 +337,8 @@ def test_mip_skipping_gives_the_image_of_every_segment_read(seed):
         np.testing.assert_array_equal(skipped.values, every.values, err_msg=camera)
         np.testing.assert_array_equal(skipped.depth, every.depth, err_msg=camera)
         assert skipped.samples < every.samples, camera
+        # whole chunks as bricks (chunks not whole cells): their maxima bound the same way
+        whole = render_view(da.from_array(volume, chunks=(6, 5, 7)), cells, rays.origins, rays.directions,
+                            t_near=rays.t_near, skip_by_maxima=True)  # fmt: skip
+        np.testing.assert_array_equal(whole.values, every.values, err_msg=camera)
+        np.testing.assert_array_equal(whole.depth, every.depth, err_msg=camera)

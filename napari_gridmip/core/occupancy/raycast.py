@@ -17,6 +17,13 @@ camera state compiles a new program once a level has been rendered.
 The modes follow vispy's shaders (``vispy/visuals/volume.py``): ``mip`` and ``minip`` take the largest and the
 smallest sample; ``attenuated_mip`` the largest ``v_k * exp(-attenuation * (S_k - 1))`` with ``S_k = step *
 sum_{j <= k} clip((v_j - lo) / (hi - lo), 0, 1)``; ``iso`` the first sample above the threshold, with its depth.
+
+With ``skip_by_maxima``, ``mip`` reads fewer segments still: the cache keeps each brick's largest voxel, which
+bounds every sample that reads it (a trilinear sample is a convex combination of the 8 voxels it reads). A segment's
+bound is the largest over the bricks of the box its samples read; each ray's segments are read largest bound first
+(two rounds of one segment per ray), then only those whose bound may still reach the ray's best (raised by a margin
+for float32's rounding). A segment skipped holds no sample as large as one found, so the value and its depth (the
+first sample of the largest value) are those of reading every segment. The other modes read every occupied segment.
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ MODES = ("mip", "minip", "attenuated_mip", "iso")
 RAY_BATCH = 1 << 12  # rays per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
 SEGMENT_BATCH = 1 << 13  # occupied segments per gather call (short, as RAY_BATCH)
 IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
+# a trilinear sample in float32 exceeds the largest voxel it reads by a few units in the last place at most (8
+# products of weights summing to 1 within rounding): a segment is skipped only when its bound, raised by this
+# fraction of its size, stays below the ray's best (generous: 2^-12 against about 2^-21)
+BOUND_MARGIN = 2.0**-12
+MIP_ROUNDS = 2  # mip: rounds of one segment per ray (its largest bound left) before the rest that may reach
 SCALES = (16, 4, 1)  # segments are found against cells this many times the occupancy cells, coarsest first
 
 
@@ -154,6 +166,8 @@ class ChunkCache:
         self.slots, self.bricks = slots, bricks
         self.atlas = aligned_empty((bricks, *self.brick), self.dtype)  # pages are committed as bricks arrive
         self.tables = np.full((slots, *self.per_chunk), -1, np.int32)
+        self.maxima = np.zeros(bricks, np.float32)  # each brick's largest voxel (as the render reads it: float32)
+        self.maxima_known = np.zeros(bricks, bool)  # made when a render asks (skip_by_maxima), not on every read
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_bricks = np.arange(bricks - 1, -1, -1, dtype=np.int32)  # a stack: the top is the end
         self._free_top = bricks
@@ -223,6 +237,7 @@ class ChunkCache:
                     slot = self._free_slots.pop()
                     taken = self._free_bricks[self._free_top - len(bricks) : self._free_top].copy()
                     self._free_top -= len(bricks)
+                    self.maxima_known[taken] = False
                     if self.bricked:
                         self.atlas[taken] = bricks
                     else:  # a whole chunk (an edge chunk fills part of its brick; never sampled beyond the volume)
@@ -238,6 +253,22 @@ class ChunkCache:
             self.slot_of.move_to_end(chunk_id)
             slots[j] = self.slot_of[chunk_id]
         return slots
+
+    def brick_maxima(self) -> np.ndarray:
+        """Each brick's largest voxel (float32 ``(bricks,)``), made for the bricks read since the last call."""
+        held = np.concatenate(list(self.bricks_of.values())) if self.bricks_of else np.zeros(0, np.int32)
+        todo = held[~self.maxima_known[held]]
+        if len(todo):
+            if self.bricked:
+                self.maxima[todo] = self.atlas[todo].reshape(len(todo), -1).max(axis=1)
+            else:  # whole chunks: an edge chunk fills part of its brick (the rest is never sampled)
+                for chunk_id, taken in self.bricks_of.items():
+                    if not self.maxima_known[taken[0]]:
+                        index = np.unravel_index(chunk_id, self.grid)
+                        part = tuple(slice(0, min(c, n - i * c)) for i, c, n in zip(index, self.chunk, self.shape))
+                        self.maxima[taken[0]] = self.atlas[taken[0]][part].max()
+            self.maxima_known[todo] = True
+        return self.maxima
 
     def device_arrays(self) -> tuple[jax.Array, jax.Array]:
         """The pool and the chunks' tables on the device."""
@@ -369,7 +400,49 @@ def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chun
     return jnp.stack(marked, axis=1)
 
 
-def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick, per_chunk):
+def _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk):
+    """:func:`_gather`'s values where bricks are at least a cell: a segment's samples then read voxels of 2 bricks
+    per axis at most (see :func:`_bounds`), so each segment's 8 bricks are looked up once (chunk slot, then the
+    chunk's table), and each of its samples' corners picks one of them: 1 lookup in the pool and 1 in the segment's
+    8, not 3 scattered ones. The voxels read, the weights and the sum's order are :func:`_gather`'s."""
+    grid = slots.shape
+    per_axis, firsts = [], []  # per axis: the segment's first brick; per side: which of its 2, voxel in it, weight
+    for axis in range(3):
+        lower = jnp.clip(base[..., axis], 0, shape[axis] - 1)
+        # the smallest voxel a valid sample reads (the first sample is always valid)
+        first = _div(jnp.min(jnp.where(valid, lower, lower[:, :1]), axis=1), brick[axis])
+        sides = []
+        for side in (0, 1):
+            v = jnp.clip(base[..., axis] + side, 0, shape[axis] - 1)
+            b = _div(v, brick[axis])
+            w = weight[..., axis] if side else 1 - weight[..., axis]
+            sides.append((jnp.clip(b - first[:, None], 0, 1), v - b * brick[axis], w))
+        per_axis.append(sides)
+        firsts.append(first)
+    slots, tables, atlas = slots.reshape(-1), tables.reshape(-1), atlas.reshape(-1)
+    volume = int(np.prod(brick))
+    offsets = []  # (P, 8): each of the segment's bricks' start in the pool (-1: background)
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        qi = []
+        for axis, c in enumerate((c0, c1, c2)):
+            b = jnp.minimum(firsts[axis] + c, grid[axis] * per_chunk[axis] - 1)
+            q = _div(b, per_chunk[axis])
+            qi.append((q, b - q * per_chunk[axis]))
+        (q0, i0), (q1, i1), (q2, i2) = qi
+        slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
+        index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
+        offsets.append(jnp.where((slot >= 0) & (index >= 0), index * volume, -1))
+    offsets = jnp.stack(offsets, axis=1)
+    value = jnp.zeros(base.shape[:-1], jnp.float32)
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        (k0, l0, w0), (k1, l1, w1), (k2, l2, w2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
+        start = jnp.take_along_axis(offsets, (k0 * 2 + k1) * 2 + k2, axis=1)
+        read = atlas[jnp.maximum(start, 0) + (l0 * brick[1] + l1) * brick[2] + l2].astype(jnp.float32)
+        value = value + (w0 * w1 * w2) * jnp.where(start >= 0, read, background)
+    return value
+
+
+def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick, per_chunk, local):
     """Trilinear values (float32 (P, segment)), validity and t of the samples of the given segments. A voxel is read
     from its brick (its cell, or its whole chunk) in the pool: the chunk's slot from ``slots`` (chunk grid), then the
     brick from the chunk's table; a voxel whose chunk is not held, or whose cell is empty, holds ``background``.
@@ -378,6 +451,8 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
     once per axis and side (2 x 3), not per corner (8 x 3), and the lookups index flat arrays (2.4x faster than
     per-corner 3D indexing, measured)."""
     base, weight, t, valid = _samples(o, d, t0, n, segs, step, shape, segment)
+    if local:
+        return _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk), valid, t
     grid = slots.shape
     per_axis = []  # per axis, per side (lower, upper voxel): its chunk's index, its brick's in the chunk, its own
     for axis in range(3):  # in the brick, and its weight
@@ -400,21 +475,54 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
     return value, valid, t
 
 
+@functools.partial(jax.jit, static_argnames=("segment", "brick", "per_chunk"))
+def _bounds(rays, segs, maxima, tables, slots, step, shape, background, segment, brick, per_chunk):
+    """Per segment, a value none of its samples exceeds (float32 (P,)): the largest voxel of the bricks holding the
+    box of voxels its trilinear samples read (a sample is a convex combination of the voxels it reads), an empty
+    cell or a chunk not held counting as ``background``. The box is at most ``cell + 1`` voxels wide per axis (see
+    :func:`_segments_occupied`), so with bricks of at least a cell it lies in 2 bricks per axis: 8 lookups a
+    segment, against the 64 of its samples' gathers."""
+    o, d, t0, n = _unpack(rays)
+    last = jnp.minimum((segs + 1) * segment - 1, n - 1)
+    bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
+    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
+    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
+    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
+    grid = slots.shape
+    per_axis = []  # per axis, its (one or) two bricks: the chunk's index, the brick's in the chunk
+    for axis in range(3):
+        first = _div(lo[:, axis], brick[axis])
+        sides = []
+        for b in (first, jnp.minimum(first + 1, _div(hi[:, axis], brick[axis]))):
+            q = _div(b, per_chunk[axis])
+            sides.append((q, b - q * per_chunk[axis]))
+        per_axis.append(sides)
+    slots, tables = slots.reshape(-1), tables.reshape(-1)
+    bound = jnp.full(segs.shape, -jnp.inf, jnp.float32)
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        (q0, i0), (q1, i1), (q2, i2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
+        slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
+        index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
+        bound = jnp.maximum(bound, jnp.where((slot >= 0) & (index >= 0), maxima[jnp.maximum(index, 0)], background))
+    return bound
+
+
 def _first_best(values, t, better):
     """Per segment, the best value (max or min) and the t of its first occurrence."""
     arg = jnp.argmax(values, axis=1) if better is jnp.maximum else jnp.argmin(values, axis=1)
     return jnp.take_along_axis(values, arg[:, None], 1)[:, 0], jnp.take_along_axis(t, arg[:, None], 1)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "mode", "brick", "per_chunk"))
-def _reduce(rays, segs, atlas, tables, slots, step, shape, background, params, prefix, segment, mode, brick, per_chunk):
+@functools.partial(jax.jit, static_argnames=("segment", "mode", "brick", "per_chunk", "local"))
+def _reduce(rays, segs, atlas, tables, slots, step, shape, background, params, prefix, segment, mode, brick, per_chunk,
+            local):  # fmt: skip
     """Each segment reduced: (value, t) per segment (-inf/+inf and inf: none); the rays' reduction is in NumPy.
 
     ``params``: the iso threshold, or (lo, hi, attenuation); ``prefix``: attenuated_mip's sum before each segment.
     """
     o, d, t0, n = _unpack(rays)
     value, valid, t = _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick,
-                              per_chunk)  # fmt: skip
+                              per_chunk, local)  # fmt: skip
     if mode == "mip":
         return _first_best(jnp.where(valid, value, -jnp.inf), t, jnp.maximum)
     if mode == "minip":
@@ -432,12 +540,12 @@ def _reduce(rays, segs, atlas, tables, slots, step, shape, background, params, p
     return jnp.where(found, jnp.take_along_axis(value, at[:, None], 1)[:, 0], -jnp.inf), first
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "brick", "per_chunk"))
-def _totals(rays, segs, atlas, tables, slots, step, shape, background, lo, hi, segment, brick, per_chunk):
+@functools.partial(jax.jit, static_argnames=("segment", "brick", "per_chunk", "local"))
+def _totals(rays, segs, atlas, tables, slots, step, shape, background, lo, hi, segment, brick, per_chunk, local):
     """attenuated_mip: each segment's sum of ``step * clip((v - lo) / (hi - lo), 0, 1)``."""
     o, d, t0, n = _unpack(rays)
     value, valid, _ = _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick,
-                              per_chunk)  # fmt: skip
+                              per_chunk, local)  # fmt: skip
     return jnp.sum(jnp.where(valid, step * jnp.clip((value - lo) / (hi - lo), 0, 1), 0), axis=1)
 
 
@@ -525,6 +633,7 @@ def render_view(
     cache: ChunkCache | None = None,
     cache_bytes: int = 512 << 20,
     cancel: Callable[[], bool] | None = None,
+    skip_by_maxima: bool = False,
 ) -> ViewRender:
     """Render a volume along rays in one of napari's modes, reading only chunks whose occupied cells rays enter.
 
@@ -562,6 +671,12 @@ def render_view(
         them) are held; a view needing more is rendered in bands of rows.
     cancel
         Called between batches; when it returns True the render stops with :class:`RenderCancelled`.
+    skip_by_maxima
+        ``"mip"``: also skip the segments whose bricks' largest voxels cannot beat the ray's best so far (exact:
+        the same values and depths; see the module notes). It pays where rays meet their bricks' maxima (bright
+        objects of varied intensity); where most rays through an occupied brick pass beside its bright voxels (thin
+        filaments, as the sparse sample's) it reads almost every segment anyway and the bounds cost more than they
+        save (the sample's 2048^3 close-up: 2.7% fewer samples, 20% slower), so it is off by default.
 
     Returns
     -------
@@ -761,16 +876,21 @@ def render_view(
     prefix = np.zeros(len(rays), np.float32)
     per_sample, totals_before_gap = 0.0, None
     constants = (step32, shape_device, np.float32(background))
-    layout = {"brick": tuple(cache.brick), "per_chunk": tuple(cache.per_chunk)}  # static: one program per layout
+    # static: one program per layout; bricks of at least a cell: a segment's samples read 2 bricks per axis at most
+    local = all(b >= cell for b in cache.brick)
+    layout = {"brick": tuple(cache.brick), "per_chunk": tuple(cache.per_chunk)}
+    gather_layout = {**layout, "local": local}
     # one band (the usual case: the pool holds the view's occupied cells): its arrays made once for both passes
-    prepared = list(_band_batches(bands, cache, check)) if len(bands) == 1 else None
+    # mip with bricks of at least a cell: segments that cannot beat their ray's best are skipped (below)
+    skipping = skip_by_maxima and mode == "mip" and local
+    prepared = list(_band_batches(bands, cache, check)) if len(bands) == 1 and not skipping else None
     if mode == "attenuated_mip":
         per_sample = step * float(np.clip((background - lo) / (hi - lo), 0, 1))
         totals = np.zeros(len(rays), np.float64)
 
         def total(item):
             return _totals(*of_rays(item[1], SEGMENT_BATCH), *item[2], *constants, np.float32(lo), np.float32(hi),
-                           segment, **layout)  # fmt: skip
+                           segment, **gather_layout)  # fmt: skip
 
         for (index, _, _), out in _ahead(prepared or _band_batches(bands, cache, check), total, check, bool(prepared)):
             totals[index] = out[: len(index)]
@@ -790,13 +910,60 @@ def render_view(
 
     def reduce(item):
         index, r, part = item
-        seg_prefix = _pad(prefix[index], SEGMENT_BATCH)
+        seg_prefix = _pad(prefix[index], SEGMENT_BATCH) if index is not None else np.zeros(SEGMENT_BATCH, np.float32)
         return _reduce(*of_rays(r, SEGMENT_BATCH), *part, *constants, params_device, seg_prefix, segment, mode,
-                       **layout)  # fmt: skip
+                       **gather_layout)  # fmt: skip
 
-    for (_, r, _), (v, t) in _ahead(prepared or _band_batches(bands, cache, check), reduce, check, bool(prepared)):
-        ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
-        values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
+    if skipping:
+        # best first: per ray its segment of the largest bound, then only the segments whose bound may reach the
+        # best value found (exact: a segment skipped holds no sample as large as a sample already found)
+        floor = np.where(any_skipped, np.float32(background), -np.inf).astype(np.float32)
+        samples = 0
+        for band, ids in bands:
+            check()
+            slots_of = cache.load(ids)
+            table = np.full(cache.grid, -1, np.int32)
+            table.flat[ids] = slots_of
+            arrays = (jnp.asarray(table),)
+            atlas, tables = cache.device_arrays()
+            maxima = jax.device_put(cache.brick_maxima())
+            r = np.concatenate([part[0] for part in band])
+            s = np.concatenate([part[1] for part in band])
+
+            def bounded(a, r=r, s=s, tables=tables, table=arrays[0], maxima=maxima):
+                return _bounds(*of_rays(r[a : a + SEGMENT_BATCH], SEGMENT_BATCH), _pad(s[a : a + SEGMENT_BATCH],
+                               SEGMENT_BATCH), maxima, tables, table, step32, shape_device, constants[2], segment,
+                               **layout)  # fmt: skip
+
+            bound = np.empty(len(r), np.float32)
+            for a, out in _ahead(range(0, len(r), SEGMENT_BATCH), bounded, check):
+                bound[a : a + SEGMENT_BATCH] = out[: min(SEGMENT_BATCH, len(r) - a)]
+            order = np.lexsort((-bound, r))  # by ray, then by decreasing bound
+            ray_of = r[order]
+            reach = (bound + np.abs(bound) * BOUND_MARGIN)[order]  # with float32's rounding of a sample
+            left = np.ones(len(r), bool)  # not read yet, in `order`
+            for round_ in range(MIP_ROUNDS + 1):
+                # the segments whose bound may still reach their ray's best so far (NaN: none yet)
+                left &= ~(reach < np.fmax(values[ray_of], floor[ray_of]))
+                chosen = np.flatnonzero(left)
+                if round_ < MIP_ROUNDS and len(chosen):  # each ray's largest bound left; the last round: all left
+                    chosen = chosen[np.r_[True, ray_of[chosen][1:] != ray_of[chosen][:-1]]]
+                left[chosen] = False
+                chosen = order[chosen]
+                samples += len(chosen) * segment
+                parts = [
+                    (None, r[chosen[a : a + SEGMENT_BATCH]], (_pad(s[chosen[a : a + SEGMENT_BATCH]], SEGMENT_BATCH),
+                                                              atlas, tables, arrays[0]))
+                    for a in range(0, len(chosen), SEGMENT_BATCH)
+                ]  # fmt: skip
+                for (_, rr, _), (v, t) in _ahead(parts, reduce, check):
+                    ids, best_v, best_t = _per_ray(mode, rr, v[: len(rr)], t[: len(rr)])
+                    values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best_v, best_t)
+    else:
+        batches = prepared or _band_batches(bands, cache, check)
+        for (_, r, _), (v, t) in _ahead(batches, reduce, check, bool(prepared)):
+            ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
+            values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
         values, depth = _combine(mode, values, depth, bg, np.where(any_skipped, t_skipped, np.inf))

@@ -300,3 +300,45 @@ def test_any_chunking_renders_the_same_image(chunks):
     whole = render_view(volume, cells, rays.origins, rays.directions, t_near=0.0)
     np.testing.assert_array_equal(lazy.values, whole.values)
     assert lazy.chunks_read < lazy.chunks_total
+
+
+def test_mip_skips_only_segments_that_cannot_reach_the_maximum():
+    # one ray along z through voxel centres (y, x) = (6, 6): its samples read voxels (z, 6, 6) only (the weights of
+    # y = 7 and x = 7 are 0), but each segment's bound is the largest voxel of its cells, which includes them. With
+    # cells of 4 a segment is 4 samples (2 voxels), so each voxel below lies in a segment of its own.
+    volume = np.zeros((40, 12, 12), np.uint16)
+    volume[3, 7, 7], volume[3, 6, 6] = 1000, 600  # bound 1000, but its samples reach 0.75 * 600 = 450 at most
+    volume[9, 6, 6] = 700  # bound 700: the true maximum, 525, in a segment of a lower bound than the first
+    volume[17, 6, 6] = 400  # bound 400 < 450 found first: skipped
+    volume[25, 7, 7], volume[26, 6, 6] = 500, 100  # bound 500 > 450: read, and beats nothing
+    volume[33, 6, 6] = 700  # the maximum again, later along the ray: the depth stays the first
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    o, d = np.array([[-1.0, 6.5, 6.5]]), np.array([[1.0, 0.0, 0.0]])
+    got = render_view(volume, cells, o, d, skip_by_maxima=True)
+    want, want_depth, samples = reference(volume, o, d, -np.inf, 0.5, "mip")
+    assert got.values[0] == want[0] == 525 and got.depth[0] == want_depth[0] == samples[0][0][18]
+    # every occupied segment is 19 of the 20 (a segment's box reaches the occupied cells around it); skipping by
+    # maxima left out the 4 whose box lies in the bound-400 cell and the empty ones beside it
+    every = render_view(volume, cells, o, d).samples  # by default mip reads them all too
+    assert every == 19 * 4 and got.samples == every - 4 * 4
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mip_skipping_gives_the_image_of_every_segment_read(seed):
+    # the same image (values and depths, to the bit) as a render that reads every occupied segment (the default);
+    # plateaus of equal maxima make the depth's ties count
+    volume = sparse_volume(seed=seed)
+    volume[10:14, 20:24, 10:30] = 900
+    volume[16:20, 5:9, 10:30] = 900
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    for camera, rays in views(volume.shape).items():
+        skipped = render_view(volume, cells, rays.origins, rays.directions, t_near=rays.t_near, skip_by_maxima=True)
+        every = render_view(volume, cells, rays.origins, rays.directions, t_near=rays.t_near)
+        np.testing.assert_array_equal(skipped.values, every.values, err_msg=camera)
+        np.testing.assert_array_equal(skipped.depth, every.depth, err_msg=camera)
+        assert skipped.samples < every.samples, camera
+        # whole chunks as bricks (chunks not whole cells): their maxima bound the same way
+        whole = render_view(da.from_array(volume, chunks=(6, 5, 7)), cells, rays.origins, rays.directions,
+                            t_near=rays.t_near, skip_by_maxima=True)  # fmt: skip
+        np.testing.assert_array_equal(whole.values, every.values, err_msg=camera)
+        np.testing.assert_array_equal(whole.depth, every.depth, err_msg=camera)

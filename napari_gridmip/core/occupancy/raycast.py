@@ -375,17 +375,25 @@ def _mark(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
     return jnp.concatenate(marked, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks", "aligned"))
-def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks, aligned):
-    """As :func:`_mark`, per segment rather than per sample (8 lookups a segment, not 8 a sample): the chunks of
-    the part of each occupied cell inside the box of voxels the segment's samples read. A superset of ``_mark``'s
-    (a box holds more voxels than its samples read), as tight at the cells' scale; chunks of at least a cell."""
+def _segment_box(rays, segs, step, shape, segment):
+    """The box of voxels ``[lo, hi]`` (int32 ``(P, 3)`` each, inclusive) that the trilinear samples of each segment
+    read (from its first sample's base voxel to one past its last's, clipped to the volume), and the rays' sample
+    counts ``n`` (``(P,)``)."""
     o, d, t0, n = _unpack(rays)
     last = jnp.minimum((segs + 1) * segment - 1, n - 1)
     bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
     bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
     lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
     hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
+    return lo, hi, n
+
+
+@functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks", "aligned"))
+def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks, aligned):
+    """As :func:`_mark`, per segment rather than per sample (8 lookups a segment, not 8 a sample): the chunks of
+    the part of each occupied cell inside the box of voxels the segment's samples read. A superset of ``_mark``'s
+    (a box holds more voxels than its samples read), as tight at the cells' scale; chunks of at least a cell."""
+    lo, hi, n = _segment_box(rays, segs, step, shape, segment)
     valid = (segs * segment < n)[:, None]
     marked = []
     for corner in np.ndindex(2, 2, 2):
@@ -482,12 +490,7 @@ def _bounds(rays, segs, maxima, tables, slots, step, shape, background, segment,
     cell or a chunk not held counting as ``background``. The box is at most ``cell + 1`` voxels wide per axis (see
     :func:`_segments_occupied`), so with bricks of at least a cell it lies in 2 bricks per axis: 8 lookups a
     segment, against the 64 of its samples' gathers."""
-    o, d, t0, n = _unpack(rays)
-    last = jnp.minimum((segs + 1) * segment - 1, n - 1)
-    bf, _ = _base(_points(o, d, t0, segs * segment, step)[0], shape)
-    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
-    lo = jnp.clip(jnp.minimum(bf, bl), 0, shape - 1)
-    hi = jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1)
+    lo, hi, n = _segment_box(rays, segs, step, shape, segment)
     grid = slots.shape
     per_axis = []  # per axis, its (one or) two bricks: the chunk's index, the brick's in the chunk
     for axis in range(3):
@@ -921,11 +924,8 @@ def render_view(
         samples = 0
         for band, ids in bands:
             check()
-            slots_of = cache.load(ids)
-            table = np.full(cache.grid, -1, np.int32)
-            table.flat[ids] = slots_of
-            arrays = (jnp.asarray(table),)
-            atlas, tables = cache.device_arrays()
+            table, atlas, tables = _loaded_band(cache, ids)
+            arrays = (table,)
             maxima = jax.device_put(cache.brick_maxima())
             r = np.concatenate([part[0] for part in band])
             s = np.concatenate([part[1] for part in band])
@@ -985,17 +985,24 @@ def render_view(
     )
 
 
+def _loaded_band(cache, ids):
+    """Load a band's chunks ``ids`` into the cache: the chunk grid's slot table on the device (-1: not held), then
+    the pool's arrays."""
+    slots_of = cache.load(ids)
+    table = np.full(cache.grid, -1, np.int32)
+    table.flat[ids] = slots_of
+    table = jnp.asarray(table)
+    atlas, tables = cache.device_arrays()
+    return table, atlas, tables
+
+
 def _band_batches(bands, cache, check):
     """(indices into the segment list, their rays, (segments, pool, tables, slot grid)) per batch, loading each
     band's chunks first."""
     start = 0
     for band, ids in bands:
         check()
-        slots_of = cache.load(ids)
-        table = np.full(cache.grid, -1, np.int32)
-        table.flat[ids] = slots_of
-        table = jnp.asarray(table)
-        atlas, tables = cache.device_arrays()
+        table, atlas, tables = _loaded_band(cache, ids)
         for r, s in band:
             index = np.arange(start, start + len(r))
             start += len(r)

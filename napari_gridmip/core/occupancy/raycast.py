@@ -133,13 +133,14 @@ class ChunkCache:
 
     def prepare(self, cells: np.ndarray, cell: int) -> None:
         """Lay the pool out for the occupancy grid ``cells`` of ``cell``^3 voxels (emptied if it was another)."""
-        same = self._cells is not None and (cells is self._cells or np.array_equal(cells, self._cells))
-        if same and self.cell == cell:
+        # by value, against a copy: a caller's grid changed in place is another grid (the identity or a kept
+        # reference would see the change on both sides and keep the old bricks)
+        if self._cells is not None and self.cell == cell and np.array_equal(cells, self._cells):
             return
         from napari_gridmip.core._transfer import aligned_empty
 
         self._clear()
-        self._cells, self.cell = cells, int(cell)
+        self._cells, self.cell = np.array(cells, dtype=bool, copy=True), int(cell)
         self.bricked = all(c % cell == 0 for c in self.chunk)
         self.brick = (cell,) * 3 if self.bricked else self.chunk  # the pool's unit: a cell, or a whole chunk
         self.per_chunk = tuple(c // b for c, b in zip(self.chunk, self.brick))  # bricks per chunk and axis

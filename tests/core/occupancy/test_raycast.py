@@ -342,3 +342,23 @@ def test_mip_skipping_gives_the_image_of_every_segment_read(seed):
                             t_near=rays.t_near, skip_by_maxima=True)  # fmt: skip
         np.testing.assert_array_equal(whole.values, every.values, err_msg=camera)
         np.testing.assert_array_equal(whole.depth, every.depth, err_msg=camera)
+
+
+@pytest.mark.parametrize("changed", ["in place", "a copy changed"])
+def test_a_cache_sees_an_occupancy_grid_changed_in_place(changed):
+    """The cache keeps its own copy of the grid it was laid out for: a caller's grid changed in place (or a copy
+    of it, changed) is a new layout, never the old bricks."""
+    volume = np.zeros((32, 32, 32), np.float32)
+    volume[20, 8, 8] = 9
+    cells = np.zeros((4, 4, 4), bool)  # cells of 8: nothing occupied yet
+    cache = ChunkCache(volume, capacity=1 << 20)
+    origins, directions = np.array([[0.0, 8.5, 8.5]]), np.array([[1.0, 0.0, 0.0]])
+    assert float(render_view(volume, cells, origins, directions, step=1.0, cache=cache).values[0]) == 0
+    if changed == "in place":
+        cells[2, 1, 1] = True
+    else:
+        cells = cells.copy()
+        cells[2, 1, 1] = True
+    fresh = float(render_view(volume, cells, origins, directions, step=1.0).values[0])
+    assert fresh > 0
+    assert float(render_view(volume, cells, origins, directions, step=1.0, cache=cache).values[0]) == fresh

@@ -10,6 +10,7 @@ through the camera's centre, where a textured quad shows it aligned with the vol
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,6 +167,9 @@ class LiveSource:
         self.caches = {0: ChunkCache(levels[0], capacity=cache_bytes)}
         if self.coarse_level is not None:
             self.caches[self.coarse_level] = ChunkCache(levels[self.coarse_level], capacity=COARSE_CACHE_BYTES)
+        # one render at a time per cache: a cancelled render stops only between its calls, and a newer one must
+        # not load into the pool (or lay it out again) while the older still reads or loads it
+        self._cache_locks = {level: threading.Lock() for level in self.caches}
 
     def _cell_at(self, level: int) -> tuple[int, int]:
         """(pooling of level 0's cells, cell side in level ``level``'s voxels)."""
@@ -211,12 +215,13 @@ class LiveSource:
         display = state.display
         mode = display.mode if display.mode in SUPPORTED else "mip"
         _, cell = self._cell_at(level)
-        result = render_view(
-            self.levels[level], self._cells_at(level), rays.origins, rays.directions, mode=mode,
-            step=min(display.step, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
-            contrast_limits=display.contrast_limits, attenuation=display.attenuation, background=self.background,
-            cache=self.caches[level], cancel=cancel,
-        )  # fmt: skip
+        with self._cache_locks[level]:
+            result = render_view(
+                self.levels[level], self._cells_at(level), rays.origins, rays.directions, mode=mode,
+                step=min(display.step, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
+                contrast_limits=display.contrast_limits, attenuation=display.attenuation,
+                background=self.background, cache=self.caches[level], cancel=cancel,
+            )  # fmt: skip
         depth = result.depth * rays.world_per_t if mode == "iso" else None
         rgba = colorize_view(result.values, colormap=display.colormap, contrast_limits=display.contrast_limits,
                              gamma=display.gamma, depth=depth)  # fmt: skip

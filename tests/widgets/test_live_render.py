@@ -248,3 +248,42 @@ def test_a_4d_layer_follows_the_dims_slider(shown, qtbot):
     assert widget._live._final_state.index == (1,)
     assert not np.allclose(first.rgba, second.rgba)
     assert widget._live.overlay.ndim == 4
+
+
+def test_renders_of_one_source_take_turns_on_its_cache(live_viewer, qtbot, monkeypatch):
+    """A cancelled render stops only between its calls: a newer one on the same source waits for it rather than
+    load into (or lay out) the chunk cache it still reads (two at once could give two chunks one brick)."""
+    import threading
+    import time
+
+    from napari_gridmip.core.occupancy import raycast
+
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    live = widget._live
+    source, state = live._source, live._final_state
+    inside, most = [0], [0]
+    render_view = raycast.render_view
+
+    def watched(*args, **kwargs):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)  # long enough for the other thread to arrive
+        try:
+            return render_view(*args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(raycast, "render_view", watched)
+    pictures = []
+    threads = [
+        threading.Thread(target=lambda: pictures.append(source.render(state, level=0, image_shape=(16, 16))))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(pictures) == 2 and most[0] == 1
+    np.testing.assert_array_equal(pictures[0].values, pictures[1].values)

@@ -133,6 +133,16 @@ def _integer_search(f_img, g_img, cy, cx, hs, hw, radius):
     return by, bx
 
 
+@njit(cache=False, fastmath=True, inline="always")
+def _centre(v, size, mean):
+    """Subtract ``mean`` from the first ``size`` values of ``v`` in place; their norm after."""
+    norm = 0.0
+    for s in range(size):
+        v[s] -= mean
+        norm += v[s] * v[s]
+    return np.sqrt(norm)
+
+
 @njit(cache=False, fastmath=True)
 def _compose(p, dp, out):
     """``W(p) o W(dp)^-1`` for affine parameters ``(v, v_y, v_x, u, u_y, u_x)``."""
@@ -203,12 +213,7 @@ def _icgn(f_img, fy_img, fx_img, g_img, g_coef, grid_y, grid_x, hs, hw, radius, 
                         jac[s, 0] = gy
                         jac[s, 1] = gx
                     s += 1
-            mean /= size
-            norm_f = 0.0
-            for s in range(size):
-                fc[s] -= mean
-                norm_f += fc[s] * fc[s]
-            norm_f = np.sqrt(norm_f)
+            norm_f = _centre(fc, size, mean / size)
             for r in range(npar):
                 for q in range(r, npar):
                     acc = 0.0
@@ -234,12 +239,7 @@ def _icgn(f_img, fy_img, fx_img, g_img, g_coef, grid_y, grid_x, hs, hw, radius, 
                     px = cx + zeta[s] + p[3] + p[4] * eta[s] + p[5] * zeta[s]
                     gv[s] = _interp(g_coef, py, px, wy, wx)
                     mean_g += gv[s]
-                mean_g /= size
-                norm_g = 0.0
-                for s in range(size):
-                    gv[s] -= mean_g
-                    norm_g += gv[s] * gv[s]
-                norm_g = np.sqrt(norm_g)
+                norm_g = _centre(gv, size, mean_g / size)
                 if norm_g == 0.0:
                     break
                 scale = norm_f / norm_g

@@ -43,6 +43,10 @@ def test_run_adds_aligned_levels(viewer_and_widget, wait_idle):
     occupancy = viewer.layers["vol occupancy"]
     assert viewer.layers[-1] is occupancy and occupancy.visible
     np.testing.assert_array_equal(occupancy.data, expected[1])
+    # empty cells transparent, occupied ones cyan, with no per-process colour lookup to compile (not direct)
+    colours = occupancy.colormap.map(np.array([0, 1], dtype=np.uint8))
+    np.testing.assert_allclose(colours, [[0, 0, 0, 0], [0, 1, 1, 1]])
+    assert type(occupancy.colormap).__name__ == "CyclicLabelColormap"
     assert widget.level.value == 1 and widget.level.max == len(expected) - 1
     np.testing.assert_allclose(occupancy.scale, np.array([2.0, 1.0, 0.5]) * 2)
     np.testing.assert_array_equal(volume, before)  # the input layer is untouched

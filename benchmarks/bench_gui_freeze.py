@@ -22,8 +22,11 @@ import argparse
 import collections
 import gc
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -203,6 +206,9 @@ def main() -> None:
     )
     details = []
     for scenario in scenarios:
+        # a new user's widget settings: a scenario that switches on the full map or per-level layers must not
+        # leave them on for the next one (they are remembered across sessions)
+        config = tempfile.mkdtemp(prefix="gridmip-config-")
         done = subprocess.run(
             [
                 sys.executable,
@@ -217,7 +223,9 @@ def main() -> None:
             capture_output=True,
             text=True,
             timeout=600,
+            env={**os.environ, "NAPARI_GRIDMIP_CONFIG_DIR": config},
         )
+        shutil.rmtree(config, ignore_errors=True)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             print(f"| {scenario} | failed: {done.stderr.strip().splitlines()[-1:]} | | | |")

@@ -557,6 +557,17 @@ def test_run_takes_over_the_job_started_when_the_inputs_settled(viewer_and_widge
     assert runs == [1, 1]
 
 
+def test_new_layers_start_the_early_job_sooner_than_an_edited_option(viewer_and_widget):
+    from napari_gridmip._widgets import _base
+
+    viewer, widget = viewer_and_widget
+    _pair(viewer)  # layers added (a sample opened): their layers arrive at once, nothing is being typed
+    assert widget._prefetch_timer.isActive()
+    assert widget._prefetch_timer.interval() == _base.LAYERS_PREFETCH_DELAY_MS < _base.PREFETCH_DELAY_MS
+    widget.window_rows.value = 7  # an option edited: wait for the user to stop
+    assert widget._prefetch_timer.isActive() and widget._prefetch_timer.interval() == _base.PREFETCH_DELAY_MS
+
+
 def test_an_option_changed_after_the_early_job_gives_its_own_result(viewer_and_widget, qtbot, wait_idle, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
     viewer, widget = viewer_and_widget

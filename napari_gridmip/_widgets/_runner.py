@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import numpy as np
@@ -301,7 +301,7 @@ class BackgroundRunner:
         # Cancel no longer applies; Run stays disabled until the last layer is in, and a failure, or the
         # widget closing, takes every layer of this result out again.
         self._showing = {
-            "steps": changes.apply_stepwise(new_layers, replace=replace),
+            "steps": _text_after_insert(changes.apply_stepwise(new_layers, replace=replace), new_layers),
             "changes": changes,
             "result": result,
             "on_done": on_done,
@@ -392,6 +392,39 @@ class BackgroundRunner:
             self._became_idle()
 
 
+def _text_after_insert(steps: Generator[None, None, list], layers: list[Any]) -> Generator[None, None, list]:
+    """``steps`` (inserting ``layers`` one per event-loop turn), with each new layer's text labels shown a turn
+    after the layer itself.
+
+    The first paint of text renders every distinct character's glyph on the GUI thread (vispy, on the CPU:
+    about 7 ms a glyph), on top of the layer's own first paint: the stitch widget's tile labels made its
+    longest freeze (bench_gui_freeze.py --scenario stitch: 264 to 346 ms with the labels in the insert, 191 to
+    196 ms for the insert alone). Shown a turn later, the two are separate waits.
+    """
+    from napari.layers.utils.text_manager import TextManager
+
+    later = [
+        layer
+        for layer in layers
+        if isinstance(getattr(layer, "text", None), TextManager)
+        and layer.text.visible
+        and np.any(np.asarray(layer.text.values, dtype=str) != "")
+    ]
+    for layer in later:
+        layer.text.visible = False
+    try:
+        added = yield from steps
+    except BaseException:
+        for layer in later:
+            layer.text.visible = True
+        raise
+    for layer in later:
+        if any(layer is shown for shown in added):
+            yield  # its insert and first paint, then its labels
+        layer.text.visible = True
+    return added
+
+
 def _forget_task(viewer: Any, worker: Any) -> None:
     """Take a finished worker out of napari's task list.
 
@@ -416,6 +449,8 @@ def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:
     thread otherwise (benchmarks/bench_gui_freeze.py, docs/benchmarks.md). The models hold no Qt objects;
     the GUI thread adds them.
     """
+    import gc
+
     from napari.layers import Labels, Layer
 
     layers = [Layer.create(data, dict(meta), kind) for data, meta, kind in layer_data]
@@ -424,6 +459,12 @@ def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:
             # the lookups of the data's dtype and of int64, which napari's layer controls map on adding
             for dtype in {np.dtype(layer.data.dtype), np.dtype(np.int64)}:
                 layer.colormap.map(np.zeros(1, dtype=dtype))
+    # A run (JAX's tracing above all) leaves many new long-lived objects, so Python's next full collection is
+    # due; it would fall inside napari's layer insert on the GUI thread, scanning every object of the process
+    # (100 to 150 ms) on top of the insert's own first paint. Collected here, between the two, it is a
+    # separate, shorter wait (bench_gui_freeze.py --scenario stitch, 5 runs: the longest freeze 352 to 540 ms
+    # -> 264 to 346 ms; with the labels a turn later, _text_after_insert, 189 to 222 ms).
+    gc.collect()
     return layers
 
 

@@ -38,6 +38,8 @@ def test_mosaic_sample_end_to_end(viewer_and_widget, wait_idle):
     )
     assert np.sqrt(np.mean(error[placed] ** 2)) < 0.2  # registered tiles land on the truth
     assert "pairs used" in widget.summary.value and "median residual" in widget.summary.value
+    # each tile's label (its number and confidence) is shown once the run is done (a turn after its layer)
+    assert outlines.text.visible and list(outlines.text.values) == list(outlines.features["label"])
     assert "placed from the stage" in widget.summary.value
     # the blank corner's pairs are rejected and drawn as such
     reasons = list(pairs.features["reason"])
@@ -127,3 +129,64 @@ def test_flat_field_checkbox_evens_out_vignetted_tiles(viewer_and_widget, wait_i
             viewer.layers.remove(viewer.layers[name])
     # the vignetting's periodic dimming adds to the picture's own variation; corrected, only the picture's is left
     assert ratios[True] < ratios[False] - 0.05, ratios
+
+
+def test_text_labels_are_shown_a_turn_after_their_layer(make_napari_viewer):
+    from napari.layers import Points
+
+    from napari_gridmip._layer_changes import LayerChanges
+    from napari_gridmip._widgets._runner import _text_after_insert
+
+    viewer = make_napari_viewer()
+    labelled = Points(np.zeros((2, 2)), features={"name": ["a", "b"]}, text="{name}", name="labelled")
+    quiet = Points(
+        np.ones((2, 2)), features={"name": ["c", "d"]}, text={"string": "{name}", "visible": False}, name="quiet"
+    )
+    plain = Points(np.ones((1, 2)), name="plain")
+    steps = _text_after_insert(LayerChanges(viewer).apply_stepwise([labelled, quiet, plain], replace=False),
+                               [labelled, quiet, plain])  # fmt: skip
+    seen = []
+    try:
+        while True:
+            next(steps)
+            seen.append(([layer.name for layer in viewer.layers], labelled.text.visible))
+    except StopIteration as done:
+        added = done.value
+    assert added == [labelled, quiet, plain]
+    # inserted one per turn with the labels hidden; the labels come after the last insert
+    assert seen == [(["labelled"], False), (["labelled", "quiet"], False), (["labelled", "quiet", "plain"], False)]
+    assert labelled.text.visible and not quiet.text.visible  # a layer's own hidden text stays hidden
+
+
+def test_text_labels_come_back_when_an_insert_fails(make_napari_viewer):
+    from napari.layers import Points
+
+    from napari_gridmip._widgets._runner import _text_after_insert
+
+    def failing():
+        yield
+        raise RuntimeError("the viewer refused")
+
+    labelled = Points(np.zeros((2, 2)), features={"name": ["a", "b"]}, text="{name}")
+    steps = _text_after_insert(failing(), [labelled])
+    next(steps)
+    assert not labelled.text.visible
+    with pytest.raises(RuntimeError, match="refused"):
+        next(steps)
+    assert labelled.text.visible
+
+
+def test_layers_are_made_then_garbage_collected_in_the_worker(monkeypatch):
+    import gc
+
+    from napari_gridmip._widgets import _runner
+
+    order = []
+    from napari.layers import Layer
+
+    create = Layer.create
+    monkeypatch.setattr(Layer, "create", staticmethod(lambda *a, **k: order.append("layer") or create(*a, **k)))
+    monkeypatch.setattr(gc, "collect", lambda *a: order.append("collect") or 0)
+    layers = _runner.layers_ready_to_show([(np.zeros((4, 4)), {"name": "a"}, "image")])
+    assert [layer.name for layer in layers] == ["a"]
+    assert order == ["layer", "collect"]  # the full collection falls in the worker, not in napari's insert

@@ -34,6 +34,7 @@ BUDGET = {
     "register_tiles": 0,  # small mosaics take the NumPy engine
     "fuse_tiles": 2,
     "filter_tiled": 0,  # SciPy's filters, tile by tile
+    "strain_field": 0,  # small fields are fitted in NumPy
 }
 
 COUNT = textwrap.dedent(
@@ -69,6 +70,7 @@ COUNT = textwrap.dedent(
         "register_tiles": lambda: gm.register_tiles(tiles, mosaic.stage_positions, max_shift=8),
         "fuse_tiles": lambda: gm.fuse_tiles(tiles, mosaic.true_positions),
         "filter_tiled": lambda: gm.filter_tiled(a[0], (32, 32), name="gaussian", sigma=1.0),
+        "strain_field": lambda: gm.strain_field(a[0], a[1], window=11),
     }
     out = {}
     for name, call in calls.items():

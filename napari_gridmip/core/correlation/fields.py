@@ -377,7 +377,12 @@ def _known_edges_at(weights: tuple[jax.Array, jax.Array]) -> jax.Array:
 # -- strain: local plane fits from box sums of moments -------------------------------------
 
 
-def _window_moments(g: jax.Array, half: int, axis: int, degree: int) -> tuple[jax.Array, ...]:
+# The strain's steps are written once for both array libraries (``xp``: jax.numpy, or NumPy for small fields,
+# where compiling them would cost more than computing: see NUMPY_STRAIN_MAX): the same operations in the same
+# order, so the two agree to rounding (tests/core/correlation/test_fields.py runs every strain test on both).
+
+
+def _window_moments(g: Any, half: int, axis: int, degree: int, xp: Any = jnp) -> tuple[Any, ...]:
     """``sum_{a=-half}^{half} g[i + a] * a**p`` along ``axis`` for ``p = 0 .. degree``, zero outside the array.
 
     Direct sums of the window's static slices, which XLA fuses into one
@@ -387,31 +392,34 @@ def _window_moments(g: jax.Array, half: int, axis: int, degree: int) -> tuple[ja
     """
     pad = [(0, 0)] * g.ndim
     pad[axis] = (half, half)
-    padded = jnp.pad(g, pad)
+    padded = xp.pad(g, pad)
     length = g.shape[axis]
+    axis = axis % g.ndim
     out: list[Any] = [None] * (degree + 1)
     for a in range(-half, half + 1):
-        sample = lax.slice_in_dim(padded, a + half, a + half + length, axis=axis)
+        sample = padded[(slice(None),) * axis + (slice(a + half, a + half + length),)]
         for p in range(degree + 1):
             term = sample if p == 0 else sample * float(a**p)
             out[p] = term if out[p] is None else out[p] + term
     return tuple(out)
 
 
-@jax.jit
-def _strain_inputs(dy: jax.Array, dx: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _inputs_of(dy: Any, dx: Any, xp: Any = jnp) -> tuple[Any, Any]:
     """The pixels that take part (both values finite) and the stack ``(3, B, M, N)``: their mask, then
     ``u = dx`` and ``v = dy`` minus their mean (a constant changes no slope, and without it the sums
     would lose digits to the field's offset), 0 where left out."""
-    valid = jnp.isfinite(dy) & jnp.isfinite(dx)
+    valid = xp.isfinite(dy) & xp.isfinite(dx)
     w = valid.astype(dy.dtype)
-    count = jnp.maximum(jnp.sum(w, axis=(-2, -1), keepdims=True), 1)
+    count = xp.maximum(xp.sum(w, axis=(-2, -1), keepdims=True), 1)
 
     def centred(field):
-        mean = jnp.sum(jnp.where(valid, field, 0), axis=(-2, -1), keepdims=True) / count
-        return jnp.where(valid, field - mean, 0)
+        mean = xp.sum(xp.where(valid, field, 0), axis=(-2, -1), keepdims=True) / count
+        return xp.where(valid, field - mean, 0)
 
-    return valid, jnp.stack([w, centred(dx), centred(dy)])
+    return valid, xp.stack([w, centred(dx), centred(dy)])
+
+
+_strain_inputs = jax.jit(_inputs_of)
 
 
 @partial(jax.jit, static_argnames=("half", "axis"))
@@ -484,19 +492,18 @@ def _moments_pass(stack: jax.Array, *, half: int, axis: int) -> tuple[jax.Array,
     return _runs_pass(stack, half=half, axis=axis)
 
 
-@partial(jax.jit, static_argnames=("kind",))
-def _strain_from_sums(valid, along_y, spacing, *, kind):
+def _fits(valid, along_y, spacing, *, kind, xp=jnp):
     """``(exx, eyy, exy)`` from the 2D window sums ``along_y[q][k]``: moment ``q`` along y of input ``k``,
     the inputs being, along x, the mask's moments 0, 1, 2 and each field's moments 0 and 1."""
     m0, m1, m2 = along_y
     s00, s10, s20 = m0[0], m1[0], m2[0]  # s_pq: the sum of w a^p b^q (a the row offset, b the column offset)
     s01, s11, s02 = m0[1], m1[1], m0[2]
     u_sums, v_sums = (m0[3], m1[3], m0[4]), (m0[5], m1[5], m0[6])  # the fields': f00, f10, f01
-    n = jnp.where(s00 > 0, s00, 1)
+    n = xp.where(s00 > 0, s00, 1)
     cyy, cxx, cxy = s20 - s10 * s10 / n, s02 - s01 * s01 / n, s11 - s10 * s01 / n  # about the centroid
     det = cyy * cxx - cxy * cxy
-    ok = valid & (s00 >= 3) & (det > COLLINEAR * jnp.abs(cyy * cxx))
-    safe = jnp.where(ok, det, 1)
+    ok = valid & (s00 >= 3) & (det > COLLINEAR * xp.abs(cyy * cxx))
+    safe = xp.where(ok, det, 1)
 
     def gradient(sums):
         f00, f10, f01 = sums
@@ -506,8 +513,11 @@ def _strain_from_sums(valid, along_y, spacing, *, kind):
     uy, ux = gradient(u_sums)  # u = dx: du/dy, du/dx
     vy, vx = gradient(v_sums)  # v = dy: dv/dy, dv/dx
     exx, eyy, exy = _tensor(vy, vx, uy, ux, kind=kind)
-    nan = jnp.array(jnp.nan, exx.dtype)
-    return tuple(jnp.where(ok, e, nan) for e in (exx, eyy, exy))
+    nan = xp.asarray(np.nan, exx.dtype)
+    return tuple(xp.where(ok, e, nan) for e in (exx, eyy, exy))
+
+
+_strain_from_sums = jax.jit(_fits, static_argnames=("kind",))
 
 
 def _strain_of_gradients(gradients: Any, shape: tuple[int, ...], kind: str, dtype: np.dtype) -> tuple[Any, ...]:
@@ -556,9 +566,26 @@ def _strain(dy, dx, spacing, *, window, kind):
     return _strain_from_sums(valid, along_y, spacing, kind=kind)
 
 
-@jax.jit
-def _gather_inputs(x0: jax.Array, x1: jax.Array, x2: jax.Array) -> jax.Array:
-    return jnp.stack([x0[0], x1[0], x2[0], x0[1], x1[1], x0[2], x1[2]])
+def _strain_numpy(dy: np.ndarray, dx: np.ndarray, spacing: np.ndarray, *, window, kind) -> tuple[np.ndarray, ...]:
+    """:func:`_strain`'s steps in NumPy, for a small field (direct sums: windows up to the field's size)."""
+    valid, stack = _inputs_of(dy, dx, np)
+    x0, x1, x2 = _window_moments(stack, window[1] // 2, -1, 2, np)
+    inputs = _stacked_inputs(x0, x1, x2, np)
+    along_y = _window_moments(inputs, window[0] // 2, -2, 2, np)
+    return _fits(valid, along_y, spacing, kind=kind, xp=np)
+
+
+def _stacked_inputs(x0: Any, x1: Any, x2: Any, xp: Any = jnp) -> Any:
+    return xp.stack([x0[0], x1[0], x2[0], x0[1], x1[1], x0[2], x1[2]])
+
+
+_gather_inputs = jax.jit(_stacked_inputs)
+
+# Fields of at most this many values (times the window's two sides) are fitted in NumPy, where compiling the
+# JAX steps (four programs, 0.43 s on a first call; 0.3 to 0.8 s of the DIC widget's first Run) costs more than
+# computing: 11-wide window, NumPy 2.9 ms for a 120 x 120 field (the DIC sample's), 17 ms for 256 x 256, against
+# 2.2 and 5.2 ms for JAX once compiled. Larger fields, or traced ones, go through JAX.
+NUMPY_STRAIN_MAX = 256 * 256 * 22
 
 
 # -- public API -------------------------------------------------------------------------------
@@ -874,6 +901,14 @@ def _strained(dy, dx, *, dtype, spacing, window, kind) -> Strain:
     """:func:`strain_field`'s in-memory kernel (the plane fits), for arguments already checked (the dask twin
     runs it on every block)."""
     shape = _validate.shape_of(dy)
+    traced = isinstance(dy, jax.core.Tracer) or isinstance(dx, jax.core.Tracer)
+    if not traced and math.prod(shape) * (window[0] + window[1]) <= NUMPY_STRAIN_MAX and max(window) <= DIRECT_WINDOW:
+        # small: NumPy, in the compute dtype, handed back as device arrays (device_put compiles nothing)
+        flat = [np.asarray(a, dtype=dtype).reshape((-1,) + tuple(shape[-2:])) for a in (dy, dx)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            parts = _strain_numpy(*flat, np.asarray(spacing, dtype), window=window, kind=kind)
+        with precision_scope(dtype):
+            return Strain(*(jax.device_put(np.ascontiguousarray(p.reshape(shape), dtype=dtype)) for p in parts))
     with precision_scope(dtype):
         spacing = jnp.asarray(spacing, dtype)
         parts = _strain(_flat(_as_compute(dy, dtype)), _flat(_as_compute(dx, dtype)), spacing, window=window, kind=kind)

@@ -4,7 +4,7 @@ import dask.array as da
 import jax
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from napari_gridmip import integrate_gradient, phase_from_displacement, strain_field
@@ -297,6 +297,15 @@ def test_phase_from_displacement_follows_the_speckle_tracking_formula():
 # -- strain_field ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["numpy", "jax"])
+def strain_path(request, monkeypatch):
+    """Every strain test on both paths: NumPy (small fields, the default for these sizes) and JAX (larger ones)."""
+    from napari_gridmip.core.correlation import fields
+
+    monkeypatch.setattr(fields, "NUMPY_STRAIN_MAX", 2**62 if request.param == "numpy" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize(
     ("shape", "window", "kind"),
     [
@@ -306,6 +315,7 @@ def test_phase_from_displacement_follows_the_speckle_tracking_formula():
         (SMALL, (65, 5), "small"),
     ],
 )
+@pytest.mark.usefixtures("strain_path")
 def test_strain_equals_a_plane_fit_loop(shape, window, kind):
     """Awkward shapes, windows wider than the image (65: the runs of 1, 2, 4, ... samples rather than direct
     sums), NaN at an edge and inside."""
@@ -323,6 +333,7 @@ def test_strain_equals_a_plane_fit_loop(shape, window, kind):
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [(np.float64, 1e-15), (np.float32, 1e-8)])
+@pytest.mark.usefixtures("strain_path")
 def test_linear_displacement_is_exact_everywhere(dtype, tolerance):
     y, x = np.mgrid[: BIG[0], : BIG[1]].astype(float)
     dx = 30.3 + 1e-3 * x + 2e-3 * y  # a large rigid offset too
@@ -335,6 +346,7 @@ def test_linear_displacement_is_exact_everywhere(dtype, tolerance):
     np.testing.assert_allclose(host(g.exx), 1e-3 + (1e-6 + 9e-6) / 2, rtol=0, atol=tolerance * 1e3)
 
 
+@pytest.mark.usefixtures("strain_path")
 def test_quadratic_displacement_is_exact_where_the_window_is_whole():
     y, x = np.mgrid[: MID[0], : MID[1]].astype(float)
     dx = 1e-3 * x**2 + 2e-4 * x * y - 3e-4 * y**2
@@ -350,6 +362,7 @@ def test_quadratic_displacement_is_exact_where_the_window_is_whole():
     np.testing.assert_allclose(exx, ref.strain(dy, dx, (7, 5))[0], atol=1e-14)
 
 
+@pytest.mark.usefixtures("strain_path")
 def test_nan_pixels_and_windows_without_three_points():
     dy, dx = np.zeros(SMALL), np.tile(np.arange(SMALL[1]) * 0.01, (SMALL[0], 1))
     dy[2, 3] = np.nan
@@ -363,8 +376,9 @@ def test_nan_pixels_and_windows_without_three_points():
     assert np.isnan(single_row).all()
 
 
+@pytest.mark.usefixtures("strain_path")
 @given(st.sampled_from([3, 5]), st.integers(0, 2**16))
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_strain_of_a_transposed_field_is_transposed(w, seed):
     batch, rows, cols = 2, 7, 5
     rng = np.random.default_rng(seed)
@@ -375,6 +389,7 @@ def test_strain_of_a_transposed_field_is_transposed(w, seed):
     np.testing.assert_allclose(host(out.exy), host(swapped.exy).swapaxes(-1, -2), atol=1e-10)
 
 
+@pytest.mark.usefixtures("strain_path")
 def test_strain_under_jit_and_on_dask():
     rng = np.random.default_rng(6)
     dy, dx = rng.normal(size=(2, *MID)), rng.normal(size=(2, *MID))
@@ -403,3 +418,30 @@ def test_strain_under_jit_and_on_dask():
 def test_strain_bad_options(kwargs, error, message):
     with pytest.raises(error, match=message):
         strain_field(np.zeros(SMALL), np.zeros(SMALL), **kwargs)
+
+
+def test_small_fields_are_fitted_in_numpy_equal_to_jax_and_compile_nothing():
+    """A DIC-like float32 field (smooth strain, noise, NaN holes): the NumPy path (what a small field takes)
+    against the JAX path, and no program traced for it."""
+    from napari_gridmip.core.correlation import fields
+    from tests.helpers import count_traces
+
+    rng = np.random.default_rng(11)
+    y, x = np.mgrid[:120, :96].astype(np.float32)
+    dx = (3e-3 * x + 1e-5 * x * y + 0.02 * rng.standard_normal(x.shape)).astype(np.float32)
+    dy = (-2e-3 * y + 4e-6 * x**2 + 0.02 * rng.standard_normal(x.shape)).astype(np.float32)
+    dx[40:44, 10:13] = np.nan
+    dy[0, :] = np.nan
+    with count_traces() as traced:
+        small = strain_field(dy, dx, window=11, kind="green-lagrange", spacing=4.0)
+    assert traced.count == 0 and all(isinstance(e, jax.Array) and e.dtype == np.float32 for e in small)
+    fields_max = fields.NUMPY_STRAIN_MAX
+    try:
+        fields.NUMPY_STRAIN_MAX = 0
+        big = strain_field(dy, dx, window=11, kind="green-lagrange", spacing=4.0)
+    finally:
+        fields.NUMPY_STRAIN_MAX = fields_max
+    for a, b in zip(small, big):
+        a, b = host(a), host(b)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * np.nanmax(np.abs(b)))

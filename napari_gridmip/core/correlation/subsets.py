@@ -56,6 +56,7 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -807,6 +808,8 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     plan = Plan(
         k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation, noise_gain(prefilter)
     )
+    band, starts = _band_plan(plan, dtype)
+    ahead = None if _is_traced(img1) or _is_traced(img2) else _compile_band_ahead(plan, band, shape, dtype)
     with precision_scope(dtype):
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]
@@ -818,7 +821,6 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         unpadded = (x1, x2)
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
         coefficients = _spline_coefficients(x1) if plan.spline else None
-        band, starts = _band_plan(plan, dtype)
         if any(isinstance(c, jax.Array) for c in centres):
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         else:  # on the host: three eager device ops were three more programs to compile on a first call
@@ -829,6 +831,8 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 
             affine_bands = unpadded[0].shape[0] * len(affine_plan(plan.out, subset, k)[1])
         total = len(starts) + affine_bands  # the search's bands, then (affine) the IC-GN's
+        if ahead is not None:
+            ahead.join()  # the band program, compiled beside the preparation above
         pieces = []
         for done, start in enumerate(starts):
             if progress is not None:
@@ -855,6 +859,42 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         if progress is not None:
             progress(total, total)
         return parts
+
+
+_STARTED_AHEAD: set[tuple] = set()  # band programs whose compile was started ahead (once per process)
+
+
+def _compile_band_ahead(plan: Plan, rows: int, shape: tuple[int, ...], dtype: np.dtype) -> threading.Thread | None:
+    """Start tracing and compiling the band program for ``plan`` in a thread, from the arguments' shapes.
+
+    XLA compiles it on one core for most of its 1.5 to 2.5 s (the subset kernel: docs/benchmarks.md, "First
+    calls"), while the call prepares its inputs (centring, prefilter, padding, spline coefficients: programs
+    of their own to compile and run, about 0.5 s on a first call) on the other. JAX shares its compiled
+    programs between threads, so the call then finds the program ready; the caller joins the thread first,
+    so that the two never compile it twice. Once per program and process: later calls find it compiled.
+    """
+    items = math.prod(shape[:-3])
+    key = (plan, rows, items, np.dtype(dtype).str)
+    if key in _STARTED_AHEAD:
+        return None
+    _STARTED_AHEAD.add(key)
+
+    def compile_band() -> None:
+        try:
+            with precision_scope(dtype):
+                x = jax.ShapeDtypeStruct((items, plan.frames) + plan.shape, dtype)
+                finish = partial(_finish, pad1=plan.pad, pad2=((0, 0), (0, plan.step)), bad=plan.has_bad)
+                x1, bad1, x2, bad2 = jax.eval_shape(finish, x, x)
+                centres = jax.ShapeDtypeStruct((items, 2), dtype)
+                start = jax.ShapeDtypeStruct((), np.int32)
+                c1 = x1 if plan.spline else None
+                _band.lower(x1, x2, bad1, bad2, centres, start, c1, plan=plan, rows=rows).compile()
+        except Exception:  # noqa: BLE001 - the call itself compiles the program again, and reports any error
+            _STARTED_AHEAD.discard(key)
+
+    thread = threading.Thread(target=compile_band, name="napari-gridmip compile ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def _wait(result: Any) -> None:

@@ -113,10 +113,10 @@ WIDGETS = ["mipmap", "patches", "stitch", "tiled", "correlation", "correlation-d
 
 
 def _env(cache: str) -> dict[str, str]:
-    # a new user: an empty cache, and no widget settings remembered from earlier runs (a scenario that switched
-    # on the full map or per-level layers would otherwise leave it on for the next one); the first and the next
-    # session share the folder, as a user's do
-    env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": cache, "NAPARI_GRIDMIP_CONFIG_DIR": str(Path(cache) / "config")}
+    # a new user: an empty cache, and a new napari settings file (the plugin's settings are kept beside it), so
+    # that no widget setting remembered from earlier runs (a scenario that switched on the full map or per-level
+    # layers) is on for the next one; the first and the next session share the folder, as a user's do
+    env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": cache, "NAPARI_CONFIG": str(Path(cache) / "settings.yaml")}
     for name in ("JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPILE_CACHE"):
         env.pop(name, None)
     return env

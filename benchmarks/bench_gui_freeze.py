@@ -23,7 +23,6 @@ import collections
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -186,6 +185,13 @@ def _kind(stack: list) -> str:
     return "other (event loop, Qt, waiting for the GIL)"
 
 
+def _run_child(scenario: str, args: argparse.Namespace, config: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, __file__, "--child", scenario, "--threshold-ms", str(args.threshold_ms)]
+    command += ["--settle", str(args.settle)]
+    env = {**os.environ, "NAPARI_CONFIG": os.path.join(config, "settings.yaml")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="all", choices=["all", *SCENARIOS])
@@ -206,26 +212,10 @@ def main() -> None:
     )
     details = []
     for scenario in scenarios:
-        # a new user's widget settings: a scenario that switches on the full map or per-level layers must not
-        # leave them on for the next one (they are remembered across sessions)
-        config = tempfile.mkdtemp(prefix="gridmip-config-")
-        done = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--child",
-                scenario,
-                "--threshold-ms",
-                str(args.threshold_ms),
-                "--settle",
-                str(args.settle),
-            ],  # fmt: skip
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "NAPARI_GRIDMIP_CONFIG_DIR": config},
-        )
-        shutil.rmtree(config, ignore_errors=True)
+        # a new user's settings (napari's file, the plugin's beside it): a scenario that switches on the full map
+        # or per-level layers must not leave them on for the next one (they are remembered across sessions)
+        with tempfile.TemporaryDirectory(prefix="gridmip-config-") as config:
+            done = _run_child(scenario, args, config)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             print(f"| {scenario} | failed: {done.stderr.strip().splitlines()[-1:]} | | | |")

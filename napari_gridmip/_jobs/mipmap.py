@@ -68,13 +68,7 @@ def as_labels(level: Any) -> Any:
 
 def occupancy_output(name: str, level_data: Any, frame: Frame, level: int) -> Output:
     """The Labels layer that shows one level's occupied cells as translucent blocks."""
-    from napari.utils.colormaps import CyclicLabelColormap
-    from napari.utils.colormaps.standardize_color import transform_color
-
-    # label 1 in a two-colour cyclic colormap, not a direct one ({0: transparent, 1: colour}): the same pixels,
-    # and uint8 labels then go to the GPU as they are, where a direct colormap has napari compile (numba) a typed
-    # dict lookup in every process, 1 to 1.5 s of the widget's first Run in each session (bench_first_run.py)
-    colormap = CyclicLabelColormap(colors=[(0.0, 0.0, 0.0, 0.0), transform_color(OCCUPANCY_COLOR)[0]])
+    colormap = {None: "transparent", 0: "transparent", 1: OCCUPANCY_COLOR}  # napari: a direct label colormap
     meta = {
         "name": f"{name} occupancy",
         "opacity": 0.45,

@@ -109,6 +109,7 @@ class JobWidget(Container):
         # closing the viewer deletes the dock without closing or re-parenting it: let go before Qt does
         self.native.destroyed.connect(self._lifetime.on_destroyed)
         self._last_run_key: Any = None
+        self._following_layers = False  # set while the fields follow a change of the layer list
         self._prefetch_timer = QTimer()
         self._prefetch_timer.setSingleShot(True)
         self._prefetch_timer.setInterval(PREFETCH_DELAY_MS)
@@ -122,7 +123,7 @@ class JobWidget(Container):
         start_jax_early()
         self.reset_choices()
         for field in inputs:  # an option changed: what Run would compute changed
-            field.changed.connect(self._schedule_prefetch)
+            field.changed.connect(self._option_changed)
 
     # -- layer choices -----------------------------------------------------------------
     def layer_combo(self, name: str, label: str, types: tuple[type, ...], *, nullable: bool = False) -> ComboBox:
@@ -146,17 +147,32 @@ class JobWidget(Container):
 
     def reset_choices(self, *args: Any) -> None:
         """Refresh the layer choices (napari calls this on every layer-list change while docked)."""
-        super().reset_choices(*args)
+        self._following_layers = True  # the fields these set follow the layers: not a user's edit
+        try:
+            super().reset_choices(*args)
+            if self._ready:
+                self._layers_changed()
+        finally:
+            self._following_layers = False
         if self._ready:
-            self._layers_changed()
             self._schedule_prefetch(delay_ms=LAYERS_PREFETCH_DELAY_MS)
 
     # -- work started before Run -------------------------------------------------------
-    def _schedule_prefetch(self, *_: Any, delay_ms: int = 0) -> None:
+    def _option_changed(self, *_: Any) -> None:
+        """An input field changed: by the user (wait for them to stop), or by a change of the layer list."""
+        self._schedule_prefetch(delay_ms=LAYERS_PREFETCH_DELAY_MS if self._following_layers else None)
+
+    def _schedule_prefetch(self, *_: Any, delay_ms: int | None = None) -> None:
         """Prepare the run in the background once the inputs have been still for ``PREFETCH_DELAY_MS`` (an option
-        edited: the user may still be typing), or ``delay_ms`` after a change of the layer list."""
-        if self._ready and not self.released:  # whether it is switched on is asked when the timer fires
-            self._prefetch_timer.start(delay_ms or PREFETCH_DELAY_MS)
+        edited: the user may still be typing), or ``delay_ms`` after a change of the layer list (never sooner
+        than a wait already under way for an edited option)."""
+        if not self._ready or self.released:  # whether it is switched on is asked when the timer fires
+            return
+        timer = self._prefetch_timer
+        delay = PREFETCH_DELAY_MS if delay_ms is None else delay_ms
+        if timer.isActive():
+            delay = max(delay, timer.remainingTime())
+        timer.start(delay)
 
     def run_key(self) -> Any:
         """What a run computes from: every input field's value, each layer by its identity, data and placement.

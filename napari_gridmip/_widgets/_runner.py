@@ -11,6 +11,7 @@ sees Qt.
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from collections.abc import Callable, Generator
 from typing import Any
@@ -301,7 +302,9 @@ class BackgroundRunner:
         # Cancel no longer applies; Run stays disabled until the last layer is in, and a failure, or the
         # widget closing, takes every layer of this result out again.
         self._showing = {
-            "steps": _text_after_insert(changes.apply_stepwise(new_layers, replace=replace), new_layers),
+            "steps": _collect_first(
+                _text_after_insert(changes.apply_stepwise(new_layers, replace=replace), new_layers)
+            ),
             "changes": changes,
             "result": result,
             "on_done": on_done,
@@ -392,9 +395,29 @@ class BackgroundRunner:
             self._became_idle()
 
 
+_COLLECTED = {"done": False}  # the process's first result shown: see _collect_first
+
+
+def _collect_first(steps: Generator[None, None, list]) -> Generator[None, None, list]:
+    """``steps``, after a full garbage collection in its own event-loop turn, for the first result of the process.
+
+    A first run (JAX's imports and tracing above all) leaves many new long-lived objects, so Python's next
+    full collection is due; it then falls inside napari's first layer insert, scanning every object of the
+    process (100 to 150 ms) on top of the insert and its first paint. Collected first, it is a separate,
+    shorter wait (bench_gui_freeze.py --scenario stitch: the longest freeze 352 to 540 ms -> 264 to 346 ms;
+    with the labels a turn later, :func:`_text_after_insert`, 189 to 222 ms). Later runs rarely make one due.
+    On the GUI thread, so that the Qt objects among the garbage are deleted in their own thread.
+    """
+    if not _COLLECTED["done"]:
+        _COLLECTED["done"] = True
+        gc.collect()
+        yield
+    return (yield from steps)
+
+
 def _text_after_insert(steps: Generator[None, None, list], layers: list[Any]) -> Generator[None, None, list]:
-    """``steps`` (inserting ``layers`` one per event-loop turn), with each new layer's text labels shown a turn
-    after the layer itself.
+    """``steps`` (inserting ``layers`` one per event-loop turn), with the new layers' text labels shown after the
+    last insert, one layer per turn.
 
     The first paint of text renders every distinct character's glyph on the GUI thread (vispy, on the CPU:
     about 7 ms a glyph), on top of the layer's own first paint: the stitch widget's tile labels made its
@@ -406,9 +429,8 @@ def _text_after_insert(steps: Generator[None, None, list], layers: list[Any]) ->
     later = [
         layer
         for layer in layers
-        if isinstance(getattr(layer, "text", None), TextManager)
-        and layer.text.visible
-        and np.any(np.asarray(layer.text.values, dtype=str) != "")
+        # napari keeps a layer without labels as one empty string (0-d values): no scan of every label here
+        if isinstance(getattr(layer, "text", None), TextManager) and layer.text.visible and np.ndim(layer.text.values)
     ]
     for layer in later:
         layer.text.visible = False
@@ -444,28 +466,39 @@ def _forget_task(viewer: Any, worker: Any) -> None:
 def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:
     """napari layer models for a job's layer-data tuples, made in the worker, with their first-use costs paid.
 
-    Making a layer computes its contrast limits and thumbnail, and the first Labels layer with a direct
-    colormap in a session has napari compile (numba) the colour lookup of its dtype: seconds on the GUI
-    thread otherwise (benchmarks/bench_gui_freeze.py, docs/benchmarks.md). The models hold no Qt objects;
-    the GUI thread adds them.
+    Making a layer computes its contrast limits and thumbnail, and a Labels layer's colour lookup of a dtype
+    may have napari compile it (numba) the first time in a session: seconds on the GUI thread otherwise
+    (benchmarks/bench_gui_freeze.py, docs/benchmarks.md). The models hold no Qt objects; the GUI thread adds
+    them.
     """
-    import gc
-
     from napari.layers import Labels, Layer
 
-    layers = [Layer.create(data, dict(meta), kind) for data, meta, kind in layer_data]
+    layers = [Layer.create(data, _shown_colormap(dict(meta), kind), kind) for data, meta, kind in layer_data]
     for layer in layers:
         if isinstance(layer, Labels):
             # the lookups of the data's dtype and of int64, which napari's layer controls map on adding
             for dtype in {np.dtype(layer.data.dtype), np.dtype(np.int64)}:
                 layer.colormap.map(np.zeros(1, dtype=dtype))
-    # A run (JAX's tracing above all) leaves many new long-lived objects, so Python's next full collection is
-    # due; it would fall inside napari's layer insert on the GUI thread, scanning every object of the process
-    # (100 to 150 ms) on top of the insert's own first paint. Collected here, between the two, it is a
-    # separate, shorter wait (bench_gui_freeze.py --scenario stitch, 5 runs: the longest freeze 352 to 540 ms
-    # -> 264 to 346 ms; with the labels a turn later, _text_after_insert, 189 to 222 ms).
-    gc.collect()
     return layers
+
+
+def _shown_colormap(meta: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``meta`` with a Labels layer's direct colormap of one colour on label 1 (``{None or 0: transparent, 1:
+    colour}``, the occupancy's) made the cyclic colormap of that colour, which shows the same pixels.
+
+    napari maps a direct colormap through a typed dict that numba compiles in every process (1 to 1.5 s of the
+    mipmap widget's first Run in each session, bench_first_run.py), where uint8 labels under a cyclic colormap
+    go to the GPU as they are. Label 0, the background, stays transparent; both entries hold the colour, so
+    napari's "shuffle colors" keeps it. The job's own output stays the plain dict (its jobs run without napari).
+    """
+    colormap = meta.get("colormap")
+    if kind != "labels" or not isinstance(colormap, dict) or set(colormap) - {None, 0, 1} or 1 not in colormap:
+        return meta
+    if any(colormap.get(key, "transparent") != "transparent" for key in (None, 0)):
+        return meta
+    from napari.utils.colormaps import CyclicLabelColormap
+
+    return {**meta, "colormap": CyclicLabelColormap(colors=[colormap[1], colormap[1]])}
 
 
 def _world_box(viewer: Any) -> np.ndarray | None:

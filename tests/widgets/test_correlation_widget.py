@@ -557,15 +557,18 @@ def test_run_takes_over_the_job_started_when_the_inputs_settled(viewer_and_widge
     assert runs == [1, 1]
 
 
-def test_new_layers_start_the_early_job_sooner_than_an_edited_option(viewer_and_widget):
+def test_new_layers_start_the_early_job_sooner_than_an_edited_option(viewer_and_widget, monkeypatch):
     from napari_gridmip._widgets import _base
 
+    monkeypatch.setattr(_base, "PREFETCH_DELAY_MS", 10_000)  # long enough to be still pending on a loaded machine
     viewer, widget = viewer_and_widget
     _pair(viewer)  # layers added (a sample opened): their layers arrive at once, nothing is being typed
     assert widget._prefetch_timer.isActive()
     assert widget._prefetch_timer.interval() == _base.LAYERS_PREFETCH_DELAY_MS < _base.PREFETCH_DELAY_MS
     widget.window_rows.value = 7  # an option edited: wait for the user to stop
     assert widget._prefetch_timer.isActive() and widget._prefetch_timer.interval() == _base.PREFETCH_DELAY_MS
+    viewer.add_image(np.zeros((4, 4)), name="another")  # layers change meanwhile: the edit's wait is not cut short
+    assert widget._prefetch_timer.interval() > 5_000
 
 
 def test_an_option_changed_after_the_early_job_gives_its_own_result(viewer_and_widget, qtbot, wait_idle, monkeypatch):

@@ -475,3 +475,19 @@ def test_a_threshold_at_the_unrounded_maximum_moves_the_slider_to_its_end(viewer
     wait_idle(widget)
     widget.threshold.value = float(volume.max())  # above the slider's rounded maximum: no ValueError
     assert widget.threshold_slider.value == widget.threshold_slider.max
+
+
+def test_only_a_one_colour_direct_colormap_is_shown_as_cyclic():
+    from napari_gridmip._widgets._runner import _shown_colormap
+
+    one = {None: "transparent", 0: "transparent", 1: "cyan"}
+    shown = _shown_colormap({"colormap": one, "name": "x"}, "labels")
+    assert type(shown["colormap"]).__name__ == "CyclicLabelColormap" and shown["name"] == "x"
+    np.testing.assert_allclose(shown["colormap"].map(np.array([0, 1, 1])), [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 1, 1]])
+    for meta, kind in (
+        ({"colormap": {0: "transparent", 1: "cyan", 2: "red"}}, "labels"),  # a second colour: stays direct
+        ({"colormap": {0: "black", 1: "cyan"}}, "labels"),  # a visible background: stays direct
+        ({"colormap": "gray"}, "image"),
+        ({"colormap": one}, "image"),
+    ):
+        assert _shown_colormap(meta, kind) is meta

@@ -176,17 +176,28 @@ def test_text_labels_come_back_when_an_insert_fails(make_napari_viewer):
     assert labelled.text.visible
 
 
-def test_layers_are_made_then_garbage_collected_in_the_worker(monkeypatch):
+def test_the_first_result_of_a_process_is_shown_after_a_full_collection_of_its_own(monkeypatch):
     import gc
 
     from napari_gridmip._widgets import _runner
 
     order = []
-    from napari.layers import Layer
-
-    create = Layer.create
-    monkeypatch.setattr(Layer, "create", staticmethod(lambda *a, **k: order.append("layer") or create(*a, **k)))
+    monkeypatch.setattr(_runner, "_COLLECTED", {"done": False})
     monkeypatch.setattr(gc, "collect", lambda *a: order.append("collect") or 0)
-    layers = _runner.layers_ready_to_show([(np.zeros((4, 4)), {"name": "a"}, "image")])
-    assert [layer.name for layer in layers] == ["a"]
-    assert order == ["layer", "collect"]  # the full collection falls in the worker, not in napari's insert
+
+    def inserts():
+        order.append("insert 1")
+        yield
+        order.append("insert 2")
+        return ["a", "b"]
+
+    for expected in (["collect", "turn", "insert 1", "turn", "insert 2"], ["insert 1", "turn", "insert 2"]):
+        order.clear()
+        steps = _runner._collect_first(inserts())
+        try:
+            while True:
+                next(steps)
+                order.append("turn")
+        except StopIteration as done:
+            assert done.value == ["a", "b"]
+        assert order == expected  # a turn between the collection and napari's first insert; later results: none

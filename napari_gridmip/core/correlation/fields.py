@@ -492,7 +492,7 @@ def _moments_pass(stack: jax.Array, *, half: int, axis: int) -> tuple[jax.Array,
     return _runs_pass(stack, half=half, axis=axis)
 
 
-def _fits(valid, along_y, spacing, *, kind, xp=jnp):
+def _fits(valid: Any, along_y: Sequence[Sequence[Any]], spacing: Any, *, kind: str, xp: Any = jnp) -> tuple[Any, ...]:
     """``(exx, eyy, exy)`` from the 2D window sums ``along_y[q][k]``: moment ``q`` along y of input ``k``,
     the inputs being, along x, the mask's moments 0, 1, 2 and each field's moments 0 and 1."""
     m0, m1, m2 = along_y
@@ -566,7 +566,9 @@ def _strain(dy, dx, spacing, *, window, kind):
     return _strain_from_sums(valid, along_y, spacing, kind=kind)
 
 
-def _strain_numpy(dy: np.ndarray, dx: np.ndarray, spacing: np.ndarray, *, window, kind) -> tuple[np.ndarray, ...]:
+def _strain_numpy(
+    dy: np.ndarray, dx: np.ndarray, spacing: np.ndarray, *, window: tuple[int, int], kind: str
+) -> tuple[np.ndarray, ...]:
     """:func:`_strain`'s steps in NumPy, for a small field (direct sums: windows up to the field's size)."""
     valid, stack = _inputs_of(dy, dx, np)
     x0, x1, x2 = _window_moments(stack, window[1] // 2, -1, 2, np)
@@ -576,6 +578,7 @@ def _strain_numpy(dy: np.ndarray, dx: np.ndarray, spacing: np.ndarray, *, window
 
 
 def _stacked_inputs(x0: Any, x1: Any, x2: Any, xp: Any = jnp) -> Any:
+    """The inputs of the pass along y: the mask's moments 0, 1, 2 along x, then ``u``'s and ``v``'s 0 and 1."""
     return xp.stack([x0[0], x1[0], x2[0], x0[1], x1[1], x0[2], x1[2]])
 
 
@@ -901,8 +904,12 @@ def _strained(dy, dx, *, dtype, spacing, window, kind) -> Strain:
     """:func:`strain_field`'s in-memory kernel (the plane fits), for arguments already checked (the dask twin
     runs it on every block)."""
     shape = _validate.shape_of(dy)
+    # NumPy for small fields on the host or the CPU backend (an accelerator's array stays there: the round trip and
+    # NumPy's speed there would cost more than the one compile)
+    on_device = any(isinstance(a, jax.Array) for a in (dy, dx)) and jax.default_backend() != "cpu"
     traced = isinstance(dy, jax.core.Tracer) or isinstance(dx, jax.core.Tracer)
-    if not traced and math.prod(shape) * (window[0] + window[1]) <= NUMPY_STRAIN_MAX and max(window) <= DIRECT_WINDOW:
+    small = math.prod(shape) * (window[0] + window[1]) <= NUMPY_STRAIN_MAX and max(window) <= DIRECT_WINDOW
+    if small and not traced and not on_device:
         # small: NumPy, in the compute dtype, handed back as device arrays (device_put compiles nothing)
         flat = [np.asarray(a, dtype=dtype).reshape((-1,) + tuple(shape[-2:])) for a in (dy, dx)]
         with np.errstate(invalid="ignore", divide="ignore"):

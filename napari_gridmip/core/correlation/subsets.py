@@ -67,6 +67,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._compile_ahead import compile_ahead
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import precision_scope
@@ -861,40 +862,33 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         return parts
 
 
-_STARTED_AHEAD: set[tuple] = set()  # band programs whose compile was started ahead (once per process)
-
-
-def _compile_band_ahead(plan: Plan, rows: int, shape: tuple[int, ...], dtype: np.dtype) -> threading.Thread | None:
+def _compile_band_ahead(plan: Plan, rows: int, shape: tuple[int, ...], dtype: np.dtype) -> threading.Thread:
     """Start tracing and compiling the band program for ``plan`` in a thread, from the arguments' shapes.
 
-    XLA compiles it on one core for most of its 1.5 to 2.5 s (the subset kernel: docs/benchmarks.md, "First
+    XLA compiles it mostly on one core for 1.5 to 2.5 s (the subset kernel: docs/benchmarks.md, "First
     calls"), while the call prepares its inputs (centring, prefilter, padding, spline coefficients: programs
-    of their own to compile and run, about 0.5 s on a first call) on the other. JAX shares its compiled
-    programs between threads, so the call then finds the program ready; the caller joins the thread first,
-    so that the two never compile it twice. Once per program and process: later calls find it compiled.
+    of their own to compile and run, about 0.5 s on a first call) on the other. The caller joins the thread
+    before the first band (:mod:`napari_gridmip.core._compile_ahead`: once per program and process).
     """
     items = math.prod(shape[:-3])
-    key = (plan, rows, items, np.dtype(dtype).str)
-    if key in _STARTED_AHEAD:
-        return None
-    _STARTED_AHEAD.add(key)
+
+    def padded(pad: tuple[tuple[int, int], tuple[int, int]]) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """:func:`_finish`'s image and count of non-finite values (None without any) for a padding ``pad``; written
+        out rather than traced, so that the call's own trace of it never races this thread's."""
+        before, after = pad  # ((rows, cols) before, (rows, cols) after), as _finish reads it
+        rows, cols = (n + b + a for n, b, a in zip(plan.shape, before, after))
+        bad = jax.ShapeDtypeStruct((items, rows, cols), dtype) if plan.has_bad else None
+        return jax.ShapeDtypeStruct((items, plan.frames, rows, cols), dtype), bad
 
     def compile_band() -> None:
-        try:
-            with precision_scope(dtype):
-                x = jax.ShapeDtypeStruct((items, plan.frames) + plan.shape, dtype)
-                finish = partial(_finish, pad1=plan.pad, pad2=((0, 0), (0, plan.step)), bad=plan.has_bad)
-                x1, bad1, x2, bad2 = jax.eval_shape(finish, x, x)
-                centres = jax.ShapeDtypeStruct((items, 2), dtype)
-                start = jax.ShapeDtypeStruct((), np.int32)
-                c1 = x1 if plan.spline else None
-                _band.lower(x1, x2, bad1, bad2, centres, start, c1, plan=plan, rows=rows).compile()
-        except Exception:  # noqa: BLE001 - the call itself compiles the program again, and reports any error
-            _STARTED_AHEAD.discard(key)
+        with precision_scope(dtype):
+            (x1, bad1), (x2, bad2) = padded(plan.pad), padded(((0, 0), (0, plan.step)))
+            centres = jax.ShapeDtypeStruct((items, 2), dtype)
+            start = jax.ShapeDtypeStruct((), np.int32)
+            c1 = x1 if plan.spline else None
+            _band.lower(x1, x2, bad1, bad2, centres, start, c1, plan=plan, rows=rows).compile()
 
-    thread = threading.Thread(target=compile_band, name="napari-gridmip compile ahead", daemon=True)
-    thread.start()
-    return thread
+    return compile_ahead(("subsets._band", plan, rows, items, np.dtype(dtype).str), compile_band)
 
 
 def _wait(result: Any) -> None:

@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core._compile_ahead import compile_ahead
 from napari_gridmip.core._precision import compute_dtype, precision_scope
 from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy.pyramid import check_pyramid
@@ -487,45 +488,35 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
     return pieces, lookups
 
 
-_STARTED_AHEAD: set[tuple] = set()  # leftover-batch programs whose compile was started ahead (once per process)
-
-
-def _compile_record_ahead(flat, state, o, t_stop, limit, size, capacity) -> threading.Thread | None:
+def _compile_record_ahead(
+    flat: Any, state: RayState, o: jax.Array, t_stop: jax.Array, limit: int, size: int, capacity: int
+) -> threading.Thread | None:
     """Start compiling the pass program for the leftover batches (``size`` rays) in a thread, from the shapes
     of the first batch's arguments.
 
     A call compiles the pass twice, for its first batch and for the quarter-size batches of the rays that
     batch leaves (:func:`record_batch`), each about 0.65 s on a first call, one after the other: compiled
     beside the first, the second is ready when the first pass ends (bench_first_run.py, traverse_occupied).
-    Skipped inside a caller's trace, and once per program and process.
+    None inside a caller's trace; otherwise :mod:`napari_gridmip.core._compile_ahead`'s thread, once per
+    program and process.
     """
     leaves = jax.tree_util.tree_leaves((flat, state, o, t_stop))
     if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
         return None
-    x64 = bool(jax.config.jax_enable_x64)  # the caller's precision scope (thread-local): the thread's too
-    key = (tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves), limit, size, capacity, x64)
-    if key in _STARTED_AHEAD:
-        return None
-    _STARTED_AHEAD.add(key)
 
-    def resized(a):
+    def resized(a: Any) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((size,) + tuple(a.shape[1:]), a.dtype)
 
     batch_state = jax.tree_util.tree_map(resized, state)
     keep = np.asarray(0, state.k.dtype)
 
     def compile_record() -> None:
-        try:
-            with jax.enable_x64(x64):
-                _record.lower(
-                    flat, resized(o), resized(o), resized(t_stop), batch_state, limit, keep, capacity=capacity
-                ).compile()
-        except Exception:  # noqa: BLE001 - the pass compiles it itself, and reports any error
-            _STARTED_AHEAD.discard(key)
+        _record.lower(
+            flat, resized(o), resized(o), resized(t_stop), batch_state, limit, keep, capacity=capacity
+        ).compile()
 
-    thread = threading.Thread(target=compile_record, name="napari-gridmip compile ahead", daemon=True)
-    thread.start()
-    return thread
+    key = ("traverse._record", tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves), limit, size, capacity)
+    return compile_ahead(key, compile_record)
 
 
 def _resumed(state: RayState, index: np.ndarray, size: int) -> RayState:

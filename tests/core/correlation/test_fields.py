@@ -299,7 +299,8 @@ def test_phase_from_displacement_follows_the_speckle_tracking_formula():
 
 @pytest.fixture(params=["numpy", "jax"])
 def strain_path(request, monkeypatch):
-    """Every strain test on both paths: NumPy (small fields, the default for these sizes) and JAX (larger ones)."""
+    """Every strain test on both paths: NumPy (small fields, the default for these sizes) and JAX (larger ones;
+    windows over 63, done by runs, always take it)."""
     from napari_gridmip.core.correlation import fields
 
     monkeypatch.setattr(fields, "NUMPY_STRAIN_MAX", 2**62 if request.param == "numpy" else 0)
@@ -420,7 +421,7 @@ def test_strain_bad_options(kwargs, error, message):
         strain_field(np.zeros(SMALL), np.zeros(SMALL), **kwargs)
 
 
-def test_small_fields_are_fitted_in_numpy_equal_to_jax_and_compile_nothing():
+def test_small_fields_are_fitted_in_numpy_equal_to_jax_and_compile_nothing(monkeypatch):
     """A DIC-like float32 field (smooth strain, noise, NaN holes): the NumPy path (what a small field takes)
     against the JAX path, and no program traced for it."""
     from napari_gridmip.core.correlation import fields
@@ -435,13 +436,10 @@ def test_small_fields_are_fitted_in_numpy_equal_to_jax_and_compile_nothing():
     with count_traces() as traced:
         small = strain_field(dy, dx, window=11, kind="green-lagrange", spacing=4.0)
     assert traced.count == 0 and all(isinstance(e, jax.Array) and e.dtype == np.float32 for e in small)
-    fields_max = fields.NUMPY_STRAIN_MAX
-    try:
-        fields.NUMPY_STRAIN_MAX = 0
-        big = strain_field(dy, dx, window=11, kind="green-lagrange", spacing=4.0)
-    finally:
-        fields.NUMPY_STRAIN_MAX = fields_max
+    monkeypatch.setattr(fields, "NUMPY_STRAIN_MAX", 0)
+    big = strain_field(dy, dx, window=11, kind="green-lagrange", spacing=4.0)
     for a, b in zip(small, big):
         a, b = host(a), host(b)
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
-        np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * np.nanmax(np.abs(b)))
+        # float32 rounding in another order (NumPy's against XLA's fused loops): the plane-fit test's tolerance
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * np.nanmax(np.abs(b)))

@@ -118,8 +118,9 @@ def child(scenario: str, threshold_ms: float, settle: float = 0.5) -> dict:
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
-        elif timer.isActive():
+        elif timer.isActive() and started[0]:  # a stop whose start was seen (not one under way at registration)
             garbage_runs.append((info["generation"], (time.perf_counter() - started[0]) * 1e3))
+            started[0] = 0.0
 
     gc.callbacks.append(on_gc)
     timer = QTimer()

@@ -586,9 +586,10 @@ _gather_inputs = jax.jit(_stacked_inputs)
 
 # Fields of at most this many values (times the window's two sides) are fitted in NumPy, where compiling the
 # JAX steps (four programs, 0.43 s on a first call; 0.3 to 0.8 s of the DIC widget's first Run) costs more than
-# computing: 11-wide window, NumPy 2.9 ms for a 120 x 120 field (the DIC sample's), 17 ms for 256 x 256, against
-# 2.2 and 5.2 ms for JAX once compiled. Larger fields, or traced ones, go through JAX.
-NUMPY_STRAIN_MAX = 256 * 256 * 22
+# computing: 11-wide window, NumPy 2.9 ms for a 120 x 120 field (the DIC sample's), against 2.2 ms for JAX once
+# compiled. Larger fields, or traced ones, go through JAX, whose steady state is then faster by more than a
+# few ms a call (256 x 256: NumPy 17 ms against 5.2 ms).
+NUMPY_STRAIN_MAX = 128 * 128 * 22
 
 
 # -- public API -------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core.occupancy._chunk_files import chunk_reader
 
 __all__ = ["colorize_view", "render_view"]
 
@@ -122,6 +123,8 @@ class ChunkCache:
             raise ValueError(f"capacity must hold one chunk ({self.chunk_bytes} bytes); got {capacity}")
         self.capacity = int(capacity)
         self.reads = 0
+        # a local Zarr v3 array's chunks straight from their files (4x less time than through Zarr), else None
+        self._reader = chunk_reader(volume)
         self._cells: np.ndarray | None = None  # the occupancy grid the pool was filled for
         self.cell = 0
         self._clear()
@@ -191,6 +194,8 @@ class ChunkCache:
     def _read(self, flat: int) -> np.ndarray:
         index = np.unravel_index(flat, self.grid)
         region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, self.chunk, self.shape))
+        if self._reader is not None:  # the whole stored chunk: the part inside the volume
+            return self._reader(index)[tuple(slice(0, r.stop - r.start) for r in region)]
         block = self.volume[region]
         return np.asarray(block.compute() if _validate.is_dask(block) else block)
 
@@ -342,20 +347,16 @@ def _segments_occupied(o, d, t0, n, first, length, boxes, step, shape, cell):
 def _box_bits(cells: np.ndarray) -> np.ndarray:
     """uint8, one per cell: bit ``4 e0 + 2 e1 + e2`` (``e`` 0 or 1 per axis) is set when a cell of the box from
     the cell to ``e`` cells past it along each axis is occupied (cells past the grid's end are empty)."""
-    padded = np.zeros(tuple(g + 1 for g in cells.shape), bool)
-    padded[:-1, :-1, :-1] = cells
-    boxes = {(): padded}  # per prefix of extents: the grid ORed over them, trimmed along the axes done
-    for axis in range(3):
-        head = (slice(None),) * axis
-        boxes = {
-            key + (e,): (b[(*head, slice(0, -1))] | b[(*head, slice(1, None))]) if e else b[(*head, slice(0, -1))]
-            for key, b in boxes.items()
-            for e in (0, 1)
-        }
-    out = np.zeros(cells.shape, np.uint8)
-    for (e0, e1, e2), b in boxes.items():
-        out |= b.view(np.uint8) << np.uint8(4 * e0 + 2 * e1 + e2)
-    return out
+    bits = np.zeros(tuple(g + 1 for g in cells.shape), np.uint8)  # padded: the cells past the end
+    bits[:-1, :-1, :-1] = cells
+    width = 1  # bits per cell so far: the extents along the axes done (the last axis first: its bit is the lowest)
+    for axis in (2, 1, 0):
+        here = tuple(slice(0, -1) if a == axis else slice(None) for a in range(3))
+        past = tuple(slice(1, None) if a == axis else slice(None) for a in range(3))
+        # extent 0 along this axis: the bits so far; extent 1: those ORed with the next cell's, in the next bits
+        bits = bits[here] | ((bits[here] | bits[past]) << np.uint8(width))
+        width *= 2
+    return bits
 
 
 @functools.partial(jax.jit, static_argnames=("length", "split", "cell"))

@@ -982,7 +982,7 @@ def render_view(
     else:
         batches = prepared or _band_batches(bands, cache, check)
         for (_, r, _), (v, t) in _ahead(batches, reduce, check, bool(prepared)):
-            ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
+            ids, best, best_t = _per_ray_sorted(mode, r, v[: len(r)], t[: len(r)])
             values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
@@ -1039,6 +1039,23 @@ def _per_ray(mode, rays, v, t):
         order = np.lexsort((t, v if mode == "minip" else -v, rays))
     r = rays[order]
     first = order[np.r_[True, r[1:] != r[:-1]]] if len(r) else order
+    return rays[first], v[first], t[first]
+
+
+def _per_ray_sorted(mode, rays, v, t):
+    """:func:`_per_ray` for segments in the order the search makes them (by ray, then along it: ``t`` increases
+    within a ray), without sorting: each ray's best by ``reduceat``, then the first segment holding it (the earliest
+    ``t`` among equals, as :func:`_per_ray`'s sort takes). NaN values (a float volume's) go to :func:`_per_ray`."""
+    if not len(rays) or np.isnan(v).any():
+        return _per_ray(mode, rays, v, t)
+    starts = np.flatnonzero(np.r_[True, rays[1:] != rays[:-1]])
+    sizes = np.diff(np.r_[starts, len(rays)])
+    if mode == "iso":  # the earliest hit (inf: none)
+        is_best = t == np.repeat(np.minimum.reduceat(t, starts), sizes)
+    else:
+        best = (np.minimum if mode == "minip" else np.maximum).reduceat(v, starts)
+        is_best = v == np.repeat(best, sizes)
+    first = np.minimum.reduceat(np.where(is_best, np.arange(len(rays)), len(rays)), starts)
     return rays[first], v[first], t[first]
 
 

@@ -403,3 +403,24 @@ def test_the_segments_read_are_exactly_those_whose_samples_read_an_occupied_cell
             hi = np.clip(base[k : k + 4].max(axis=0) + 1, 0, np.array(volume.shape) - 1) // 4
             occupied += bool(cells[lo[0] : hi[0] + 1, lo[1] : hi[1] + 1, lo[2] : hi[2] + 1].any())
     assert got.samples == occupied * 4 and 0 < occupied < len(origins) * 1200 // 4 // 10
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_per_ray_reduction_of_sorted_segments_equals_the_sorting_one(mode):
+    from napari_gridmip.core.occupancy.raycast import _per_ray, _per_ray_sorted
+
+    # segments by ray, then along it (t increasing within a ray); values with ties (the earliest t must win),
+    # segments without a valid sample (-inf) and, for iso, without a hit (t = inf, value -inf)
+    rng = np.random.default_rng(5)
+    rays = np.sort(rng.integers(0, 300, 3000)).astype(np.int32)
+    t = (rays * 1000 + np.arange(3000) + rng.uniform(0, 0.5, 3000)).astype(np.float32)
+    v = rng.integers(0, 6, 3000).astype(np.float32)
+    v[rng.random(3000) < 0.1] = -np.inf
+    if mode == "iso":
+        t[rng.random(3000) < 0.5] = np.inf
+        v[np.isinf(t)] = -np.inf
+    want = _per_ray(mode, rays, v, t)
+    got = _per_ray_sorted(mode, rays, v, t)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert len(np.unique(want[0])) == len(want[0]) == len(np.unique(rays))

@@ -45,6 +45,9 @@ __all__ = ["colorize_view", "render_view"]
 
 MODES = ("mip", "minip", "attenuated_mip", "iso")
 SEGMENT_BATCH = 1 << 13  # segments per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
+# coarse segments (or blocks) per call of the segment search: its tests are cheap (one lookup), so at 8192 a call the
+# Python around each call (packing rays, reading the result) cost as much as the call; still about 1 to 2 ms a call
+REFINE_BATCH = 1 << 15
 IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
 # a trilinear sample in float32 exceeds the largest voxel it reads by a few units in the last place at most (8
 # products of weights summing to 1 within rounding): a segment is skipped only when its bound, raised by this
@@ -282,8 +285,9 @@ class ChunkCache:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the compiled pieces: every batch is padded to SEGMENT_BATCH segments (or blocks of them), and a segment carries its
-# ray's (o, d, t0, n), so one program per level and mode serves every view (none is compiled when the camera moves)
+# the compiled pieces: every batch is padded to SEGMENT_BATCH segments (REFINE_BATCH in the search), and a segment
+# carries its ray's (o, d, t0, n), so one program per level and mode serves every view (none is compiled when the
+# camera moves)
 
 CORNERS = np.array(list(np.ndindex(2, 2, 2)), np.int32)  # the 8 voxels a trilinear sample reads
 
@@ -813,27 +817,30 @@ def render_view(
     # 1. which segments meet an occupied cell: the coarsest segments of every ray, in blocks of SCAN_BLOCK up to the
     # ray's last sample (not the volume's diagonal: a close-up's rays are shorter), then finer ones inside the occupied
     # ones, level by level over all rays at once (full batches: each call's work is real, not padding)
-    blocks = -(-rays_n.astype(np.int64) // (SCAN_BLOCK * lengths[0]))
-    r = np.repeat(np.arange(len(hit)), blocks)
-    c = np.arange(len(r)) - np.repeat(np.cumsum(blocks) - blocks, blocks)  # each block's index along its ray
-    for level in range(len(scales)):
+    # (int32 throughout: these lists run to millions, and this machine is slow to hand out fresh pages)
+    blocks = -(-rays_n // np.int32(SCAN_BLOCK * lengths[0]))
+    r = np.repeat(np.arange(len(hit), dtype=np.int32), blocks)
+    c = np.arange(len(r), dtype=np.int32) - np.repeat(np.cumsum(blocks, dtype=np.int32) - blocks, blocks)
+    for level in range(len(scales)):  # c: each block's (then segment's) index along its ray
         split = SCAN_BLOCK if level == 0 else lengths[level - 1] // lengths[level]  # a power of two
-        finer_r, finer_c = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        parts = [(r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]) for a in range(0, len(r), SEGMENT_BATCH)]
+        finer_r, finer_c = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
+        parts = [(r[a : a + REFINE_BATCH], c[a : a + REFINE_BATCH]) for a in range(0, len(r), REFINE_BATCH)]
 
         def refine(part, level=level, split=split):
             rr, cc = part
-            return _refine(*of_rays(rr, SEGMENT_BATCH), _pad(cc.astype(np.int32), SEGMENT_BATCH),
+            return _refine(*of_rays(rr, REFINE_BATCH), _pad(cc, REFINE_BATCH),
                            boxes[level], step32, shape_device, lengths[level], split, scales[level] * cell)  # fmt: skip
 
         for (rr, cc), fine in _ahead(parts, refine, check):
             flat = np.flatnonzero(fine[: len(rr)])  # row-major: by coarse segment, then along it
             i = flat >> (split.bit_length() - 1)
             finer_r.append(rr[i])
-            finer_c.append(cc[i] * split + (flat & (split - 1)))
+            j = flat.astype(np.int32)
+            j &= split - 1
+            finer_c.append(cc[i] * split + j)
         r, c = np.concatenate(finer_r), np.concatenate(finer_c)
-    # sorted by ray, then along it, as made: batches in ray order, np.nonzero in row-major order
-    rays, segs = r.astype(np.int32), c.astype(np.int32)
+    # sorted by ray, then along it, as made: batches in ray order, np.flatnonzero in row-major order
+    rays, segs = r, c
 
     # 2. the chunks their samples read in occupied cells, per batch of segments; bands of batches that fit
     batches = []

@@ -42,6 +42,8 @@ def chunk_reader(volume: Any) -> Callable[[tuple[int, ...]], np.ndarray] | None:
         return None
     dtype = np.dtype(volume.dtype)
     endian = getattr(codecs[0].endian, "value", None)
+    if dtype.itemsize > 1 and endian not in ("little", "big"):
+        return None
     stored = dtype.newbyteorder("<" if endian == "little" else ">") if dtype.itemsize > 1 else dtype
     shape = tuple(int(c) for c in grid.chunk_shape)
     fill = np.asarray(metadata.fill_value, dtype)

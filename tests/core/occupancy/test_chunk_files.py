@@ -55,6 +55,22 @@ def test_every_chunk_equals_zarrs_read(tmp_path, layout):
     assert 0 < missing < np.prod(grid)  # some chunks were never written: the fill value
 
 
+@pytest.mark.parametrize("dtype, fill", [("uint8", 3), ("float32", np.nan), ("int16", -5)])
+def test_other_dtypes_and_fill_values(tmp_path, dtype, fill):
+    data = np.full(SHAPE, fill, dtype)
+    data[3:20, 2:30, 1:12] = np.random.default_rng(2).integers(0, 100, (17, 28, 11))
+    array = zarr.create_array(store=str(tmp_path / "d.zarr"), shape=SHAPE, chunks=CHUNKS, dtype=dtype,
+                              fill_value=fill)  # fmt: skip
+    array[...] = data
+    read = chunk_reader(zarr.open_array(str(tmp_path / "d.zarr"), mode="r"))
+    for index in [(0, 0, 0), (1, 1, 1), (2, 2, 2)]:  # written, written, never written (the fill value)
+        region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, CHUNKS, SHAPE))
+        got = read(index)[tuple(slice(0, r.stop - r.start) for r in region)]
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, data[region])
+    assert not (tmp_path / "d.zarr" / "c" / "2" / "2" / "2").exists()
+
+
 def test_other_layouts_have_no_reader(tmp_path):
     data = volume()
     assert chunk_reader(data) is None

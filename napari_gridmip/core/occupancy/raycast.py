@@ -794,12 +794,14 @@ def render_view(
     hit = np.flatnonzero(n > 0)
     rays_o, rays_d = o[hit].astype(np.float32), d[hit].astype(np.float32)
     rays_t0, rays_n = t0[hit].astype(np.float32), n[hit].astype(np.int32)
-    step32, shape_device = np.float32(step), jnp.asarray(shape, jnp.int32)
+    # device_put, not jnp.asarray, for the arrays made here: jnp.asarray compiles a small copy program per new shape
+    # (5 to 15 ms each, a dozen in a level's first render)
+    step32, shape_device = np.float32(step), jax.device_put(np.asarray(shape, np.int32))
     if "boxes" not in cache.derived:  # per level (16x and 4x coarser cells, the cells): the bits of its cells'
         # boxes (one lookup a segment), and the cells themselves (marking chunks); kept with the cache
         grids = [_coarser(cells, f) for f in scales[:-1]] + [cells]
-        cache.derived["boxes"] = [jnp.asarray(_box_bits(g)) for g in grids]
-        cache.derived["cells"] = jnp.asarray(cells)
+        cache.derived["boxes"] = [jax.device_put(_box_bits(g)) for g in grids]
+        cache.derived["cells"] = jax.device_put(np.asarray(cells))
     boxes, cells_device = cache.derived["boxes"], cache.derived["cells"]
 
     def check() -> None:
@@ -848,7 +850,7 @@ def render_view(
     # 2. the chunks their samples read in occupied cells, per batch of segments; bands of batches that fit
     batches = []
     pending = [(rays[a : a + SEGMENT_BATCH], segs[a : a + SEGMENT_BATCH]) for a in range(0, len(rays), SEGMENT_BATCH)]
-    chunk_device, grid_device = jnp.asarray(cache.chunk, jnp.int32), jnp.asarray(cache.grid, jnp.int32)
+    chunk_device, grid_device = (jax.device_put(np.asarray(v, np.int32)) for v in (cache.chunk, cache.grid))
     if min(cache.chunk) >= cell:
         mark = functools.partial(_mark_boxes, aligned=all(c % cell == 0 for c in cache.chunk))
     else:
@@ -939,7 +941,7 @@ def render_view(
     values = np.full(len(hit), np.nan, np.float32)
     depth = np.full(len(hit), np.nan, np.float32)
     samples = len(rays) * segment
-    params_device = jnp.asarray(params)
+    params_device = jax.device_put(params)
 
     def reduce(item):
         index, r, part = item
@@ -1021,7 +1023,7 @@ def _loaded_band(cache, ids):
     slots_of = cache.load(ids)
     table = np.full(cache.grid, -1, np.int32)
     table.flat[ids] = slots_of
-    table = jnp.asarray(table)
+    table = jax.device_put(table)
     atlas, tables = cache.device_arrays()
     return table, atlas, tables
 

@@ -39,12 +39,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from napari_gridmip.core import _validate
+from napari_gridmip.core.occupancy._chunk_files import chunk_reader
 
 __all__ = ["colorize_view", "render_view"]
 
 MODES = ("mip", "minip", "attenuated_mip", "iso")
-RAY_BATCH = 1 << 12  # rays per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
-SEGMENT_BATCH = 1 << 13  # occupied segments per gather call (short, as RAY_BATCH)
+SEGMENT_BATCH = 1 << 13  # segments per compiled call: short calls, since a call holds the GIL (the GUI thread waits)
+# coarse segments (or blocks) per call of the segment search: its tests are cheap (one lookup), so at 8192 a call the
+# Python around each call (packing rays, reading the result) cost as much as the call; still about 1 to 2 ms a call
+REFINE_BATCH = 1 << 15
 IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
 # a trilinear sample in float32 exceeds the largest voxel it reads by a few units in the last place at most (8
 # products of weights summing to 1 within rounding): a segment is skipped only when its bound, raised by this
@@ -52,6 +55,7 @@ IN_MEMORY_CHUNK = 64  # NumPy/JAX volumes are read in chunks of this side
 BOUND_MARGIN = 2.0**-12
 MIP_ROUNDS = 2  # mip: rounds of one segment per ray (its largest bound left) before the rest that may reach
 SCALES = (16, 4, 1)  # segments are found against cells this many times the occupancy cells, coarsest first
+SCAN_BLOCK = 8  # the coarsest segments are tested in blocks of this many, as many blocks as a ray's samples need
 
 
 class ViewRender(NamedTuple):
@@ -103,8 +107,11 @@ class ChunkCache:
     where each of its cells lies in the pool (-1: empty, every voxel ``background``). For a sparse volume this holds
     a small part of the chunks' bytes (the 2048^3 sample's 3058 chunks with an occupied cell: 1.5 GiB whole, 43 MiB
     of occupied cells). Otherwise whole chunks are kept (one brick per chunk). Chunks are evicted least recently
-    used first, with their bricks. One cache may serve many renders of the same volume (a live view keeps one);
-    it is used by one render at a time, and is emptied when a render brings another occupancy grid.
+    used first, with their bricks. A local Zarr v3 array of the plain layout (``bytes`` and one of ``zstd``,
+    ``gzip``, ``blosc``) is read from its chunk files directly (:mod:`._chunk_files`: 4x less time a chunk than
+    through Zarr); other volumes through their own slicing. One cache may serve many renders of the same volume (a
+    live view keeps one); it is used by one render at a time, and is emptied when a render brings another occupancy
+    grid.
 
     ``capacity`` bounds the bytes of the pool and of the chunks' tables; the pool never holds more bricks than the
     grid has occupied cells. Its arrays are host arrays that JAX's CPU backend reads without a copy
@@ -122,6 +129,8 @@ class ChunkCache:
             raise ValueError(f"capacity must hold one chunk ({self.chunk_bytes} bytes); got {capacity}")
         self.capacity = int(capacity)
         self.reads = 0
+        # a local Zarr v3 array's chunks straight from their files (4x less time than through Zarr), else None
+        self._reader = chunk_reader(volume)
         self._cells: np.ndarray | None = None  # the occupancy grid the pool was filled for
         self.cell = 0
         self._clear()
@@ -191,6 +200,8 @@ class ChunkCache:
     def _read(self, flat: int) -> np.ndarray:
         index = np.unravel_index(flat, self.grid)
         region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, self.chunk, self.shape))
+        if self._reader is not None:  # the whole stored chunk: the part inside the volume
+            return self._reader(index)[tuple(slice(0, r.stop - r.start) for r in region)]
         block = self.volume[region]
         return np.asarray(block.compute() if _validate.is_dask(block) else block)
 
@@ -277,8 +288,9 @@ class ChunkCache:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the compiled pieces: every batch is padded to RAY_BATCH rays or SEGMENT_BATCH segments, and a segment carries its
-# ray's (o, d, t0, n), so one program per level and mode serves every view (none is compiled when the camera moves)
+# the compiled pieces: every batch is padded to SEGMENT_BATCH segments (REFINE_BATCH in the search), and a segment
+# carries its ray's (o, d, t0, n), so one program per level and mode serves every view (none is compiled when the
+# camera moves)
 
 CORNERS = np.array(list(np.ndindex(2, 2, 2)), np.int32)  # the 8 voxels a trilinear sample reads
 
@@ -316,47 +328,65 @@ def _div(x, k: int):
     return x >> (k.bit_length() - 1) if k & (k - 1) == 0 else x // k
 
 
-def _segments_occupied(o, d, t0, n, first, length, cells, step, shape, cell):
+def _segments_occupied(o, d, t0, n, first, length, boxes, step, shape, cell):
     """Whether a segment's samples may read a voxel of an occupied cell: the voxels its trilinear samples read lie
     in the box from the first sample's lower voxels to the last's upper ones, which spans at most 2 cells per axis
-    (a segment's samples span at most ``cell - 1`` voxels), so the 8 corner cells of that box are all its cells."""
+    (a segment's samples span at most ``cell - 1`` voxels), so its cells are the box of cells from ``lo`` to ``lo +
+    e`` (``e`` 0 or 1 per axis). ``boxes`` (:func:`_box_bits`) holds per cell whether each of the 8 such boxes from
+    it has an occupied cell: one lookup a segment, not 8."""
+    # axis by axis on (P, k) arrays (the same arithmetic as _points and _base): XLA vectorises these, not (P, k, 3)
     last = jnp.minimum(first + length - 1, n - 1)
-    bf, _ = _base(_points(o, d, t0, first, step)[0], shape)
-    bl, _ = _base(_points(o, d, t0, jnp.maximum(last, 0), step)[0], shape)
-    lo = _div(jnp.clip(jnp.minimum(bf, bl), 0, shape - 1), cell)
-    hi = _div(jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape - 1), cell)
-    # per axis its two cells (one where the box is in one), then the 8 corners' lookups, flat
-    sides = [(lo[..., a], jnp.minimum(lo[..., a] + 1, hi[..., a])) for a in range(3)]
-    grid, flat = cells.shape, cells.reshape(-1)
-    occupied = jnp.zeros(first.shape, bool)
-    for c0, c1, c2 in np.ndindex(2, 2, 2):
-        occupied = occupied | flat[(sides[0][c0] * grid[1] + sides[1][c1]) * grid[2] + sides[2][c2]]
-    return occupied & (first < n)
+    t_first = t0 + (first.astype(jnp.float32) + 0.5) * step
+    t_last = t0 + (jnp.maximum(last, 0).astype(jnp.float32) + 0.5) * step
+    grid = boxes.shape
+    index, bit = 0, 0  # the box's first cell (flat), and which of the 8 boxes from it: bit 4 e0 + 2 e1 + e2
+    for axis in range(3):
+        bf = jnp.clip(jnp.floor(o[..., axis] + t_first * d[..., axis] - 0.5).astype(jnp.int32), -1, shape[axis] - 1)
+        bl = jnp.clip(jnp.floor(o[..., axis] + t_last * d[..., axis] - 0.5).astype(jnp.int32), -1, shape[axis] - 1)
+        lo = _div(jnp.clip(jnp.minimum(bf, bl), 0, shape[axis] - 1), cell)
+        hi = _div(jnp.clip(jnp.maximum(bf, bl) + 1, 0, shape[axis] - 1), cell)
+        index = index * grid[axis] + lo
+        bit = bit * 2 + (hi > lo).astype(jnp.int32)
+    word = boxes.reshape(-1)[index]
+    return ((word >> bit.astype(jnp.uint8)) & 1).astype(bool) & (first < n)
 
 
-@functools.partial(jax.jit, static_argnames=("length", "count", "cell"))
-def _scan(rays, cells, step, shape, length, count, cell):
-    """(rays, count): which of each ray's first ``count`` segments of ``length`` samples meet an occupied cell."""
-    o, d, t0, n = _unpack(rays)
-    first = jnp.broadcast_to(jnp.arange(count, dtype=jnp.int32)[None, :] * length, (o.shape[0], count))
-    return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, cells, step, shape, cell)
+def _box_bits(cells: np.ndarray) -> np.ndarray:
+    """uint8, one per cell: bit ``4 e0 + 2 e1 + e2`` (``e`` 0 or 1 per axis) is set when a cell of the box from
+    the cell to ``e`` cells past it along each axis is occupied (cells past the grid's end are empty)."""
+    bits = np.zeros(tuple(g + 1 for g in cells.shape), np.uint8)  # padded: the cells past the end
+    bits[:-1, :-1, :-1] = cells
+    width = 1  # bits per cell so far: the extents along the axes done (the last axis first: its bit is the lowest)
+    for axis in (2, 1, 0):
+        here = tuple(slice(0, -1) if a == axis else slice(None) for a in range(3))
+        past = tuple(slice(1, None) if a == axis else slice(None) for a in range(3))
+        # extent 0 along this axis: the bits so far; extent 1: those ORed with the next cell's, in the next bits
+        bits = bits[here] | ((bits[here] | bits[past]) << np.uint8(width))
+        width *= 2
+    return bits
 
 
 @functools.partial(jax.jit, static_argnames=("length", "split", "cell"))
-def _refine(rays, coarse, cells, step, shape, length, split, cell):
+def _refine(rays, coarse, boxes, step, shape, length, split, cell):
     """(P, split): which of the ``split`` segments of ``length`` samples inside each coarse segment meet one
-    (``o``, ``d``, ``t0``, ``n``: each coarse segment's ray)."""
+    (``rays``: each coarse segment's ray; :func:`render_view`'s first level takes blocks of ``split`` segments)."""
     o, d, t0, n = _unpack(rays)
     first = (coarse[:, None] * split + jnp.arange(split, dtype=jnp.int32)[None, :]) * length
-    return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, cells, step, shape, cell)
+    return _segments_occupied(o[:, None], d[:, None], t0[:, None], n[:, None], first, length, boxes, step, shape, cell)
 
 
 def _samples(o, d, t0, n, segs, step, shape, segment):
-    """Each segment's samples: their lower voxels, weights, t and validity."""
+    """Each segment's samples: their lower voxels and weights per axis (3 arrays (P, segment) each: XLA vectorises
+    these, not (P, segment, 3); the arithmetic of :func:`_points` and :func:`_base`), t and validity."""
     k = segs[:, None] * segment + jnp.arange(segment, dtype=jnp.int32)[None, :]
-    p, t = _points(o[:, None, :], d[:, None, :], t0[:, None], k, step)
-    base, weight = _base(p, shape)
-    return base, weight, t, k < n[:, None]
+    t = t0[:, None] + (k.astype(jnp.float32) + 0.5) * step
+    bases, weights = [], []
+    for axis in range(3):
+        q = o[:, None, axis] + t * d[:, None, axis] - 0.5
+        low = jnp.floor(q)
+        bases.append(jnp.clip(low.astype(jnp.int32), -1, shape[axis] - 1))
+        weights.append(q - low)
+    return bases, weights, t, k < n[:, None]
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "cell", "chunks"))
@@ -364,7 +394,8 @@ def _mark(rays, segs, cells, step, shape, chunk, grid, segment, cell, chunks):
     """The chunks (flat ids; ``chunks``: none) that hold a voxel a sample of the given segments reads in an occupied
     cell, per segment and sample: (P, 8 segment) int32, made a set in NumPy (XLA's scatter on the CPU is slow)."""
     o, d, t0, n = _unpack(rays)
-    base, _, _, valid = _samples(o, d, t0, n, segs, step, shape, segment)
+    bases, _, _, valid = _samples(o, d, t0, n, segs, step, shape, segment)
+    base = jnp.stack(bases, axis=-1)
     marked = []
     for corner in CORNERS:
         v = _corner(base, corner, shape)
@@ -410,21 +441,22 @@ def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chun
 
 
 def _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk):
-    """:func:`_gather`'s values where bricks are at least a cell: a segment's samples then read voxels of 2 bricks
-    per axis at most (see :func:`_bounds`), so each segment's 8 bricks are looked up once (chunk slot, then the
-    chunk's table), and each of its samples' corners picks one of them: 1 lookup in the pool and 1 in the segment's
-    8, not 3 scattered ones. The voxels read, the weights and the sum's order are :func:`_gather`'s."""
+    """:func:`_gather`'s values (``base``, ``weight``: per axis) where bricks are at least a cell: a segment's samples
+    then read voxels of 2 bricks per axis at most (see :func:`_bounds`), so each segment's 8 bricks are looked up
+    once (chunk slot, then the chunk's table), and each of its samples' corners picks one of them: 1 lookup in the
+    pool and 1 in the segment's 8, not 3 scattered ones. The voxels read, the weights and the sum's order are
+    :func:`_gather`'s."""
     grid = slots.shape
     per_axis, firsts = [], []  # per axis: the segment's first brick; per side: which of its 2, voxel in it, weight
     for axis in range(3):
-        lower = jnp.clip(base[..., axis], 0, shape[axis] - 1)
+        lower = jnp.clip(base[axis], 0, shape[axis] - 1)
         # the smallest voxel a valid sample reads (the first sample is always valid)
         first = _div(jnp.min(jnp.where(valid, lower, lower[:, :1]), axis=1), brick[axis])
         sides = []
         for side in (0, 1):
-            v = jnp.clip(base[..., axis] + side, 0, shape[axis] - 1)
+            v = jnp.clip(base[axis] + side, 0, shape[axis] - 1)
             b = _div(v, brick[axis])
-            w = weight[..., axis] if side else 1 - weight[..., axis]
+            w = weight[axis] if side else 1 - weight[axis]
             sides.append((jnp.clip(b - first[:, None], 0, 1), v - b * brick[axis], w))
         per_axis.append(sides)
         firsts.append(first)
@@ -442,7 +474,7 @@ def _gather_local(base, weight, valid, atlas, tables, slots, shape, background, 
         index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
         offsets.append(jnp.where((slot >= 0) & (index >= 0), index * volume, -1))
     offsets = jnp.stack(offsets, axis=1)
-    value = jnp.zeros(base.shape[:-1], jnp.float32)
+    value = jnp.zeros(base[0].shape, jnp.float32)
     for c0, c1, c2 in np.ndindex(2, 2, 2):
         (k0, l0, w0), (k1, l1, w1), (k2, l2, w2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
         start = jnp.take_along_axis(offsets, (k0 * 2 + k1) * 2 + k2, axis=1)
@@ -467,14 +499,14 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
     for axis in range(3):  # in the brick, and its weight
         sides = []
         for side in (0, 1):
-            v = jnp.clip(base[..., axis] + side, 0, shape[axis] - 1)
+            v = jnp.clip(base[axis] + side, 0, shape[axis] - 1)
             b = _div(v, brick[axis])
             q = _div(b, per_chunk[axis])
-            w = weight[..., axis] if side else 1 - weight[..., axis]
+            w = weight[axis] if side else 1 - weight[axis]
             sides.append((q, b - q * per_chunk[axis], v - b * brick[axis], w))
         per_axis.append(sides)
     slots, tables, atlas = slots.reshape(-1), tables.reshape(-1), atlas.reshape(-1)
-    value = jnp.zeros(base.shape[:-1], jnp.float32)
+    value = jnp.zeros(base[0].shape, jnp.float32)
     for c0, c1, c2 in np.ndindex(2, 2, 2):
         (q0, i0, l0, w0), (q1, i1, l1, w1), (q2, i2, l2, w2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
         slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
@@ -762,13 +794,15 @@ def render_view(
     hit = np.flatnonzero(n > 0)
     rays_o, rays_d = o[hit].astype(np.float32), d[hit].astype(np.float32)
     rays_t0, rays_n = t0[hit].astype(np.float32), n[hit].astype(np.int32)
-    step32, shape_device = np.float32(step), jnp.asarray(shape, jnp.int32)
-    # coarsest segments per ray: enough for the volume's diagonal, whatever the view (one program per volume)
-    count = -(-int(np.ceil((np.linalg.norm(shape) / step + 1) / lengths[0])) // 8) * 8
-    if "grids" not in cache.derived:  # the cells on the device, and 16x and 4x coarser: kept with the cache
-        cache.derived["grids"] = [jnp.asarray(_coarser(cells, f)) for f in scales[:-1]] + [jnp.asarray(cells)]
-    grids = cache.derived["grids"]
-    cells_device = grids[-1]
+    # device_put, not jnp.asarray, for the arrays made here: jnp.asarray compiles a small copy program per new shape
+    # (5 to 15 ms each, a dozen in a level's first render)
+    step32, shape_device = np.float32(step), jax.device_put(np.asarray(shape, np.int32))
+    if "boxes" not in cache.derived:  # per level (16x and 4x coarser cells, the cells): the bits of its cells'
+        # boxes (one lookup a segment), and the cells themselves (marking chunks); kept with the cache
+        grids = [_coarser(cells, f) for f in scales[:-1]] + [cells]
+        cache.derived["boxes"] = [jax.device_put(_box_bits(g)) for g in grids]
+        cache.derived["cells"] = jax.device_put(np.asarray(cells))
+    boxes, cells_device = cache.derived["boxes"], cache.derived["cells"]
 
     def check() -> None:
         if cancel is not None and cancel():
@@ -781,45 +815,42 @@ def render_view(
     def of_rays(index: np.ndarray, size: int) -> list:
         """The rays ``index`` (into the rays that meet the box), packed and padded to ``size``."""
         out = np.empty((size, 8), np.float32)
-        out[: len(index)] = packed[index]
+        np.take(packed, index, axis=0, out=out[: len(index)])  # into place (indexing would copy twice)
         out[len(index) :] = padding
         return [out]  # NumPy: the compiled call's own transfer is cheaper than jax.device_put's
 
-    # 1. which segments meet an occupied cell: the coarsest segments of every ray, then finer ones inside the occupied
+    # 1. which segments meet an occupied cell: the coarsest segments of every ray, in blocks of SCAN_BLOCK up to the
+    # ray's last sample (not the volume's diagonal: a close-up's rays are shorter), then finer ones inside the occupied
     # ones, level by level over all rays at once (full batches: each call's work is real, not padding)
-    r_list, c_list = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    ray_batches = [np.arange(a, min(a + RAY_BATCH, len(hit))) for a in range(0, len(hit), RAY_BATCH)]
-
-    def scan(batch):
-        return _scan(*of_rays(batch, RAY_BATCH), grids[0], step32, shape_device, lengths[0], count, scales[0] * cell)
-
-    for batch, occupied in _ahead(ray_batches, scan, check):
-        r, c = np.nonzero(occupied[: len(batch)])
-        r_list.append(batch[r])
-        c_list.append(c)
-    r, c = np.concatenate(r_list), np.concatenate(c_list)
-    for level in range(1, len(scales)):
-        split = lengths[level - 1] // lengths[level]
-        finer_r, finer_c = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        parts = [(r[a : a + SEGMENT_BATCH], c[a : a + SEGMENT_BATCH]) for a in range(0, len(r), SEGMENT_BATCH)]
+    # (int32 throughout: these lists run to millions, and this machine is slow to hand out fresh pages)
+    blocks = -(-rays_n // np.int32(SCAN_BLOCK * lengths[0]))
+    r = np.repeat(np.arange(len(hit), dtype=np.int32), blocks)
+    c = np.arange(len(r), dtype=np.int32) - np.repeat(np.cumsum(blocks, dtype=np.int32) - blocks, blocks)
+    for level in range(len(scales)):  # c: each block's (then segment's) index along its ray
+        split = SCAN_BLOCK if level == 0 else lengths[level - 1] // lengths[level]  # a power of two
+        finer_r, finer_c = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]
+        parts = [(r[a : a + REFINE_BATCH], c[a : a + REFINE_BATCH]) for a in range(0, len(r), REFINE_BATCH)]
 
         def refine(part, level=level, split=split):
             rr, cc = part
-            return _refine(*of_rays(rr, SEGMENT_BATCH), _pad(cc.astype(np.int32), SEGMENT_BATCH),
-                           grids[level], step32, shape_device, lengths[level], split, scales[level] * cell)  # fmt: skip
+            return _refine(*of_rays(rr, REFINE_BATCH), _pad(cc, REFINE_BATCH),
+                           boxes[level], step32, shape_device, lengths[level], split, scales[level] * cell)  # fmt: skip
 
         for (rr, cc), fine in _ahead(parts, refine, check):
-            i, j = np.nonzero(fine[: len(rr)])
+            flat = np.flatnonzero(fine[: len(rr)])  # row-major: by coarse segment, then along it
+            i = flat >> (split.bit_length() - 1)
             finer_r.append(rr[i])
+            j = flat.astype(np.int32)
+            j &= split - 1
             finer_c.append(cc[i] * split + j)
         r, c = np.concatenate(finer_r), np.concatenate(finer_c)
-    # sorted by ray, then along it, as made: batches in ray order, np.nonzero in row-major order
-    rays, segs = r.astype(np.int32), c.astype(np.int32)
+    # sorted by ray, then along it, as made: batches in ray order, np.flatnonzero in row-major order
+    rays, segs = r, c
 
     # 2. the chunks their samples read in occupied cells, per batch of segments; bands of batches that fit
     batches = []
     pending = [(rays[a : a + SEGMENT_BATCH], segs[a : a + SEGMENT_BATCH]) for a in range(0, len(rays), SEGMENT_BATCH)]
-    chunk_device, grid_device = jnp.asarray(cache.chunk, jnp.int32), jnp.asarray(cache.grid, jnp.int32)
+    chunk_device, grid_device = (jax.device_put(np.asarray(v, np.int32)) for v in (cache.chunk, cache.grid))
     if min(cache.chunk) >= cell:
         mark = functools.partial(_mark_boxes, aligned=all(c % cell == 0 for c in cache.chunk))
     else:
@@ -910,7 +941,7 @@ def render_view(
     values = np.full(len(hit), np.nan, np.float32)
     depth = np.full(len(hit), np.nan, np.float32)
     samples = len(rays) * segment
-    params_device = jnp.asarray(params)
+    params_device = jax.device_put(params)
 
     def reduce(item):
         index, r, part = item
@@ -963,7 +994,7 @@ def render_view(
     else:
         batches = prepared or _band_batches(bands, cache, check)
         for (_, r, _), (v, t) in _ahead(batches, reduce, check, bool(prepared)):
-            ids, best, best_t = _per_ray(mode, r, v[: len(r)], t[: len(r)])
+            ids, best, best_t = _per_ray_sorted(mode, r, v[: len(r)], t[: len(r)])
             values[ids], depth[ids] = _combine(mode, values[ids], depth[ids], best, best_t)
     if mode in ("mip", "minip") or (mode == "iso" and background > params[0]):
         bg = np.where(any_skipped, background, np.nan).astype(np.float32)
@@ -992,7 +1023,7 @@ def _loaded_band(cache, ids):
     slots_of = cache.load(ids)
     table = np.full(cache.grid, -1, np.int32)
     table.flat[ids] = slots_of
-    table = jnp.asarray(table)
+    table = jax.device_put(table)
     atlas, tables = cache.device_arrays()
     return table, atlas, tables
 
@@ -1020,6 +1051,23 @@ def _per_ray(mode, rays, v, t):
         order = np.lexsort((t, v if mode == "minip" else -v, rays))
     r = rays[order]
     first = order[np.r_[True, r[1:] != r[:-1]]] if len(r) else order
+    return rays[first], v[first], t[first]
+
+
+def _per_ray_sorted(mode, rays, v, t):
+    """:func:`_per_ray` for segments in the order the search makes them (by ray, then along it: ``t`` increases
+    within a ray), without sorting: each ray's best by ``reduceat``, then the first segment holding it (the earliest
+    ``t`` among equals, as :func:`_per_ray`'s sort takes). NaN values (a float volume's) go to :func:`_per_ray`."""
+    if not len(rays) or np.isnan(v).any():
+        return _per_ray(mode, rays, v, t)
+    starts = np.flatnonzero(np.r_[True, rays[1:] != rays[:-1]])
+    sizes = np.diff(np.r_[starts, len(rays)])
+    if mode == "iso":  # the earliest hit (inf: none)
+        is_best = t == np.repeat(np.minimum.reduceat(t, starts), sizes)
+    else:
+        best = (np.minimum if mode == "minip" else np.maximum).reduceat(v, starts)
+        is_best = v == np.repeat(best, sizes)
+    first = np.minimum.reduceat(np.where(is_best, np.arange(len(rays)), len(rays)), starts)
     return rays[first], v[first], t[first]
 
 

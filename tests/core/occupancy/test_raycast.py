@@ -362,3 +362,65 @@ def test_a_cache_sees_an_occupancy_grid_changed_in_place(changed):
     fresh = float(render_view(volume, cells, origins, directions, step=1.0).values[0])
     assert fresh > 0
     assert float(render_view(volume, cells, origins, directions, step=1.0, cache=cache).values[0]) == fresh
+
+
+def test_box_bits_say_whether_each_box_of_cells_is_occupied():
+    from napari_gridmip.core.occupancy.raycast import _box_bits
+
+    cells = np.random.default_rng(3).random((5, 6, 7)) < 0.08
+    bits = _box_bits(cells)
+    assert bits.dtype == np.uint8 and bits.shape == cells.shape
+    for c in np.ndindex(cells.shape):
+        for e in np.ndindex(2, 2, 2):  # the box from cell c to e cells past it (cut at the grid's end)
+            box = cells[tuple(slice(i, i + k + 1) for i, k in zip(c, e))]
+            assert bool(bits[c] >> (4 * e[0] + 2 * e[1] + e[2]) & 1) == bool(box.any()), (c, e)
+
+
+def test_the_segments_read_are_exactly_those_whose_samples_read_an_occupied_cell():
+    # rays along x through a long volume (samples at voxel centres, exact in float32): the coarsest segments span
+    # 64 samples, scanned in blocks of 8, so a ray of 1200 samples needs 3 blocks; its occupied voxels lie in all of
+    # them. The segments read (4 samples each for cells of 4 and step 1) are counted against a brute-force search.
+    rng = np.random.default_rng(4)
+    volume = np.zeros((6, 10, 1200), np.uint16)
+    for x in (3, 300, 511, 512, 700, 1023, 1024, 1100, 1198):
+        volume[rng.integers(0, 6), rng.integers(0, 10), x] = rng.integers(100, 1000)
+    volume[2, 5, 1150] = 2000  # the largest, in the last block
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    zy = np.array(list(np.ndindex(6, 10)), float) + [0.5, 0.25]
+    origins = np.column_stack([zy, np.full(len(zy), -2.0)])
+    directions = np.tile([0.0, 0.0, 1.0], (len(zy), 1))
+    got = render_view(volume, cells, origins, directions, step=1.0)
+    want, want_depth, samples = reference(volume, origins, directions, -np.inf, 1.0, "mip")
+    np.testing.assert_array_equal(got.values, want.astype(np.float32))
+    np.testing.assert_array_equal(got.depth, want_depth.astype(np.float32))
+    assert np.nanmax(got.values) == 2000 * 0.75  # y = 5.25: 3/4 of the voxel at y = 5 (centre 5.5)
+    occupied = 0
+    for (t, _), o in zip(samples, origins):
+        p = o + t[:, None] * [0.0, 0.0, 1.0]
+        base = np.floor(p - 0.5).astype(int)
+        for k in range(0, len(t), 4):  # the voxels a segment's samples read, their cells, any occupied
+            lo = np.clip(base[k : k + 4].min(axis=0), 0, np.array(volume.shape) - 1) // 4
+            hi = np.clip(base[k : k + 4].max(axis=0) + 1, 0, np.array(volume.shape) - 1) // 4
+            occupied += bool(cells[lo[0] : hi[0] + 1, lo[1] : hi[1] + 1, lo[2] : hi[2] + 1].any())
+    assert got.samples == occupied * 4 and 0 < occupied < len(origins) * 1200 // 4 // 10
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_the_per_ray_reduction_of_sorted_segments_equals_the_sorting_one(mode):
+    from napari_gridmip.core.occupancy.raycast import _per_ray, _per_ray_sorted
+
+    # segments by ray, then along it (t increasing within a ray); values with ties (the earliest t must win),
+    # segments without a valid sample (-inf) and, for iso, without a hit (t = inf, value -inf)
+    rng = np.random.default_rng(5)
+    rays = np.sort(rng.integers(0, 300, 3000)).astype(np.int32)
+    t = (rays * 1000 + np.arange(3000) + rng.uniform(0, 0.5, 3000)).astype(np.float32)
+    v = rng.integers(0, 6, 3000).astype(np.float32)
+    v[rng.random(3000) < 0.1] = -np.inf
+    if mode == "iso":
+        t[rng.random(3000) < 0.5] = np.inf
+        v[np.isinf(t)] = -np.inf
+    want = _per_ray(mode, rays, v, t)
+    got = _per_ray_sorted(mode, rays, v, t)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert len(np.unique(want[0])) == len(want[0]) == len(np.unique(rays))

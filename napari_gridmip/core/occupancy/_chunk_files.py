@@ -1,0 +1,74 @@
+"""Reading a local Zarr v3 array's chunks straight from their files, where that is plainly what Zarr would do.
+
+Zarr 3 reads a chunk through its asynchronous codec pipeline: about 1 ms of Python a 64^3 chunk here, four times
+reading the file and decompressing it (0.23 ms), and most of it holding the GIL, so threads barely help. The live
+view's first render reads thousands of chunks (3058 for the whole 2048^3 sample in view), so for the simple and
+common layout (a ``LocalStore``, a regular chunk grid, the ``bytes`` codec and at most one of ``zstd``, ``gzip`` or
+``blosc``: no sharding, transpose or CRC32C codec) a chunk is read here as Zarr stores it: the file at the array's chunk
+key, decompressed by numcodecs (the library Zarr's own codecs call), its bytes in the stored endianness and C
+order, a missing file the fill value. Anything else returns no reader, and the caller reads through Zarr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def chunk_reader(volume: Any) -> Callable[[tuple[int, ...]], np.ndarray] | None:
+    """A function from a chunk's grid index to its whole stored chunk (``volume.chunks``, the edge chunks too, as
+    Zarr v3 stores them), or None where ``volume`` is not a local Zarr v3 array of that simple layout."""
+    try:
+        import zarr
+        from zarr.codecs import BytesCodec
+        from zarr.storage import LocalStore
+    except ImportError:  # pragma: no cover - zarr is a dependency
+        return None
+    if not isinstance(volume, zarr.Array) or volume.metadata.zarr_format != 3:
+        return None
+    metadata = volume.metadata
+    store = volume.store_path.store
+    grid = getattr(metadata, "chunk_grid", None)
+    if not isinstance(store, LocalStore) or type(grid).__name__ != "RegularChunkGrid":
+        return None
+    codecs = tuple(metadata.codecs)
+    if not codecs or not isinstance(codecs[0], BytesCodec) or len(codecs) > 2:
+        return None
+    decode = _decoder(codecs[1]) if len(codecs) == 2 else (lambda data: data)
+    if decode is None:
+        return None
+    dtype = np.dtype(volume.dtype)
+    endian = getattr(codecs[0].endian, "value", None)
+    if dtype.itemsize > 1 and endian not in ("little", "big"):
+        return None
+    stored = dtype.newbyteorder("<" if endian == "little" else ">") if dtype.itemsize > 1 else dtype
+    shape = tuple(int(c) for c in grid.chunk_shape)
+    fill = np.asarray(metadata.fill_value, dtype)
+    folder = Path(store.root) / volume.store_path.path
+    encode = metadata.chunk_key_encoding.encode_chunk_key
+
+    def read(index: tuple[int, ...]) -> np.ndarray:
+        try:
+            data = (folder / encode(tuple(int(i) for i in index))).read_bytes()
+        except FileNotFoundError:  # never written: the fill value, as Zarr gives
+            return np.full(shape, fill, dtype)
+        return np.frombuffer(decode(data), stored).reshape(shape).astype(dtype, copy=False)
+
+    return read
+
+
+def _decoder(codec: Any) -> Callable[[bytes], Any] | None:
+    """numcodecs' decoder for Zarr's bytes-to-bytes codec ``codec`` (the frames are self-describing)."""
+    import numcodecs
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    if isinstance(codec, ZstdCodec):  # a checksum, where written, is in the frame and checked
+        return numcodecs.Zstd().decode
+    if isinstance(codec, GzipCodec):
+        return numcodecs.GZip().decode
+    if isinstance(codec, BloscCodec):
+        return numcodecs.Blosc().decode
+    return None

@@ -39,18 +39,3 @@ def precision_scope(dtype: Any) -> Iterator[None]:
         return
     with enable(True):
         yield
-
-
-@contextlib.contextmanager
-def x64_scope(enabled: bool) -> Iterator[None]:
-    """JAX's x64 switch set to ``enabled`` inside the block (for this thread), the caller's setting after."""
-    enable = getattr(jax, "enable_x64", None)
-    if enable is None:  # older JAX
-        from jax.experimental import disable_x64
-        from jax.experimental import enable_x64 as enable_old
-
-        with enable_old() if enabled else disable_x64():
-            yield
-        return
-    with enable(enabled):
-        yield

@@ -56,7 +56,6 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -67,7 +66,6 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
-from napari_gridmip.core._compile_ahead import compile_ahead
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import precision_scope
@@ -809,8 +807,6 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     plan = Plan(
         k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation, noise_gain(prefilter)
     )
-    band, starts = _band_plan(plan, dtype)
-    ahead = None if _is_traced(img1) or _is_traced(img2) else _compile_band_ahead(plan, band, shape, dtype)
     with precision_scope(dtype):
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]
@@ -822,6 +818,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         unpadded = (x1, x2)
         x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
         coefficients = _spline_coefficients(x1) if plan.spline else None
+        band, starts = _band_plan(plan, dtype)
         if any(isinstance(c, jax.Array) for c in centres):
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         else:  # on the host: three eager device ops were three more programs to compile on a first call
@@ -832,8 +829,6 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 
             affine_bands = unpadded[0].shape[0] * len(affine_plan(plan.out, subset, k)[1])
         total = len(starts) + affine_bands  # the search's bands, then (affine) the IC-GN's
-        if ahead is not None:
-            ahead.join()  # the band program, compiled beside the preparation above
         pieces = []
         for done, start in enumerate(starts):
             if progress is not None:
@@ -860,35 +855,6 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         if progress is not None:
             progress(total, total)
         return parts
-
-
-def _compile_band_ahead(plan: Plan, rows: int, shape: tuple[int, ...], dtype: np.dtype) -> threading.Thread:
-    """Start tracing and compiling the band program for ``plan`` in a thread, from the arguments' shapes.
-
-    XLA compiles it mostly on one core for 1.5 to 2.5 s (the subset kernel: docs/benchmarks.md, "First
-    calls"), while the call prepares its inputs (centring, prefilter, padding, spline coefficients: programs
-    of their own to compile and run, about 0.5 s on a first call) on the other. The caller joins the thread
-    before the first band (:mod:`napari_gridmip.core._compile_ahead`: once per program and process).
-    """
-    items = math.prod(shape[:-3])
-
-    def padded(pad: tuple[tuple[int, int], tuple[int, int]]) -> tuple[jax.ShapeDtypeStruct, ...]:
-        """:func:`_finish`'s image and count of non-finite values (None without any) for a padding ``pad``; written
-        out rather than traced, so that the call's own trace of it never races this thread's."""
-        before, after = pad  # ((rows, cols) before, (rows, cols) after), as _finish reads it
-        rows, cols = (n + b + a for n, b, a in zip(plan.shape, before, after))
-        bad = jax.ShapeDtypeStruct((items, rows, cols), dtype) if plan.has_bad else None
-        return jax.ShapeDtypeStruct((items, plan.frames, rows, cols), dtype), bad
-
-    def compile_band() -> None:
-        with precision_scope(dtype):
-            (x1, bad1), (x2, bad2) = padded(plan.pad), padded(((0, 0), (0, plan.step)))
-            centres = jax.ShapeDtypeStruct((items, 2), dtype)
-            start = jax.ShapeDtypeStruct((), np.int32)
-            c1 = x1 if plan.spline else None
-            _band.lower(x1, x2, bad1, bad2, centres, start, c1, plan=plan, rows=rows).compile()
-
-    return compile_ahead(("subsets._band", plan, rows, items, np.dtype(dtype).str), compile_band)
 
 
 def _wait(result: Any) -> None:

@@ -19,7 +19,6 @@ exact for that arithmetic, with no epsilon, and each step provably moves on.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -28,7 +27,6 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _validate
-from napari_gridmip.core._compile_ahead import compile_ahead
 from napari_gridmip.core._precision import compute_dtype, precision_scope
 from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy.pyramid import check_pyramid
@@ -461,16 +459,10 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
     # (rays, their states, origins, directions, stops, rays left active when a pass stops); a ray's next pass is
     # queued by its last
     group_size = max(MIN_BATCH, size // 4)
-    ahead = None
-    if group_size < size:
-        ahead = _compile_record_ahead(flat, state, ray_o, t_stop, limit, group_size, capacity)
     pending = [(np.arange(n), state, ray_o, ray_d, t_stop, keep_active(size))]
     while pending:
         rays, state, ray_o, ray_d, t_stop, keep = pending.pop()
         keep = np.asarray(keep, state.k.dtype)
-        if ahead is not None and ray_o.shape[0] == group_size:
-            ahead.join()  # the leftover batches' program, compiled beside the first pass: never twice
-            ahead = None
         state, voxels, starts, ends = jax.device_get(
             _record(flat, ray_o, ray_d, t_stop, state, limit, keep, capacity=capacity)
         )
@@ -486,37 +478,6 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
                  *compact((ray_o, ray_d, t_stop), group, group_size, (-1, 0, 0)), 0)
             )  # fmt: skip
     return pieces, lookups
-
-
-def _compile_record_ahead(
-    flat: Any, state: RayState, o: jax.Array, t_stop: jax.Array, limit: int, size: int, capacity: int
-) -> threading.Thread | None:
-    """Start compiling the pass program for the leftover batches (``size`` rays) in a thread, from the shapes
-    of the first batch's arguments.
-
-    A call compiles the pass twice, for its first batch and for the quarter-size batches of the rays that
-    batch leaves (:func:`record_batch`), each about 0.65 s on a first call, one after the other: compiled
-    beside the first, the second is ready when the first pass ends (bench_first_run.py, traverse_occupied).
-    None inside a caller's trace; otherwise :mod:`napari_gridmip.core._compile_ahead`'s thread, once per
-    program and process.
-    """
-    leaves = jax.tree_util.tree_leaves((flat, state, o, t_stop))
-    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
-        return None
-
-    def resized(a: Any) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((size,) + tuple(a.shape[1:]), a.dtype)
-
-    batch_state = jax.tree_util.tree_map(resized, state)
-    keep = np.asarray(0, state.k.dtype)
-
-    def compile_record() -> None:
-        _record.lower(
-            flat, resized(o), resized(o), resized(t_stop), batch_state, limit, keep, capacity=capacity
-        ).compile()
-
-    key = ("traverse._record", tuple((leaf.shape, str(leaf.dtype)) for leaf in leaves), limit, size, capacity)
-    return compile_ahead(key, compile_record)
 
 
 def _resumed(state: RayState, index: np.ndarray, size: int) -> RayState:

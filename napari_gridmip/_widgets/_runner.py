@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 import weakref
 from collections.abc import Callable, Generator
 from typing import Any
@@ -318,6 +319,7 @@ class BackgroundRunner:
         showing = self._showing
         if showing is None:
             return
+        started = time.perf_counter()
         try:
             if self._detached:
                 raise Cancelled
@@ -332,7 +334,11 @@ class BackgroundRunner:
             self._end_showing()
             self._on_errored(error)
         else:
-            QTimer.singleShot(0, self._show_next)
+            # after a long step (a collection, a first insert), leave the event loop a moment for the paint and
+            # input it owes: a zero timer can run first, and the two steps then froze the GUI as one
+            # (bench_gui_freeze.py: the mipmap widget's collection and insert, 256 to 260 ms together)
+            long_step = time.perf_counter() - started > LONG_STEP_S
+            QTimer.singleShot(BREATHE_MS if long_step else 0, self._show_next)
 
     def _shown(self, showing: dict[str, Any], added: list) -> None:
         result, on_done, viewer = showing["result"], showing["on_done"], self._viewer
@@ -395,6 +401,8 @@ class BackgroundRunner:
             self._became_idle()
 
 
+LONG_STEP_S = 0.05  # a step of showing a result longer than this is followed by BREATHE_MS for the event loop
+BREATHE_MS = 15
 _COLLECTED = {"done": False}  # the process's first result shown: see _collect_first
 
 

@@ -24,11 +24,11 @@ BUDGET = {
     "occupancy_mipmap": 1,
     "find_displacement": 3,
     "find_displacement refine": 6,
-    "find_displacement subset refine": 6,
-    # after the subset refine call: its search is the Hessian step's (its own _finish, band and join), then each
+    "find_displacement subset refine": 4,  # the prefilter, padding and spline coefficients in one program
+    # after the subset refine call: its search is the Hessian step's (its own inputs program, band and join), then each
     # item's images, the IC-GN band and the join
     "find_displacement subset affine": 6,
-    "track_speckles": 4,
+    "track_speckles": 3,
     "local_correlation_image": 3,
     "traverse_occupied": 3,
     "register_tiles": 0,  # small mosaics take the NumPy engine

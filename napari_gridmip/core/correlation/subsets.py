@@ -736,6 +736,20 @@ def _spline_coefficients(x: jax.Array) -> jax.Array:
     return _spline_filter_axis(_spline_filter_axis(x, x.ndim - 2), x.ndim - 1)
 
 
+@partial(jax.jit, static_argnames=("sigma", "pad1", "pad2", "bad", "spline", "unpadded"))
+def _prepared(x1, x2, *, sigma, pad1, pad2, bad, spline, unpadded):
+    """The band program's inputs from both centred stacks, in one program (one compile on a first call where
+    the prefilter, the padding and the spline coefficients were three, about 0.1 s each: bench_first_run.py):
+    ``(smoothed stacks or None, (x1, bad1, x2, bad2) as :func:`_finish` gives them, img1's B-spline
+    coefficients or None)``. ``sigma``: the Gaussian prefilter's (0: none); ``unpadded``: return the smoothed,
+    unpadded stacks too (the affine IC-GN starts from them)."""
+    if sigma > 0:
+        x1, x2 = smooth_frames(x1, sigma=sigma), smooth_frames(x2, sigma=sigma)
+    padded = _finish(x1, x2, pad1=pad1, pad2=pad2, bad=bad)
+    coefficients = _spline_coefficients(padded[0]) if spline else None
+    return ((x1, x2) if unpadded else None), padded, coefficients
+
+
 @partial(jax.jit, static_argnames=("pad1", "pad2", "bad"))
 def _finish(x1, x2, *, pad1, pad2, bad):
     """Zero the non-finite values (counting them per pixel if ``bad``), and edge-pad img1 and img2."""
@@ -813,11 +827,11 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         else:
             centres = np.asarray(centres, np.float64).reshape(-1, 2).T
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
-        if prefilter > 0:  # after centring: the filter's sums then see small values (its weights sum to 1)
-            x1, x2 = smooth_frames(x1, sigma=prefilter), smooth_frames(x2, sigma=prefilter)
-        unpadded = (x1, x2)
-        x1, bad1, x2, bad2 = _finish(x1, x2, pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad)
-        coefficients = _spline_coefficients(x1) if plan.spline else None
+        # the prefilter after centring: the filter's sums then see small values (its weights sum to 1)
+        unpadded, (x1, bad1, x2, bad2), coefficients = _prepared(
+            x1, x2, sigma=float(prefilter), pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad,
+            spline=plan.spline, unpadded=subset_shape == "affine",
+        )  # fmt: skip
         band, starts = _band_plan(plan, dtype)
         if any(isinstance(c, jax.Array) for c in centres):
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)

@@ -336,7 +336,8 @@ class BackgroundRunner:
         else:
             # after a long step (a collection, a first insert), leave the event loop a moment for the paint and
             # input it owes: a zero timer can run first, and the two steps then froze the GUI as one
-            # (bench_gui_freeze.py: the mipmap widget's collection and insert, 256 to 260 ms together)
+            # (bench_gui_freeze.py: the mipmap widget's collection and insert, 256 to 260 ms together; 137 to 140 ms
+            # apart, a 1 ms timer being enough for Qt to run its due timers and paint first)
             long_step = time.perf_counter() - started > LONG_STEP_S
             QTimer.singleShot(BREATHE_MS if long_step else 0, self._show_next)
 
@@ -402,7 +403,7 @@ class BackgroundRunner:
 
 
 LONG_STEP_S = 0.05  # a step of showing a result longer than this is followed by BREATHE_MS for the event loop
-BREATHE_MS = 15
+BREATHE_MS = 1
 _COLLECTED = {"done": False}  # the process's first result shown: see _collect_first
 
 

@@ -564,7 +564,8 @@ def test_new_layers_start_the_early_job_sooner_than_an_edited_option(viewer_and_
     viewer, widget = viewer_and_widget
     _pair(viewer)  # layers added (a sample opened): their layers arrive at once, nothing is being typed
     assert widget._prefetch_timer.isActive()
-    assert widget._prefetch_timer.interval() == _base.LAYERS_PREFETCH_DELAY_MS < _base.PREFETCH_DELAY_MS
+    # (at most what an earlier layer change left of its own wait: Qt's coarse timers round a few ms up)
+    assert _base.LAYERS_PREFETCH_DELAY_MS <= widget._prefetch_timer.interval() < 2 * _base.LAYERS_PREFETCH_DELAY_MS
     widget.window_rows.value = 7  # an option edited: wait for the user to stop
     assert widget._prefetch_timer.isActive() and widget._prefetch_timer.interval() == _base.PREFETCH_DELAY_MS
     viewer.add_image(np.zeros((4, 4)), name="another")  # layers change meanwhile: the edit's wait is not cut short

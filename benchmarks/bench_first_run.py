@@ -117,7 +117,7 @@ def _env(cache: str) -> dict[str, str]:
     # that no widget setting remembered from earlier runs (a scenario that switched on the full map or per-level
     # layers) is on for the next one; the first and the next session share the folder, as a user's do
     env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": cache, "NAPARI_CONFIG": str(Path(cache) / "settings.yaml")}
-    for name in ("JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPILE_CACHE"):
+    for name in ("JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPILE_CACHE", "NAPARI_GRIDMIP_CONFIG_DIR"):
         env.pop(name, None)
     return env
 

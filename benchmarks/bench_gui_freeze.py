@@ -190,6 +190,7 @@ def _run_child(scenario: str, args: argparse.Namespace, config: str) -> subproce
     command = [sys.executable, __file__, "--child", scenario, "--threshold-ms", str(args.threshold_ms)]
     command += ["--settle", str(args.settle)]
     env = {**os.environ, "NAPARI_CONFIG": os.path.join(config, "settings.yaml")}
+    env.pop("NAPARI_GRIDMIP_CONFIG_DIR", None)  # the plugin's settings beside napari's new file, as a new user's
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -503,8 +503,9 @@ def _shown_colormap(meta: dict[str, Any], kind: str) -> dict[str, Any]:
     colormap = meta.get("colormap")
     if kind != "labels" or not isinstance(colormap, dict) or set(colormap) - {None, 0, 1} or 1 not in colormap:
         return meta
-    if any(colormap.get(key, "transparent") != "transparent" for key in (None, 0)):
-        return meta
+    background = [colormap.get(key, "transparent") for key in (None, 0)]
+    if not all(isinstance(colour, str) and colour == "transparent" for colour in background):
+        return meta  # a visible background (a colour name or an RGBA array): left as it is
     from napari.utils.colormaps import CyclicLabelColormap
 
     return {**meta, "colormap": CyclicLabelColormap(colors=[colormap[1], colormap[1]])}

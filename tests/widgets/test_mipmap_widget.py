@@ -487,6 +487,7 @@ def test_only_a_one_colour_direct_colormap_is_shown_as_cyclic():
     for meta, kind in (
         ({"colormap": {0: "transparent", 1: "cyan", 2: "red"}}, "labels"),  # a second colour: stays direct
         ({"colormap": {0: "black", 1: "cyan"}}, "labels"),  # a visible background: stays direct
+        ({"colormap": {0: np.array([0.0, 0.0, 0.0, 1.0]), 1: "cyan"}}, "labels"),  # an RGBA one too
         ({"colormap": "gray"}, "image"),
         ({"colormap": one}, "image"),
     ):

@@ -815,7 +815,8 @@ def render_view(
     def of_rays(index: np.ndarray, size: int) -> list:
         """The rays ``index`` (into the rays that meet the box), packed and padded to ``size``."""
         out = np.empty((size, 8), np.float32)
-        np.take(packed, index, axis=0, out=out[: len(index)])  # into place (indexing would copy twice)
+        # into place (indexing would copy twice); "clip": the default "raise" writes through a temporary
+        np.take(packed, index, axis=0, out=out[: len(index)], mode="clip")
         out[len(index) :] = padding
         return [out]  # NumPy: the compiled call's own transfer is cheaper than jax.device_put's
 

@@ -162,7 +162,7 @@ class JobWidget(Container):
         """An input field changed: by the user (wait for them to stop), or by a change of the layer list."""
         self._schedule_prefetch(delay_ms=LAYERS_PREFETCH_DELAY_MS if self._following_layers else None)
 
-    def _schedule_prefetch(self, *_: Any, delay_ms: int | None = None) -> None:
+    def _schedule_prefetch(self, *, delay_ms: int | None = None) -> None:
         """Prepare the run in the background once the inputs have been still for ``PREFETCH_DELAY_MS`` (an option
         edited: the user may still be typing), or ``delay_ms`` after a change of the layer list (never sooner
         than a wait already under way for an edited option)."""

@@ -549,8 +549,27 @@ def _tensor(vy: Any, vx: Any, uy: Any, ux: Any, *, kind: str) -> tuple[Any, Any,
     return ux + (ux * ux + vx * vx) / 2, vy + (uy * uy + vy * vy) / 2, (uy + vx + ux * uy + vx * vy) / 2
 
 
-def _strain(dy, dx, spacing, *, window, kind):
-    """``(exx, eyy, exy)`` of ``(B, M, N)`` displacements (already of the compute dtype).
+def _stacked_inputs(x0: Any, x1: Any, x2: Any, xp: Any = jnp) -> Any:
+    """The inputs of the pass along y: the mask's moments 0, 1, 2 along x, then ``u``'s and ``v``'s 0 and 1."""
+    return xp.stack([x0[0], x1[0], x2[0], x0[1], x1[1], x0[2], x1[2]])
+
+
+_gather_inputs = jax.jit(_stacked_inputs)
+
+
+def _numpy_moments(stack: np.ndarray, *, half: int, axis: int) -> tuple[np.ndarray, ...]:
+    """:func:`_moments_pass` in NumPy (direct sums: the NumPy path takes windows up to ``DIRECT_WINDOW``)."""
+    return _window_moments(stack, half, axis, 2, np)
+
+
+# (inputs, window moments, the inputs along y, fits): compiled JAX steps, or the same functions in NumPy
+_JAX_STEPS = (_strain_inputs, _moments_pass, _gather_inputs, _strain_from_sums)
+_NUMPY_STEPS = (partial(_inputs_of, xp=np), _numpy_moments, partial(_stacked_inputs, xp=np), partial(_fits, xp=np))
+
+
+def _strain(dy, dx, spacing, *, window, kind, numpy=False):
+    """``(exx, eyy, exy)`` of ``(B, M, N)`` displacements (already of the compute dtype; NumPy arrays with
+    ``numpy``, whose steps are then NumPy's, for small fields).
 
     Compiled steps: the inputs, the window sums along x (mask and fields stacked), along y (of
     the seven of those the fits use), and the fits. As one program, XLA fused every window sum
@@ -558,31 +577,13 @@ def _strain(dy, dx, spacing, *, window, kind):
     10x the time of these steps. (Inside a caller's jit the steps become one program again:
     the same results, slower for wide windows.)
     """
-    valid, stack = _strain_inputs(dy, dx)
-    x0, x1, x2 = _moments_pass(stack, half=window[1] // 2, axis=-1)  # moment q along x of (w, u, v)
+    inputs_of, moments_pass, stacked_inputs, fits = _NUMPY_STEPS if numpy else _JAX_STEPS
+    valid, stack = inputs_of(dy, dx)
+    x0, x1, x2 = moments_pass(stack, half=window[1] // 2, axis=-1)  # moment q along x of (w, u, v)
     # the mask's moments 0..2 along x, then u's and v's 0 and 1
-    inputs = _gather_inputs(x0, x1, x2)
-    along_y = _moments_pass(inputs, half=window[0] // 2, axis=-2)
-    return _strain_from_sums(valid, along_y, spacing, kind=kind)
+    along_y = moments_pass(stacked_inputs(x0, x1, x2), half=window[0] // 2, axis=-2)
+    return fits(valid, along_y, spacing, kind=kind)
 
-
-def _strain_numpy(
-    dy: np.ndarray, dx: np.ndarray, spacing: np.ndarray, *, window: tuple[int, int], kind: str
-) -> tuple[np.ndarray, ...]:
-    """:func:`_strain`'s steps in NumPy, for a small field (direct sums: windows up to the field's size)."""
-    valid, stack = _inputs_of(dy, dx, np)
-    x0, x1, x2 = _window_moments(stack, window[1] // 2, -1, 2, np)
-    inputs = _stacked_inputs(x0, x1, x2, np)
-    along_y = _window_moments(inputs, window[0] // 2, -2, 2, np)
-    return _fits(valid, along_y, spacing, kind=kind, xp=np)
-
-
-def _stacked_inputs(x0: Any, x1: Any, x2: Any, xp: Any = jnp) -> Any:
-    """The inputs of the pass along y: the mask's moments 0, 1, 2 along x, then ``u``'s and ``v``'s 0 and 1."""
-    return xp.stack([x0[0], x1[0], x2[0], x0[1], x1[1], x0[2], x1[2]])
-
-
-_gather_inputs = jax.jit(_stacked_inputs)
 
 # Fields of at most this many values (times the window's two sides) are fitted in NumPy, where compiling the
 # JAX steps (four programs, 0.43 s on a first call; 0.3 to 0.8 s of the DIC widget's first Run) costs more than
@@ -914,7 +915,7 @@ def _strained(dy, dx, *, dtype, spacing, window, kind) -> Strain:
         # small: NumPy, in the compute dtype, handed back as device arrays (device_put compiles nothing)
         flat = [np.asarray(a, dtype=dtype).reshape((-1,) + tuple(shape[-2:])) for a in (dy, dx)]
         with np.errstate(invalid="ignore", divide="ignore"):
-            parts = _strain_numpy(*flat, np.asarray(spacing, dtype), window=window, kind=kind)
+            parts = _strain(*flat, np.asarray(spacing, dtype), window=window, kind=kind, numpy=True)
         with precision_scope(dtype):
             return Strain(*(jax.device_put(np.ascontiguousarray(p.reshape(shape), dtype=dtype)) for p in parts))
     with precision_scope(dtype):

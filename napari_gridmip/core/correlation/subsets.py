@@ -750,9 +750,9 @@ def _prepared(x1, x2, *, sigma, pad1, pad2, bad, spline, unpadded):
     return ((x1, x2) if unpadded else None), padded, coefficients
 
 
-@partial(jax.jit, static_argnames=("pad1", "pad2", "bad"))
 def _finish(x1, x2, *, pad1, pad2, bad):
-    """Zero the non-finite values (counting them per pixel if ``bad``), and edge-pad img1 and img2."""
+    """Zero the non-finite values (counting them per pixel if ``bad``), and edge-pad img1 and img2 (a step of
+    :func:`_prepared`'s program)."""
     out = []
     for x, (before, after) in ((x1, pad1), (x2, pad2)):
         widths = ((0, 0), (0, 0), (before[0], after[0]), (before[1], after[1]))

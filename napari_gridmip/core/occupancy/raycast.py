@@ -440,6 +440,17 @@ def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chun
     return jnp.stack(marked, axis=1)
 
 
+def _brick_of(slots, tables, q, i, per_chunk):
+    """The pool index of the brick ``i`` (per axis, within its chunk) of chunk ``q`` (per axis), through the chunk's
+    slot in ``slots`` (the chunk grid) and its table in ``tables``, and whether it is held: False where the chunk
+    is not held or the cell is empty (every voxel the background; the index is then meaningless)."""
+    grid = slots.shape
+    (q0, q1, q2), (i0, i1, i2) = q, i
+    slot = slots.reshape(-1)[(q0 * grid[1] + q1) * grid[2] + q2]
+    index = tables.reshape(-1)[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
+    return index, (slot >= 0) & (index >= 0)
+
+
 def _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk):
     """:func:`_gather`'s values (``base``, ``weight``: per axis) where bricks are at least a cell: a segment's samples
     then read voxels of 2 bricks per axis at most (see :func:`_bounds`), so each segment's 8 bricks are looked up
@@ -460,19 +471,17 @@ def _gather_local(base, weight, valid, atlas, tables, slots, shape, background, 
             sides.append((jnp.clip(b - first[:, None], 0, 1), v - b * brick[axis], w))
         per_axis.append(sides)
         firsts.append(first)
-    slots, tables, atlas = slots.reshape(-1), tables.reshape(-1), atlas.reshape(-1)
+    atlas = atlas.reshape(-1)
     volume = int(np.prod(brick))
     offsets = []  # (P, 8): each of the segment's bricks' start in the pool (-1: background)
-    for c0, c1, c2 in np.ndindex(2, 2, 2):
-        qi = []
-        for axis, c in enumerate((c0, c1, c2)):
+    for corner in np.ndindex(2, 2, 2):
+        q, i = [], []
+        for axis, c in enumerate(corner):
             b = jnp.minimum(firsts[axis] + c, grid[axis] * per_chunk[axis] - 1)
-            q = _div(b, per_chunk[axis])
-            qi.append((q, b - q * per_chunk[axis]))
-        (q0, i0), (q1, i1), (q2, i2) = qi
-        slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
-        index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
-        offsets.append(jnp.where((slot >= 0) & (index >= 0), index * volume, -1))
+            q.append(_div(b, per_chunk[axis]))
+            i.append(b - q[-1] * per_chunk[axis])
+        index, held = _brick_of(slots, tables, q, i, per_chunk)
+        offsets.append(jnp.where(held, index * volume, -1))
     offsets = jnp.stack(offsets, axis=1)
     value = jnp.zeros(base[0].shape, jnp.float32)
     for c0, c1, c2 in np.ndindex(2, 2, 2):
@@ -494,7 +503,6 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
     base, weight, t, valid = _samples(o, d, t0, n, segs, step, shape, segment)
     if local:
         return _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk), valid, t
-    grid = slots.shape
     per_axis = []  # per axis, per side (lower, upper voxel): its chunk's index, its brick's in the chunk, its own
     for axis in range(3):  # in the brick, and its weight
         sides = []
@@ -505,14 +513,13 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
             w = weight[axis] if side else 1 - weight[axis]
             sides.append((q, b - q * per_chunk[axis], v - b * brick[axis], w))
         per_axis.append(sides)
-    slots, tables, atlas = slots.reshape(-1), tables.reshape(-1), atlas.reshape(-1)
+    atlas = atlas.reshape(-1)
     value = jnp.zeros(base[0].shape, jnp.float32)
     for c0, c1, c2 in np.ndindex(2, 2, 2):
         (q0, i0, l0, w0), (q1, i1, l1, w1), (q2, i2, l2, w2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
-        slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
-        index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
+        index, held = _brick_of(slots, tables, (q0, q1, q2), (i0, i1, i2), per_chunk)
         read = atlas[((jnp.maximum(index, 0) * brick[0] + l0) * brick[1] + l1) * brick[2] + l2].astype(jnp.float32)
-        value = value + (w0 * w1 * w2) * jnp.where((slot >= 0) & (index >= 0), read, background)
+        value = value + (w0 * w1 * w2) * jnp.where(held, read, background)
     return value, valid, t
 
 
@@ -524,7 +531,6 @@ def _bounds(rays, segs, maxima, tables, slots, step, shape, background, segment,
     :func:`_segments_occupied`), so with bricks of at least a cell it lies in 2 bricks per axis: 8 lookups a
     segment, against the 64 of its samples' gathers."""
     lo, hi, n = _segment_box(rays, segs, step, shape, segment)
-    grid = slots.shape
     per_axis = []  # per axis, its (one or) two bricks: the chunk's index, the brick's in the chunk
     for axis in range(3):
         first = _div(lo[:, axis], brick[axis])
@@ -533,13 +539,11 @@ def _bounds(rays, segs, maxima, tables, slots, step, shape, background, segment,
             q = _div(b, per_chunk[axis])
             sides.append((q, b - q * per_chunk[axis]))
         per_axis.append(sides)
-    slots, tables = slots.reshape(-1), tables.reshape(-1)
     bound = jnp.full(segs.shape, -jnp.inf, jnp.float32)
     for c0, c1, c2 in np.ndindex(2, 2, 2):
         (q0, i0), (q1, i1), (q2, i2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
-        slot = slots[(q0 * grid[1] + q1) * grid[2] + q2]
-        index = tables[((jnp.maximum(slot, 0) * per_chunk[0] + i0) * per_chunk[1] + i1) * per_chunk[2] + i2]
-        bound = jnp.maximum(bound, jnp.where((slot >= 0) & (index >= 0), maxima[jnp.maximum(index, 0)], background))
+        index, held = _brick_of(slots, tables, (q0, q1, q2), (i0, i1, i2), per_chunk)
+        bound = jnp.maximum(bound, jnp.where(held, maxima[jnp.maximum(index, 0)], background))
     return bound
 
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run a named part of the test suite on an accelerator host (the TPU machine of docs/accelerator.md): one process,
+# since one program at a time holds the chip; no Qt, napari or xdist there, so the core's tests only.
+#
+#   tools/accelerator_tests.sh PART [pytest arguments]
+#     PART: occupancy | patches | correlation | rest (tests/core's own files, tests/test_api.py) | all
+#
+# The wheels the core needs beyond the machine's own JAX, NumPy and SciPy come from
+# ../shared/tools/offline-wheels.sh into .wheels-offline (git-ignored), which the call must carry.
+# A test log and a JUnit file go to $OUT (or ./accelerator-out) as PART.log and PART.xml.
+set -u
+part=${1:?usage: tools/accelerator_tests.sh PART [pytest arguments]}
+shift
+out=${OUT:-accelerator-out}
+mkdir -p "$out"
+if [ -d .wheels-offline ] && [ ! -d /tmp/site/zarr ]; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target /tmp/site .wheels-offline/*.whl || exit 2
+fi
+case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD ;; esac  # appended: the machine's own JAX first
+case $part in
+  occupancy) paths=(tests/core/occupancy) ;;
+  patches) paths=(tests/core/patches) ;;
+  correlation) paths=(tests/core/correlation) ;;
+  rest) paths=(tests/core/test_chunked.py tests/core/test_dtypes.py tests/test_api.py) ;;
+  all) paths=(tests/core tests/test_api.py) ;;
+  *) echo "unknown part: $part" >&2; exit 2 ;;
+esac
+python3 -c 'import jax; print("JAX", jax.__version__, jax.devices())'
+set -o pipefail
+python3 -m pytest -o addopts="" -p no:cacheprovider -m 'not slow' --strict-markers -q -rfE \
+  --timeout 120 --junitxml "$out/$part.xml" "${paths[@]}" "$@" 2>&1 | tee "$out/$part.log"

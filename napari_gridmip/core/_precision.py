@@ -1,4 +1,10 @@
-"""Scoped float64: JAX's x64 switch flipped for one call, never for the user."""
+"""Scoped float64: JAX's x64 switch flipped for one call, never for the user; on a TPU, that call runs on the host.
+
+A TPU has no float64 arithmetic: XLA emulates it, 8x slower than the host CPU on ``find_displacement`` at
+256^2 (issue 34's table), and refuses some operations outright (a complex128 FFT: "Unexpected operand type for
+FFT", ``tools/accelerator_probe.py``). A float64 call therefore runs on the host's CPU device there, with
+float64's precision, rather than slower or not at all. GPUs have float64 and keep it.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +40,15 @@ def precision_scope(dtype: Any) -> Iterator[None]:
     if enable is None:  # older JAX
         from jax.experimental import enable_x64 as enable  # type: ignore[no-redef]
 
-        with enable():
+        with enable(), _wide_device():
             yield
         return
-    with enable(True):
+    with enable(True), _wide_device():
         yield
+
+
+def _wide_device() -> contextlib.AbstractContextManager:
+    """Where 64-bit work runs: JAX's default device, except on a TPU (no float64 there), the host CPU."""
+    if jax.default_backend() != "tpu":
+        return contextlib.nullcontext()
+    return jax.default_device(jax.devices("cpu")[0])

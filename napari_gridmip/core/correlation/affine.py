@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core import _backend
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
@@ -144,9 +145,9 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.stack(x, -1)
 
 
-@partial(jax.jit, static_argnames=("subset", "band"))
+@partial(jax.jit, static_argnames=("subset", "band", "batches"))
 def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
-          prefilter, *, subset, band):  # fmt: skip
+          prefilter, *, subset, band, batches=True):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
@@ -170,7 +171,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     def one(above_row, xs):
         cy, cx, i = xs
         out = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, initial, row0 + i, above_row, spacing, prefilter,
-                   subset=subset)  # fmt: skip
+                   subset=subset, batches=batches)  # fmt: skip
         return out, out
 
     rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
@@ -178,7 +179,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
 
 
 def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row, above, spacing, prefilter, *,
-         subset):  # fmt: skip
+         subset, batches=True):  # fmt: skip
     """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``above``: the
     outputs of the row above, each ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each
     ``(cols,)``.
@@ -191,7 +192,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, ro
     Every point takes ``FULL_ITERATIONS`` steps together (most have converged by then); then the points still
     going are gathered, :func:`_bucket` at a time, into a batch of fixed size for each further step, and
     scattered back: each point stops on its own, and the row costs about the sum of its points' iterations
-    rather than its slowest point's times the row.
+    rather than its slowest point's times the row. Without ``batches`` (:func:`.core._backend.point_batches`),
+    the whole row takes each step until its last point stops: the same steps for every point.
     """
     start = lax.dynamic_index_in_dim(initial, row, 0, keepdims=False).astype(c1.dtype)  # (P, 6)
     start = _propagated(start, above, spacing)
@@ -276,8 +278,11 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, ro
 
     p0 = jnp.where(ok[:, None], jnp.where(jnp.isfinite(start), start, 0), 0)
     state = (p0, ok, jnp.zeros(n, jnp.int32), jnp.zeros_like(norm_f))
-    state = lax.fori_loop(0, min(FULL_ITERATIONS, MAX_ITERATIONS), together, state)
-    p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), some, state)
+    if batches:
+        state = lax.fori_loop(0, min(FULL_ITERATIONS, MAX_ITERATIONS), together, state)
+        p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), some, state)
+    else:
+        p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), lambda s: together(0, s), state)
     nan = jnp.array(jnp.nan, c1.dtype)
     p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
     v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
@@ -454,6 +459,7 @@ def affine_refine(
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
+    batches = _backend.point_batches()
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
@@ -470,7 +476,7 @@ def affine_refine(
             images = (c1, f_img, fy_img, fx_img, curvature)
             previous, above = (pieces[-1], start - 1 - starts[done - 1]) if done else (none, 0)
             where = (cy, cx, initial, np.int32(start), previous, np.int32(above), spacing)
-            pieces.append(_band(*images, *where, sigma, subset=subset, band=band))
+            pieces.append(_band(*images, *where, sigma, subset=subset, band=band, batches=batches))
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 

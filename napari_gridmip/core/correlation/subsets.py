@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import precision_scope
@@ -118,6 +118,7 @@ class Plan(NamedTuple):
     has_bad: bool  # some value is not finite
     interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
     noise_gain: float = 1.0  # the variance a prefilter leaves of white noise (1: no prefilter)
+    running_sums: bool = True  # running sums allowed down the image (core._backend.running_row_sums)
 
     @property
     def spline(self) -> bool:
@@ -157,8 +158,8 @@ class Plan(NamedTuple):
     @property
     def running(self) -> bool:
         """Running sums down the image (each output row adds and removes ``s`` rows) unless a fresh sum of
-        ``sh`` rows is as cheap."""
-        return 2 * self.step < self.subset[0]
+        ``sh`` rows is as cheap, or the backend's running sums are not to be trusted."""
+        return self.running_sums and 2 * self.step < self.subset[0]
 
 
 # -- small pieces -------------------------------------------------------------------
@@ -819,8 +820,9 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
     ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
     plan = Plan(
-        k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation, noise_gain(prefilter)
-    )
+        k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation, noise_gain(prefilter),
+        _backend.running_row_sums(),
+    )  # fmt: skip
     with precision_scope(dtype):
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]

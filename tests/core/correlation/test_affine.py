@@ -69,6 +69,22 @@ def test_affine_subsets_meet_the_targets(stretched):
     assert np.nanmedian(np.asarray(affine.peak)) > np.nanmedian(np.asarray(translation.peak))
 
 
+def test_whole_rows_take_the_steps_of_the_batches(stretched, monkeypatch):
+    """The accelerators' strategy (every point of a row steps until the row's last stops,
+    core._backend.point_batches off), forced on the CPU, gives the CPU's batched result: each point takes the
+    same IC-GN steps either way."""
+    from napari_gridmip.core import _backend
+
+    img1, img2, _ = stretched
+    args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
+    batched = find_displacement(img1, img2, (15, 15), **args)
+    monkeypatch.setattr(_backend, "point_batches", lambda: False)
+    whole = find_displacement(img1, img2, (15, 15), **args)
+    assert np.isfinite(np.asarray(whole.dy)).mean() > 0.95
+    for name in batched._fields:
+        np.testing.assert_allclose(np.asarray(getattr(whole, name)), np.asarray(getattr(batched, name)), atol=1e-5)
+
+
 GRADIENTS = ("dy_y", "dy_x", "dx_y", "dx_x")
 PARAMETERS = ("dy", "dy_y", "dy_x", "dx", "dx_y", "dx_x")  # IC-GN's order
 

@@ -199,6 +199,26 @@ def test_property_float64_matches_definition(case):
     np.testing.assert_allclose(peak, out.max(axis=(-2, -1)), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("running", [True, False], ids=["running-sums", "fresh-sums"])
+def test_both_row_sum_strategies_give_the_definition(running, monkeypatch):
+    """The CPU's running sums and the accelerators' fresh sums (core._backend.running_row_sums), each forced
+    here on the CPU: the map against the float64 loop, and the tracked fields equal between the two."""
+    from napari_gridmip.core import _backend
+
+    monkeypatch.setattr(_backend, "running_row_sums", lambda: running)
+    shape, window, subset, step = CASES[0]
+    img1, img2 = pair(1, shape)
+    expected = reference_map(img1, img2, window, subset, step)
+    out = windowed_pearson(img1.astype(np.float32), img2.astype(np.float32), window, subset=subset, step=step)
+    np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-5)
+    sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=3, shape=(30, 32))
+    tracked = track_speckles(sample, reference, (5, 5), subset=(5, 5), dtype=np.float64)
+    monkeypatch.setattr(_backend, "running_row_sums", lambda: not running)
+    other = track_speckles(sample, reference, (5, 5), subset=(5, 5), dtype=np.float64)
+    for name in ("dy", "dx", "transmission", "dark_field"):
+        np.testing.assert_allclose(np.asarray(getattr(tracked, name)), np.asarray(getattr(other, name)), atol=1e-9)
+
+
 # -- displacements ----------------------------------------------------------------------------------
 
 

@@ -40,7 +40,8 @@ def report(name, fn, args, reference=None):
         scale = np.nanmax(np.abs(y)) if np.size(y) else 1.0
         diff = np.nanmax(np.abs(x - y)) / max(scale, 1e-30) if np.size(y) else 0.0
         nan_a, nan_c = np.isnan(x).mean(), np.isnan(y).mean()
-        line = f"{name + (f'[{i}]' if len(a_l) > 1 else ''):48s} acc-cpu rel {diff:9.2e}  nan acc {nan_a:.3f} cpu {nan_c:.3f}"
+        label = name + (f"[{i}]" if len(a_l) > 1 else "")
+        line = f"{label:48s} acc-cpu rel {diff:9.2e}  nan acc {nan_a:.3f} cpu {nan_c:.3f}"
         if r is not None:
             rs = np.nanmax(np.abs(r))
             line += f"  err acc {np.nanmax(np.abs(x - r)) / rs:9.2e} cpu {np.nanmax(np.abs(y - r)) / rs:9.2e}"
@@ -125,13 +126,17 @@ def pipelines(rng, quick):
         name = f"DIC {subpixel} prefilter={prefilter}"
         a, c = report(
             name,
-            lambda a, b: tuple(gm.find_displacement(a, b, w, subset=sub, step=st, subpixel=subpixel, prefilter=prefilter))[:2],
+            lambda a, b, subpixel=subpixel, prefilter=prefilter: tuple(
+                gm.find_displacement(a, b, w, subset=sub, step=st, subpixel=subpixel, prefilter=prefilter)
+            )[:2],
             (img1, img2),
             (truth_dy, truth_dx),
         )
         if a is not None:
             for label, v in (("acc", a), ("cpu", c)):
-                e = np.hypot(v[0] - truth_dy[: v[0].shape[0], : v[0].shape[1]], v[1] - truth_dx[: v[1].shape[0], : v[1].shape[1]])
+                e = np.hypot(
+                    v[0] - truth_dy[: v[0].shape[0], : v[0].shape[1]], v[1] - truth_dx[: v[1].shape[0], : v[1].shape[1]]
+                )
                 print(f"    {label}: median error {np.nanmedian(e):.4f} px, nan {np.isnan(e).mean():.3f}", flush=True)
     x = rng.normal(size=(1, 1, 128, 160)).astype(np.float32)
     report("spline coefficients", lambda a: subsets._spline_coefficients(a), (x,))
@@ -141,19 +146,43 @@ def pipelines(rng, quick):
     sample, reference, (dy, dx) = make_speckle_pair(frames=10 if quick else 20, shape=(256, 256))
     a, c = report(
         "track_speckles",
-        lambda s, r: (lambda t: (t.dy, t.dx, t.transmission, t.dark_field))(gm.track_speckles(s, r, (11, 11), subset=(5, 5))),
+        lambda s, r: (lambda t: (t.dy, t.dx, t.transmission, t.dark_field))(
+            gm.track_speckles(s, r, (11, 11), subset=(5, 5))
+        ),
         (sample, reference),
     )
     if a is not None:
         for label, v in (("acc", a), ("cpu", c)):
-            print(f"    {label}: dark-field median {np.nanmedian(v[3]):.4f} transmission {np.nanmedian(v[2]):.4f} nan {np.isnan(v[0]).mean():.3f}", flush=True)
+            print(
+                f"    {label}: dark-field median {np.nanmedian(v[3]):.4f} "
+                f"transmission {np.nanmedian(v[2]):.4f} nan {np.isnan(v[0]).mean():.3f}",
+                flush=True,
+            )
     gy, gx = rng.normal(size=(2, 200, 180)).astype(np.float32)
     for method in ("least-squares", "frankot-chellappa"):
-        report(f"integrate_gradient {method}", lambda a, b: gm.integrate_gradient(a, b, method=method), (gy, gx))
-    report("local_correlation_image", lambda a: gm.local_correlation_image(a), (rng.normal(size=(300, 64, 64)).astype(np.float32),))
+        report(
+            f"integrate_gradient {method}",
+            lambda a, b, method=method: gm.integrate_gradient(a, b, method=method),
+            (gy, gx),
+        )
+    report(
+        "local_correlation_image",
+        lambda a: gm.local_correlation_image(a),
+        (rng.normal(size=(300, 64, 64)).astype(np.float32),),
+    )
     small_ref, small_def, _ = make_dic_pair((128, 128))
-    report("DIC affine 128^2", lambda a, b: tuple(gm.find_displacement(a, b, (7, 7), subset=(21, 21), step=8, subpixel="refine", shape="affine"))[:2], (small_def[None].astype(np.float32), small_ref[None].astype(np.float32)))
-    report("find_displacement refine dense", lambda a, b: tuple(gm.find_displacement(a, b, (15, 15), subpixel="refine"))[:2], (sample[:5], reference[:5]))
+    report(
+        "DIC affine 128^2",
+        lambda a, b: tuple(
+            gm.find_displacement(a, b, (7, 7), subset=(21, 21), step=8, subpixel="refine", shape="affine")
+        )[:2],
+        (small_def[None].astype(np.float32), small_ref[None].astype(np.float32)),
+    )
+    report(
+        "find_displacement refine dense",
+        lambda a, b: tuple(gm.find_displacement(a, b, (15, 15), subpixel="refine"))[:2],
+        (sample[:5], reference[:5]),
+    )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ The session: Qt's global pool limited to ``N`` threads (its default is the core 
 the freeze was seen), the Occupancy mipmap and Correlation map widgets docked with their samples, and each
 Run followed, while the job runs, by what napari's activity dialog does on the GUI thread: a smooth scaling and a
 format conversion of a large image, which Qt splits into tasks of its global pool and waits for while the
-GUI thread holds the GIL. Prints "OK" and exits 0 when every run has finished, no thread of Qt's global pool was ever busy (sampled every
-5 ms), and the viewer is closed.
+GUI thread holds the GIL. Prints "OK" and exits 0 when every run has finished, no thread of Qt's global pool
+was ever busy (sampled every 5 ms), and the viewer is closed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import napari
+    import qtpy
     from qtpy.QtCore import QThreadPool, QTimer
     from qtpy.QtGui import QImage
     from qtpy.QtWidgets import QApplication
@@ -33,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     from napari_gridmip._sample_data import occupancy_sample, speckle_sample
     from napari_gridmip._widgets.correlation_widget import CorrelationWidget
     from napari_gridmip._widgets.mipmap_widget import MipmapWidget
-
-    import qtpy
 
     print("binding", qtpy.API_NAME, flush=True)
     pool = QThreadPool.globalInstance()
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         Qt runs it as tasks of its global pool and waits for them."""
         image = QImage(1600, 1600, QImage.Format.Format_ARGB32)
         image.fill(0xFF336699)
-        image.scaled(1200, 1200, transformMode=__import__("qtpy").QtCore.Qt.TransformationMode.SmoothTransformation)
+        image.scaled(1200, 1200, transformMode=qtpy.QtCore.Qt.TransformationMode.SmoothTransformation)
         image.convertToFormat(QImage.Format.Format_RGB888)
 
     for data, meta, kind in occupancy_sample() + speckle_sample():

@@ -319,14 +319,11 @@ def start_jax_early() -> None:
     """
     if _JAX_STARTED["worker"] is not None or not prefetch_enabled():
         return
-    from napari.qt.threading import create_worker
-
     from napari_gridmip._jobs import prepare_jax
+    from napari_gridmip._widgets._workers import workers
 
     # errors are left to the first job, which runs prepare_jax again and reports them
-    worker = create_worker(prepare_jax, _start_thread=False, _ignore_errors=True)
-    _JAX_STARTED["worker"] = worker
-    worker.start()
+    _JAX_STARTED["worker"] = workers().submit(prepare_jax, lane="early", name="start JAX")
 
 
 def _is_layer(value: Any) -> bool:

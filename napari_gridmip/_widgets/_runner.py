@@ -1,7 +1,8 @@
 """The background run shared by every widget.
 
-One :class:`BackgroundRunner` per widget owns at most one napari thread
-worker. It disables Run (and enables Cancel) while busy, shows progress in
+One :class:`BackgroundRunner` per widget owns at most one job at a time, run on
+our own threads (:mod:`._workers`: never on Qt's global pool, which napari's
+``create_worker`` uses and which Qt needs). It disables Run (and enables Cancel) while busy, shows progress in
 napari's activity dock, turns errors into notifications, and adds the result
 layers on the GUI thread all at once, or none of them. Jobs are plain
 :class:`~napari_gridmip._jobs.Job` objects (Qt-free); the compute core never
@@ -24,6 +25,7 @@ from qtpy.QtCore import QObject, QTimer, Signal
 
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._layer_changes import LayerChanges
+from napari_gridmip._widgets._workers import workers
 
 
 def notify_error(text: str) -> None:
@@ -114,8 +116,6 @@ class BackgroundRunner:
         was started early, its run is taken over (its result, or the rest of its run) instead of
         starting again; any other early job is cancelled.
         """
-        from napari.qt.threading import create_worker
-
         from napari_gridmip._jobs import prepare_jax
 
         if self.busy:
@@ -126,9 +126,9 @@ class BackgroundRunner:
         self.drop_prefetch()
         self._begin(job.description)
 
-        # napari keeps every worker it made (its task list) for the whole session: the worker must not
-        # keep the job (its input arrays), the widget or the result alive, so both go through this
-        # holder, emptied when the worker finishes (benchmarks/soak.py measured 10 MB a run otherwise)
+        # the task keeps its callbacks (bound to this runner) only until it has finished; the job (its input
+        # arrays) and the result go through this holder, emptied when it finishes (benchmarks/soak.py measured
+        # 10 MB a run kept otherwise, when napari's workers outlived their runs)
         holding = {"job": job, "on_done": on_done, "replace": replace, "runner": self}
         self._holding = holding
 
@@ -140,13 +140,11 @@ class BackgroundRunner:
             # the layer models are made here too, so that the GUI thread only shows them
             return result, device, layers_ready_to_show(result.layers)
 
-        worker = create_worker(work, _start_thread=False, _ignore_errors=True)  # errors: _on_errored
-        worker.returned.connect(self._on_worker_returned)
-        worker.errored.connect(self._on_errored)
-        worker.finished.connect(self._on_finished)
-        self.worker = worker
-        worker.start()
-        return worker
+        self.worker = workers().submit(
+            work, lane="run", name=job.description, on_returned=self._on_worker_returned,
+            on_errored=self._on_errored, on_finished=self._on_finished,
+        )  # fmt: skip
+        return self.worker
 
     def _begin(self, description: str) -> None:
         """The busy state of a run: Run disabled, Cancel enabled, a progress bar in the activity dock."""
@@ -165,8 +163,6 @@ class BackgroundRunner:
         pressed with the same inputs and options (``key``), and :meth:`start` shows it. A job of another
         key is cancelled at its next progress report; the programs it compiled stay compiled.
         """
-        from napari.qt.threading import create_worker
-
         from napari_gridmip._jobs import prepare_jax
 
         if self.busy or self._detached:
@@ -192,13 +188,14 @@ class BackgroundRunner:
                 raise Cancelled
             return result, device, layers_ready_to_show(result.layers)
 
-        worker = create_worker(work, _start_thread=False, _ignore_errors=True)
-        worker.returned.connect(lambda value: self._prefetch_returned(holder, value))
-        worker.errored.connect(lambda error: self._prefetch_errored(holder, error))
-        worker.finished.connect(lambda: self._prefetch_finished(holder, worker))
-        self._prefetch = {"key": key, "holder": holder, "worker": worker}
-        self._early_workers.add(worker)
-        worker.start()
+        task = workers().submit(
+            work, lane="early", name=f"early {job.description}",
+            on_returned=lambda value: self._prefetch_returned(holder, value),
+            on_errored=lambda error: self._prefetch_errored(holder, error),
+            on_finished=lambda: self._prefetch_finished(holder, task),
+        )  # fmt: skip
+        self._prefetch = {"key": key, "holder": holder, "worker": task}
+        self._early_workers.add(task)
 
     def drop_prefetch(self) -> None:
         """Cancel the early job (if not taken over) and forget its result."""
@@ -206,6 +203,8 @@ class BackgroundRunner:
         if early is not None and early["holder"]["adopted"] is None:
             early["holder"]["cancel"] = True
             early["holder"]["outcome"] = None
+            if early["worker"].waiting:  # never started: it never will (a running one stops at its next report)
+                early["worker"].cancel()
 
     def _adopt(self, early: dict[str, Any], description: str, on_done: Callable | None, replace: bool) -> Any:
         """Take over the early job of the same key as this Run: show its result, or wait for it with progress."""
@@ -216,6 +215,7 @@ class BackgroundRunner:
         holder["adopted"] = self._holding
         if holder["outcome"] is None:  # still running: its progress and end are this run's from now on
             self.worker = early["worker"]
+            workers().promote(self.worker)  # still waiting for the early lane: it waits for a Run's turn instead
             return self.worker
         outcome, holder["outcome"] = holder["outcome"], None  # done already: show it now
         self._pbar_close()
@@ -240,7 +240,6 @@ class BackgroundRunner:
 
     def _prefetch_finished(self, holder: dict[str, Any], worker: Any) -> None:
         self._early_workers.discard(worker)
-        _forget_task(self._viewer, worker)
         if holder["adopted"] is not None and self.worker is worker:
             self._on_finished()
 
@@ -380,19 +379,8 @@ class BackgroundRunner:
         notify_error(f"{type(error).__name__}: {error}")
 
     def _on_finished(self) -> None:
-        worker, self.worker = self.worker, None
+        self.worker = None
         self._holding.clear()
-        if worker is not None:
-            _forget_task(self._viewer, worker)
-            for signal, slot in (
-                (worker.returned, self._on_worker_returned),
-                (worker.errored, self._on_errored),
-                (worker.finished, self._on_finished),
-            ):
-                try:
-                    signal.disconnect(slot)
-                except (TypeError, RuntimeError):  # already gone
-                    pass
         self._pbar_close()
         if self._detached:
             return
@@ -454,22 +442,6 @@ def _text_after_insert(steps: Generator[None, None, list], layers: list[Any]) ->
             yield  # its insert and first paint, then its labels
         layer.text.visible = True
     return added
-
-
-def _forget_task(viewer: Any, worker: Any) -> None:
-    """Take a finished worker out of napari's task list.
-
-    napari registers every worker it creates there (it asks before quitting while one is busy) and never
-    removes one, so each run left its worker, signals and status closures behind for the whole session
-    (benchmarks/soak.py --census: one FunctionWorker, TaskStatusItem and about 50 small objects a run).
-    The list is private to napari: without it, nothing is done.
-    """
-    tasks = getattr(getattr(getattr(viewer, "window", None), "_task_status_manager", None), "_tasks", None)
-    if not isinstance(tasks, dict):
-        return
-    for task_id, item in list(tasks.items()):
-        if getattr(getattr(item, "_cancel_callback", None), "__self__", None) is worker:
-            tasks.pop(task_id, None)
 
 
 def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:

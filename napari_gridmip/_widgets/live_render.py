@@ -3,11 +3,11 @@
 While on and the viewer is in 3D, every change of the camera (angles, zoom, centre, perspective), of the canvas
 size, of the dims point of a >3D layer and of the layer's display (rendering mode, colormap, contrast limits,
 gamma, iso threshold, attenuation) hides the last picture, so that napari's own (coarse) view shows while the
-camera moves, and restarts a short timer. When the camera has rested for :data:`DEBOUNCE_MS`, a napari thread
-worker renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a coarse pass, then full
-resolution) and each picture is shown as the texture of a quad on the plane through the camera's centre, facing
-the camera and spanning the canvas: a napari Surface layer drawn over the volume without depth test
-(``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. The
+camera moves, and restarts a short timer. When the camera has rested for :data:`DEBOUNCE_MS`, a worker of ours
+(:mod:`._workers`, its "render" lane) renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a
+coarse pass, then full resolution) and each picture is shown as the texture of a quad on the plane through the
+camera's centre, facing the camera and spanning the canvas: a napari Surface layer drawn over the volume without
+depth test (``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. The
 layer is added (hidden) when the switch is turned on, so that napari's making of a layer does not hold the GUI
 thread while pictures arrive; each picture then costs the GUI thread one upload of its uint8 texture. A newer
 state cancels the render under way (its pictures are dropped). Turning the switch off, closing the source layer
@@ -148,9 +148,8 @@ class LiveRender:
         layer = self._layer()
         if layer is None or self._viewer.dims.ndisplay != 3:
             return
-        from napari.qt.threading import create_worker
-
         from napari_gridmip._jobs.live_render import ViewState, source_for_layer
+        from napari_gridmip._widgets._workers import workers
 
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
         if state == self._final_state:
@@ -172,13 +171,14 @@ class LiveRender:
                     return
                 yield ("picture", state, picture)
 
-        worker = create_worker(work, _start_thread=False, _ignore_errors=True)
-        worker.yielded.connect(lambda item, token=token: self._on_yielded(item, token))
-        worker.errored.connect(lambda error, token=token: self._on_errored(error, token))
-        worker.finished.connect(lambda worker=worker: self._on_finished(worker))
-        self.worker = worker
         self._on_status("Full resolution in 3D: rendering…")
-        worker.start()
+        task = workers().submit(
+            work, lane="render", name="full resolution in 3D",
+            on_yielded=lambda item, token=token: self._on_yielded(item, token),
+            on_errored=lambda error, token=token: self._on_errored(error, token),
+            on_finished=lambda: self._on_finished(task),
+        )  # fmt: skip
+        self.worker = task
 
     def _on_yielded(self, item: Any, token: _Token) -> None:
         if token.cancelled or not self.active:
@@ -224,7 +224,7 @@ class LiveRender:
         if self._token is not None:
             self._token.cancelled = True
         if self.worker is not None:
-            self.worker.quit()
+            self.worker.cancel()
             self.worker = None
 
     # -- the quad ------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ call compiles several). Set ``NAPARI_GRIDMIP_COMPILE_CACHE=0`` to leave JAX's co
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from napari_gridmip.core._options import switched_off
@@ -23,6 +24,7 @@ from napari_gridmip.core._options import switched_off
 MIN_COMPILE_SECONDS = 0.05
 
 _state = {"done": False}
+_LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -48,10 +50,11 @@ def enable() -> Path | None:
     user_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
     if user_dir:
         return Path(user_dir)
-    if _state["done"] or switched_off("NAPARI_GRIDMIP_COMPILE_CACHE"):
-        return None
-    _state["done"] = True
-    folder = cache_dir()
-    jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
-    return folder
+    with _LOCK:  # two background jobs may start at once: the second waits until the cache is set
+        if _state["done"] or switched_off("NAPARI_GRIDMIP_COMPILE_CACHE"):
+            return None
+        folder = cache_dir()
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+        _state["done"] = True
+        return folder

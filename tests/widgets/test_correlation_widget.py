@@ -643,7 +643,7 @@ def test_the_first_widget_starts_jax_in_a_worker_once(docked, qtbot, monkeypatch
     assert worker is not None
     qtbot.waitUntil(lambda: len(threads) == 1, timeout=60_000)
     assert threads[0] != threading.main_thread().ident  # never on the GUI thread
-    qtbot.waitUntil(lambda: not worker.is_running, timeout=60_000)
+    qtbot.waitUntil(lambda: worker.done, timeout=60_000)
     docked(CorrelationWidget)  # a second widget: nothing started again
     assert _base._JAX_STARTED["worker"] is worker
     qtbot.wait(50)

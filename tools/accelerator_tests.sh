@@ -27,6 +27,7 @@ case $part in
   *) echo "unknown part: $part" >&2; exit 2 ;;
 esac
 python3 -c 'import jax; print("JAX", jax.__version__, jax.devices())'
-set -o pipefail
-python3 -m pytest -o addopts="" -p no:cacheprovider -m 'not slow' --strict-markers -q -rfE \
-  --timeout 120 --junitxml "$out/$part.xml" "${paths[@]}" "$@" 2>&1 | tee "$out/$part.log"
+# exec, into a file rather than a pipe: a `timeout` around this script then stops pytest itself, which would
+# otherwise keep the chip from the next program
+exec python3 -m pytest -o addopts="" -p no:cacheprovider -m 'not slow' --strict-markers -q -rfE \
+  --timeout 120 --junitxml "$out/$part.xml" "${paths[@]}" "$@" >"$out/$part.log" 2>&1

@@ -66,6 +66,7 @@ class BackgroundRunner:
         self.worker: Any = None
         self.device_text = ""  # the JAX device, known after the first run
         self._pbar: napari_progress | None = None
+        self._pbar_wanted: str | None = None  # the description of a progress bar still to be made (see _begin)
         self._holding: dict[str, Any] = {}
         self._cancel_requested = False
         self._detached = False  # the widget is gone: its buttons and labels may be deleted already
@@ -146,13 +147,22 @@ class BackgroundRunner:
         )  # fmt: skip
         return self.worker
 
-    def _begin(self, description: str) -> None:
-        """The busy state of a run: Run disabled, Cancel enabled, a progress bar in the activity dock."""
+    def _begin(self, description: str, *, progress_bar: bool = True) -> None:
+        """The busy state of a run: Run disabled, Cancel enabled, a progress bar in the activity dock.
+
+        The bar is made in the next event-loop turn: napari builds its activity dialog's entry then (60 ms, the
+        session's first 200 ms: benchmarks/gui_soak.py), which was the longest part of a click on Run."""
         self._cancel_requested = False
         self._run_button.enabled = False
         self._cancel_button.enabled = True
         self._set_status(f"{description}...")
-        self._pbar = napari_progress(total=0, desc=description)
+        self._pbar_wanted = description if progress_bar else None
+        if progress_bar:
+            QTimer.singleShot(0, self._open_pbar)
+
+    def _open_pbar(self) -> None:
+        if self._pbar_wanted is not None and self._pbar is None and self.worker is not None:
+            self._pbar = napari_progress(total=0, desc=self._pbar_wanted)
 
     # -- jobs started before Run ---------------------------------------------
     def prefetch(self, job: Job, key: Any) -> None:
@@ -210,19 +220,29 @@ class BackgroundRunner:
         """Take over the early job of the same key as this Run: show its result, or wait for it with progress."""
         holder = early["holder"]
         self._prefetch = None
-        self._begin(description)
+        running = holder["outcome"] is None
+        self._begin(description, progress_bar=running)
         self._holding = {"on_done": on_done, "replace": replace, "runner": self}
         holder["adopted"] = self._holding
-        if holder["outcome"] is None:  # still running: its progress and end are this run's from now on
-            self.worker = early["worker"]
+        self.worker = early["worker"]
+        if running:  # its progress and end are this run's from now on
             workers().promote(self.worker)  # still waiting for the early lane: it waits for a Run's turn instead
             return self.worker
-        outcome, holder["outcome"] = holder["outcome"], None  # done already: show it now
-        self._pbar_close()
-        self._on_worker_returned(outcome)
+        # done already: shown from the next event-loop turn, so that the click returns at once (the first layer's
+        # insert is napari's longest step; it then is a step of its own)
+        outcome, holder["outcome"] = holder["outcome"], None
+        QTimer.singleShot(0, lambda: self._show_adopted(outcome))
+        return self.worker
+
+    def _show_adopted(self, outcome: tuple[JobResult, str, list]) -> None:
+        """The adopted early job's result, a turn after the click (see :meth:`_adopt`)."""
+        self.worker = None
+        if self._cancel_requested:
+            self._on_errored(Cancelled())
+        else:
+            self._on_worker_returned(outcome)
         if self._showing is None and not self._detached:
             self._became_idle()
-        return early["worker"]
 
     def _prefetch_returned(self, holder: dict[str, Any], value: tuple[JobResult, str, list]) -> None:
         if holder["cancel"]:
@@ -244,6 +264,7 @@ class BackgroundRunner:
             self._on_finished()
 
     def _pbar_close(self) -> None:
+        self._pbar_wanted = None
         if self._pbar is not None:
             self._pbar.close()
             self._pbar = None

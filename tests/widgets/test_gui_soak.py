@@ -1,0 +1,38 @@
+"""A short GUI soak in the suite (benchmarks/gui_soak.py runs the long one, docs/benchmarks.md holds its figures):
+random sequences of docking, samples, layer edits, option changes mid-run, Run / Cancel / Run again, 2D / 3D with
+the full-resolution view on, and the viewer closed mid-job, in a process of its own under an outside watchdog,
+with Qt's global pool limited to one thread."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SOAK = Path(__file__).parents[2] / "benchmarks" / "gui_soak.py"
+
+
+def load_gui_soak():
+    spec = importlib.util.spec_from_file_location("gui_soak", SOAK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_short_gui_soak_never_hangs_raises_or_leaves_a_thread(seed, tmp_path, capsys):
+    soak = load_gui_soak()
+    report = tmp_path / "report.json"
+    status = soak.main(["--actions", "40", "--seed", str(seed), "--pool", "1", "--live", "--watchdog", "240",
+                        "--json", str(report)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out[-6000:]
+    assert report.exists()
+
+
+def test_the_verdict_fails_each_target():
+    soak = load_gui_soak()
+    assert soak.verdict({}) == []
+    assert soak.verdict({"hung": True, "watchdog_s": 5})
+    assert soak.verdict({"uncaught": ["x"]})
+    assert soak.verdict({"threads_left": ["t"]})
+    assert soak.verdict({"global_pool_busiest": 1})

@@ -69,7 +69,14 @@ def test_mipmap_draws_blocks_around_the_balls_in_3d(shown, wait_idle, qtbot):
         (PatchesWidget, "tiles", {}),
     ],
 )
-def test_the_canvas_keeps_its_room(shown, wait_idle, qtbot, widget_class, sample, fields):
+def test_the_canvas_keeps_its_room(shown, wait_idle, qtbot, widget_class, sample, fields, request):
+    import qtpy
+
+    if qtpy.API_NAME == "PyQt5" and widget_class is CorrelationWidget:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "issue 35: under PyQt5 napari's layer controls dock takes 337 px and this dock 344 px of 1400: the "
+            "canvas keeps 693 px (49.5%)"
+        )))  # fmt: skip
     viewer, widget = shown(widget_class)
     viewer.open_sample("napari-gridmip", sample)
     for name, value in fields.items():

@@ -60,16 +60,24 @@ class LiveRender:
         Voxels above it are occupied (the Occupancy mipmap widget's threshold).
     on_status
         Called on the GUI thread with a line saying what is happening.
+    overlay
+        The quad layer of a live view stopped for another source layer (:meth:`stop` with ``keep_overlay``): used
+        again, so that a new source costs no napari layer removal and insert (each 0.3 to 0.6 s of the GUI thread
+        with many layers open: benchmarks/gui_soak.py).
     """
 
-    def __init__(self, viewer: Any, layer: Any, *, threshold: float = 0.0, on_status: Any = None) -> None:
+    def __init__(
+        self, viewer: Any, layer: Any, *, threshold: float = 0.0, on_status: Any = None, overlay: Any = None
+    ) -> None:
         from qtpy.QtCore import QTimer
 
         self._viewer = viewer
         self._layer = weakref.ref(layer)
         self.threshold = float(threshold)
         self._on_status = on_status or (lambda text: None)
-        self.overlay: Any = None  # the quad layer
+        self.overlay: Any = overlay if overlay is not None and overlay in viewer.layers else None  # the quad layer
+        if self.overlay is not None:
+            self.overlay.name = f"{layer.name} full resolution"
         self.worker: Any = None
         self._token: _Token | None = None
         self._source: Any = None
@@ -282,10 +290,11 @@ class LiveRender:
             self.overlay.visible = False
 
     # -- the end -------------------------------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Stop the worker, disconnect every event, remove the quad layer and drop the caches."""
+    def stop(self, *, keep_overlay: bool = False) -> Any:
+        """Stop the worker, disconnect every event, remove the quad layer (or, with ``keep_overlay``, hide it and
+        return it for the next live view) and drop the caches."""
         if not self.active:
-            return
+            return None
         self.active = False
         self._timer.stop()
         self._cancel()
@@ -293,7 +302,11 @@ class LiveRender:
             emitter.disconnect(callback)
         self._connections = []
         overlay, self.overlay = self.overlay, None
-        if overlay is not None and overlay in self._viewer.layers:
-            self._viewer.layers.remove(overlay)
         self._source = None
+        if overlay is not None and overlay in self._viewer.layers:
+            if keep_overlay:
+                overlay.visible = False
+                return overlay
+            self._viewer.layers.remove(overlay)
         self._on_status("Full resolution in 3D: off")
+        return None

@@ -220,14 +220,18 @@ class MipmapWidget(JobWidget):
 
     # -- Full resolution in 3D (the controller lives in live_render.py) ---------------------------------------------
     def _live_switched(self, *_: Any) -> None:
-        """The switch or the chosen layer changed: stop the live view, and start it again for the layer if on."""
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
+        """The switch or the chosen layer changed: stop the live view, and start it again for the layer if on (its
+        quad layer kept from one source layer to the next)."""
         layer = self.layer.value if self._ready else None
-        if not self.live_3d.value or self.released:
+        wanted = self.live_3d.value and not self.released
+        usable = isinstance(layer, Image) and layer.ndim >= 3 and not layer.rgb
+        overlay = None
+        if self._live is not None:
+            overlay = self._live.stop(keep_overlay=wanted and usable)
+            self._live = None
+        if not wanted:
             return
-        if not isinstance(layer, Image) or layer.ndim < 3 or layer.rgb:
+        if not usable:
             notify_error("Full resolution in 3D: choose a 3D (or 4D+) Image layer")
             return
         from napari_gridmip._widgets.live_render import LiveRender
@@ -237,7 +241,9 @@ class MipmapWidget(JobWidget):
                 self.view_info.value = text
                 self.view_info.tooltip = text
 
-        self._live = LiveRender(self._viewer, layer, threshold=float(self.threshold.value), on_status=status)
+        self._live = LiveRender(
+            self._viewer, layer, threshold=float(self.threshold.value), on_status=status, overlay=overlay
+        )
 
     def release(self) -> None:
         if self._live is not None:

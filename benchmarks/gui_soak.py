@@ -79,6 +79,29 @@ class Session:
         self._ticker.timeout.connect(self._tick)
         self._ticker.start(10)
         self._hook()
+        # what the GUI thread does while the event loop is stalled: its stack, sampled from another thread
+        self.stall_samples: dict[str, int] = {}
+        self._sampling = True
+        self._sampler = threading.Thread(target=self._sample_stalls, name="gui_soak stall sampler", daemon=True)
+        self._sampler.start()
+
+    def _sample_stalls(self) -> None:
+        import traceback
+
+        main = threading.main_thread().ident
+        while self._sampling:
+            time.sleep(0.05)
+            if time.perf_counter() - self._last_tick < 0.3:
+                continue
+            frame = sys._current_frames().get(main)
+            if frame is None:
+                continue
+            stack = traceback.extract_stack(frame)
+            # the innermost frames of ours and of napari / vispy / Qt bindings, as "file:function" (short)
+            picked = [f"{f.filename.split('site-packages/')[-1].split('/main/')[-1]}:{f.name}" for f in stack
+                      if "gui_soak" not in f.filename][-4:]  # fmt: skip
+            key = f"[{self.action.split(' ', 1)[-1]}] " + " > ".join(picked)
+            self.stall_samples[key] = self.stall_samples.get(key, 0) + 1
 
     # -- monitors ------------------------------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -322,6 +345,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         session.step(number)
     jobs_end_s = session.close_mid_job()
     session._ticker.stop()
+    session._sampling = False
     gaps = sorted(session.gaps, reverse=True)
     return {
         "actions": args.actions,
@@ -337,6 +361,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "ours_on_global_pool": session.ours_on_global_pool,
         "jobs_end_after_close_s": round(jobs_end_s, 2),
         "threads_left": _threads_left(),
+        # 50 ms samples of the GUI thread's stack while the event loop was stalled over 300 ms, most frequent first
+        "stall_samples": sorted(session.stall_samples.items(), key=lambda kv: -kv[1])[:12],
     }
 
 

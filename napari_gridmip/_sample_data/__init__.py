@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from napari_gridmip._sample_data._cache import on_disk
+
 OCCUPANCY_SHAPE = (160, 144, 136)
 
 
@@ -87,6 +89,7 @@ def make_image_tiles() -> tuple[np.ndarray, dict]:
     return patches, tiling
 
 
+@on_disk
 def tiles_sample() -> list[tuple]:
     """File > Open Sample > Image tiles: a patch stack the Reassemble patches widget takes as is."""
     patches, tiling = make_image_tiles()
@@ -142,6 +145,7 @@ def make_speckle_pair(
     return sample.astype(np.float32), reference.astype(np.float32), (dy, dx)
 
 
+@on_disk
 def speckle_sample() -> list[tuple]:
     """File > Open Sample > Speckle pair: two K-frame stacks, img1 first (the Correlation map's order)."""
     sample, reference, (dy, dx) = make_speckle_pair()
@@ -235,6 +239,7 @@ SPECKLE_CONTRAST_SETTINGS = {
 }
 
 
+@on_disk
 def speckle_contrast_sample() -> list[tuple]:
     """File > Open Sample > Speckle pair with transmission and dark-field: sample first, then the reference."""
     sample, reference, truth = make_speckle_pair_with_contrast()

@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from napari_gridmip._sample_data._cache import on_disk
+
 CALCIUM_SHAPE = (128, 128)
 CALCIUM_FRAMES = 400
 CALCIUM_CELLS = 36
@@ -97,6 +99,7 @@ def make_calcium_movie(
     return CalciumMovie(movie, footprints.astype(np.float32), traces.astype(np.float32), np.asarray(centres))
 
 
+@on_disk
 def calcium_sample() -> list[tuple]:
     """File > Open Sample > Calcium movie: the movie, with its known cells as a labels layer."""
     movie, footprints, traces, centres = make_calcium_movie()

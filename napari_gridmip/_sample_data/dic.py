@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from napari_gridmip._sample_data._cache import on_disk
+
 DIC_SHAPE = (512, 512)
 DOT_RADIUS = 2.0  # px, the Gaussian dots' standard deviation: speckles about 4-5 px across
 DOT_DENSITY = 0.045  # dots per pixel (about 55% of the surface covered at half height)
@@ -140,6 +142,7 @@ DIC_SETTINGS = {
 }
 
 
+@on_disk
 def dic_sample() -> list[tuple]:
     """File > Open Sample > DIC pair: the deformed image first (img1), then the reference (img2), each 2D uint8;
     the known field and strain in the deformed layer's metadata (``true_dy`` ...)."""

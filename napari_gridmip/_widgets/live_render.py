@@ -78,6 +78,9 @@ class LiveRender:
         self.overlay: Any = overlay if overlay is not None and overlay in viewer.layers else None  # the quad layer
         if self.overlay is not None:
             self.overlay.name = f"{layer.name} full resolution"
+            layers = viewer.layers
+            if layers.index(self.overlay) < layers.index(layer):  # drawn after its source, as when it was added
+                layers.move(layers.index(self.overlay), len(layers))
         self.worker: Any = None
         self._token: _Token | None = None
         self._source: Any = None

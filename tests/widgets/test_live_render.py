@@ -302,6 +302,8 @@ def test_a_new_source_layer_keeps_the_quad_layer(live_viewer, qtbot):
     assert widget._live.overlay is overlay and overlay in viewer.layers
     assert overlay.name == "other volume full resolution"
     assert len(viewer.layers) == count + 1  # the new volume only
+    # above its new source (napari draws the list bottom up): the picture covers the volume's own render
+    assert viewer.layers.index(overlay) > viewer.layers.index(other)
     _final(widget, qtbot)
     assert overlay.visible
     widget.live_3d.native.click()  # off: the quad goes

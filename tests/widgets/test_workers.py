@@ -1,0 +1,125 @@
+"""Our own worker threads (_widgets/_workers.py): lanes bound what runs at once, newer early and render jobs replace
+waiting ones, an adopted early job moves to the Run lane, every outcome reaches the GUI thread, and no thread is
+left once the jobs are over. Qt's global pool is never used."""
+
+import threading
+import time
+
+import pytest
+
+from napari_gridmip._widgets._workers import Workers
+
+
+@pytest.fixture
+def pool(qtbot):
+    workers = Workers({"run": 2, "early": 1, "render": 1})
+    yield workers
+    workers.cancel_all()
+    qtbot.waitUntil(lambda: not workers.busy(), timeout=10_000)
+
+
+def _gate():
+    """A job that runs until its event is set, recording that it started and on which thread."""
+    release, started, threads = threading.Event(), threading.Event(), []
+
+    def job():
+        threads.append(threading.current_thread())
+        started.set()
+        release.wait(10)
+        return "done"
+
+    return job, release, started, threads
+
+
+def test_outcomes_reach_the_gui_thread_in_order(pool, qtbot):
+    events = []
+    gui = threading.current_thread()
+
+    def record(kind):
+        return lambda *value: events.append((kind, value, threading.current_thread() is gui))
+
+    def gen():
+        yield 1
+        yield 2
+
+    pool.submit(lambda: 42, on_returned=record("returned"), on_finished=record("finished"))
+    pool.submit(gen, on_yielded=record("yielded"), on_finished=record("finished"))
+    pool.submit(lambda: 1 / 0, on_errored=record("errored"), on_finished=record("finished"))
+    qtbot.waitUntil(lambda: sum(e[0] == "finished" for e in events) == 3, timeout=10_000)
+    assert all(on_gui for _, _, on_gui in events)
+    assert ("returned", (42,), True) in events
+    assert [e[1] for e in events if e[0] == "yielded"] == [(1,), (2,)]
+    (errored,) = [e for e in events if e[0] == "errored"]
+    assert isinstance(errored[1][0], ZeroDivisionError)
+
+
+def test_a_lane_runs_at_most_its_limit_and_then_the_next(pool, qtbot):
+    gates = [_gate() for _ in range(3)]
+    for job, *_ in gates:
+        pool.submit(job, lane="run")
+    qtbot.waitUntil(lambda: gates[0][2].is_set() and gates[1][2].is_set(), timeout=10_000)
+    time.sleep(0.2)
+    assert not gates[2][2].is_set()  # the third waits for a slot
+    gates[0][1].set()
+    qtbot.waitUntil(gates[2][2].is_set, timeout=10_000)
+    for _, release, _, _ in gates:
+        release.set()
+    qtbot.waitUntil(lambda: not pool.busy(), timeout=10_000)
+    assert all(threads[0].name.startswith("napari-gridmip") for _, _, _, threads in gates)
+
+
+def test_a_newer_early_job_replaces_the_waiting_one_and_never_runs_it(pool, qtbot):
+    running, release, started, _ = _gate()
+    finished = []
+    pool.submit(running, lane="early")
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    ran = []
+    old = pool.submit(lambda: ran.append("old"), lane="early", on_finished=lambda: finished.append("old"))
+    new = pool.submit(lambda: ran.append("new"), lane="early", on_finished=lambda: finished.append("new"))
+    assert old.cancelled and not new.cancelled
+    release.set()
+    qtbot.waitUntil(lambda: sorted(finished) == ["new", "old"], timeout=10_000)
+    assert ran == ["new"]  # the replaced job finished without running
+
+
+def test_an_early_job_adopted_while_waiting_moves_to_the_run_lane(pool, qtbot):
+    blocker, release, started, _ = _gate()
+    pool.submit(blocker, lane="early")  # a stale early job that cannot be interrupted
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    returned = []
+    waiting = pool.submit(lambda: "adopted", lane="early", on_returned=returned.append)
+    pool.promote(waiting)  # the user's Run takes it over: it must not wait for the stale one
+    qtbot.waitUntil(lambda: returned == ["adopted"], timeout=10_000)
+    assert waiting.lane == "run"
+    release.set()
+
+
+def test_cancel_drops_the_outcome_but_still_finishes(pool, qtbot):
+    job, release, started, _ = _gate()
+    got, finished = [], []
+    task = pool.submit(job, on_returned=got.append, on_finished=lambda: finished.append(True))
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    task.cancel()
+    release.set()
+    qtbot.waitUntil(lambda: finished == [True], timeout=10_000)
+    assert got == [] and task.done
+
+
+def test_no_thread_is_left_and_the_global_pool_is_untouched(pool, qtbot):
+    from qtpy.QtCore import QThreadPool
+
+    busiest = []
+    job, release, started, _ = _gate()
+    pool.submit(job)
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    busiest.append(QThreadPool.globalInstance().activeThreadCount())
+    release.set()
+    qtbot.waitUntil(lambda: not pool.busy(), timeout=10_000)
+    qtbot.waitUntil(lambda: not [t for t in threading.enumerate() if t.name.startswith("napari-gridmip")],
+                    timeout=10_000)  # fmt: skip
+    assert busiest == [0]
+
+
+def test_an_unknown_lane_is_a_value_error(pool):
+    with pytest.raises(ValueError, match="lane must be one of"):
+        pool.submit(lambda: None, lane="fast")

@@ -622,7 +622,12 @@ def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progre
         kernel = partial(run, window=window, subset=subset, step=step, method="map", track=(), dtype=dtype)
         return _chunked.subset_map(img1, img2, window, subset, step, dtype, kernel, offsets_first=offsets_first)
     (out,) = run(img1, img2, window, subset, step, method="map", track=(), dtype=dtype, progress=progress)
-    return _offsets_first(out) if offsets_first else out
+    if not offsets_first:
+        return out
+    # in the call's precision and on its device: outside the scope, a float64 map would be moved to the default
+    # device with x64 off, and narrowed to float32 (a TPU, where float64 calls run on the host)
+    with precision_scope(dtype):
+        return _offsets_first(out)
 
 
 @jax.jit

@@ -14,6 +14,8 @@ Cases (each tool gets the tiles and the regular grid the stage reports, the same
   "no good left pair" even at ``ncc_threshold=0.1``, and a NaN edge weight with the blank corner.) RMS errors
   count the tiles with texture.
 - ``synthetic``: a 6x6 mosaic of 512x512 float32 tiles, 10% overlap, +-8 px stage errors, Gaussian noise.
+- ``large``: a 5x5 mosaic of 1024x1024 uint16 tiles (the textured mosaic with 1% noise, quantised), 10%
+  overlap, +-8 px stage errors (issue 33's first-call case; not in ``all``).
 - ``--real FOLDER``: tiles ``img_r{row:03}_c{col:03}.tif`` (or any ``*.tif``, sorted, row-major) of a real
   acquisition, with ``--grid`` and ``--overlap`` (one fraction, or ``y x``); reference positions from MIST's
   stitching vector ``FOLDER/img-global-positions-1.txt`` or ``FOLDER/reference_positions.csv`` (``y,x`` per
@@ -61,7 +63,12 @@ def make_case(name: str, quick: bool):
     from napari_gridmip import grid_positions
     from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
 
-    if name in ("small", "camera"):
+    if name == "large":  # issue 33's first-call case: a 5x5 mosaic of 1024^2 uint16 camera tiles
+        (grid, tile), overlap = ((3, 3), (256, 256)) if quick else ((5, 5), (1024, 1024)), 0.1
+        sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=8, noise=0.01, seed=2)
+        # quantised to uint16 (m2stitch finds no good pair on the vignetted camera tiles of ``microscope_tiles``)
+        tiles = np.round(np.clip(sample.tiles, 0, None) / sample.tiles.max() * 60000).astype(np.uint16)
+    elif name in ("small", "camera"):
         grid, tile, overlap = ((3, 3) if quick else (5, 5)), (183, 245), 0.06
         camera = name == "camera"
         sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=3,
@@ -465,7 +472,7 @@ def main() -> None:
         child(sys.argv[2], sys.argv[3])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=("small", "camera", "synthetic", "all"), default="all")
+    parser.add_argument("--case", choices=("small", "camera", "synthetic", "large", "all"), default="all")
     parser.add_argument("--quick", action="store_true", help="3x3 mosaics")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ashlar", action="store_true", help="also ASHLAR on the synthetic case")

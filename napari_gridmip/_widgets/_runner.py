@@ -122,7 +122,9 @@ class BackgroundRunner:
         if self.busy:
             raise RuntimeError("a job is already running")
         early = self._prefetch
-        if early is not None and key is not None and early["key"] == key and not early["holder"]["failed"]:
+        # an early job that another widget's newer one replaced in the early lane never runs: not adoptable
+        adoptable = early is not None and not early["holder"]["failed"] and not early["worker"].cancelled
+        if adoptable and key is not None and early["key"] == key:
             return self._adopt(early, job.description, on_done, replace)
         self.drop_prefetch()
         self._begin(job.description)

@@ -123,3 +123,37 @@ def test_no_thread_is_left_and_the_global_pool_is_untouched(pool, qtbot):
 def test_an_unknown_lane_is_a_value_error(pool):
     with pytest.raises(ValueError, match="lane must be one of"):
         pool.submit(lambda: None, lane="fast")
+
+
+class _Field:
+    def __init__(self, value=""):
+        self.value, self.enabled, self.tooltip = value, True, ""
+
+
+def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, qtbot):
+    """Widget A's early job waits in the early lane; widget B's newer one replaces it (it never runs). A's Run
+    with the same inputs must then run the job itself, not wait for the replaced one forever."""
+    from napari_gridmip._jobs import Job, JobResult
+    from napari_gridmip._widgets import _workers
+    from napari_gridmip._widgets._runner import BackgroundRunner
+
+    viewer = make_napari_viewer()
+    runners = [BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
+               for _ in range(2)]  # fmt: skip
+    blocker, release, started, _ = _gate()
+    _workers.workers().submit(blocker, lane="early")  # the early lane is busy
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    made = []
+
+    def job(name):
+        return Job(name, lambda progress: made.append(name) or JobResult(layers=[], summary=name))
+
+    runners[0].prefetch(job("a"), key="a")
+    runners[1].prefetch(job("b"), key="b")  # replaces a's, which waited
+    assert runners[0]._prefetch["worker"].cancelled
+    done = []
+    runners[0].start(job("a"), key="a", on_done=lambda result, added: done.append(result.summary))
+    release.set()
+    qtbot.waitUntil(lambda: done == ["a"] and not runners[0].busy, timeout=20_000)
+    qtbot.waitUntil(lambda: not runners[1].prefetching, timeout=20_000)
+    assert made.count("a") == 1  # run once, by the Run

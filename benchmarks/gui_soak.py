@@ -11,7 +11,8 @@ thread pool to N threads first (its default is the core count): our work must ne
 The session runs in a child process; the parent kills it after ``--watchdog`` seconds (a deadlock that holds the
 GIL stops every thread of the process, a watchdog thread included) and reports a hang. The child reports:
 
-- hangs (the watchdog) and uncaught exceptions (``sys.excepthook``, ``threading.excepthook``): targets 0;
+- hangs (the watchdog) and uncaught exceptions (``sys.excepthook``, ``threading.excepthook``, or raised by an
+  action) with a frame of ours in their traceback: targets 0; napari's own exceptions are listed apart;
 - error notifications (bad input on an action is a user's mistake the widget reports; listed for review);
 - the event loop's longest gap (a 10 ms timer's lateness) and the longest single call of our GUI-thread code
   (a worker's result delivered, a layer of a result shown, a Run clicked, the layer choices refreshed, a live
@@ -67,6 +68,7 @@ class Session:
         self.docked: dict[str, Any] = {}
         self.action = "start"
         self.uncaught: list[str] = []
+        self.napari_errors: list[str] = []  # exceptions with none of our code in their traceback
         self.notifications: list[str] = []
         self.gaps: list[tuple[float, str]] = []
         self.calls: dict[str, tuple[float, str]] = {}
@@ -143,10 +145,7 @@ class Session:
         timed(mipmap_widget.MipmapWidget, "_live_switched", "live view switched")
 
         def uncaught(kind: type, value: BaseException, tb: Any) -> None:
-            import traceback
-
-            where = "".join(traceback.format_tb(tb)[-6:]) if tb is not None else ""
-            self.uncaught.append(f"[{self.action}] {kind.__name__}: {value}\n{where}")
+            self.record(value, tb)
 
         sys.excepthook = uncaught
         threading.excepthook = lambda args: self.uncaught.append(
@@ -175,6 +174,16 @@ class Session:
             return start(worker)
 
         qthreading.WorkerBase.start = recorded_start
+
+    def record(self, error: BaseException, tb: Any) -> None:
+        """An exception: ours when a frame of napari_gridmip is in its traceback, else napari's (or Qt's) own,
+        listed apart (a real session shows those as napari's notifications)."""
+        import traceback
+
+        frames = traceback.extract_tb(tb) if tb is not None else []
+        text = f"[{self.action}] {type(error).__name__}: {error}\n" + "".join(traceback.format_list(frames[-6:]))
+        ours = any("napari_gridmip" in frame.filename for frame in frames)
+        (self.uncaught if ours else self.napari_errors).append(text)
 
     # -- actions -------------------------------------------------------------------------------------------------
     def process(self, seconds: float) -> None:
@@ -292,7 +301,10 @@ class Session:
         method = {"add layer": "add_layer", "remove layer": "remove_layer", "rename layer": "rename_layer",
                   "change option": "change_option", "cancel and run again": "cancel_and_run_again",
                   "switch 2D/3D": "switch_view", "switch live view": "switch_live"}.get(name, name)  # fmt: skip
-        getattr(self, method)()
+        try:
+            getattr(self, method)()
+        except Exception as error:  # noqa: BLE001 - what the user's click would have met, shown by napari
+            self.record(error, error.__traceback__)
         self.process(float(self.rng.uniform(0, 0.15)))
 
     def close_mid_job(self) -> float:
@@ -302,7 +314,10 @@ class Session:
         self.action = "close the viewer mid-job"
         if not self.docked:
             self.dock()
-        self.viewer.open_sample("napari-gridmip", "speckle")
+        try:
+            self.viewer.open_sample("napari-gridmip", "speckle")
+        except Exception as error:  # noqa: BLE001
+            self.record(error, error.__traceback__)
         self.process(0.3)
         for widget in self.docked.values():
             if widget.run_button.enabled:
@@ -353,6 +368,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "pool": args.pool or QThreadPool.globalInstance().maxThreadCount(),
         "counts": session.counts,
         "uncaught": session.uncaught,
+        "napari_errors": session.napari_errors,
         "notifications": session.notifications,
         "longest_gaps_ms": [(round(g), a) for g, a in gaps[:5]],
         "gaps_over_250ms": sum(g > LONG_CALL_MS for g, _ in gaps),
@@ -391,7 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        report = child(args)
+        try:
+            report = child(args)
+        except BaseException:  # the soak's own driver failed (its hooks would swallow the traceback): report it
+            import traceback
+
+            report = {"uncaught": [f"the soak's driver raised:\n{traceback.format_exc()}"]}
         print("REPORT " + json.dumps(report), flush=True)
         return 0
     command = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--child"]

@@ -28,6 +28,14 @@ from napari_gridmip._layer_changes import LayerChanges
 from napari_gridmip._widgets._workers import workers
 
 
+def viewer_closed(viewer: Any) -> bool:
+    """Whether napari's window of ``viewer`` was closed (``Window.close`` drops its Qt window): nothing may be added
+    to it any more, even before Qt has deleted the docked widgets (adding a layer then crashed in napari's
+    canvas: benchmarks/gui_soak.py, the viewer closed while a result was being shown)."""
+    window = getattr(viewer, "window", None)
+    return window is not None and not hasattr(window, "_qt_window")
+
+
 def notify_error(text: str) -> None:
     """Show an error as a napari notification (looked up at call time, so tests can catch it)."""
     notifications.show_error(text)
@@ -282,9 +290,9 @@ class BackgroundRunner:
     def detach(self) -> None:
         """The widget was closed: cancel, and from now on touch none of its buttons and labels (Qt may have
         deleted them while the worker finishes)."""
+        self._detached = True  # first: cancel() then touches no label or button
         self.cancel()
         self.drop_prefetch()
-        self._detached = True
 
     def _set_status(self, text: str, *, tooltip: str | None = None) -> None:
         if self._detached:
@@ -315,7 +323,9 @@ class BackgroundRunner:
     def _on_returned(self, value: tuple[JobResult, str, list], on_done: Callable | None, replace: bool) -> None:
         result, device, new_layers = value
         self.device_text = device
-        if self._cancel_requested:
+        if viewer_closed(self._viewer):
+            self.detach()
+        if self._cancel_requested or self._detached:
             return
         viewer = self._viewer
         changes = LayerChanges(viewer)
@@ -342,6 +352,9 @@ class BackgroundRunner:
         if showing is None:
             return
         started = time.perf_counter()
+        closed = viewer_closed(self._viewer)
+        if closed:  # the window went before its docks: nothing of this result may touch it, or the widget
+            self.detach()
         try:
             if self._detached:
                 raise Cancelled
@@ -351,8 +364,9 @@ class BackgroundRunner:
             self._shown(showing, done.value)
         except BaseException as error:  # noqa: BLE001 - anything here must not leave half a result
             self._showing = None
-            with contextlib.suppress(Exception):  # a viewer being closed may refuse
-                showing["changes"].undo()
+            if not closed:
+                with contextlib.suppress(Exception):  # a viewer being closed may refuse
+                    showing["changes"].undo()
             self._end_showing()
             self._on_errored(error)
         else:

@@ -75,6 +75,9 @@ class LiveRender:
         self._layer = weakref.ref(layer)
         self.threshold = float(threshold)
         self._on_status = on_status or (lambda text: None)
+        if overlay is not None and overlay in viewer.layers and overlay.ndim != layer.ndim:
+            # a quad for a source of another dimensionality: napari keeps a layer's dims, so it is not reused
+            viewer.layers.remove(overlay)
         self.overlay: Any = overlay if overlay is not None and overlay in viewer.layers else None  # the quad layer
         if self.overlay is not None:
             self.overlay.name = f"{layer.name} full resolution"
@@ -192,7 +195,9 @@ class LiveRender:
         self.worker = task
 
     def _on_yielded(self, item: Any, token: _Token) -> None:
-        if token.cancelled or not self.active:
+        from napari_gridmip._widgets._runner import viewer_closed
+
+        if token.cancelled or not self.active or viewer_closed(self._viewer):
             return
         kind, key, value = item
         if kind == "source":

@@ -306,5 +306,11 @@ def test_a_new_source_layer_keeps_the_quad_layer(live_viewer, qtbot):
     assert viewer.layers.index(overlay) > viewer.layers.index(other)
     _final(widget, qtbot)
     assert overlay.visible
+    # a 4D source: a quad of its own dimensionality replaces the 3D one
+    series = viewer.add_image(np.stack([sparse_volume()] * 2), scale=(1.0, *layer.scale), name="time series")
+    widget.layer.value = series
+    assert overlay not in viewer.layers and widget._live.overlay.ndim == 4
+    _final(widget, qtbot)
     widget.live_3d.native.click()  # off: the quad goes
-    assert overlay not in viewer.layers and widget._live is None
+    assert widget._live is None
+    assert not [lay for lay in viewer.layers if lay.name.endswith("full resolution")]

@@ -157,3 +157,29 @@ def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, q
     qtbot.waitUntil(lambda: done == ["a"] and not runners[0].busy, timeout=20_000)
     qtbot.waitUntil(lambda: not runners[1].prefetching, timeout=20_000)
     assert made.count("a") == 1  # run once, by the Run
+
+
+def test_a_result_arriving_after_the_viewer_closed_is_dropped(make_napari_viewer, qtbot):
+    """The viewer is closed while a job runs (its docks are deleted later, by Qt): the result must not be added
+    to the closed viewer, whose canvas is gone (napari crashed in add_layer then: benchmarks/gui_soak.py)."""
+    import numpy as np
+
+    from napari_gridmip._jobs import Job, JobResult
+    from napari_gridmip._widgets._runner import BackgroundRunner
+
+    viewer = make_napari_viewer()
+    runner = BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
+    release = threading.Event()
+
+    def work(progress):
+        release.wait(10)
+        return JobResult(layers=[(np.zeros((4, 4)), {"name": "late"}, "image")], summary="late")
+
+    added = []
+    runner.start(Job("late", work), on_done=lambda result, layers: added.extend(layers))
+    viewer.close()
+    release.set()
+    qtbot.waitUntil(lambda: not runner.busy, timeout=20_000)
+    qtbot.wait(50)
+    assert added == [] and runner._detached
+    assert "late" not in [layer.name for layer in viewer.layers]

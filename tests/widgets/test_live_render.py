@@ -314,3 +314,19 @@ def test_a_new_source_layer_keeps_the_quad_layer(live_viewer, qtbot):
     widget.live_3d.native.click()  # off: the quad goes
     assert widget._live is None
     assert not [lay for lay in viewer.layers if lay.name.endswith("full resolution")]
+
+
+def test_closing_the_viewer_with_the_live_view_on_touches_none_of_its_layers(live_viewer, qtbot, monkeypatch):
+    """napari's window goes before Qt deletes the docks: the live view then stops without removing anything from
+    the closed viewer (napari's close has cleared its layers already; a removal from a closed canvas would be
+    drawn by no one)."""
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    live = widget._live
+    removed = []
+    monkeypatch.setattr(type(viewer.layers), "remove", lambda self, item: removed.append(item))
+    viewer.close()
+    widget.release()  # what the dock's deletion does, later
+    qtbot.wait(100)
+    assert not live.active and removed == []

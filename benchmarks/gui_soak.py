@@ -336,18 +336,10 @@ class Session:
 
 
 def _threads_left() -> list[str]:
-    try:
-        import dask.threaded
+    """Threads still alive, dask's own pools left out (soak.py's rule; run as a script, this folder is on the path)."""
+    from soak import _shared_pool_threads
 
-        pools = [getattr(dask.threaded, "default_pool", None), *getattr(dask.threaded, "pools", {}).values()]
-    except ImportError:
-        pools = []
-    shared: set[threading.Thread] = set()
-    for pool in pools:
-        if isinstance(pool, dict):
-            pools.extend(pool.values())
-            continue
-        shared.update(getattr(pool, "_threads", ()))
+    shared = _shared_pool_threads()
     return [t.name for t in threading.enumerate()
             if t is not threading.main_thread() and not t.daemon and t.is_alive() and t not in shared]  # fmt: skip
 

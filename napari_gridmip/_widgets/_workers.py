@@ -40,8 +40,9 @@ LATEST_ONLY = {"early", "render"}  # a waiting job of these lanes is replaced by
 class Task:
     """One job submitted to :class:`Workers`: its state, seen from both threads.
 
-    ``cancelled`` is set by :meth:`cancel` (any thread); the job reads it through :meth:`check` or its own
-    flags. ``started`` and ``done`` are set by the worker. Callbacks run on the GUI thread only.
+    ``cancelled`` is set by :meth:`cancel` (any thread): a waiting job then never starts, and a running one's
+    outcome is dropped (the job itself stops at its own checks: the runner's progress reports, the live view's
+    token). ``started`` and ``done`` are set under the workers' lock. Callbacks run on the GUI thread only.
     """
 
     _ids = itertools.count()

@@ -75,3 +75,17 @@ class TaskCounter(Callback):
 
     def _posttask(self, key, result, dsk, state, worker_id):
         self.count += 1
+
+
+# Hypothesis examples on an accelerator: each example of a new shape compiles a program, which takes 3 to 5x
+# longer on a TPU than on the host (docs/accelerator.md), so that the suite's core would not fit the device's
+# 10-minute runs. There, every property test keeps this many examples (its explicit cases always run); the CPU
+# runs them all.
+ACCELERATOR_EXAMPLES = 4
+
+
+def examples(count: int) -> int:
+    """``count`` hypothesis examples on the CPU; at most ``ACCELERATOR_EXAMPLES`` on an accelerator."""
+    import jax
+
+    return count if jax.default_backend() == "cpu" else min(count, ACCELERATOR_EXAMPLES)

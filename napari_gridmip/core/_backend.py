@@ -41,3 +41,31 @@ def point_batches() -> bool:
     (the 1024^2 affine DIC ran over a minute on a TPU v5e). Each point takes the same steps either way.
     """
     return on_cpu()
+
+
+def offset_sweeps() -> bool:
+    """Whether the dense maps (:mod:`.correlation.maps`: find_displacement's peak search and windowed_pearson's
+    offsets-first map) sweep the window's offsets one at a time over a whole band of rows, or run the CPU's
+    tiles of a few rows through all offsets at once.
+
+    Tiles on the CPU, where a tile of 32 rows (or 4 for the map) and its offsets stay in the cores' caches and
+    XLA fuses each tile's sums into vectorised loops (``benchmarks/bench_correlation.py``, issue 10). Sweeps
+    elsewhere: a tile is too small a step for an accelerator, whose loop iterations each cost a launch, and
+    the tiles' gathers (the 3x3 neighbourhood of every pixel's peak, the map's runs of the flattened image)
+    are where a TPU is slowest; a sweep reads the band once per offset with static and row-aligned slices
+    and takes the peak's neighbourhood in a second sweep of selects, no gather. On a TPU v5e,
+    find_displacement K=10 2048^2 15x15 took 9.7 s with the tiles against 2.5 s on the 13-core host
+    (issue 34); the sweep's figures are in docs/accelerator.md.
+    """
+    return not on_cpu()
+
+
+def cache_sized_bands() -> bool:
+    """Whether the bands of the gathering refinements (:mod:`.correlation.refine`) are sized for the CPU's
+    caches (9 MiB of gathered blocks, at most 64 rows), or large, for an accelerator.
+
+    On the CPU a band's gathered 4x4 blocks stay in cache (K=10, 900x900: 16 rows refine in 0.42 s, 32 rows in
+    0.83 s). On an accelerator each band is a launch and a wait: the 1024^2 refinement's 73 bands of 14 rows
+    made find_displacement(refine) 5.6x slower on a TPU v5e than on its host (issue 34); large bands make few.
+    """
+    return on_cpu()

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
@@ -457,6 +457,92 @@ def _displacement_band(z1, z1k, z2, row0, *, window, tile, band, method):
     return _tiles_of_band(z1, z2, row0, window=window, tile=tile, band=band, update=update, outputs=(empty,) * 3)
 
 
+# -- offset sweeps (accelerators; core._backend.offset_sweeps) -------------------------
+
+# Bytes of img1's rows (all batch items and frames) a band of the sweeps reads per offset: a band is as tall as
+# fits, so that an accelerator's steps are whole-image operations, and bounded, so that the temporaries of a
+# band (a few planes of its size) stay a small part of the device's memory.
+SWEEP_BAND_BYTES = 64 * 2**20
+
+
+def _sweep_plan(shape: tuple[int, ...], window: tuple[int, int], itemsize: int) -> tuple[int, list[int]]:
+    """(band rows, band starts) of the sweeps over stacks of ``shape = (B, K, M, N)``; the last band ends flush."""
+    batch, k, rows, cols = shape
+    out_rows = rows - 2 * (window[0] // 2)
+    band = max(8, SWEEP_BAND_BYTES // max(1, batch * k * cols * itemsize))
+    band = min(out_rows, max(band, math.ceil(out_rows / MAX_BANDS)))
+    return band, sorted({min(start, out_rows - band) for start in range(0, out_rows, band)})
+
+
+def _sweep(z1, z2, row0, *, window, band, visit, carry):
+    """``carry = visit(carry, a, b, plane)`` for every offset of the window, row offsets in a loop, column
+    offsets unrolled; ``plane`` ``(B, band, N - 2n)`` is the correlation at offset ``(a, b)`` of output rows
+    ``[row0, row0 + band)``. Each row offset slices img1's band once (rows: the cheap axis to offset on an
+    accelerator); each column offset is a static slice of it, summed over the frames in the same fusion."""
+    wm, wn = window
+    m, n = wm // 2, wn // 2
+    batch, k, _, cols_in = z1.shape
+    cols = cols_in - 2 * n
+    zero = jnp.int32(0)
+    row0 = row0.astype(jnp.int32)
+    z2c = lax.dynamic_slice(z2, (zero, zero, row0 + m, jnp.int32(n)), (batch, k, band, cols))
+
+    def one_row_offset(a, carry):
+        a = a.astype(jnp.int32)
+        rows = lax.dynamic_slice(z1, (zero, zero, row0 + a, zero), (batch, k, band, cols_in))
+        for b in range(wn):
+            carry = visit(carry, a, b, jnp.sum(rows[..., b : b + cols] * z2c, axis=1))
+        return carry
+
+    return lax.fori_loop(0, wm, one_row_offset, carry)
+
+
+@partial(jax.jit, static_argnames=("window", "band", "method"))
+def _swept_displacement_band(z1, z2, row0, *, window, band, method):
+    """:func:`_displacement_band` by two sweeps: the peak (first maximum in C order, as the tiles find it), then
+    its 3x3 neighbourhood, each plane selected where it is one of the peak's neighbours."""
+    wm, wn = window
+    batch, cols = z1.shape[0], z2.shape[-1] - 2 * (wn // 2)
+    out = (batch, band, cols)
+
+    def peak_of(carry, a, b, plane):
+        best, index = carry
+        better = plane > best
+        return jnp.where(better, plane, best), jnp.where(better, a * wn + b, index)
+
+    start = (jnp.full(out, -jnp.inf, z1.dtype), jnp.zeros(out, jnp.int32))
+    peak, flat = _sweep(z1, z2, row0, window=window, band=band, visit=peak_of, carry=start)
+    # an axis of size 1 has no neighbours: its three rows (or columns) all take the centre's
+    rel_a = flat // wn - (1 if wm > 1 else 0)
+    rel_b = flat % wn - (1 if wn > 1 else 0)
+
+    def neighbours_of(hood, a, b, plane):
+        di, dj = a - rel_a, b - rel_b
+        hood = list(hood)
+        for i in range(3):
+            for j in range(3):
+                here = (di == (i if wm > 1 else 0)) & (dj == (j if wn > 1 else 0))
+                hood[3 * i + j] = jnp.where(here, plane, hood[3 * i + j])
+        return tuple(hood)
+
+    hood = _sweep(z1, z2, row0, window=window, band=band, visit=neighbours_of, carry=(jnp.zeros(out, z1.dtype),) * 9)
+    neighbourhood = jnp.stack(hood, axis=-1).reshape(out + (3, 3))
+    dy, dx = _displacement_from_peak(peak, flat, neighbourhood, window, method)
+    return dy, dx, jnp.where(jnp.isfinite(peak), peak, jnp.nan)
+
+
+@partial(jax.jit, static_argnames=("window", "band"), donate_argnums=(0,))
+def _swept_planes_band(out, z1, z2, row0, *, window, band):
+    """:func:`_planes_band` by a sweep: each offset's plane written in place into ``out``."""
+    zero = jnp.int32(0)
+    row0 = row0.astype(jnp.int32)
+
+    def write(out, a, b, plane):
+        return _put(out, plane[:, None, None], (zero, a, jnp.int32(b), row0))
+
+    return _sweep(z1, z2, row0, window=window, band=band, visit=write, carry=out)
+
+
 @partial(jax.jit, static_argnames=("dtype", "k_last"))
 def _standardize_pair(img1, img2, *, dtype, k_last=False):
     """Both stacks as ``(B, K, M, N)`` standardised ``dtype`` arrays (batch axes flattened), and with ``k_last``
@@ -643,11 +729,18 @@ def _pearson(img1, img2, *, window, dtype, offsets_first, progress=None) -> jax.
             _wait(out)
             _report(progress, 1, 1)
             return _reshape_in_place(out, batch + out.shape[1:])
-        tile, band, starts = _row_plan(pixels[0], PLANES_TILE_ROWS)
+        sweeps = _backend.offset_sweeps()
+        if sweeps:
+            band, starts = _sweep_plan(z1.shape, window, z1.dtype.itemsize)
+        else:
+            tile, band, starts = _row_plan(pixels[0], PLANES_TILE_ROWS)
         out = jnp.zeros((z1.shape[0],) + window + pixels, dtype)
         for done, row0 in enumerate(starts):
             _report(progress, done, len(starts))
-            out = _planes_band(out, z1, z2, np.int32(row0), window=window, tile=tile, band=band)
+            if sweeps:
+                out = _swept_planes_band(out, z1, z2, np.int32(row0), window=window, band=band)
+            else:
+                out = _planes_band(out, z1, z2, np.int32(row0), window=window, tile=tile, band=band)
             _wait(out)  # so that progress means something, and cancel can stop between bands
         _report(progress, len(starts), len(starts))
         return _reshape_in_place(out, batch + out.shape[1:])
@@ -782,18 +875,26 @@ def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) 
     with precision_scope(dtype):
         if sigma > 0:  # on the device copy: a per-pixel constant that _on_device subtracts is smoothed away too
             img1, img2 = (smooth_frames(_on_device(img, dtype).astype(dtype), sigma=sigma) for img in (img1, img2))
-        batch, z1, z2, z1k = _prepare(img1, img2, dtype, k_last=True)
+        sweeps = _backend.offset_sweeps()
+        batch, z1, z2, *z1k = _prepare(img1, img2, dtype, k_last=not sweeps)
         out_rows = shape[-2] - 2 * (window[0] // 2)
-        tile, band, starts = _row_plan(out_rows)
+        if sweeps:
+            band, starts = _sweep_plan(z1.shape, window, z1.dtype.itemsize)
+        else:
+            tile, band, starts = _row_plan(out_rows)
         out_shape = (out_rows, shape[-1] - 2 * (window[1] // 2))
         refine_bands = len(refine_plan(out_shape, shape[-3], dtype)[1]) if subpixel == "refine" else 0
         total = len(starts) + refine_bands  # the search's bands, then the refinement's
         pieces = []
         for done, row0 in enumerate(starts):
             _report(progress, done, total)
-            pieces.append(
-                _displacement_band(z1, z1k, z2, np.int32(row0), window=window, tile=tile, band=band, method=subpixel)
-            )
+            if sweeps:
+                band_of = partial(_swept_displacement_band, z1, z2, window=window, band=band, method=subpixel)
+            else:
+                band_of = partial(
+                    _displacement_band, z1, z1k[0], z2, window=window, tile=tile, band=band, method=subpixel
+                )
+            pieces.append(band_of(np.int32(row0)))
             _wait(pieces[-1])
         keep = kept_rows(starts, band)
         if subpixel != "refine":

@@ -23,6 +23,7 @@ Trans. Acoust., Speech, Signal Process. 29(6), 1153-1160 (1981).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core import _backend
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import int32_indices
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
@@ -44,6 +46,10 @@ MAX_STEP = 0.5  # px per iteration: a step past this leaves the region the estim
 # cache. K=10, 900x900, float32: 16 rows (9 MB) refine in 0.42 s, 32 rows (18 MB) in 0.83 s.
 BAND_BYTES = 9 * 2**20
 MAX_BAND_ROWS = 64  # for narrow images: keeps Cancel and progress within a fraction of a second
+# On accelerators (core._backend.cache_sized_bands): bands of this many bytes of gathered blocks, and at most
+# MAX_BANDS of them a call, for progress and Cancel
+DEVICE_BAND_BYTES = 256 * 2**20
+MAX_BANDS = 8
 PAD = 2  # img1 is edge-padded by this much so that every 4x4 block lies inside
 
 
@@ -155,7 +161,10 @@ def refine_plan(out_shape: tuple[int, int], frames: int, dtype: Any) -> tuple[in
     """(rows per band, band start rows) for an ``out_shape = (Mo, No)`` refinement; the last band ends flush."""
     out_rows, out_cols = out_shape
     per_row = out_cols * 16 * frames * np.dtype(dtype).itemsize  # one row's gathered blocks
-    block = max(1, min(BAND_BYTES // per_row, MAX_BAND_ROWS, out_rows))
+    if _backend.cache_sized_bands():
+        block = max(1, min(BAND_BYTES // per_row, MAX_BAND_ROWS, out_rows))
+    else:
+        block = max(1, min(max(DEVICE_BAND_BYTES // per_row, math.ceil(out_rows / MAX_BANDS)), out_rows))
     return block, sorted({min(start, out_rows - block) for start in range(0, out_rows, block)})
 
 

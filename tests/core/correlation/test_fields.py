@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from napari_gridmip import integrate_gradient, phase_from_displacement, strain_field
 from tests.core.correlation import reference_fields as ref
-from tests.helpers import TaskCounter
+from tests.helpers import TaskCounter, examples
 
 
 def host(a):
@@ -379,7 +379,7 @@ def test_nan_pixels_and_windows_without_three_points():
 
 @pytest.mark.usefixtures("strain_path")
 @given(st.sampled_from([3, 5]), st.integers(0, 2**16))
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_strain_of_a_transposed_field_is_transposed(w, seed):
     batch, rows, cols = 2, 7, 5
     rng = np.random.default_rng(seed)

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from napari_gridmip import find_displacement, windowed_pearson
 from napari_gridmip._sample_data import make_speckle_pair
+from tests.helpers import examples
 
 
 def pearson(u, v):
@@ -77,14 +78,35 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["tiles", "sweeps"])
+def offset_strategy(request, monkeypatch):
+    """Both strategies of the dense maps' offset search (core._backend.offset_sweeps) and of the refinement's
+    bands (cache_sized_bands), forced whatever the backend: the CPU's and the accelerators' must each give
+    the definition."""
+    from napari_gridmip.core import _backend
+
+    monkeypatch.setattr(_backend, "offset_sweeps", lambda: request.param == "sweeps")
+    monkeypatch.setattr(_backend, "cache_sized_bands", lambda: request.param == "tiles")  # the refinement's bands
+    return request.param
+
+
+# the pixels-first map has one strategy; the offsets-first map one per backend family
+PLANES_AND_STRATEGIES = pytest.mark.parametrize(
+    ("planes", "offset_strategy"),
+    [(False, "tiles"), (True, "tiles"), (True, "sweeps")],
+    ids=["pixels_first", "offsets_first", "offsets_first-sweeps"],
+    indirect=["offset_strategy"],
+)
+
+
 def offsets_first(full_map):
     """A pixels-first map ``(..., rows, cols, wm, wn)`` with its offsets first: ``(..., wm, wn, rows, cols)``."""
     return np.moveaxis(full_map, (-2, -1), (-4, -3))
 
 
-@pytest.mark.parametrize("planes", [False, True], ids=["pixels_first", "offsets_first"])
+@PLANES_AND_STRATEGIES
 @pytest.mark.parametrize(("shape", "window"), CASES)
-def test_float32_against_float64_loop(shape, window, planes):
+def test_float32_against_float64_loop(shape, window, planes, offset_strategy):
     img1, img2 = well_conditioned(shape)
     out = windowed_pearson(img1.astype(np.float32), img2.astype(np.float32), window, offsets_first=planes)
     assert out.dtype == jnp.float32
@@ -94,9 +116,9 @@ def test_float32_against_float64_loop(shape, window, planes):
     np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("planes", [False, True], ids=["pixels_first", "offsets_first"])
+@PLANES_AND_STRATEGIES
 @pytest.mark.parametrize(("shape", "window"), CASES)
-def test_float64_really_computes_in_float64(shape, window, planes):
+def test_float64_really_computes_in_float64(shape, window, planes, offset_strategy):
     img1, img2 = well_conditioned(shape, seed=1)
     out = windowed_pearson(img1, img2, window, dtype=np.float64, offsets_first=planes)
     assert out.dtype == jnp.float64
@@ -133,7 +155,7 @@ def test_zero_variance_gives_zero_never_nan():
     assert not np.asarray(windowed_pearson(constant, constant, (3, 3))).any()
 
 
-def test_nan_poisons_only_the_pairs_that_use_it():
+def test_nan_poisons_only_the_pairs_that_use_it(offset_strategy):
     img1, img2 = well_conditioned((5, 9, 9), seed=4)
     img1[2, 4, 4] = np.nan
     out = np.asarray(windowed_pearson(img1, img2, (3, 3)))
@@ -154,7 +176,7 @@ def test_self_correlation_is_one_at_the_centre():
     assert out.max() <= 1 + 2e-6 and out.min() >= -1 - 2e-6
 
 
-def test_batch_axes():
+def test_batch_axes(offset_strategy):
     rng = np.random.default_rng(6)
     img1, img2 = rng.random((2, 3, 5, 10, 9)), rng.random((2, 3, 5, 10, 9))
     out = np.asarray(windowed_pearson(img1, img2, (3, 5)))
@@ -172,7 +194,7 @@ def test_batch_axes():
 
 
 @pytest.mark.parametrize("use_jit", [False, True])
-def test_with_and_without_jit(use_jit):
+def test_with_and_without_jit(use_jit, offset_strategy):
     img1, img2 = (x.astype(np.float32) for x in well_conditioned((5, 12, 13), seed=7))
 
     def both(a, b):
@@ -186,7 +208,7 @@ def test_with_and_without_jit(use_jit):
     np.testing.assert_allclose(np.asarray(peak), np.asarray(full).max(axis=(-2, -1)), atol=1e-6)
 
 
-def test_peak_and_integer_offsets_match_the_full_map():
+def test_peak_and_integer_offsets_match_the_full_map(offset_strategy):
     img1, img2 = well_conditioned((8, 40, 37), seed=8)
     full = reference_map(img1, img2, (7, 5))
     dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, (7, 5), subpixel="none", dtype=np.float64))
@@ -200,7 +222,7 @@ def test_peak_and_integer_offsets_match_the_full_map():
 
 
 @pytest.mark.parametrize("frames", [16, 17, 50])
-def test_long_stacks_find_the_same_peaks(frames):
+def test_long_stacks_find_the_same_peaks(frames, offset_strategy):
     img1, img2 = well_conditioned((frames, 21, 19), seed=frames)
     full = reference_map(img1, img2, (5, 5))
     dy, dx, peak = (np.asarray(r) for r in find_displacement(img1, img2, (5, 5), subpixel="none", dtype=np.float64))
@@ -218,14 +240,16 @@ def test_the_program_does_not_grow_with_the_stack():
         lowered = correlation._displacement_band.lower(
             z, zk, z, row0, window=(9, 9), tile=16, band=40, method="hessian"
         )
-        return len(lowered.as_text())
+        swept = correlation._swept_displacement_band.lower(z, z, row0, window=(9, 9), band=40, method="hessian")
+        return len(lowered.as_text()), len(swept.as_text())
 
-    small, large = program_size(40), program_size(1000)
+    (small, swept_small), (large, swept_large) = program_size(40), program_size(1000)
     assert large < 1.05 * small, (small, large)
-    assert program_size(10) < small  # short stacks stay unrolled (the fast steady state)
+    assert program_size(10)[0] < small  # short stacks stay unrolled (the fast steady state)
+    assert swept_large < 1.05 * swept_small, (swept_small, swept_large)  # the sweeps sum K in one reduce
 
 
-def test_hessian_matches_a_float64_numpy_implementation():
+def test_hessian_matches_a_float64_numpy_implementation(offset_strategy):
     img1, img2 = well_conditioned((8, 40, 37), seed=9)
     ref_dy, ref_dx = reference_hessian(reference_map(img1, img2, (7, 5)))
     dy, dx, _ = (np.asarray(r) for r in find_displacement(img1, img2, (7, 5), dtype=np.float64))
@@ -246,7 +270,7 @@ def test_convention_with_scipy_shift():
     assert abs(np.nanmedian(dy) - 1.3) < 0.01 and abs(np.nanmedian(dx) + 0.7) < 0.01
 
 
-def test_peak_on_the_window_edge_is_flagged_not_clipped():
+def test_peak_on_the_window_edge_is_flagged_not_clipped(offset_strategy):
     from scipy import ndimage
 
     rng = np.random.default_rng(1)
@@ -358,7 +382,7 @@ def stacks(draw):
     return img1, img2, (wm, wn)
 
 
-@settings(max_examples=15, deadline=None)  # each new shape compiles; the slow run repeats it at length
+@settings(max_examples=examples(15), deadline=None)  # each new shape compiles; the slow run repeats it at length
 @given(case=stacks())
 def test_property_float64_matches_definition(case):
     check_float64_matches_definition(case)
@@ -366,7 +390,7 @@ def test_property_float64_matches_definition(case):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # most examples compile a new shape: minutes on a loaded 2-core machine
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=stacks())
 def test_property_float64_matches_definition_at_length(case):
     check_float64_matches_definition(case)
@@ -416,7 +440,7 @@ def test_offset_data_keeps_its_variations_in_float32(planes):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("subpixel", ["hessian", "paraboloid", "refine", "none"])
-def test_every_subpixel_method_in_every_precision(subpixel, dtype):
+def test_every_subpixel_method_in_every_precision(subpixel, dtype, offset_strategy):
     """Each pair runs and returns the precision asked for (refine in float64 once raised a TypeError)."""
     from scipy import ndimage
 

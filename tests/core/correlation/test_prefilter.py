@@ -13,6 +13,7 @@ from scipy import ndimage
 from napari_gridmip import find_displacement, track_speckles
 from napari_gridmip._sample_data.dic import make_dic_pair
 from napari_gridmip.core.correlation.prefilter import check_prefilter, noise_gain, smooth_frames, taps
+from tests.helpers import examples
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 7), (2, 2, 3), (1, 5, 1), (3, 17, 9), (1, 40, 41)])
@@ -33,7 +34,7 @@ def test_smooth_frames_is_scipys_gaussian_filter(shape, sigma, dtype):
     np.testing.assert_array_equal(x, before)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(rows=st.integers(1, 12), cols=st.integers(1, 12), sigma=st.floats(0.3, 2.5), offset=st.floats(-1e3, 1e3))
 def test_smooth_frames_keeps_constants_and_commutes_with_offsets(rows, cols, sigma, offset):
     """The taps sum to 1: a constant frame comes back unchanged, and an offset passes through the filter."""

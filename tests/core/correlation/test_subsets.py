@@ -17,7 +17,7 @@ from tests.core.correlation.subset_reference import (
     umpa_fit,
     zncc,
 )
-from tests.helpers import TaskCounter
+from tests.helpers import TaskCounter, examples
 
 # (shape (K, M, N), window, subset, step): running sums (steps 1 and 2), fresh sums (2 step >= subset rows),
 # compact columns (step >= subset columns), axes of size 1, K = 1, and a 1-pixel subset with a step
@@ -188,7 +188,7 @@ def values(draw):
     return img1, img2
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(case=values())
 def test_property_float64_matches_definition(case):
     img1, img2 = case

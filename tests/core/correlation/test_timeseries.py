@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from napari_gridmip import local_correlation_image
 from tests.core.correlation import reference_fields as ref
-from tests.helpers import TaskCounter
+from tests.helpers import TaskCounter, examples
 
 
 def host(a):
@@ -159,7 +159,7 @@ def test_progress_per_chunk_and_cancel():
 
 
 @given(st.sampled_from([8, 4]), st.integers(0, 2**16))
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 def test_transposing_the_frames_transposes_the_image(neighbours, seed):
     movie = np.random.default_rng(seed).normal(size=(12, *SHAPE))
     out = host(local_correlation_image(movie, neighbours=neighbours, dtype=np.float64))

@@ -14,7 +14,7 @@ from napari_gridmip import max_mipmap, mipmap_shapes, occupancy_mipmap, threshol
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.occupancy.pyramid import ANY, halve, max_levels, max_reduction, pyramid_levels
 from tests.core.occupancy import reference
-from tests.helpers import TaskCounter
+from tests.helpers import TaskCounter, examples
 
 DTYPES = [
     np.bool_,
@@ -221,7 +221,8 @@ def check_threshold_of_max_is_occupancy(volume, thresholds):
 thresholds = st.lists(st.floats(-300, 300, allow_nan=False), min_size=1, max_size=3)
 
 
-@settings(max_examples=20, deadline=None)  # each new shape and dtype compiles: a few dozen examples by default
+# each new shape and dtype compiles: a few dozen examples by default
+@settings(max_examples=examples(20), deadline=None)
 @given(volume=volumes, thresholds=thresholds)
 @example(volume=np.full((1, 1, 1), 1.0, np.float16), thresholds=[0.99999])
 @example(volume=np.zeros((1, 1, 1), np.float32), thresholds=[-4.862175747466944e-306])
@@ -230,7 +231,7 @@ def test_property_threshold_of_max_is_occupancy(volume, thresholds):
 
 
 @SLOW
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(volume=volumes, thresholds=thresholds)
 def test_property_threshold_of_max_is_occupancy_at_length(volume, thresholds):
     check_threshold_of_max_is_occupancy(volume, thresholds)

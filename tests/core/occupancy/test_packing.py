@@ -10,6 +10,7 @@ from hypothesis.extra import numpy as hnp
 from napari_gridmip import occupancy_mipmap, pack_occupancy, unpack_occupancy
 from napari_gridmip.core.occupancy.packing import morton_permutation
 from tests.core.occupancy import reference
+from tests.helpers import examples
 
 SHAPES = [(1, 1, 1), (1, 1, 2), (2, 2, 2), (3, 5, 7), (5, 3, 9), (8, 8, 8), (2, 9, 1), (16, 4, 2), (7, 1, 33)]
 
@@ -62,7 +63,7 @@ def test_permutation_is_the_sorted_morton_order():
         np.testing.assert_array_equal(table, sorted(codes, key=codes.get))
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     level=hnp.arrays(np.bool_, hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=12)),
     order=st.sampled_from(["c", "morton"]),

@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 from napari_gridmip import mipmap_shapes, occupancy_mipmap
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.occupancy.pyramid import halve_occupancy, occupancy_levels
-from tests.helpers import count_traces, reference_levels
+from tests.helpers import count_traces, examples, reference_levels
 
 
 def assert_levels_equal(actual, expected):
@@ -155,14 +155,14 @@ volumes = hnp.arrays(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(volume=volumes, threshold=st.floats(-10, 10, allow_nan=False))
 @example(volume=np.zeros((1, 1, 1), np.float32), threshold=-4.862175747466944e-306)  # rounds to -0.0 in float32
 def test_property_matches_reference(volume, threshold):
     assert_levels_equal(occupancy_mipmap(volume, threshold=threshold), reference_levels(volume, threshold))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     volume=hnp.arrays(np.float32, hnp.array_shapes(min_dims=3, max_dims=3, min_side=1, max_side=9)),
     t1=st.floats(-2, 2),

@@ -13,7 +13,7 @@ from napari_gridmip import extract_patches, merge_patches
 from napari_gridmip.core._options import BLEND_MODES
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.patches.grid import blend_window, patch_grid, patch_origins
-from tests.helpers import count_traces
+from tests.helpers import count_traces, examples
 
 ALL_BLENDS = list(BLEND_MODES)
 
@@ -250,7 +250,7 @@ def tilings(draw):
     return lead + tiled, patch, stride
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(tiling=tilings(), blend=st.sampled_from(ALL_BLENDS), seed=st.integers(0, 2**16))
 def test_property_round_trip_and_reference(tiling, blend, seed):
     shape, patch, stride = tiling

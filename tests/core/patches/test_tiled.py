@@ -11,7 +11,7 @@ from scipy import ndimage
 
 from napari_gridmip import apply_tiled
 from tests.core.patches.reference import blobs, reference_tiled, same_partition
-from tests.helpers import TaskCounter, count_traces
+from tests.helpers import TaskCounter, count_traces, examples
 
 MODES = ["reflect", "nearest", "mirror", "constant"]
 EPS32 = float(np.finfo(np.float32).eps)
@@ -136,7 +136,7 @@ def test_overlap_blends_like_a_loop_with_the_same_weights(shape, tile, halo, ove
         np.testing.assert_allclose(out, expected, rtol=4 * EPS32, atol=4 * EPS32)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(
     data=st.data(),
     shape=st.tuples(st.integers(1, 3), st.integers(3, 40), st.integers(3, 40)),
@@ -337,7 +337,7 @@ def label(structure=None):
     return lambda t: ndimage.label(t, structure)[0]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     shape=st.tuples(st.integers(5, 60), st.integers(5, 60)),
     tile=st.tuples(st.integers(5, 30), st.integers(5, 30)),

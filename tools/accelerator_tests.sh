@@ -3,7 +3,8 @@
 # since one program at a time holds the chip; no Qt, napari or xdist there, so the core's tests only.
 #
 #   tools/accelerator_tests.sh PART [pytest arguments]
-#     PART: occupancy | patches | correlation | rest (tests/core's own files, tests/test_api.py) | all
+#     PART: occupancy | patches | correlation | rest (tests/core's own files, tests/test_api.py) | all,
+#           or one test file or folder (its log and JUnit file are named after it)
 #
 # The wheels the core needs beyond the machine's own JAX, NumPy and SciPy come from
 # ../shared/tools/offline-wheels.sh into .wheels-offline (git-ignored), which the call must carry.
@@ -24,7 +25,8 @@ case $part in
   correlation) paths=(tests/core/correlation) ;;
   rest) paths=(tests/core/test_chunked.py tests/core/test_dtypes.py tests/test_api.py) ;;
   all) paths=(tests/core tests/test_api.py) ;;
-  *) echo "unknown part: $part" >&2; exit 2 ;;
+  *) if [ -e "$part" ]; then paths=("$part"); part=$(basename "$part" .py)  # one file or folder of tests
+     else echo "unknown part: $part" >&2; exit 2; fi ;;
 esac
 python3 -c 'import jax; print("JAX", jax.__version__, jax.devices())'
 # exec, into a file rather than a pipe: a `timeout` around this script then stops pytest itself, which would

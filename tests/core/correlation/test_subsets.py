@@ -199,7 +199,22 @@ def test_property_float64_matches_definition(case):
     np.testing.assert_allclose(peak, out.max(axis=(-2, -1)), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("running", [True, False], ids=["running-sums", "fresh-sums"])
+@pytest.mark.parametrize(
+    "running",
+    [
+        pytest.param(
+            True,
+            # strict: the day XLA compiles them right, this fails, and core._backend.running_row_sums may change
+            marks=pytest.mark.xfail(
+                jax.default_backend() == "tpu",
+                strict=True,
+                reason="XLA's TPU build of the running sums is wrong (docs/accelerator.md): why a TPU sums afresh",
+            ),
+        ),
+        False,
+    ],
+    ids=["running-sums", "fresh-sums"],
+)
 def test_both_row_sum_strategies_give_the_definition(running, monkeypatch):
     """The CPU's running sums and the accelerators' fresh sums (core._backend.running_row_sums), each forced
     here on the CPU: the map against the float64 loop, and the tracked fields equal between the two."""

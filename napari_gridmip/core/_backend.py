@@ -12,7 +12,16 @@ import jax
 
 
 def on_cpu() -> bool:
-    """Whether JAX's default backend is the host CPU."""
+    """Whether the work about to be traced runs on the host CPU: JAX's default device when one is set (a float64
+    call on a TPU runs inside ``jax.default_device(cpu)``, :mod:`._precision`), else the default backend.
+
+    Asking the default backend alone chose the accelerator's strategies for that host work: find_displacement
+    float64 256^2 took 0.54 s on a TPU machine's host against 0.075 s in a CPU-only process of the same machine
+    (``benchmarks/bench_accelerator.py``, case find_displacement_f64, 2026-12-05).
+    """
+    device = jax.config.jax_default_device  # a Device, a platform name, or None
+    if device is not None:
+        return getattr(device, "platform", device) == "cpu"
     return jax.default_backend() == "cpu"
 
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._precision import compute_dtype, precision_scope
 from napari_gridmip.core._transfer import to_device
 from napari_gridmip.core.correlation._dct import dct2, idct2
@@ -908,7 +908,7 @@ def _strained(dy, dx, *, dtype, spacing, window, kind) -> Strain:
     shape = _validate.shape_of(dy)
     # NumPy for small fields on the host or the CPU backend (an accelerator's array stays there: the round trip and
     # NumPy's speed there would cost more than the one compile)
-    on_device = any(isinstance(a, jax.Array) for a in (dy, dx)) and jax.default_backend() != "cpu"
+    on_device = any(isinstance(a, jax.Array) for a in (dy, dx)) and not _backend.on_cpu()
     traced = isinstance(dy, jax.core.Tracer) or isinstance(dx, jax.core.Tracer)
     small = math.prod(shape) * (window[0] + window[1]) <= NUMPY_STRAIN_MAX and max(window) <= DIRECT_WINDOW
     if small and not traced and not on_device:

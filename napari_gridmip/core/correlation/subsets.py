@@ -824,11 +824,12 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     has_bad = _has_nonfinite(img1) or _has_nonfinite(img2)
     # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
     ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
-    plan = Plan(
-        k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation, noise_gain(prefilter),
-        _backend.running_row_sums(),
-    )  # fmt: skip
     with precision_scope(dtype):
+        # inside the scope: a float64 call on a TPU runs on the host, with the CPU's strategy (core._backend.on_cpu)
+        plan = Plan(
+            k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation,
+            noise_gain(prefilter), _backend.running_row_sums(),
+        )  # fmt: skip
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]
         else:

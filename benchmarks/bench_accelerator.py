@@ -24,6 +24,9 @@ Per case, in the worker (``--worker --backend default|cpu --out FILE.json``):
   that compiles a new program for device inputs is left out and called again);
 - every timed call ends with ``jax.block_until_ready`` on its outputs and ``np.asarray`` of each: bringing the
   results to the host is part of the call, as for a user;
+- *warm, device-resident*: device inputs again, the outputs waited for but left on the device (no
+  ``np.asarray``): the kernel's own time, as in a pipeline whose next step runs on the device too (a 1024^3
+  occupancy pyramid is 1.2 GB of bools to bring back, more time than its compute);
 - the device's peak memory so far (``memory_stats()``; None on the CPU), the programs compiled by the first call;
 - the first call's outputs are saved whole (``FILE.<case>.npz``) when they fit in ``--save-limit-gib``, else
   the same 1e6 evenly spaced elements of each array on both backends.
@@ -337,14 +340,17 @@ class Compiles:
             self.seconds += duration
 
 
-def timed(call: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]) -> tuple[float, dict[str, np.ndarray]]:
-    """One call: the library, waiting for its outputs, and each output brought to the host as NumPy."""
+def timed(
+    call: Callable[[dict[str, Any]], Any], inputs: dict[str, Any], *, fetch: bool = True
+) -> tuple[float, dict[str, np.ndarray]]:
+    """One call: the library, waiting for its outputs, and each output brought to the host as NumPy (unless not
+    ``fetch``: then the outputs stay where they are, and none are returned)."""
     import jax
 
     start = time.perf_counter()
     found = leaves(call(inputs))
     jax.block_until_ready(list(found.values()))
-    arrays = {key: np.asarray(value) for key, value in found.items()}
+    arrays = {key: np.asarray(value) for key, value in found.items()} if fetch else {}
     return time.perf_counter() - start, arrays
 
 
@@ -418,13 +424,15 @@ def warm(
     compiles: Compiles,
     label: str,
     result: dict[str, Any],
+    *,
+    fetch: bool = True,
 ) -> None:
     """Best of ``repeats`` calls; a first call that compiles is left out (and made again)."""
     times: list[float] = []
     calls = 0
     while len(times) < repeats:
         before = compiles.count
-        seconds, arrays = timed(case.call, inputs)
+        seconds, arrays = timed(case.call, inputs, fetch=fetch)
         del arrays
         calls += 1
         if compiles.count > before and calls == 1:
@@ -479,6 +487,8 @@ def run_case(case: Case, opts: Options, args: argparse.Namespace, device: Any, c
             else:
                 stage = "warm, device inputs"
                 warm(case, moved, args.repeats, deadline, compiles, "warm_device", result)
+                stage = "warm, device-resident"  # the outputs left on the device: the kernel, without transfers
+                warm(case, moved, args.repeats, deadline, compiles, "warm_resident", result, fetch=False)
                 del moved
             print(f"[{case.name}] warm host {result['warm_host_s']:.3f} s, device "
                   f"{result.get('warm_device_s') or float('nan'):.3f} s", flush=True)  # fmt: skip
@@ -676,10 +686,11 @@ def make_table(folder: Path, names: list[str] | None, default_json: Path, cpu_js
         f"- the last workers: `{d.get('command', 'not run')}` and `JAX_PLATFORMS=cpu {c.get('command', 'not run')}`",
         "",
         "| case | default device | first s (default) | warm host-input s (default) | warm device-input s (default) "
-        "| first s (CPU) | warm s (CPU) | speed-up warm (CPU / default device-input) | speed-up with transfer "
+        "| warm device-resident s (default) | first s (CPU) | warm s (CPU) | speed-up on the device (CPU / "
+        "default device-resident) | speed-up warm (CPU / default device-input) | speed-up with transfer "
         "(CPU / default host-input) | largest difference (abs, rel to max abs CPU) | NaN fraction default / CPU "
         "| device peak GiB (default) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     notes = []
     for name in names:
@@ -695,7 +706,8 @@ def make_table(folder: Path, names: list[str] | None, default_json: Path, cpu_js
         cpu_warm = cc.get("warm_host_s")
         lines.append(
             f"| {name} | {d.get('device_kind', '')} | {_s(dc.get('first_s'))} | {_s(dc.get('warm_host_s'))} "
-            f"| {_s(dc.get('warm_device_s'))} | {_s(cc.get('first_s'))} | {_s(cpu_warm)} "
+            f"| {_s(dc.get('warm_device_s'))} | {_s(dc.get('warm_resident_s'))} | {_s(cc.get('first_s'))} "
+            f"| {_s(cpu_warm)} | {_ratio(cpu_warm, dc.get('warm_resident_s'))} "
             f"| {_ratio(cpu_warm, dc.get('warm_device_s'))} | {_ratio(cpu_warm, dc.get('warm_host_s'))} "
             f"| {_difference(diff)} | {_nan(diff)} | {_peak(dc)} |"
         )

@@ -1,5 +1,10 @@
 """The frame every widget shares: its inputs, then Run, Cancel and a status line.
 
+The canvas first: a dock is a narrow column (:data:`DOCK_WIDTH`) that scrolls when it is taller than the
+window, each field's label above it, the rarely used options in a collapsed "Advanced" section, and the
+options of one mode shown only in that mode (:meth:`JobWidget.show_fields`). With napari's own layer controls
+on the left (320 to 337 px), the canvas keeps at least 60% of a 1400 px wide window.
+
 Widgets are thin: they map fields to a request, hand the job made from it
 (:mod:`napari_gridmip._jobs`) to the runner, and show the result. They connect
 nothing to the viewer themselves: napari's ``add_dock_widget`` already keeps
@@ -16,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from magicgui.widgets import CheckBox, ComboBox, Container, Label, PushButton, Widget
-from qtpy.QtCore import QEvent, QObject, QTimer
+from qtpy.QtCore import QEvent, QObject, QSize, QTimer
+from qtpy.QtWidgets import QBoxLayout, QComboBox, QFrame, QScrollArea, QWidget
 
 from napari_gridmip import _settings
 from napari_gridmip._jobs import Job, JobResult
@@ -27,6 +33,13 @@ if TYPE_CHECKING:
     import napari
 
 LAYER_EVENTS = ("inserted", "removed", "reordered", "renamed")  # what napari connects to reset_choices
+# The width a dock asks for: napari's layer controls take 320 px (PyQt6) to 337 px (PyQt5) of a 1400 px window
+# and the splitters 26 px, so a dock of 190 px leaves the canvas 847 px (60.5%) and more. The dock can be
+# dragged wider, up to DOCK_MAX_WIDTH.
+DOCK_WIDTH = 190
+DOCK_MAX_WIDTH = 450
+FIELD_MIN_WIDTH = 60  # spin boxes, line edits and combo boxes take the column's width, but ask for no more than this
+COMBO_MIN_CHARACTERS = 10  # a combo box shows at least this many characters; long choices never widen the dock
 
 
 def wrapping_label(name: str, label: str, value: str = "") -> Label:
@@ -38,6 +51,72 @@ def wrapping_label(name: str, label: str, value: str = "") -> Label:
     widget.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
     widget.native.setMinimumWidth(0)
     return widget
+
+
+def narrow(field: Widget) -> None:
+    """Let an editable field shrink to :data:`FIELD_MIN_WIDTH` (its natural width, e.g. a spin box's range or a
+    combo box's longest choice, would widen the dock); it still takes the column's whole width."""
+    native = field.native
+    if isinstance(native, QComboBox):
+        native.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        native.setMinimumContentsLength(COMBO_MIN_CHARACTERS)
+    if native.minimumWidth() == 0:  # a minimum the widget chose itself stays
+        native.setMinimumWidth(min(FIELD_MIN_WIDTH, native.minimumSizeHint().width()) or FIELD_MIN_WIDTH)
+
+
+def labels_above(container: Container) -> None:
+    """Put each field's label above it, not beside it (magicgui puts it on the left): a narrow column has room
+    for a long label and its field only one above the other. Fields without a label (buttons, check boxes,
+    nested containers without one) are left as they are; value widgets are narrowed (:func:`narrow`)."""
+    for field in container:
+        native = field.native
+        row = native.parentWidget()
+        if isinstance(field, Container):
+            if not field.labels:  # a row of widgets (buttons, check boxes): its own fields
+                for inner in field:
+                    if not isinstance(inner, (PushButton, CheckBox, Label, Container)):
+                        narrow(inner)
+            else:
+                labels_above(field)
+        elif not isinstance(field, (PushButton, CheckBox, Label)):
+            narrow(field)
+        if row is None or row is container.native:  # not wrapped in a label row
+            continue
+        layout = row.layout()
+        if isinstance(layout, QBoxLayout) and layout.direction() != QBoxLayout.Direction.TopToBottom:
+            layout.setDirection(QBoxLayout.Direction.TopToBottom)
+            layout.setSpacing(1)
+            label = layout.itemAt(0).widget()
+            if label is not None:  # a long label wraps rather than widen the column
+                label.setMinimumWidth(0)
+                label.setWordWrap(True)
+
+
+class _DockScroll(QScrollArea):
+    """The dock's body: :data:`DOCK_WIDTH` wide (at most :data:`DOCK_MAX_WIDTH` when dragged), as tall as its
+    fields, scrolling vertically when the window is shorter; never horizontally (the fields fit the width)."""
+
+    def __init__(self, content: QWidget) -> None:
+        super().__init__()
+        from qtpy.QtCore import Qt
+
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.setMaximumWidth(DOCK_MAX_WIDTH)
+        self.setWidget(content)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        content = self.widget()
+        height = content.sizeHint().height() if content is not None else 0
+        return QSize(DOCK_WIDTH, height)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        content = self.widget()
+        width = content.minimumSizeHint().width() if content is not None else 0
+        scrollbar = self.verticalScrollBar().sizeHint().width()
+        return QSize(min(width + scrollbar, DOCK_WIDTH), 60)
 
 
 class _DockLifetime(QObject):
@@ -79,16 +158,22 @@ class JobWidget(Container):
     def __init__(self, viewer: napari.viewer.Viewer) -> None:
         super().__init__()
         self._viewer = viewer
+        self._relevant: dict[Widget, bool] = {}  # fields shown only in some modes: whether the current one uses them
+        self._advanced_fields: list[Widget] = []  # the fields in the Advanced section, closed by default
+        self._advanced_defaults: dict[str, Any] = {}
         self.released = False
         self._ready = False  # set once the fields exist (magicgui may reset choices while building)
+        # napari docks ``native``: the scroll area around the fields (see the ``native`` property)
+        self._scroll = _DockScroll(super().native)
+        self._scroll._magic_widget = self
         self.run_button = PushButton(text="Run", name="run")
         self.cancel_button = PushButton(text="Cancel", name="cancel")
         self.keep_previous = CheckBox(
             name="keep_previous",
-            text="Keep previous results",
+            text="Keep earlier results",
             value=False,
             tooltip="Off: a re-run on the same input replaces its earlier result layers (same names and places, "
-            "your colormap and visibility kept). On: every run adds new layers.",
+            "your colormap and visibility kept). On: every run adds new layers, the earlier results kept.",
         )
         self.copy_button = PushButton(text="Copy as Python", name="copy_python", enabled=False)
         self.copy_button.tooltip = (
@@ -115,21 +200,78 @@ class JobWidget(Container):
         self._prefetch_timer.setInterval(PREFETCH_DELAY_MS)
         self._prefetch_timer.timeout.connect(self._prefetch)
 
-    def _finish(self, inputs: Sequence[Widget], outputs: Sequence[Widget] = ()) -> None:
-        buttons = [self.keep_previous, self.run_button, self.cancel_button, self.status]
-        self.extend([*inputs, *buttons, *outputs, self.summary, self.device, self.copy_button])
+    @property
+    def native(self) -> Any:
+        """The dock's body, a scroll area around the fields (what napari docks); the fields' own widget is in it."""
+        scroll = self.__dict__.get("_scroll")
+        return scroll if scroll is not None else super().native
+
+    def _unify_label_widths(self) -> None:
+        """Nothing to line up: each label is above its field (:func:`labels_above`), not in a column beside it."""
+
+    def _finish(
+        self, inputs: Sequence[Widget], outputs: Sequence[Widget] = (), advanced: Sequence[Widget] = ()
+    ) -> None:
+        """Lay the dock out: ``inputs``, the Advanced section (``advanced`` and Keep earlier results, closed),
+        Run and Cancel, the status, ``outputs``, the result, the device and Copy as Python."""
+        self.advanced = PushButton(name="advanced", text="Advanced")
+        self.advanced.native.setCheckable(True)
+        self.advanced.native.setStyleSheet("text-align: left; padding-left: 6px")
+        self.advanced.tooltip = "Show or hide the options most runs leave as they are"
+        self._advanced_fields = [*advanced, self.keep_previous]
+        buttons = Container(
+            name="run_cancel", layout="horizontal", labels=False, widgets=[self.run_button, self.cancel_button]
+        )
+        buttons.margins = (0, 0, 0, 0)
+        self.device.visible = False  # shown once a run has named it
+        self.extend(
+            [*inputs, self.advanced, *self._advanced_fields, buttons, self.status, *outputs, self.summary,
+             self.device, self.copy_button]
+        )  # fmt: skip
+        labels_above(self)
+        self.margins = (2, 4, 2, 4)  # the dock's own frame is margin enough
+        super().native.layout().addStretch(1)  # the fields at the top of a tall dock, not spread over it
+        self._advanced_defaults = {field.name: getattr(field, "value", None) for field in self._advanced_fields}
         self._restore_settings()
         self._ready = True
         start_jax_early()
         self.reset_choices()
-        for field in inputs:  # an option changed: what Run would compute changed
+        for field in [*inputs, *advanced]:  # an option changed: what Run would compute changed
             field.changed.connect(self._option_changed)
+        self.advanced.native.toggled.connect(self._update_fields)  # a click, or its value set
+        for field in self._advanced_fields:
+            field.changed.connect(self._update_fields)
+        self._update_fields()
+
+    # -- what is shown -----------------------------------------------------------------
+    def show_fields(self, shown: dict[Widget, bool]) -> None:
+        """Show each field of ``shown`` where the current mode uses it (True) and hide it elsewhere; a field
+        of the Advanced section only while the section is open."""
+        self._relevant.update(shown)
+        self._update_fields()
+
+    def _update_fields(self, *_: Any) -> None:
+        if not self._advanced_fields:  # still being built
+            return
+        opened = bool(self.advanced.value)
+        for field, relevant in self._relevant.items():
+            if field not in self._advanced_fields:
+                field.visible = relevant
+        changed = 0
+        for field in self._advanced_fields:
+            relevant = self._relevant.get(field, True)
+            field.visible = relevant and opened
+            changed += relevant and getattr(field, "value", None) != self._advanced_defaults.get(field.name)
+        arrow = "\u25be" if opened else "\u25b8"  # a triangle pointing down (open) or right (closed)
+        self.advanced.text = f"{arrow} Advanced" + (f" ({changed})" if changed else "")
+        what = "Hide" if opened else "Show"
+        self.advanced.tooltip = f"{what} the options most runs leave as they are" + (
+            f"; {changed} of them differ from their defaults" if changed else ""
+        )
 
     # -- layer choices -----------------------------------------------------------------
     def layer_combo(self, name: str, label: str, types: tuple[type, ...], *, nullable: bool = False) -> ComboBox:
         """A layer chooser offering the viewer's layers of ``types``, newest first; long names never widen it."""
-        from qtpy.QtWidgets import QComboBox
-
         # magicgui keeps the choices function in a typing.Annotated type, which typing caches for the
         # session: a closure over the widget would keep the widget (and its last result) alive
         owner = weakref.ref(self)
@@ -141,8 +283,7 @@ class JobWidget(Container):
             return [(layer.name, layer) for layer in reversed(widget._viewer.layers) if isinstance(layer, types)]
 
         combo = ComboBox(name=name, label=label, choices=choices, nullable=nullable)
-        combo.native.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        combo.native.setMinimumContentsLength(12)
+        narrow(combo)
         return combo
 
     def reset_choices(self, *args: Any) -> None:
@@ -181,7 +322,7 @@ class JobWidget(Container):
         of the same key. None when an input cannot be keyed (then nothing is started early).
         """
         values = []
-        for field in self:
+        for field in _leaves(self):
             if field is self.keep_previous or isinstance(field, (PushButton, Label)):
                 continue
             value = getattr(field, "value", None)
@@ -200,7 +341,7 @@ class JobWidget(Container):
         if self.released or self.runner.busy or not prefetch_enabled():
             return
         key = self.run_key()
-        layers = [field.value for field in self if _is_layer(getattr(field, "value", None))]
+        layers = [field.value for field in _leaves(self) if _is_layer(getattr(field, "value", None))]
         if key is None or key == self._last_run_key or not _small_in_memory(layers):
             return
         try:
@@ -252,6 +393,7 @@ class JobWidget(Container):
         self.summary.value = result.summary
         self.summary.tooltip = result.summary
         self.device.value = self.runner.device_text
+        self.device.visible = True
         self.show_result(result, added)
 
     def show_result(self, result: JobResult, added: list) -> None:
@@ -324,6 +466,14 @@ def start_jax_early() -> None:
 
     # errors are left to the first job, which runs prepare_jax again and reports them
     _JAX_STARTED["worker"] = workers().submit(prepare_jax, lane="early", name="start JAX")
+
+
+def _leaves(container: Container) -> list[Widget]:
+    """The widgets of ``container`` and of the containers in it (a row of check boxes, a filter's parameters)."""
+    out: list[Widget] = []
+    for field in container:
+        out.extend(_leaves(field) if isinstance(field, Container) else [field])
+    return out
 
 
 def _is_layer(value: Any) -> bool:

@@ -63,10 +63,6 @@ class CorrelationWidget(JobWidget):
             "(DIC) or two stacks (speckle tracking), each pixel's subset around it compared, on every step-th "
             "pixel. time series: one movie (T, Y, X), each pixel's trace against its neighbours'.",
         )
-        from qtpy.QtWidgets import QComboBox
-
-        self.mode.native.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.mode.native.setMinimumContentsLength(12)  # never wider than the layer choices
         self.img1 = self.layer_combo("img1", "img1 (K, M, N)", (Image,))
         self.img2 = self.layer_combo("img2", "img2 (K, M, N)", (Image,))
         self.movie = self.layer_combo("movie", "Movie (T, Y, X)", (Image,))
@@ -122,15 +118,11 @@ class CorrelationWidget(JobWidget):
             name="outputs",
             label="Outputs",
             widgets=[
-                Container(layout="horizontal", labels=False, widgets=[self.out_transmission]),
-                Container(layout="horizontal", labels=False, widgets=[self.out_dark_field, self.out_phase]),
-                Container(layout="horizontal", labels=False, widgets=[self.out_strain, self.out_uncertainty]),
+                self.out_transmission, self.out_dark_field, self.out_phase, self.out_strain, self.out_uncertainty
             ],
             labels=False,
-        )
+        )  # fmt: skip
         self.outputs.margins = (0, 0, 0, 0)
-        for row in self.outputs:
-            row.margins = (0, 0, 0, 0)
         self.strain_window = _odd_spin(
             "strain_window", "Strain window (odd)", 11, low=3, tooltip="Output pixels each plane fit spans"
         )
@@ -154,7 +146,7 @@ class CorrelationWidget(JobWidget):
             tooltip="Drawn length = displacement x this. 0: automatic (the median displacement spans 80% of the "
             "spacing). Changing it updates the last vectors layer.",
         )
-        self.full_map = CheckBox(name="full_map", text="Also add the full 4D map", value=False)
+        self.full_map = CheckBox(name="full_map", text="Add the full 4D map", value=False)
         self.show_surface = CheckBox(
             name="show_surface",
             text="Surface on click",
@@ -181,20 +173,22 @@ class CorrelationWidget(JobWidget):
                 self.subset_rows,
                 self.subset_cols,
                 self.step,
-                self.subpixel,
-                self.subset_shape,
-                self.precision,
                 self.neighbours,
                 self.outputs,
                 self.strain_window,
                 self.pixel_size,
                 self.distance,
                 self.wavelength,
+            ],
+            [self.show_surface, self.surface_info],
+            advanced=[
+                self.subpixel,
+                self.subset_shape,
+                self.precision,
                 self.spacing,
                 self.vector_scale,
                 self.full_map,
             ],
-            [self.show_surface, self.surface_info],
         )
         self.vector_scale.changed.connect(self._rescale_vectors)
         self.mode.changed.connect(self._show_mode)
@@ -246,8 +240,7 @@ class CorrelationWidget(JobWidget):
             self.show_surface: pair,
             self.surface_info: pair,
         }
-        for field, visible in shown.items():
-            field.visible = visible
+        self.show_fields(shown)
         if mode == STACKS:
             self.img1.label, self.img2.label = "img1 (K, M, N)", "img2 (K, M, N)"
         else:

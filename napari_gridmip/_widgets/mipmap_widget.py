@@ -72,10 +72,15 @@ class MipmapWidget(JobWidget):
             tooltip="The threshold over the data's range (minimum to maximum): moving it updates the blocks shown "
             "from the max pyramid, without recomputing",
         )
-        self.per_level = CheckBox(name="per_level", text="Also add one image layer per level", value=False)
+        self.per_level = CheckBox(
+            name="per_level",
+            text="One layer per level",
+            value=False,
+            tooltip="Also add one image layer per level of the pyramid, each level's occupied cells (hidden at first)",
+        )
         self.all_time_points = CheckBox(
             name="all_time_points",
-            text="All time points (4D+ layers)",
+            text="All time points",
             value=False,
             tooltip="Off: the time point the sliders show. On: one pyramid per time point (and channel).",
         )
@@ -100,7 +105,7 @@ class MipmapWidget(JobWidget):
             tooltip="MIP: the largest value along each ray. Depth: the distance to the first voxel above the "
             "threshold (world units from the plane through the camera's centre; near is dark).",
         )
-        self.render_button = PushButton(name="render", text="Render full-resolution view", enabled=False)
+        self.render_button = PushButton(name="render", text="Render", enabled=False)
         self.render_button.tooltip = (
             "Ray-march the input from the current 3D camera at the canvas resolution (at most 1024 px on the long "
             "side), skipping empty space with the pyramid. The picture is a 2D layer: switch to 2D to see it "
@@ -128,8 +133,12 @@ class MipmapWidget(JobWidget):
         self.threshold_slider.native.setMinimumWidth(60)
         self.threshold_box.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.threshold_box.native.setMinimumWidth(0)
-        outputs = [self.level, self.crop_button, self.render_mode, self.render_button, self.live_3d, self.view_info]
-        self._finish([self.layer, self.threshold_box, self.all_time_points, self.per_level], outputs)
+        # the render's mode and its button on one row, under the label the docs call it by
+        self.render_row = Container(layout="horizontal", widgets=[self.render_mode, self.render_button], labels=False)
+        self.render_row.label = "Render full-resolution view"
+        self.render_row.margins = (0, 0, 0, 0)
+        outputs = [self.level, self.crop_button, self.render_row, self.live_3d, self.view_info]
+        self._finish([self.layer, self.threshold_box, self.all_time_points], outputs, advanced=[self.per_level])
         self.level.changed.connect(self._show_level)
         self.threshold.changed.connect(self._threshold_changed)
         self.threshold_slider.changed.connect(self._slider_moved)
@@ -137,8 +146,15 @@ class MipmapWidget(JobWidget):
         self.render_button.changed.connect(self.render)
         self.live_3d.changed.connect(self._live_switched)
         self.layer.changed.connect(self._live_switched)
+        self.layer.changed.connect(self._show_time_points)
+        self._show_time_points()
         self.runner.on_idle.append(self._busy_changed)
         self._sync_slider()
+
+    def _show_time_points(self, *_: Any) -> None:
+        """Show "All time points" only for a layer that has them (4D+)."""
+        layer = self.layer.value
+        self.show_fields({self.all_time_points: layer is not None and layer.ndim > 3})
 
     # -- Run ---------------------------------------------------------------------------------------------------------
     def make_job(self) -> Job:

@@ -60,12 +60,18 @@ class PatchesWidget(JobWidget):
                 self.tiled_axes,
                 self.grid_shape,
                 self.stride,
-                self.image_shape,
                 self.blend,
-            ]
+            ],
+            advanced=[self.image_shape],
         )
         self.layer.changed.connect(self._fill_from_metadata)
+        self.layout_choice.changed.connect(self._show_layout)
         self._fill_from_metadata()
+        self._show_layout()
+
+    def _show_layout(self, *_: Any) -> None:
+        """The grid shape is asked for only where the layer does not hold it: a flat stack of patches."""
+        self.show_fields({self.grid_shape: self.layout_choice.value == FLAT_STACK})
 
     def _fill_from_metadata(self, *_: Any) -> None:
         """Take the tiling of a layer that describes it (as the tiles sample does)."""

@@ -81,12 +81,10 @@ class StitchWidget(JobWidget):
                 self.pattern,
                 self.grid_shape,
                 self.overlap,
-                self.order,
                 self.stage_note,
-                self.max_shift,
-                self.blend,
                 self.flat_field,
-            ]
+            ],
+            advanced=[self.order, self.max_shift, self.blend],
         )
         self.source.changed.connect(self._source_changed)
         self.layer.changed.connect(self._fill_from_metadata)
@@ -95,8 +93,7 @@ class StitchWidget(JobWidget):
 
     def _source_changed(self, *_: Any) -> None:
         from_layer = self.source.value == FROM_LAYER
-        self.layer.visible = from_layer
-        self.folder.visible = self.pattern.visible = not from_layer
+        self.show_fields({self.layer: from_layer, self.folder: not from_layer, self.pattern: not from_layer})
         self._fill_from_metadata()
 
     def _stage_positions(self) -> np.ndarray | None:

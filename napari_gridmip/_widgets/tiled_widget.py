@@ -10,7 +10,7 @@ from napari.layers import Image
 from napari_gridmip._jobs import Job
 from napari_gridmip._jobs.tiled import CUSTOM, TiledRequest, make_tiled_job, parse_keywords
 from napari_gridmip._placement import Frame
-from napari_gridmip._widgets._base import JobWidget, require_layer
+from napari_gridmip._widgets._base import JobWidget, labels_above, require_layer
 from napari_gridmip.core._options import WEIGHTED_BLENDS
 
 if TYPE_CHECKING:
@@ -60,7 +60,12 @@ class TiledWidget(JobWidget):
             tooltip="Keywords for the function, e.g. size=5, mode='nearest'",
         )
         self.halo = SpinBox(name="halo", label="Halo (px)", value=0, min=0, max=4096, tooltip=HALO_TIP)
-        self.labels_out = CheckBox(name="labels_out", text="The function returns labels", value=False)
+        self.labels_out = CheckBox(
+            name="labels_out",
+            text="Returns labels",
+            value=False,
+            tooltip="The function returns labels (integers): the result is a Labels layer",
+        )
         self.tiled_axes = SpinBox(
             name="tiled_axes",
             label="Tiled axes",
@@ -88,23 +93,26 @@ class TiledWidget(JobWidget):
                 self.halo,
                 self.labels_out,
                 self.tiled_axes,
-                self.tile,
-                self.overlap,
-                self.blend,
-            ]
+            ],
+            advanced=[self.tile, self.overlap, self.blend],
         )
         self.filter.changed.connect(self._filter_changed)
+        self.overlap.changed.connect(self._overlap_changed)
         self._filter_changed()
+        self._overlap_changed()
+
+    def _overlap_changed(self, *_: Any) -> None:
+        """The blend only matters where tiles overlap."""
+        self.show_fields({self.blend: int(self.overlap.value) > 0})
 
     def _filter_changed(self, *_: Any) -> None:
         """Show the chosen filter's own parameters (or the function's fields)."""
         from napari_gridmip.core.patches.tiled_filters import TILED_FILTERS
 
         custom = self.filter.value == CUSTOM
-        for field in (self.import_path, self.arguments, self.halo, self.labels_out):
-            field.visible = custom
+        fields = (self.import_path, self.arguments, self.halo, self.labels_out)
+        self.show_fields({**{field: custom for field in fields}, self.parameters: not custom})
         self.parameters.clear()
-        self.parameters.visible = not custom
         if custom:
             return
         spec = TILED_FILTERS[self.filter.value]
@@ -120,6 +128,7 @@ class TiledWidget(JobWidget):
                 field = FloatSpinBox(name=parameter.name, value=parameter.default, min=low, max=1e12, step=0.5)
             field.tooltip = parameter.tooltip
             self.parameters.append(field)
+        labels_above(self.parameters)
 
     def make_job(self) -> Job:
         layer = require_layer(self.layer, "an Image layer")

@@ -257,6 +257,8 @@ def test_dic_sample_with_affine_subsets(viewer_and_widget, wait_idle, small_samp
 
     viewer.open_sample("napari-gridmip", "dic")
     deformed, reference = viewer.layers["DIC deformed (img1)"], viewer.layers["DIC reference (img2)"]
+    assert not shown()  # an advanced option: the section is closed
+    widget.advanced.native.click()
     assert shown()
     widget.subset_shape.value = "affine"
     run(widget, wait_idle)
@@ -368,7 +370,11 @@ def test_each_mode_shows_only_its_controls(viewer_and_widget):
         return [widget[name].native.isVisibleTo(widget.native) for name in names]
 
     pair_only = ("subset_rows", "subset_cols", "step")
+    advanced = ("subpixel", "precision", "spacing", "vector_scale", "full_map", "keep_previous")
     widget.mode.value = STACKS
+    assert not any(shown(*advanced)), "the Advanced section starts closed"
+    widget.advanced.native.click()
+    assert all(shown(*advanced))
     assert all(shown("img1", "img2", "window_rows", "full_map", "outputs", "show_surface"))
     assert not any(shown(*pair_only, "movie", "neighbours"))
     widget.mode.value = PAIR
@@ -378,6 +384,8 @@ def test_each_mode_shows_only_its_controls(viewer_and_widget):
     widget.mode.value = TIME_SERIES
     assert all(shown("movie", "neighbours", "precision"))
     assert not any(shown("img1", "window_rows", "outputs", "show_surface", "strain_window", "spacing"))
+    widget.advanced.native.click()  # closed again: only the mode's main fields
+    assert shown("movie", "neighbours") == [True, True] and not any(shown("precision", "keep_previous"))
 
 
 def test_bad_input_says_why_and_adds_nothing(viewer_and_widget, wait_idle, monkeypatch):

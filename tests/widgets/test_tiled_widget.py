@@ -101,3 +101,21 @@ def test_bad_input_is_a_notification(viewer_and_widget, wait_idle, monkeypatch):
     widget.tiled_axes.value = 3
     widget.run_button.native.click()
     assert "cannot be tiled along 3" in shown[-1] and len(viewer.layers) == 1
+
+
+def test_a_filter_parameter_or_an_advanced_option_is_part_of_the_run_key(viewer_and_widget):
+    """A run started early stands for Run only with the same options: those nested in the filter's parameters
+    and in the (closed) Advanced section count too, and the blend shows only where tiles overlap."""
+    viewer, widget = viewer_and_widget
+    viewer.add_image(np.zeros((40, 40), np.float32), name="img")
+    widget.filter.value = "median"
+    key = widget.run_key()
+    widget.parameters["size"].value += 2
+    assert widget.run_key() != key
+    key = widget.run_key()
+    widget.tile.value = 64  # an Advanced option, its section closed
+    assert widget.run_key() != key and not shown(widget.tile)
+    widget.advanced.native.click()
+    assert shown(widget.tile) and shown(widget.overlap) and not shown(widget.blend)
+    widget.overlap.value = 8
+    assert shown(widget.blend)

@@ -70,8 +70,47 @@ class RayState(NamedTuple):
 
 
 def reciprocal(d: jax.Array) -> jax.Array:
-    """``1 / d`` per axis, 0 where ``d == 0``."""
-    return jnp.where(d == 0, jnp.zeros_like(d), 1 / jnp.where(d == 0, jnp.ones_like(d), d))
+    """``1 / d`` per axis, correctly rounded on every backend, 0 where ``d == 0``.
+
+    A TPU's float32 division is not correctly rounded: its ``1 / d`` can be an ulp off, and every crossing time
+    with it (tests/core/occupancy/test_traverse.py's exact reference failed there by 2e-7 to 8e-6 on times of 1
+    to 50, the voxels equal). One Newton step with the exact residual puts it right (:func:`rounded_reciprocal`).
+    """
+    safe = jnp.where(d == 0, jnp.ones_like(d), d)
+    return jnp.where(d == 0, jnp.zeros_like(d), rounded_reciprocal(safe, 1 / safe))
+
+
+def _split(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Veltkamp's split: ``a = hi + lo`` exactly, each with half of the significand's bits."""
+    factor = 4097.0 if a.dtype == jnp.float32 else 134217729.0  # 2**12 + 1, 2**27 + 1
+    c = a * jnp.asarray(factor, a.dtype)
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def rounded_reciprocal(d: jax.Array, r: jax.Array) -> jax.Array:
+    """``1 / d`` correctly rounded, from an estimate ``r`` within an ulp of it (``d`` nonzero and normal).
+
+    The residual ``e = 1 - d r`` is computed exactly with Dekker's product (no fused multiply-add needed, only
+    IEEE products and sums, which every backend has); ``r + r e`` then rounds to the nearest float of ``1 / d``,
+    and is ``r`` itself where ``r`` already was (the CPU's division). Large estimates (``|r|`` over 2**64, whose
+    split would overflow) are worked on scaled by 2**-64, ``d`` by 2**64: exact, powers of two.
+
+    References
+    ----------
+    T. J. Dekker, "A floating-point technique for extending the available precision", Numer. Math. 18, 224-242
+    (1971).
+    """
+    scale = jnp.asarray(2.0**64, r.dtype)
+    big = jnp.abs(r) > scale
+    d, r = jnp.where(big, d * scale, d), jnp.where(big, r / scale, r)
+    d_hi, d_lo = _split(d)
+    r_hi, r_lo = _split(r)
+    p = d * r
+    p_err = ((d_hi * r_hi - p) + d_hi * r_lo + d_lo * r_hi) + d_lo * r_lo  # d r = p + p_err exactly
+    e = (1 - p) - p_err  # 1 - p is exact: p is within a few ulps of 1 (Sterbenz)
+    corrected = r + r * e
+    return jnp.where(big, corrected * scale, corrected)
 
 
 def crossing(o: jax.Array, inv: jax.Array, plane: jax.Array) -> jax.Array:

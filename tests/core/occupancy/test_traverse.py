@@ -217,3 +217,26 @@ def test_compaction_gives_the_same_voxels():
     subset = traverse_occupied(levels, origins[::97], directions[::97])
     np.testing.assert_array_equal(subset.voxels, compacted.voxels[pick])
     assert_matches_reference(levels, origins[::97], directions[::97], subset)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ulps", [-2, -1, 0, 1, 2])
+def test_the_reciprocal_is_correctly_rounded_from_an_estimate_ulps_off(dtype, ulps):
+    """A TPU's float32 ``1 / d`` can be an ulp off (and every crossing time with it): the Newton step with
+    Dekker's exact residual must give NumPy's correctly rounded ``1 / d`` from an estimate up to 2 ulps off, over
+    the whole range of normal directions (huge reciprocals included), on any backend."""
+    from napari_gridmip.core.occupancy.traverse import reciprocal, rounded_reciprocal
+
+    rng = np.random.default_rng(7)
+    low = np.log10(np.finfo(dtype).tiny) + 0.7
+    d = (rng.choice([-1, 1], 20000) * 10.0 ** rng.uniform(low, 30, 20000)).astype(dtype)
+    d = np.concatenate([d, np.array([1, -1, 3, 0.1, 1e30, -1e-30, np.finfo(dtype).tiny * 2], dtype)])
+    exact = dtype(1) / d
+    estimate = exact.copy()
+    for _ in range(abs(ulps)):
+        estimate = np.nextafter(estimate, dtype(np.inf) if ulps > 0 else dtype(-np.inf))
+    with jax.enable_x64(dtype == np.float64):
+        got = np.asarray(jax.jit(rounded_reciprocal)(d, estimate))
+        np.testing.assert_array_equal(got, exact)
+        zero = np.asarray(jax.jit(reciprocal)(np.array([0.0, 2.0], dtype)))
+    np.testing.assert_array_equal(zero, np.array([0.0, 0.5], dtype))

@@ -87,9 +87,9 @@ def labels_above(container: Container) -> None:
             layout.setDirection(QBoxLayout.Direction.TopToBottom)
             layout.setSpacing(1)
             label = layout.itemAt(0).widget()
-            if label is not None:  # a long label wraps rather than widen the column
+            if label is not None:  # as wide as its text (short enough for the column); an empty one takes no row
                 label.setMinimumWidth(0)
-                label.setWordWrap(True)
+                label.setVisible(bool(field.label))
 
 
 class _DockScroll(QScrollArea):
@@ -222,6 +222,7 @@ class JobWidget(Container):
         buttons = Container(
             name="run_cancel", layout="horizontal", labels=False, widgets=[self.run_button, self.cancel_button]
         )
+        buttons.label = ""  # no caption above the two buttons
         buttons.margins = (0, 0, 0, 0)
         self.device.visible = False  # shown once a run has named it
         self.extend(

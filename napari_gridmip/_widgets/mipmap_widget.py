@@ -133,9 +133,9 @@ class MipmapWidget(JobWidget):
         self.threshold_slider.native.setMinimumWidth(60)
         self.threshold_box.native.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.threshold_box.native.setMinimumWidth(0)
-        # the render's mode and its button on one row, under the label the docs call it by
+        # the render's mode and its button on one row
         self.render_row = Container(layout="horizontal", widgets=[self.render_mode, self.render_button], labels=False)
-        self.render_row.label = "Render full-resolution view"
+        self.render_row.label = "Full-resolution render"
         self.render_row.margins = (0, 0, 0, 0)
         outputs = [self.level, self.crop_button, self.render_row, self.live_3d, self.view_info]
         self._finish([self.layer, self.threshold_box, self.all_time_points], outputs, advanced=[self.per_level])

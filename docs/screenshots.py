@@ -241,7 +241,7 @@ def flat_field_shots(app) -> None:
         viewer.reset_view()
         for _ in range(20):
             app.processEvents()
-        shoot(viewer, name, colors=96)  # grey specimen noise: a smaller palette keeps it under MAX_BYTES
+        shoot(viewer, name, colors=48)  # grey specimen noise: a smaller palette keeps it under MAX_BYTES
     # the two canvases side by side (before | after), cropped to the mosaic, to judge them at a glance
     pictures = []
     for mosaic in mosaics:
@@ -253,8 +253,10 @@ def flat_field_shots(app) -> None:
     box = (slice(rows.min(), rows.max() + 1), slice(cols.min(), cols.max() + 1))
     gap = np.full((rows.max() + 1 - rows.min(), 8, 3), 255, np.uint8)
     pair = Image.fromarray(np.concatenate([pictures[0][box], gap, pictures[1][box]], axis=1))
-    # at 70% (the width a README shows anyway): the shot noise is what fills the bytes, the shading is broad
-    pair = pair.resize((round(pair.width * 0.7), round(pair.height * 0.7)), Image.Resampling.LANCZOS)
+    # 920 px wide (the width a README shows anyway; the canvases' size depends on the docks): the shot noise is
+    # what fills the bytes, the shading is broad
+    scale = min(1.0, 920 / pair.width)
+    pair = pair.resize((round(pair.width * scale), round(pair.height * scale)), Image.Resampling.LANCZOS)
     save_picture(np.asarray(pair), "stitch_flat_field")
     viewer.close()
 

@@ -105,20 +105,60 @@ def _newton_step(blocks: jax.Array, ty: jax.Array, tx: jax.Array, z: jax.Array) 
     )
 
 
-@partial(jax.jit, static_argnames=("window", "block"))
-def _refine_band(img1k, z2, dy, dx, row0, *, window, block):
+def _block_slices(img1k: jax.Array, item: jax.Array) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The 4x4 blocks of K-vectors at padded rows and columns ``(rows, cols)``: ``(..., 4, 4, K)``, each block a
+    slice of ``img1k`` (the CPU's gather: a band's blocks stay in its caches)."""
+    k, zero = img1k.shape[-1], jnp.int32(0)
+    return jax.vmap(jax.vmap(lambda r, c: lax.dynamic_slice(img1k, (item, r, c, zero), (1, 4, 4, k))[0]))
+
+
+def _block_table(
+    img1k: jax.Array, item: jax.Array, row0: jax.Array, block: int, m: int
+) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The same blocks looked up in a table of every block the band's pixels can reach, one block a row of
+    ``16 K`` values (padded to a multiple of 128 lanes), gathered as an embedding lookup.
+
+    A TPU gathers rows of a table fast and small slices slowly: on a TPU v5e (1024^2, K=10, bands of 256 rows)
+    a band's Newton steps took 1.77 s with the slices and 0.013 s with the table
+    (``tools/accelerator_refine_probe.py``, 2026-12-05). The band's pixels start at most ``m + 1`` rows from
+    their own (the integer peak within the window, the Hessian step within 1 px) and move at most
+    ``ITERATIONS * MAX_STEP`` = 1 row, so their blocks' top rows lie in ``[row0 - 1, row0 + block + 2m + 2]``
+    (padded rows): the table holds those, ``16`` times the band's slab of img1 (at most 544 MB for a 256-row
+    band of a 2048-wide K=10 image).
+    """
+    _, padded_rows, padded_cols, k = img1k.shape
+    slab_rows = min(block + 2 * m + 7, padded_rows)  # block top rows [row0 - 1, row0 + block + 2m + 2], 4 rows each
+    first = jnp.clip(row0 - 1, 0, padded_rows - slab_rows)  # dynamic_slice would clamp the same way
+    slab = lax.dynamic_slice(img1k[item], int32_indices(first, 0, 0), (slab_rows, padded_cols, k))
+    rows, cols = slab_rows - 3, padded_cols - 3
+    table = jnp.stack([slab[i : i + rows, j : j + cols] for i in range(4) for j in range(4)], axis=2)
+    table = table.reshape(rows * cols, 16 * k)
+    lanes = -table.shape[1] % 128
+    table = jnp.pad(table, ((0, 0), (0, lanes))) if lanes else table
+
+    def take(r: jax.Array, c: jax.Array) -> jax.Array:
+        index = jnp.clip(r - first, 0, rows - 1) * cols + c
+        found = jnp.take(table, index.reshape(-1), axis=0, mode="clip")[:, : 16 * k]
+        return found.reshape(r.shape + (4, 4, k))
+
+    return take
+
+
+@partial(jax.jit, static_argnames=("window", "block", "table"))
+def _refine_band(img1k, z2, dy, dx, row0, *, window, block, table):
     """Refined ``(dy, dx)`` for output rows ``[row0, row0 + block)`` of every batch item: ``(B, block, No)``.
 
     ``img1k``: raw img1, K last and edge-padded by ``PAD``: ``(B, M + 4, N + 4, K)``;
-    ``z2``: standardised img2 ``(B, K, M, N)``; ``dy``/``dx``: ``(B, Mo, No)``.
+    ``z2``: standardised img2 ``(B, K, M, N)``; ``dy``/``dx``: ``(B, Mo, No)``. ``table``: each pixel's 4x4 blocks
+    looked up in a table of the band's blocks (accelerators), else sliced from ``img1k`` (the CPU).
     """
     m, n = window[0] // 2, window[1] // 2
     batch, _, out_cols = dy.shape
     rows, cols = z2.shape[-2:]
     k = z2.shape[1]
+    row0 = row0.astype(jnp.int32)
     x = jnp.arange(out_cols, dtype=dy.dtype)[None, :] + n
     y = (row0 + jnp.arange(block, dtype=jnp.int32)).astype(dy.dtype)[:, None] + m
-    zero = jnp.int32(0)
 
     def one_item(item, carry):
         item = item.astype(jnp.int32)  # the loop counts in int64 when x64 is on for a float64 call
@@ -129,7 +169,7 @@ def _refine_band(img1k, z2, dy, dx, row0, *, window, block):
         start_x = lax.dynamic_slice(dx[item], int32_indices(row0, 0), (block, out_cols))
         py = jnp.clip(y + jnp.nan_to_num(start_y), 0, rows - 1)
         px = jnp.clip(x + jnp.nan_to_num(start_x), 0, cols - 1)
-        take = jax.vmap(jax.vmap(lambda r, c: lax.dynamic_slice(img1k, (item, r, c, zero), (1, 4, 4, k))[0]))
+        take = _block_table(img1k, item, row0, block, m) if table else _block_slices(img1k, item)
 
         def newton(_, position):
             py, px = position
@@ -190,6 +230,7 @@ def refine_displacement(
     for done, row0 in enumerate(starts):
         if on_band is not None:
             on_band(done)
-        pieces.append(_refine_band(img1k, z2, dy, dx, np.int32(row0), window=window, block=block))
+        table = not _backend.cache_sized_bands()  # an accelerator's large bands look their blocks up in a table
+        pieces.append(_refine_band(img1k, z2, dy, dx, np.int32(row0), window=window, block=block, table=table))
         jax.block_until_ready(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, block))

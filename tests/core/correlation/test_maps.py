@@ -453,3 +453,32 @@ def test_every_subpixel_method_in_every_precision(subpixel, dtype, offset_strate
     inner = (slice(2, -2), slice(2, -2))  # away from the rows and columns that np.roll wrapped
     assert abs(np.nanmedian(np.asarray(field.dy)[inner]) - 1) < 0.02
     assert abs(np.nanmedian(np.asarray(field.dx)[inner]) + 1) < 0.02
+
+
+def test_the_refinements_block_table_gives_the_slices_answer(monkeypatch):
+    """The accelerators' refinement looks each pixel's 4x4 blocks up in a table of the band's blocks, the CPU's
+    slices them (core._backend.cache_sized_bands): the same numbers, band edges and batch items included, with
+    peaks as far out as the window allows (the table's rows are sized from that reach)."""
+    from scipy import ndimage
+
+    from napari_gridmip.core import _backend
+    from napari_gridmip.core.correlation import refine
+
+    rng = np.random.default_rng(3)
+    img2 = ndimage.gaussian_filter(rng.random((2, 6, 90, 70)), (0, 0, 1.2, 1.2)).astype(np.float32)
+    yy, xx = np.mgrid[:90, :70]
+    shift = (yy + 2.7 * np.sin(xx / 9), xx - 2.7 * np.cos(yy / 8))  # up to the 7x7 window's edge
+    img1 = np.stack([[ndimage.map_coordinates(f, shift, order=3, mode="nearest") for f in item] for item in img2])
+    found = {}
+    for table in (False, True):
+        monkeypatch.setattr(_backend, "cache_sized_bands", lambda table=table: not table)
+        monkeypatch.setattr(refine, "DEVICE_BAND_BYTES", 2**16)  # several bands, the last one flush
+        found[table] = [np.asarray(a) for a in find_displacement(img1, img2, (7, 7), subpixel="refine")]
+    assert len(refine.refine_plan(found[True][0].shape[-2:], 6, np.float32)[1]) > 2
+    dy = found[False][0]
+    assert np.isfinite(dy).mean() > 0.5 and np.nanmax(np.abs(dy)) > 2.5  # most refined, some near the reach
+    for sliced, looked_up in zip(found[False], found[True]):
+        # the bands differ in size, so do the programs and their float32 rounding, which the Newton steps carry
+        # (7.6e-5 px at most here); the backends' bound is 1e-3 px (issue 34)
+        np.testing.assert_array_equal(np.isnan(sliced), np.isnan(looked_up))
+        np.testing.assert_allclose(sliced, looked_up, rtol=0, atol=2e-4)

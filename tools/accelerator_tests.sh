@@ -29,7 +29,12 @@ case $part in
      else echo "unknown part: $part" >&2; exit 2; fi ;;
 esac
 python3 -c 'import jax; print("JAX", jax.__version__, jax.devices())'
+# a per-test timeout when pytest-timeout is there (`pip download --no-deps -d .wheels-offline pytest-timeout`:
+# the shared wheel script leaves it out); without it a stuck test holds the run until the outer `timeout`
+timeout_args=()
+if python3 -c 'import pytest_timeout' 2>/dev/null; then timeout_args=(--timeout 120)
+else echo "pytest-timeout not installed: no per-test timeout" >&2; fi
 # exec, into a file rather than a pipe: a `timeout` around this script then stops pytest itself, which would
 # otherwise keep the chip from the next program
 exec python3 -m pytest -o addopts="" -p no:cacheprovider -m 'not slow' --strict-markers -q -rfE \
-  --timeout 120 --junitxml "$out/$part.xml" "${paths[@]}" "$@" >"$out/$part.log" 2>&1
+  "${timeout_args[@]}" --junitxml "$out/$part.xml" "${paths[@]}" "$@" >"$out/$part.log" 2>&1

@@ -26,6 +26,9 @@ from napari_gridmip.core.patches._stitch_shared import (
     filter_halo,
 )
 
+# products of float32 data: a TPU rounds a default-precision product's operands to bfloat16 (a GPU to TF32)
+HIGHEST = lax.Precision.HIGHEST
+
 __all__: list[str] = []
 
 
@@ -55,7 +58,7 @@ def _resample(f: jax.Array, position: jax.Array, out_shape: tuple[int, ...]) -> 
         weights = kernels[pick]  # (d + 1, 4)
         if out.shape[0] == 1:
             taps = jnp.broadcast_to(taps, (d + 1, *taps.shape[1:]))
-        out = jnp.einsum("vt,vt...->v...", weights, taps)
+        out = jnp.einsum("vt,vt...->v...", weights, taps, precision=HIGHEST)
     return out[0], [out[k + 1] for k in range(d)]
 
 
@@ -255,8 +258,8 @@ def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
         b = t_mean - a * gm
         r = (t - a * g - b) * m
         columns = jnp.stack([a * gk * m for gk in grad] + [g * m, m]).reshape(d + 2, -1)
-        jtj = columns @ columns.T
-        return jtj, columns @ r.reshape(-1), r
+        jtj = jnp.matmul(columns, columns.T, precision=HIGHEST)
+        return jtj, jnp.matmul(columns, r.reshape(-1), precision=HIGHEST), r
 
     def ridge(jtj):
         return jtj + 1e-7 * jnp.trace(jtj) * jnp.eye(d + 2, dtype=jtj.dtype)
@@ -274,7 +277,7 @@ def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
     sigma2 = jnp.maximum((r * r).sum() / jnp.maximum(count - d - 2, 1), 1e-4 * (t * t).sum() / count)
     # the shift's information with gain and offset profiled out: the Schur complement of their block
     a = ridge(jtj)
-    info = (a[:d, :d] - a[:d, d:] @ _spd_solve(a[d:, d:], a[d:, :d])) / sigma2
+    info = (a[:d, :d] - jnp.matmul(a[:d, d:], _spd_solve(a[d:, d:], a[d:, :d]), precision=HIGHEST)) / sigma2
     failed = jnp.any(jnp.abs(s - integer) >= MAX_REFINE_STEP - 1e-6) | ~jnp.all(jnp.isfinite(s))
     fit = t - r  # a g + b over the mask: its correlation with t is the NCC at s
     fit = (fit - (fit * m).sum() / count) * m

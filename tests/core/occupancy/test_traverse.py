@@ -225,6 +225,7 @@ def test_the_reciprocal_is_correctly_rounded_from_an_estimate_ulps_off(dtype, ul
     """A TPU's float32 ``1 / d`` can be an ulp off (and every crossing time with it): the Newton step with
     Dekker's exact residual must give NumPy's correctly rounded ``1 / d`` from an estimate up to 2 ulps off, over
     the whole range of normal directions (huge reciprocals included), on any backend."""
+    from napari_gridmip.core._precision import precision_scope
     from napari_gridmip.core.occupancy.traverse import reciprocal, rounded_reciprocal
 
     rng = np.random.default_rng(7)
@@ -235,7 +236,7 @@ def test_the_reciprocal_is_correctly_rounded_from_an_estimate_ulps_off(dtype, ul
     estimate = exact.copy()
     for _ in range(abs(ulps)):
         estimate = np.nextafter(estimate, dtype(np.inf) if ulps > 0 else dtype(-np.inf))
-    with jax.enable_x64(dtype == np.float64):
+    with precision_scope(dtype):  # float64 as the library runs it: on the host where the device is a TPU
         got = np.asarray(jax.jit(rounded_reciprocal)(d, estimate))
         np.testing.assert_array_equal(got, exact)
         zero = np.asarray(jax.jit(reciprocal)(np.array([0.0, 2.0], dtype)))

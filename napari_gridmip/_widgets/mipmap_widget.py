@@ -139,6 +139,7 @@ class MipmapWidget(JobWidget):
         self.render_row.margins = (0, 0, 0, 0)
         outputs = [self.level, self.crop_button, self.render_row, self.live_3d, self.view_info]
         self._finish([self.layer, self.threshold_box, self.all_time_points], outputs, advanced=[self.per_level])
+        self.view_info.visible = False  # an empty "Made" line until a crop, render or live view says something
         self.level.changed.connect(self._show_level)
         self.threshold.changed.connect(self._threshold_changed)
         self.threshold_slider.changed.connect(self._slider_moved)
@@ -254,8 +255,7 @@ class MipmapWidget(JobWidget):
 
         def status(text: str) -> None:
             if not self.released:
-                self.view_info.value = text
-                self.view_info.tooltip = text
+                self._made(text)
 
         self._live = LiveRender(
             self._viewer, layer, threshold=float(self.threshold.value), on_status=status, overlay=overlay
@@ -392,8 +392,13 @@ class MipmapWidget(JobWidget):
             QTimer.singleShot(0, lambda: viewer.camera.update(state))
         self._extra = [ref for ref in self._extra if ref() is not None and all(ref() is not a for a in added)]
         self._extra += [weakref.ref(layer) for layer in added]
-        self.view_info.value = result.summary
-        self.view_info.tooltip = result.summary
+        self._made(result.summary)
+
+    def _made(self, text: str) -> None:
+        """Say what the last crop, render or live view made (the full text in the tooltip)."""
+        self.view_info.value = text
+        self.view_info.tooltip = text
+        self.view_info.visible = True
 
     def _busy_changed(self, *_: Any) -> None:
         """Crop and Render are enabled when a result exists and no job runs (Run is the runner's)."""

@@ -276,11 +276,13 @@ def test_crop_to_occupied_overlays_the_input(viewer_and_widget, wait_idle, monke
     widget.threshold.value = 0.4
     widget.run_button.native.click()
     wait_idle(widget)
+    assert widget.view_info.native.isHidden()  # no empty "Made" line before anything was made
     widget.threshold.value = 1.2  # the crop follows the current threshold
     widget.crop_button.native.click()
     assert not (widget.crop_button.enabled or widget.render_button.enabled or widget.run_button.enabled)
     wait_idle(widget)
     assert widget.crop_button.enabled and widget.render_button.enabled
+    assert not widget.view_info.native.isHidden() and "crop" in widget.view_info.value.lower()
     crop = viewer.layers["vol crop"]
     box = occupied_bbox(occupancy_mipmap(volume, threshold=1.2))
     np.testing.assert_array_equal(crop.data, volume[box.slices])

@@ -14,6 +14,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax import lax
+
+# for products of float32 data: a TPU rounds a default-precision product's operands to bfloat16 (a GPU to TF32)
+HIGHEST = lax.Precision.HIGHEST
 
 
 def compute_dtype(dtype: Any) -> np.dtype:

@@ -36,11 +36,9 @@ from jax import lax
 from napari_gridmip.core import _backend
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import int32_indices
+from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._normalised import normalised_derivatives
-
-# products of float32 data: a TPU rounds a default-precision product's operands to bfloat16 (a GPU to TF32)
-HIGHEST = lax.Precision.HIGHEST
 
 ITERATIONS = 2  # from the Hessian estimate (~0.2 px off): median error 0.0065 px; 3 give 0.0058 at 1.6x the time
 MAX_STEP = 0.5  # px per iteration: a step past this leaves the region the estimate came from
@@ -229,11 +227,11 @@ def refine_displacement(
     """
     img1k = _padded_k_last(img1, dtype=np.dtype(dtype).name)
     block, starts = refine_plan(dy.shape[1:], img1.shape[-3], dtype)
+    table = not _backend.cache_sized_bands()  # an accelerator's large bands look their blocks up in a table
     pieces = []
     for done, row0 in enumerate(starts):
         if on_band is not None:
             on_band(done)
-        table = not _backend.cache_sized_bands()  # an accelerator's large bands look their blocks up in a table
         pieces.append(_refine_band(img1k, z2, dy, dx, np.int32(row0), window=window, block=block, table=table))
         jax.block_until_ready(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, block))

@@ -18,6 +18,7 @@ from jax import lax
 
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import quadratic_peak
+from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.patches._stitch_shared import (
     GN_ITERATIONS,
     MARGIN,
@@ -25,9 +26,6 @@ from napari_gridmip.core.patches._stitch_shared import (
     _gaussian_spectrum,
     filter_halo,
 )
-
-# products of float32 data: a TPU rounds a default-precision product's operands to bfloat16 (a GPU to TF32)
-HIGHEST = lax.Precision.HIGHEST
 
 __all__: list[str] = []
 

@@ -65,8 +65,9 @@ def test_correlation_equals_in_memory(chunks):
         full = windowed_pearson(lazy_a, b, (5, 3))
         dy, dx, peak = find_displacement(lazy_a, b, (5, 3))
     assert counter.count == 0
-    # XLA's vectorised loops round 1 ulp differently with the band's height; nothing more
-    np.testing.assert_allclose(full.compute(), np.asarray(windowed_pearson(a, b, (5, 3))), rtol=0, atol=2 * EPS32)
+    # XLA's vectorised loops round differently with the band's height: 1 ulp on the CPU, up to 3 EPS32 on a TPU
+    # (3.6e-7, 2026-12-05); nothing more
+    np.testing.assert_allclose(full.compute(), np.asarray(windowed_pearson(a, b, (5, 3))), rtol=0, atol=4 * EPS32)
     for lazy, reference in zip((dy, dx, peak), find_displacement(a, b, (5, 3))):
         np.testing.assert_allclose(lazy.compute(), np.asarray(reference), rtol=0, atol=4 * EPS32)
 

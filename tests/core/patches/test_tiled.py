@@ -239,14 +239,15 @@ def test_a_jax_fn_is_traced_once_for_edge_tiles_and_a_short_last_batch():
 
     def fn(t):
         seen.append(t.shape)  # runs only while JAX traces
-        return jnp.tanh(t) * 2
+        # exact in float32 on every backend (a TPU's tanh is an approximation, 8e-5 off NumPy's)
+        return jnp.abs(t - 0.5) * 2
 
     # axis 100: windows 0, 28, 56 and 68 flush; axis 77: 0, 28 and 45 flush; 12 tiles in batches of 5, 5, 2
     with count_traces() as traces:
         out = apply_tiled(fn, image, (32, 32), overlap=4, batch_size=5)
     assert seen == [(3, 32, 32)]  # vmapped: fn sees one tile
     assert traces.count == 1
-    expected = apply_tiled(lambda t: np.tanh(t) * 2, image, (32, 32), overlap=4, backend="numpy")
+    expected = apply_tiled(lambda t: np.abs(t - 0.5) * 2, image, (32, 32), overlap=4, backend="numpy")
     np.testing.assert_allclose(out, expected, rtol=4 * EPS32, atol=4 * EPS32)
 
 

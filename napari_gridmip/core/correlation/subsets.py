@@ -97,6 +97,8 @@ REACH = 1.0  # the refined position stays within this many pixels of the integer
 SPLINE_REACH = 24  # taps each side of the B-spline prefilter (|z|**25 = 5e-15 of the first left out)
 MAX_BANDS = 8  # Python-level calls per image: progress and cancel points
 GRAM_BAND_BYTES = 32 * 2**20  # a band's Gram planes stay within this (rows per band are cut to fit)
+DEVICE_GRAM_BAND_BYTES = 512 * 2**20  # the same where all rows are summed at once (Plan.at_once): fewer bands
+ROW_BATCH = 64  # output rows computed together from their sums where all rows are summed at once
 MAP_BAND_BYTES = 256 * 2**20  # a band's share of a full map (pixels first) before it is written out
 # rows a dask block borrows from its neighbours: the 5 x 5 taps' ring, the Gram block and the spline prefilter
 DASK_REACH = 2 + GRAM_ROWS + SPLINE_REACH
@@ -118,7 +120,7 @@ class Plan(NamedTuple):
     has_bad: bool  # some value is not finite
     interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
     noise_gain: float = 1.0  # the variance a prefilter leaves of white noise (1: no prefilter)
-    running_sums: bool = True  # running sums allowed down the image (core._backend.running_row_sums)
+    row_sums: str = "running"  # how the sums go down the image (core._backend.subset_row_sums)
 
     @property
     def spline(self) -> bool:
@@ -158,8 +160,13 @@ class Plan(NamedTuple):
     @property
     def running(self) -> bool:
         """Running sums down the image (each output row adds and removes ``s`` rows) unless a fresh sum of
-        ``sh`` rows is as cheap, or the backend's running sums are not to be trusted."""
-        return self.running_sums and 2 * self.step < self.subset[0]
+        ``sh`` rows is as cheap."""
+        return self.row_sums == "running" and 2 * self.step < self.subset[0]
+
+    @property
+    def at_once(self) -> bool:
+        """Every output row of a band summed at once, one offset at a time (the accelerators' way)."""
+        return self.row_sums == "at_once"
 
 
 # -- small pieces -------------------------------------------------------------------
@@ -190,17 +197,24 @@ def _inverse_norm(box: jax.Array, box_sq: jax.Array, bad: jax.Array | None, coun
     return inv if bad is None else jnp.where(bad > 0, jnp.nan, inv)
 
 
-def _columns(row: jax.Array, start: int, plan: Plan, width: int) -> jax.Array:
-    """The columns of ``row`` (last axis) that the output columns' subsets use, from ``start``.
+def _columns(row: jax.Array, start: int | jax.Array, plan: Plan, width: int) -> jax.Array:
+    """The columns of ``row`` (last axis) that the output columns' subsets use, from ``start`` (static, or
+    traced in the accelerators' loop over offsets).
 
     Contiguous when the step is smaller than the subset (``width`` columns); with a larger step, only each
     output column's ``sw`` columns, side by side (``Ns * sw`` of them).
     """
-    ns = plan.out[1]
+    ns, axis = plan.out[1], row.ndim - 1
+
+    def cut(size: int) -> jax.Array:
+        if isinstance(start, int):
+            return lax.slice_in_dim(row, start, start + size, axis=axis)
+        return lax.dynamic_slice_in_dim(row, start, size, axis=axis)
+
     if not plan.compact:
-        return lax.slice_in_dim(row, start, start + width, axis=row.ndim - 1)
+        return cut(width)
     s, sw = plan.step, plan.subset[1]
-    block = lax.slice_in_dim(row, start, start + ns * s, axis=row.ndim - 1)
+    block = cut(ns * s)
     block = block.reshape(row.shape[:-1] + (ns, s))[..., :sw]
     return block.reshape(row.shape[:-1] + (ns * sw,))
 
@@ -231,6 +245,41 @@ def _strided(x: jax.Array, start: int, count: int, step: int, axis: int) -> jax.
 # -- the sweep: running box sums of products, one output row at a time -------------------------------
 
 
+def _sweep_layout(plan: Plan, step: int | None, cols: int | None) -> tuple[Plan, int]:
+    """The plan a sweep runs (its own ``step``, or every column of a band) and the width of its column sums."""
+    sub = plan if step is None else plan._replace(step=step)
+    if cols is not None:  # a sweep over every column of a band (the Gram planes)
+        sub = sub._replace(shape=(plan.shape[0], cols + (sub.window[1] - 1) + (sub.subset[1] - 1)))
+    return sub, _column_width(sub)
+
+
+def _sums_at_once(xa, xb, *, rows, offsets, origin, plan: Plan, step=None, cols=None) -> jax.Array:
+    """:func:`_sweep`'s sums for every output row at once: ``(wa, wb, rows, Ns)``, ``[a, b, t]`` being ``H[b][a]``
+    at output row ``t``.
+
+    The accelerators' way (``core._backend.subset_row_sums``): one offset at a time in a loop of ``wa wb``
+    iterations, each over the whole band (its products summed down the image by a strided ``reduce_window``,
+    along it by :func:`_row_box`). The row-at-a-time sweep is a loop of ``rows sh`` small iterations, where an
+    accelerator waits on each: DIC 2048^2 (subset 31, step 4, refine) took 1.93 s on a TPU v5e with it, 2.2x
+    its 13-core host (docs/accelerator.md).
+    """
+    wa, wb = offsets
+    sub, width = _sweep_layout(plan, step, cols)
+    sh, s = sub.subset[0], sub.step
+    span = (rows - 1) * s + sh  # image rows the output rows' subsets cover
+    k, zero = xa.shape[0], jnp.int32(0)
+    below = _columns(lax.slice_in_dim(xb, origin[0], origin[0] + span, axis=1), origin[1], sub, width)
+
+    def one(ab: jax.Array) -> jax.Array:
+        a, b = ab // wb, ab % wb
+        slab = lax.dynamic_slice(xa, (zero, a, zero), (k, span, xa.shape[2]))
+        products = _sum_frames(_columns(slab, b, sub, width) * below)  # (span, width)
+        down = lax.reduce_window(products, jnp.zeros((), xa.dtype), lax.add, (sh, 1), (s, 1), "VALID")
+        return _row_box(down, sub)  # (rows, Ns)
+
+    return lax.map(one, jnp.arange(wa * wb, dtype=jnp.int32)).reshape(wa, wb, rows, -1)
+
+
 def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=None, cols=None):
     """Run ``carry = consume(t, H, carry)`` for every output row ``t < rows``, in order, where ``H`` is a tuple
     over column offsets ``b < wb`` of ``(wa, cols)`` arrays::
@@ -245,11 +294,8 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
     """
     wa, wb = offsets
     sh = plan.subset[0]
-    s = plan.step if step is None else step
-    sub = plan if step is None else plan._replace(step=s)
-    if cols is not None:  # a sweep over every column of a band (the Gram planes)
-        sub = sub._replace(shape=(plan.shape[0], cols + (sub.window[1] - 1) + (sub.subset[1] - 1)))
-    width = _column_width(sub)
+    sub, width = _sweep_layout(plan, step, cols)
+    s = sub.step
     k = xa.shape[0]
     zero = jnp.int32(0)
 
@@ -384,6 +430,11 @@ def _gram_planes(x1, plan: Plan, rows: int) -> jax.Array:
     out_cols = (plan.out[1] - 1) * plan.step + wb
     shifted = jnp.pad(x1, ((0, 0), (0, 0), (GRAM_COLS // 2, 0)))
     sub = plan._replace(window=(GRAM_ROWS, GRAM_COLS), ring=(0, 0))
+    if plan.at_once:
+        sums = _sums_at_once(
+            shifted, x1, rows=out_rows, offsets=(GRAM_ROWS, GRAM_COLS), origin=(0, 0), plan=sub, step=1, cols=out_cols
+        )  # fmt: skip
+        return jnp.transpose(sums, (2, 3, 0, 1))  # (R, C, 5, 9)
 
     def store(t, h, planes):
         row = jnp.stack(h, axis=-1)  # (5, C, 9)
@@ -404,8 +455,9 @@ def _outputs_of(plan: Plan) -> tuple[str, ...]:
     return plan.track or DISPLACEMENT
 
 
-def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax.Array):
-    """``consume(t, H, outputs)`` for the main sweep: the map row, or the displacement row and the rest."""
+def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax.Array):
+    """``row(t, H)`` for the main sweep: output row ``t`` from its sums ``H``, a tuple of ``(Ns, ...)`` arrays:
+    the map row, or the displacement row and the rest (:func:`_outputs_of`)."""
     (wm, wn), (ring_y, ring_x), s, count = plan.window, plan.ring, plan.step, plan.count
     wa, wb = plan.extended
     ns = plan.out[1]
@@ -434,16 +486,15 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
 
     if plan.method == "map":
 
-        def consume_map(t, h, out):
+        def map_row(t, h):
             r = jnp.stack(normalise(t, h))  # (wn, wm, Ns)
-            row = jnp.transpose(r, (2, 1, 0))[None]  # (1, Ns, wm, wn)
-            return lax.dynamic_update_slice(out, row, (t, zero, zero, zero))
+            return (jnp.transpose(r, (2, 1, 0)),)  # (Ns, wm, wn)
 
-        return consume_map
+        return map_row
 
     reach = 2 if plan.gram else 1
 
-    def consume(t, h, out):
+    def row(t, h):
         r = normalise(t, h)
         peak, a0, b0 = _argmax(r)
         edge = ~jnp.isfinite(peak)
@@ -545,12 +596,9 @@ def _band_consumer(plan: Plan, stats: _Stats, planes: jax.Array | None, centres:
         nan = jnp.array(jnp.nan, dtype)
         results["dy"] = jnp.where(edge, nan, (a0 - wm // 2).astype(dtype) + sub_y)
         results["dx"] = jnp.where(edge, nan, (b0 - wn // 2).astype(dtype) + sub_x)
-        return tuple(
-            lax.dynamic_update_slice(o, results[name][None].astype(o.dtype), (t, zero))
-            for o, name in zip(out, _outputs_of(plan))
-        )
+        return tuple(results[name].astype(dtype) for name in _outputs_of(plan))
 
-    return consume
+    return row
 
 
 @partial(jax.jit, static_argnames=("plan", "rows"))
@@ -589,18 +637,29 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
         stats = _stats(a, b, ba, bb, plan, rows, coeffs)
         swept = a if coeffs is None else coeffs  # what the taps interpolate
         planes = _gram_planes(swept, plan, rows) if plan.gram else None
-        consume = _band_consumer(plan, stats, planes, centres[item])
-        if plan.method == "map":
-            carry = (jnp.zeros((rows, ns, wm, wn), x1.dtype),)
-            consume_one = consume
-
-            def consume_tuple(t, h, c):
-                return (consume_one(t, h, c[0]),)
-
-            consume = consume_tuple
+        row = _band_rows(plan, stats, planes, centres[item])
+        if plan.at_once:
+            sums = _sums_at_once(swept, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan)
+            sums = jnp.moveaxis(sums, 2, 0)  # (rows, wa, wb, Ns)
+            # in batches of rows: each row's intermediates (its 5 x 5 Gram blocks: 2.3 MB at 512 output
+            # columns) times the batch stay far within the device's memory
+            result = lax.map(
+                lambda th: row(th[0], tuple(th[1][:, q] for q in range(wb))),
+                (jnp.arange(rows, dtype=jnp.int32), sums),
+                batch_size=min(rows, ROW_BATCH),
+            )
         else:
-            carry = tuple(jnp.zeros((rows, ns), x1.dtype) for _ in names)
-        result = _sweep(swept, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan, consume=consume, carry=carry)
+            shape = (rows, ns, wm, wn) if plan.method == "map" else (rows, ns)
+            carry = tuple(jnp.zeros(shape, x1.dtype) for _ in names)
+
+            def consume(t, h, out):
+                return tuple(
+                    lax.dynamic_update_slice(o, r[None], (t,) + (zero,) * (o.ndim - 1)) for o, r in zip(out, row(t, h))
+                )
+
+            result = _sweep(
+                swept, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan, consume=consume, carry=carry
+            )  # fmt: skip
         return tuple(
             lax.dynamic_update_slice(o, r[None], (item,) + (zero,) * (o.ndim - 1)) for o, r in zip(outs, result)
         )
@@ -792,7 +851,7 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
     if plan.gram:
         cols = (out_cols - 1) * plan.step + plan.extended[1]
         per_row = cols * GRAM_ROWS * GRAM_COLS * itemsize * plan.step
-        rows = min(rows, max(1, GRAM_BAND_BYTES // per_row))
+        rows = min(rows, max(1, (DEVICE_GRAM_BAND_BYTES if plan.at_once else GRAM_BAND_BYTES) // per_row))
     if plan.method == "map":
         per_row = out_cols * plan.window[0] * plan.window[1] * itemsize
         rows = min(rows, max(1, MAP_BAND_BYTES // per_row))
@@ -828,7 +887,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         # inside the scope: a float64 call on a TPU runs on the host, with the CPU's strategy (core._backend.on_cpu)
         plan = Plan(
             k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation,
-            noise_gain(prefilter), _backend.running_row_sums(),
+            noise_gain(prefilter), _backend.subset_row_sums(),
         )  # fmt: skip
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]

@@ -200,38 +200,46 @@ def test_property_float64_matches_definition(case):
 
 
 @pytest.mark.parametrize(
-    "running",
+    "strategy",
     [
         pytest.param(
-            True,
-            # strict: the day XLA compiles them right, this fails, and core._backend.running_row_sums may change
+            "running",
+            # strict: the day XLA compiles them right, this fails, and core._backend.subset_row_sums may change
             marks=pytest.mark.xfail(
                 jax.default_backend() == "tpu",
                 strict=True,
-                reason="XLA's TPU build of the running sums is wrong (docs/accelerator.md): why a TPU sums afresh",
+                reason="XLA's TPU build of the running sums is wrong (docs/accelerator.md): one reason a TPU sums "
+                "all rows at once",
             ),
         ),
-        False,
+        "at_once",
     ],
-    ids=["running-sums", "fresh-sums"],
 )
-def test_both_row_sum_strategies_give_the_definition(running, monkeypatch):
-    """The CPU's running sums and the accelerators' fresh sums (core._backend.running_row_sums), each forced
-    here on the CPU: the map against the float64 loop, and the tracked fields equal between the two."""
+@pytest.mark.parametrize("step", [1, 3])
+def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch):
+    """The CPU's running sums and the accelerators' sums of all rows at once (core._backend.subset_row_sums),
+    each forced here on the CPU: the map against the float64 loop, and the refined and tracked fields (which
+    add the Gram planes' sums) equal between the two."""
     from napari_gridmip.core import _backend
 
-    monkeypatch.setattr(_backend, "running_row_sums", lambda: running)
-    shape, window, subset, step = CASES[0]
+    other = {"running": "at_once", "at_once": "running"}[strategy]
+    monkeypatch.setattr(_backend, "subset_row_sums", lambda: strategy)
+    shape, window, subset, _ = CASES[0]
     img1, img2 = pair(1, shape)
     expected = reference_map(img1, img2, window, subset, step)
     out = windowed_pearson(img1.astype(np.float32), img2.astype(np.float32), window, subset=subset, step=step)
     np.testing.assert_allclose(np.asarray(out), expected, rtol=0, atol=1e-5)
     sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=3, shape=(30, 32))
-    tracked = track_speckles(sample, reference, (5, 5), subset=(5, 5), dtype=np.float64)
-    monkeypatch.setattr(_backend, "running_row_sums", lambda: not running)
-    other = track_speckles(sample, reference, (5, 5), subset=(5, 5), dtype=np.float64)
-    for name in ("dy", "dx", "transmission", "dark_field"):
-        np.testing.assert_allclose(np.asarray(getattr(tracked, name)), np.asarray(getattr(other, name)), atol=1e-9)
+    moved, still = smooth_pair((-0.6, 1.3), shape=(1, 44, 46))
+    found = {}
+    for name in (strategy, other):
+        monkeypatch.setattr(_backend, "subset_row_sums", lambda name=name: name)
+        tracked = track_speckles(sample, reference, (5, 5), subset=(5, 5), step=step, dtype=np.float64)
+        refined = find_displacement(moved, still, (5, 5), subset=(7, 7), step=step, subpixel="refine", dtype=np.float64)
+        found[name] = [getattr(tracked, n) for n in ("dy", "dx", "transmission", "dark_field")] + list(refined)
+    assert np.isfinite(np.asarray(found[strategy][0])).mean() > 0.5
+    for a, b in zip(found[strategy], found[other]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-9)
 
 
 # -- displacements ----------------------------------------------------------------------------------

@@ -19,12 +19,27 @@ def get_reader(path: str | list[str]) -> Callable | None:
     return read_ome_zarr
 
 
+# napari shows a multiscale layer's coarsest level in 3D: the layer's levels stop at the first whose longest side is
+# at most this (the "Sparse volume (large)" sample's coarsest), so that a pyramid reduced down to (1, 1, 1), as
+# write_mipmap's is, is not shown as one voxel; the levels beyond stay in the file
+COARSEST_SIDE = 256
+CELL_LEVEL = 3  # level 3 of an occupancy pyramid is the occupancy of 8^3 cells of level 0
+
+
 def read_ome_zarr(path: str) -> list[tuple]:
-    """The pyramid as one multiscale image layer, placed by level 0's scale and translation."""
+    """The pyramid as one multiscale image layer, placed by level 0's scale and translation.
+
+    The layer's levels stop at the first whose longest spatial side is at most :data:`COARSEST_SIDE` (napari's 3D
+    view shows the coarsest). An occupancy pyramid (bool, as :func:`write_mipmap` writes) of a 3D volume carries
+    its level 3, lazily, as the occupancy of 8^3 cells of level 0 in ``metadata["gridmip_cells"]``: "Full
+    resolution in 3D" then skips empty space without a pass over level 0.
+    """
     from ome_zarr.io import parse_url
     from ome_zarr.reader import Reader
 
     node = next(iter(Reader(parse_url(str(path)))()))
+    levels = list(node.data)
+    shown = next((k for k, level in enumerate(levels) if max(level.shape[-3:]) <= COARSEST_SIDE), len(levels) - 1)
     multiscale = node.metadata.get("coordinateTransformations", [[]])
     scale = translate = None
     for transform in multiscale[0] if multiscale else []:
@@ -37,9 +52,20 @@ def read_ome_zarr(path: str) -> list[tuple]:
         meta["scale"] = scale
     if translate is not None:
         meta["translate"] = translate
-    if node.data[0].dtype == bool:
+    if levels[0].dtype == bool:
         meta.update(contrast_limits=(0, 1), colormap="cyan", blending="additive")
-    return [(node.data, meta, "image")]
+        if _has_cells(node.metadata.get("name"), levels):
+            # the live view's cells: voxels > 0 of level 0, any() over 8^3 blocks (edge blocks clipped)
+            meta["metadata"] = {"gridmip_cells": {"cells": levels[CELL_LEVEL], "cell": 2**CELL_LEVEL, "threshold": 0.0}}
+    return [(levels[: shown + 1], meta, "image")]
+
+
+def _has_cells(name: Any, levels: list) -> bool:
+    """Whether level 3 is the occupancy of 8^3 cells of level 0: a 3D bool pyramid that write_mipmap named."""
+    if name != "occupancy" or levels[0].dtype != bool or levels[0].ndim != 3 or len(levels) <= CELL_LEVEL:
+        return False
+    cell = 2**CELL_LEVEL
+    return tuple(levels[CELL_LEVEL].shape) == tuple(-(-n // cell) for n in levels[0].shape)
 
 
 def write_mipmap_layer(path: str, data: Any, meta: dict) -> list[str]:

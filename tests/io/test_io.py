@@ -115,5 +115,36 @@ def test_napari_opens_the_pyramid(make_napari_viewer, tmp_path, volume):
     path = write_mipmap(volume[0], tmp_path / "p.ome.zarr", scale=(2, 1, 1))
     viewer = make_napari_viewer()
     (layer,) = viewer.open(str(path), plugin="napari-gridmip")
-    assert layer.multiscale and len(layer.data) == len(occupancy_mipmap(volume[0]))
+    # level 0 (19, 40, 33) is within COARSEST_SIDE: napari's 3D view shows it, so the layer holds it alone
+    assert layer.multiscale and len(layer.data) == 1
     np.testing.assert_allclose(layer.scale, [2, 1, 1])
+    viewer.dims.ndisplay = 3
+    assert layer.data_level == 0
+
+
+def test_reader_stops_at_a_level_napari_can_show_and_carries_the_cells(tmp_path, monkeypatch):
+    """napari's 3D view shows the coarsest level: not the (1, 1, 1) one. Level 3 is the live view's 8^3 cells."""
+    from types import SimpleNamespace
+
+    from napari_gridmip._jobs import live_render
+    from napari_gridmip._jobs.live_render import occupancy_cells, source_for_layer
+    from napari_gridmip.io._napari import COARSEST_SIDE, _has_cells, read_ome_zarr
+
+    rng = np.random.default_rng(3)
+    volume = rng.random((600, 9, 21)) > 0.999  # levels 600, 300, 150, ..., 1 along z
+    path = write_mipmap(volume, tmp_path / "long.ome.zarr")
+    ((levels, meta, kind),) = read_ome_zarr(str(path))
+    assert [level.shape[0] for level in levels] == [600, 300, 150] and 150 <= COARSEST_SIDE < 300
+    stored = meta["metadata"]["gridmip_cells"]
+    assert stored["cell"] == 8 and stored["threshold"] == 0.0 and stored["cells"].shape == (75, 2, 3)
+    np.testing.assert_array_equal(np.asarray(stored["cells"]), occupancy_cells(volume, 0.0))
+    # the live view takes them as they are: no pass over level 0
+    monkeypatch.setattr(live_render, "occupancy_cells", lambda *args: pytest.fail("a pass over level 0"))
+    layer = SimpleNamespace(
+        multiscale=True, data=levels, scale=np.ones(3), translate=np.zeros(3), metadata=meta["metadata"]
+    )
+    source = source_for_layer(layer, (), 0.0)
+    assert source.cell == 8 and np.array_equal(source.cells, np.asarray(stored["cells"]))
+    assert not _has_cells("mosaic", levels)  # only write_mipmap's occupancy pyramids
+    assert not _has_cells("occupancy", levels[:3])  # no level 3
+    assert not _has_cells("occupancy", [*levels[:3], levels[2]])  # a level 3 of the wrong shape

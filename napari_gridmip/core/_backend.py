@@ -25,23 +25,29 @@ def on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def subset_row_sums() -> str:
-    """How the subset sweep (:mod:`.correlation.subsets`) sums its products down the image: ``"running"``, one
-    output row at a time, each adding the ``s`` rows entering its subsets and subtracting the ``s`` leaving
-    them (a fresh sum of the ``sh`` rows where ``2 s >= sh``); or ``"at_once"``, every output row of a band
-    summed together, one window offset at a time, by a strided ``reduce_window``.
+AT_ONCE_SUBSET_ROWS = 16  # subsets at least this tall are summed at once on accelerators (subset_row_sums)
+
+
+def subset_row_sums(subset_rows: int) -> str:
+    """How the subset sweep (:mod:`.correlation.subsets`) sums its products down the image, for subsets of
+    ``subset_rows`` rows: ``"running"``, one output row at a time, each adding the ``s`` rows entering its
+    subsets and subtracting the ``s`` leaving them (a fresh sum of the ``sh`` rows where ``2 s >= sh``);
+    ``"fresh"``, one output row at a time, each summing its subsets' ``sh`` rows afresh; or ``"at_once"``, every
+    output row of a band summed together, one window offset at a time, by a strided ``reduce_window``.
 
     Running sums on the CPU: O(s) instead of O(sh) work a row; the 1024^2 DIC pair (subset 31, step 4) runs
-    2.2x faster warm with them, 0.342 against 0.748 s with fresh sums (docs/benchmarks.md, section 12). At once
-    elsewhere, for two measured reasons on a TPU v5e (JAX 0.10.2):
-
-    - the running sums' program returns sums up to 80% off there (``tools/accelerator_bisect.py``, "raw sweep
-      step=4": 8e-1 against the CPU, while every primitive it uses, a plain running sum among them, agrees
-      within 2e-7); the speckle-tracking and DIC fields were wrong there for this alone;
-    - the row-at-a-time loop is ``rows sh`` small iterations, each a wait for the chip: DIC 2048^2 took 1.93 s
-      there with fresh sums in it, 2.2x its 13-core host (docs/accelerator.md).
+    2.2x faster warm with them, 0.342 against 0.748 s with fresh sums (docs/benchmarks.md, section 12).
+    Never on a TPU v5e (JAX 0.10.2): the running sums' program returns sums up to 80% off there
+    (``tools/accelerator_bisect.py``, "raw sweep step=4": 8e-1 against the CPU, while every primitive it uses,
+    a plain running sum among them, agrees within 2e-7); the speckle-tracking and DIC fields were wrong there
+    for this alone. There, the row-at-a-time loop is ``rows sh`` small iterations, each a wait for the chip:
+    tall subsets are summed at once (DIC 2048^2, subset 31: 1.93 s with fresh sums, 0.86 s at once), short
+    ones afresh (track_speckles K=20 512^2, subset 5: 0.52 s fresh, 0.73 s at once). The threshold lies
+    between the two measured heights (``benchmarks/bench_accelerator.py``, docs/accelerator.md).
     """
-    return "running" if on_cpu() else "at_once"
+    if on_cpu():
+        return "running"
+    return "at_once" if subset_rows >= AT_ONCE_SUBSET_ROWS else "fresh"
 
 
 def point_batches() -> bool:

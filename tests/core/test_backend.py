@@ -12,10 +12,11 @@ from napari_gridmip.core import _backend, _precision
 def test_a_scoped_cpu_device_counts_as_the_cpu(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # as on the TPU machine
     assert not _backend.on_cpu()
-    assert _backend.offset_sweeps() and _backend.subset_row_sums() == "at_once"
+    assert _backend.offset_sweeps() and _backend.subset_row_sums(31) == "at_once"
+    assert _backend.subset_row_sums(5) == "fresh"
     with jax.default_device(jax.devices("cpu")[0]):
         assert _backend.on_cpu()
-        assert not _backend.offset_sweeps() and _backend.subset_row_sums() == "running"
+        assert not _backend.offset_sweeps() and _backend.subset_row_sums(31) == "running"
         assert _backend.cache_sized_bands()
     with jax.default_device("cpu"):  # a platform name is accepted by JAX too
         assert _backend.on_cpu()

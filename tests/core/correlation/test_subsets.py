@@ -212,18 +212,19 @@ def test_property_float64_matches_definition(case):
                 "all rows at once",
             ),
         ),
+        "fresh",
         "at_once",
     ],
 )
 @pytest.mark.parametrize("step", [1, 3])
 def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch):
-    """The CPU's running sums and the accelerators' sums of all rows at once (core._backend.subset_row_sums),
-    each forced here on the CPU: the map against the float64 loop, and the refined and tracked fields (which
-    add the Gram planes' sums) equal between the two."""
+    """The CPU's running sums and the accelerators' fresh sums and sums of all rows at once
+    (core._backend.subset_row_sums), each forced here on the CPU: the map against the float64 loop, and the
+    refined and tracked fields (which add the Gram planes' sums) equal to the running sums'."""
     from napari_gridmip.core import _backend
 
-    other = {"running": "at_once", "at_once": "running"}[strategy]
-    monkeypatch.setattr(_backend, "subset_row_sums", lambda: strategy)
+    other = "at_once" if strategy == "running" else "running"
+    monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: strategy)
     shape, window, subset, _ = CASES[0]
     img1, img2 = pair(1, shape)
     expected = reference_map(img1, img2, window, subset, step)
@@ -233,7 +234,7 @@ def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch
     moved, still = smooth_pair((-0.6, 1.3), shape=(1, 44, 46))
     found = {}
     for name in (strategy, other):
-        monkeypatch.setattr(_backend, "subset_row_sums", lambda name=name: name)
+        monkeypatch.setattr(_backend, "subset_row_sums", lambda rows, name=name: name)
         tracked = track_speckles(sample, reference, (5, 5), subset=(5, 5), step=step, dtype=np.float64)
         refined = find_displacement(moved, still, (5, 5), subset=(7, 7), step=step, subpixel="refine", dtype=np.float64)
         found[name] = [getattr(tracked, n) for n in ("dy", "dx", "transmission", "dark_field")] + list(refined)

@@ -39,6 +39,26 @@ def test_coarse_levels_are_strided_and_the_layer_is_multiscale(tmp_path, monkeyp
     assert "vanish" in kwargs["metadata"]["description"]
     cells = kwargs["metadata"]["gridmip_cells"]
     assert cells["cell"] == 8 and cells["cells"].shape == (64, 64, 64)
+    # lazy views of the Zarr levels (napari's 2D slicing of a Zarr level read the whole depth of the view), not dask
+    # (napari caches dask layers' chunks), whose chunk files the live view still reads directly
+    import dask
+
+    from napari_gridmip.core.occupancy._chunk_files import chunk_reader
+
+    assert not any(dask.is_dask_collection(level) for level in levels)
+    assert all(chunk_reader(level) is not None for level in levels)
+    # napari's 2D view of the layer reads chunks, not the whole depth of a level
+    import zarr
+    from napari.components import ViewerModel
+
+    reads = []
+    getitem = zarr.Array.__getitem__
+    monkeypatch.setattr(zarr.Array, "__getitem__", lambda self, key: reads.append(getitem(self, key).nbytes) or
+                        getitem(self, key))  # fmt: skip
+    viewer = ViewerModel()
+    layer = viewer.add_image(levels, **kwargs)
+    assert viewer.dims.ndisplay == 2 and layer._slice.image.raw.ndim == 2
+    assert reads and max(reads) <= 64**3 * 2  # a chunk at most (a Zarr level: 256^3 in one read)
 
 
 def test_registered_in_the_manifest():

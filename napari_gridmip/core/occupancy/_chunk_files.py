@@ -20,13 +20,15 @@ import numpy as np
 
 def chunk_reader(volume: Any) -> Callable[[tuple[int, ...]], np.ndarray] | None:
     """A function from a chunk's grid index to its whole stored chunk (``volume.chunks``, the edge chunks too, as
-    Zarr v3 stores them), or None where ``volume`` is not a local Zarr v3 array of that simple layout."""
+    Zarr v3 stores them), or None where ``volume`` is not a local Zarr v3 array of that simple layout (or a dask
+    view or dask array that only wraps one, chunk for chunk: :func:`zarr_behind`)."""
     try:
         import zarr
         from zarr.codecs import BytesCodec
         from zarr.storage import LocalStore
     except ImportError:  # pragma: no cover - zarr is a dependency
         return None
+    volume = zarr_behind(volume)
     if not isinstance(volume, zarr.Array) or volume.metadata.zarr_format != 3:
         return None
     metadata = volume.metadata
@@ -58,6 +60,36 @@ def chunk_reader(volume: Any) -> Callable[[tuple[int, ...]], np.ndarray] | None:
         return np.frombuffer(decode(data), stored).reshape(shape).astype(dtype, copy=False)
 
     return read
+
+
+def zarr_behind(volume: Any) -> Any:
+    """The Zarr array behind a lazy view of all of it, chunk for chunk, else ``volume`` itself: a
+    :class:`~napari_gridmip._sample_data._lazy.LazyLevel` of a whole array (its ``stored_array``), or a dask array
+    made by ``da.from_array``/``da.from_zarr`` with the array's own chunks and nothing after (the OME-Zarr reader's
+    levels).
+
+    napari's multiscale slicing takes every non-displayed axis whole before it picks the dims point
+    (``level[displayed region][point]``): a Zarr level reads the whole depth of the view there, a lazy one only the
+    plane. So napari is given lazy levels, and their chunk files are still read directly here.
+    """
+    stored = getattr(volume, "stored_array", None)
+    if stored is not None:
+        return stored
+    graph = getattr(volume, "dask", None)
+    name = getattr(volume, "name", None)
+    layers = getattr(graph, "layers", None)
+    if not layers or len(layers) != 2 or name not in layers or f"original-{name}" not in layers:
+        return volume
+    original = layers[f"original-{name}"]
+    if len(original) != 1:
+        return volume
+    array = next(iter(original.values()))
+    shape, chunks = tuple(getattr(array, "shape", ())), getattr(array, "chunks", None)
+    if shape != tuple(volume.shape) or np.dtype(getattr(array, "dtype", object)) != volume.dtype or chunks is None:
+        return volume
+    if any(tuple(c[:-1]) != (int(n),) * (len(c) - 1) or c[-1] > n for c, n in zip(volume.chunks, chunks)):
+        return volume  # rechunked: the dask chunks are not the stored ones
+    return array
 
 
 def _decoder(codec: Any) -> Callable[[bytes], Any] | None:

@@ -7,7 +7,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from napari_gridmip import occupancy_mipmap, render_view
-from napari_gridmip.core.occupancy._chunk_files import chunk_reader
+from napari_gridmip.core.occupancy._chunk_files import chunk_reader, zarr_behind
 from napari_gridmip.core.occupancy.raycast import ChunkCache
 
 SHAPE, CHUNKS = (40, 37, 21), (16, 16, 8)  # edge chunks along every axis
@@ -100,3 +100,21 @@ def test_a_render_through_the_files_equals_the_in_memory_one(tmp_path):
     np.testing.assert_array_equal(got.values, want.values)
     np.testing.assert_array_equal(got.depth, want.depth)
     assert 0 < got.chunks_read < got.chunks_total and np.sum(got.values > 0) > 30
+
+
+def test_a_lazy_view_of_a_zarr_array_chunk_for_chunk_is_read_from_the_files(tmp_path):
+    data = volume()
+    array = write(tmp_path / "a.zarr", data)
+    lazy = da.from_zarr(array)
+    assert zarr_behind(lazy) is array and zarr_behind(da.from_array(array, chunks=CHUNKS)) is array
+    from napari_gridmip._sample_data._lazy import LazyLevel
+
+    assert zarr_behind(LazyLevel(array)) is array and zarr_behind(LazyLevel(array)[1:]) is not array
+    assert ChunkCache(LazyLevel(array), capacity=1 << 20)._reader is not None
+    read = chunk_reader(lazy)
+    assert read is not None
+    np.testing.assert_array_equal(read((1, 1, 1)), data[16:32, 16:32, 8:16])
+    assert ChunkCache(lazy, capacity=1 << 20)._reader is not None
+    # anything else is read through dask: other chunks, a computed array, a slice, a dask array of NumPy
+    for other in (lazy.rechunk((8, 8, 8)), lazy + 1, lazy[1:], da.from_array(data, chunks=CHUNKS)):
+        assert zarr_behind(other) is other and chunk_reader(other) is None

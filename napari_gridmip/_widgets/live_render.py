@@ -162,7 +162,7 @@ class LiveRender:
         layer = self._layer()
         if layer is None or self._viewer.dims.ndisplay != 3:
             return
-        from napari_gridmip._jobs.live_render import ViewState, source_for_layer
+        from napari_gridmip._jobs.live_render import ViewState, release_free_memory, source_for_layer
         from napari_gridmip._widgets._workers import workers
 
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
@@ -177,13 +177,16 @@ class LiveRender:
 
         def work():
             nonlocal source
-            if source is None:
-                source = source_for_layer(layer, state.index, self.threshold)
-                yield ("source", key, source)
-            for picture in source.progressive(state, cancel=lambda: token.cancelled):
-                if token.cancelled:
-                    return
-                yield ("picture", state, picture)
+            try:
+                if source is None:
+                    source = source_for_layer(layer, state.index, self.threshold)
+                    yield ("source", key, source)
+                for picture in source.progressive(state, cancel=lambda: token.cancelled):
+                    if token.cancelled:
+                        return
+                    yield ("picture", state, picture)
+            finally:  # the render's temporaries are freed: their pages back to the system, not kept by malloc
+                release_free_memory()
 
         self._on_status("Full resolution in 3D: rendering…")
         task = workers().submit(
@@ -300,7 +303,7 @@ class LiveRender:
     # -- the end -------------------------------------------------------------------------------------------------
     def stop(self, *, keep_overlay: bool = False) -> Any:
         """Stop the worker, disconnect every event, remove the quad layer (or, with ``keep_overlay``, hide it and
-        return it for the next live view) and drop the caches."""
+        return it for the next live view), drop the caches and pictures and hand the freed pages back."""
         if not self.active:
             return None
         self.active = False
@@ -311,6 +314,10 @@ class LiveRender:
         self._connections = []
         overlay, self.overlay = self.overlay, None
         self._source = None
+        self.pictures.clear()
+        from napari_gridmip._jobs.live_render import release_free_memory
+
+        release_free_memory()  # the pools and pictures dropped (a render under way trims again as it ends)
         if overlay is not None and overlay in self._viewer.layers:
             if keep_overlay:
                 overlay.visible = False

@@ -231,6 +231,22 @@ def test_off_layer_closed_and_widget_closed_stop_everything(live_viewer, qtbot):
     assert not live.active and live.worker is None and not _connected(camera.events.zoom, live)
 
 
+def test_each_render_and_the_switch_off_hand_the_freed_pages_back(live_viewer, qtbot, monkeypatch):
+    from napari_gridmip._jobs import live_render as jobs
+
+    trims = []
+    release = jobs.release_free_memory
+    monkeypatch.setattr(jobs, "release_free_memory", lambda: (trims.append(1), release()))
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    live = widget._live
+    assert trims  # the render's worker, as it ended
+    trims.clear()
+    widget.live_3d.native.click()  # off: the pools and the pictures dropped
+    assert trims and not live.pictures and live._source is None
+
+
 @pytest.mark.slow
 def test_a_4d_layer_follows_the_dims_slider(shown, qtbot):
     viewer, widget = shown()

@@ -10,6 +10,7 @@ through the camera's centre, where a textured quad shows it aligned with the vol
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -126,7 +127,20 @@ def canvas_corners(state: ViewState) -> np.ndarray:
                      c + half_w * right - half_h * up, c - half_w * right - half_h * up])  # fmt: skip
 
 
-_TRIM: list = []  # glibc's malloc_trim, looked up once (an empty entry: none here)
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, looked up once; None on other C libraries (musl, macOS, Windows)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # musl and others: no malloc_trim
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def release_free_memory() -> None:
@@ -138,20 +152,9 @@ def release_free_memory() -> None:
     a 20-move tour of the 2048^3 sample (benchmarks/bench_live_memory.py), with 1 GiB in use. Trimming after each
     render takes a few milliseconds and leaves the resident set near what is in use; the next render is no slower.
     """
-    if not _TRIM:
-        import ctypes
-        import sys
-
-        trim = None
-        if sys.platform.startswith("linux"):
-            try:
-                trim = ctypes.CDLL("libc.so.6").malloc_trim
-                trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-            except (OSError, AttributeError):  # musl and others: no malloc_trim
-                trim = None
-        _TRIM.append(trim)
-    if _TRIM[0] is not None:
-        _TRIM[0](0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def occupancy_cells(volume: Any, threshold: float, cell: int = CELL) -> np.ndarray:

@@ -199,28 +199,23 @@ def test_property_float64_matches_definition(case):
     np.testing.assert_allclose(peak, out.max(axis=(-2, -1)), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [
-        pytest.param(
-            "running",
-            # strict: the day XLA compiles them right, this fails, and core._backend.subset_row_sums may change
-            marks=pytest.mark.xfail(
-                jax.default_backend() == "tpu",
-                strict=True,
-                reason="XLA's TPU build of the running sums is wrong (docs/accelerator.md): one reason a TPU sums "
-                "all rows at once",
-            ),
-        ),
-        "fresh",
-        "at_once",
-    ],
-)
+@pytest.mark.parametrize("strategy", ["running", "fresh", "at_once"])
 @pytest.mark.parametrize("step", [1, 3])
-def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch):
+def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch, request):
     """The CPU's running sums and the accelerators' fresh sums and sums of all rows at once
     (core._backend.subset_row_sums), each forced here on the CPU: the map against the float64 loop, and the
     refined and tracked fields (which add the Gram planes' sums) equal to the running sums'."""
+    if strategy == "running" and step == 1 and jax.default_backend() == "tpu":
+        # strict: the day XLA compiles them right, this fails, and core._backend.subset_row_sums may change.
+        # Step 3 passes there (TPU run of 2026-12-05, docs/accelerator-runs/2026-12-05-s4-tests-correlation.log):
+        # the wrong build is the step-1 loop's
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="XLA's TPU build of the step-1 running sums is wrong (docs/accelerator.md): one reason a TPU "
+                "sums all rows at once",
+            )
+        )
     from napari_gridmip.core import _backend
 
     other = "at_once" if strategy == "running" else "running"

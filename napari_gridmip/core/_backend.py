@@ -63,6 +63,23 @@ def point_batches() -> bool:
     return on_cpu()
 
 
+def ic_gn_on_host() -> bool:
+    """Whether the affine IC-GN (:mod:`.correlation.affine`) runs on the host CPU rather than on the default
+    device: on a TPU only (the translation search before it stays there).
+
+    Each IC-GN step interpolates every subset pixel of a row's points at its own warped position, 16 scattered
+    taps each: a TPU's gathers are slow (its fast path is whole table rows, :func:`cache_sized_bands`). On a TPU
+    v5e the 1024^2 affine DIC (subset 31, step 4) took 33.8 s warm against 2.0 s on the same machine's 13-core
+    CPU (``benchmarks/bench_accelerator.py``, case dic_affine, 2026-12-05, docs/accelerator.md); its inputs
+    are two images and two small fields, so the move costs milliseconds. GPUs gather well and keep it.
+    """
+    if on_cpu():
+        return False
+    device = jax.config.jax_default_device
+    platform = getattr(device, "platform", device) if device is not None else jax.default_backend()
+    return platform == "tpu"
+
+
 def offset_sweeps() -> bool:
     """Whether the dense maps (:mod:`.correlation.maps`: find_displacement's peak search and windowed_pearson's
     offsets-first map) sweep the window's offsets one at a time over a whole band of rows, or run the CPU's

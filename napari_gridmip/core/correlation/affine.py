@@ -450,9 +450,29 @@ def affine_refine(
     (:func:`_blur_mismatch`).
 
     Runs band by band, item by item (``B`` times the bands of :func:`affine_plan`, one compiled program for
-    all, and one to join them: :func:`.join_bands`); ``on_band(done)`` is called before each band with the bands
-    done so far, and may raise to stop the refinement between bands.
+    all, and one to join them: :func:`.join_bands`), on the host CPU when the default device is a TPU
+    (:func:`.core._backend.ic_gn_on_host`; not under a trace); ``on_band(done)`` is called before each band
+    with the bands done so far, and may raise to stop the refinement between bands.
     """
+    traced = any(isinstance(a, jax.core.Tracer) for a in (x1, x2, dy, dx))
+    if _backend.ic_gn_on_host() and not traced:
+        # a TPU's scattered gathers: the IC-GN runs on the host (core._backend.ic_gn_on_host), its results go back
+        # to the default device with the search's
+        device = jax.config.jax_default_device or jax.devices()[0]
+        if isinstance(device, str):
+            device = jax.devices(device)[0]
+        host = jax.devices("cpu")[0]
+        with jax.default_device(host):
+            x1, x2, dy, dx = jax.device_put((x1, x2, dy, dx), host)
+            parts = _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
+                            prefilter=prefilter, on_band=on_band)  # fmt: skip
+        return jax.device_put(parts, device)
+    return _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
+                   prefilter=prefilter, on_band=on_band)  # fmt: skip
+
+
+def _refine(x1, x2, coefficients, dy, dx, *, window, subset, step, batch, prefilter, on_band):
+    """:func:`affine_refine` on the device its inputs and JAX's default device name."""
     items, k = x1.shape[:2]
     (wm, wn), (sh, sw) = window, subset
     out_rows, out_cols = dy.shape[1:]

@@ -85,6 +85,38 @@ def test_whole_rows_take_the_steps_of_the_batches(stretched, monkeypatch):
         np.testing.assert_allclose(np.asarray(getattr(whole, name)), np.asarray(getattr(batched, name)), atol=1e-5)
 
 
+def test_the_host_ic_gn_of_a_tpu_gives_the_same_field(stretched, monkeypatch):
+    """A TPU runs the IC-GN on the host CPU (core._backend.ic_gn_on_host): the moves there and back, forced on
+    the CPU, change nothing (the same device, the same programs), progress still counts the IC-GN's bands, and
+    under jit (traced inputs) the refinement stays where it was traced."""
+    import jax
+
+    from napari_gridmip.core import _backend
+
+    img1, img2, _ = stretched
+    args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
+    here = find_displacement(img1, img2, (15, 15), **args)
+    calls = []
+    monkeypatch.setattr(_backend, "ic_gn_on_host", lambda: calls.append(1) or True)
+    seen = []
+    moved = find_displacement(img1, img2, (15, 15), progress=lambda done, total: seen.append((done, total)), **args)
+    assert calls
+    assert seen[-1][0] == seen[-1][1] and len(seen) > 2
+    assert all(isinstance(getattr(moved, name), jax.Array) for name in moved._fields)
+    for name in here._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(moved, name)), np.asarray(getattr(here, name)))
+    jitted = jax.jit(lambda a, b: find_displacement(a, b, (15, 15), **args).dy)(
+        img1.astype(np.float32), img2.astype(np.float32)
+    )
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(here.dy), atol=1e-5)
+
+
+def test_a_cpu_keeps_the_ic_gn():
+    from napari_gridmip.core import _backend
+
+    assert _backend.ic_gn_on_host() is False
+
+
 GRADIENTS = ("dy_y", "dy_x", "dx_y", "dx_x")
 PARAMETERS = ("dy", "dy_y", "dy_x", "dx", "dx_y", "dx_x")  # IC-GN's order
 

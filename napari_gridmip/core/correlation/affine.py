@@ -461,9 +461,8 @@ def affine_refine(
         device = jax.config.jax_default_device or jax.devices()[0]
         if isinstance(device, str):
             device = jax.devices(device)[0]
-        host = jax.devices("cpu")[0]
-        with jax.default_device(host):
-            x1, x2, dy, dx = jax.device_put((x1, x2, dy, dx), host)
+        with _backend.on_host():
+            x1, x2, dy, dx = jax.device_put((x1, x2, dy, dx), jax.devices("cpu")[0])
             parts = _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
                             prefilter=prefilter, on_band=on_band)  # fmt: skip
         return jax.device_put(parts, device)

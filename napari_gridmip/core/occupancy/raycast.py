@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core.occupancy._chunk_files import chunk_reader
 
 __all__ = ["colorize_view", "render_view"]
@@ -781,6 +781,18 @@ def render_view(
             raise ValueError(f"contrast_limits must have hi > lo; got {contrast_limits}")
         params[:] = lo, hi, _validate.check_finite_scalar("attenuation", attenuation)
     background = _validate.check_finite_scalar("background", background)
+    arguments = dict(volume=volume, cells=cells, o=o, d=d, shape=shape, cell=cell, out_shape=out_shape, mode=mode,
+                     step=step, t_near=t_near, params=params, background=background, cache=cache,
+                     cache_bytes=cache_bytes, cancel=cancel, skip_by_maxima=skip_by_maxima)  # fmt: skip
+    if _backend.render_on_host():  # a TPU gathers slowly (core._backend.render_on_host)
+        with _backend.on_host():
+            return _render(**arguments)
+    return _render(**arguments)
+
+
+def _render(*, volume, cells, o, d, shape, cell, out_shape, mode, step, t_near, params, background, cache, cache_bytes,
+            cancel, skip_by_maxima):  # fmt: skip
+    """:func:`render_view` after its checks, on JAX's default device."""
     if cache is None:
         cache = ChunkCache(volume, capacity=cache_bytes)
     elif cache.shape != tuple(shape):

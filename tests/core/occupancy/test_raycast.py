@@ -155,6 +155,25 @@ def test_equals_a_dense_numpy_ray_cast(camera, mode):
     assert got.samples < got.samples_dense  # empty space was skipped
 
 
+def test_the_host_render_of_a_tpu_gives_the_same_image(monkeypatch):
+    """A TPU renders on the host CPU (core._backend.render_on_host): the scope, forced on the CPU, changes
+    nothing (the same device), and a CPU keeps the render where it is."""
+    from napari_gridmip.core import _backend
+
+    assert _backend.render_on_host() is False
+    volume = sparse_volume()
+    rays = views(volume.shape)["perspective"]
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    here = render_view(volume, cells, rays.origins, rays.directions, t_near=0.0)
+    calls = []
+    monkeypatch.setattr(_backend, "render_on_host", lambda: calls.append(1) or True)
+    moved = render_view(volume, cells, rays.origins, rays.directions, t_near=0.0)
+    assert calls
+    np.testing.assert_array_equal(moved.values, here.values)
+    np.testing.assert_array_equal(moved.depth, here.depth)
+    assert moved.samples == here.samples
+
+
 @pytest.mark.parametrize("kind", ["dask", "zarr"])
 def test_chunked_volumes_read_only_chunks_with_occupied_cells_on_the_rays(kind):
     volume = sparse_volume()

@@ -145,6 +145,12 @@ def make_speckle_pair(
     return sample.astype(np.float32), reference.astype(np.float32), (dy, dx)
 
 
+# the Correlation widget's settings for the speckle pair (its defaults): a sample sets every option its workflow uses,
+# or the options remembered from another sample's last Run apply (the DIC pair's subset and refine made the pair's
+# first Run of a new session 3.3 s instead of 1.7 s, compiling programs of those options: docs/benchmarks.md, §10)
+SPECKLE_SETTINGS = {"mode": "stacks", "window": [9, 9], "subpixel": "hessian", "outputs": [], "spacing": 8}
+
+
 @on_disk
 def speckle_sample() -> list[tuple]:
     """File > Open Sample > Speckle pair: two K-frame stacks, img1 first (the Correlation map's order)."""
@@ -156,7 +162,7 @@ def speckle_sample() -> list[tuple]:
             {
                 "name": "speckle sample (img1)",
                 "colormap": "gray",
-                "metadata": {"gridmip_role": "img1", "gridmip_correlation": {"mode": "stacks"}, **truth},
+                "metadata": {"gridmip_role": "img1", "gridmip_correlation": SPECKLE_SETTINGS, **truth},
             },
             "image",
         ),

@@ -130,6 +130,22 @@ def test_cancel_and_bad_input(viewer_and_widget, wait_idle, monkeypatch):
     np.testing.assert_array_equal(viewer.layers["b dy"].data, np.asarray(dy))
 
 
+def test_a_sample_sets_every_option_of_its_workflow(viewer_and_widget):
+    """Options remembered from another sample (the DIC pair's) do not carry into the speckle pair: its first Run
+    then compiles what the speckle workflow compiled before (docs/benchmarks.md, section 10)."""
+    from napari_gridmip._sample_data.dic import DIC_SETTINGS
+
+    viewer, widget = viewer_and_widget
+    widget._apply(DIC_SETTINGS)
+    widget.out_uncertainty.value = True
+    assert widget.subpixel.value == "refine" and widget.window_rows.value == 11
+    viewer.open_sample("napari-gridmip", "speckle")
+    assert widget.mode.value == "stacks"
+    assert (widget.window_rows.value, widget.window_cols.value) == (9, 9)
+    assert widget.subpixel.value == "hessian" and widget.spacing.value == 8
+    assert widget.chosen_outputs() == ()
+
+
 def test_user_choices_are_never_overridden(viewer_and_widget):
     viewer, widget = viewer_and_widget
     viewer.open_sample("napari-gridmip", "speckle")

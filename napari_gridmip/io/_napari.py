@@ -30,15 +30,22 @@ def read_ome_zarr(path: str) -> list[tuple]:
     """The pyramid as one multiscale image layer, placed by level 0's scale and translation.
 
     The layer's levels stop at the first whose longest spatial side is at most :data:`COARSEST_SIDE` (napari's 3D
-    view shows the coarsest). An occupancy pyramid (bool, as :func:`write_mipmap` writes) of a 3D volume carries
+    view shows the coarsest). Each is a :class:`~napari_gridmip.io._lazy.LazyLevel` of its Zarr array (read at
+    ``np.asarray``, only what napari shows), or ome-zarr's dask array where no Zarr array stands behind it
+    chunk for chunk. An occupancy pyramid (bool, as :func:`write_mipmap` writes) of a 3D volume carries
     its level 3, lazily, as the occupancy of 8^3 cells of level 0 in ``metadata["gridmip_cells"]``: "Full
     resolution in 3D" then skips empty space without a pass over level 0.
     """
     from ome_zarr.io import parse_url
     from ome_zarr.reader import Reader
 
+    from napari_gridmip.core.occupancy._chunk_files import zarr_behind
+    from napari_gridmip.io._lazy import LazyLevel
+
     node = next(iter(Reader(parse_url(str(path)))()))
-    levels = list(node.data)
+    # lazy views of the Zarr arrays behind ome-zarr's dask levels, not the dask arrays: napari keeps a dask layer's
+    # chunks in its own cache (66 MiB more at every switch to 3D of the sparse sample given as dask, docs/occupancy.md)
+    levels = [LazyLevel(stored) if (stored := zarr_behind(level)) is not level else level for level in node.data]
     shown = next((k for k, level in enumerate(levels) if max(level.shape[-3:]) <= COARSEST_SIDE), len(levels) - 1)
     multiscale = node.metadata.get("coordinateTransformations", [[]])
     scale = translate = None

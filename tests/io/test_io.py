@@ -135,6 +135,13 @@ def test_reader_stops_at_a_level_napari_can_show_and_carries_the_cells(tmp_path,
     path = write_mipmap(volume, tmp_path / "long.ome.zarr")
     ((levels, meta, kind),) = read_ome_zarr(str(path))
     assert [level.shape[0] for level in levels] == [600, 300, 150] and 150 <= COARSEST_SIDE < 300
+    # lazy views of the Zarr arrays (not dask: napari caches a dask layer's chunks), read where they are indexed
+    from napari_gridmip.core.occupancy._chunk_files import zarr_behind
+    from napari_gridmip.io._lazy import LazyLevel
+
+    assert all(isinstance(level, LazyLevel) for level in levels)
+    assert type(zarr_behind(levels[0])).__module__.startswith("zarr")
+    np.testing.assert_array_equal(np.asarray(levels[0][:, 4][17]), volume[17, 4])
     stored = meta["metadata"]["gridmip_cells"]
     assert stored["cell"] == 8 and stored["threshold"] == 0.0 and stored["cells"].shape == (75, 2, 3)
     np.testing.assert_array_equal(np.asarray(stored["cells"]), occupancy_cells(volume, 0.0))

@@ -99,7 +99,13 @@ def _on_tpu() -> bool:
         return False
     device = jax.config.jax_default_device
     platform = getattr(device, "platform", device) if device is not None else jax.default_backend()
-    return platform == "tpu"
+    if platform != "tpu":
+        return False
+    try:  # a process started with JAX_PLATFORMS=tpu has no host backend: everything stays on the TPU
+        jax.devices("cpu")
+    except RuntimeError:
+        return False
+    return True
 
 
 def on_host() -> contextlib.AbstractContextManager:

@@ -81,9 +81,16 @@ def write_mipmap_layer(path: str, data: Any, meta: dict) -> list[str]:
     The threshold is the layer's ``metadata["gridmip_threshold"]`` when set (0 otherwise);
     level 0's voxel size is the layer's scale.
     """
+    from collections.abc import Sequence
+
+    from napari_gridmip._jobs import as_dask, is_lazy
+    from napari_gridmip.core import _validate
     from napari_gridmip.io import write_mipmap
 
-    volume = data[0] if isinstance(data, list) else data
+    # a multiscale layer's data (napari's MultiScaleData, a Sequence whose np.asarray is its coarsest level): level 0
+    volume = data[0] if isinstance(data, Sequence) and not hasattr(data, "dtype") or meta.get("multiscale") else data
+    if is_lazy(volume) and not _validate.is_dask(volume):  # a Zarr array or a LazyLevel: written block by block too
+        volume = as_dask(volume)
     threshold = float(meta.get("metadata", {}).get("gridmip_threshold", 0.0))
     scale = meta.get("scale")
     write_mipmap(volume, path, threshold=threshold, scale=None if scale is None else list(scale)[-3:], overwrite=True)

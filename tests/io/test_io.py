@@ -111,6 +111,23 @@ def test_napari_reader_and_writer(tmp_path, volume):
     np.testing.assert_array_equal(np.asarray(data[0]), np.asarray(occupancy_mipmap(volume, threshold=100)[0]))
 
 
+def test_the_writer_saves_level_0_of_a_multiscale_layer_block_by_block(tmp_path, volume, monkeypatch):
+    """napari hands a writer a multiscale layer's MultiScaleData (np.asarray of it is the coarsest level); the
+    reader's lazy levels are written through dask, block by block, never read whole."""
+    from napari.layers._multiscale_data import MultiScaleData
+
+    from napari_gridmip.io import _write
+    from napari_gridmip.io._napari import read_ome_zarr, write_mipmap_layer
+
+    source = write_mipmap(volume[0], tmp_path / "source.ome.zarr")
+    ((levels, meta, _),) = read_ome_zarr(str(source))
+    monkeypatch.setattr(_write, "_write_levels_in_memory", lambda *a: pytest.fail("read whole"))
+    path = str(tmp_path / "saved.ome.zarr")
+    assert write_mipmap_layer(path, MultiScaleData(levels), {"multiscale": True}) == [path]
+    ((saved, _, _),) = read_ome_zarr(path)
+    np.testing.assert_array_equal(np.asarray(saved[0]), np.asarray(levels[0]))
+
+
 def test_napari_opens_the_pyramid(make_napari_viewer, tmp_path, volume):
     path = write_mipmap(volume[0], tmp_path / "p.ome.zarr", scale=(2, 1, 1))
     viewer = make_napari_viewer()

@@ -456,16 +456,15 @@ def affine_refine(
     """
     traced = any(isinstance(a, jax.core.Tracer) for a in (x1, x2, dy, dx))
     if _backend.ic_gn_on_host() and not traced:
-        # a TPU's scattered gathers: the IC-GN runs on the host (core._backend.ic_gn_on_host), its results go back
-        # to the default device with the search's
-        device = jax.config.jax_default_device or jax.devices()[0]
-        if isinstance(device, str):
-            device = jax.devices(device)[0]
+        # a TPU's scattered gathers: the IC-GN runs on the host (core._backend.ic_gn_on_host); its results go back
+        # where the search's were: to their device if committed to one, else uncommitted on the default device
+        home = dy.sharding if isinstance(dy, jax.Array) and dy.committed else None
         with _backend.on_host():
             x1, x2, dy, dx = jax.device_put((x1, x2, dy, dx), jax.devices("cpu")[0])
             parts = _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
                             prefilter=prefilter, on_band=on_band)  # fmt: skip
-        return jax.device_put(parts, device)
+            parts = jax.tree.map(np.asarray, parts)  # small: 7 fields of the point grid
+        return jax.device_put(parts, home)
     return _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
                    prefilter=prefilter, on_band=on_band)  # fmt: skip
 

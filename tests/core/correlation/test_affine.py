@@ -103,18 +103,26 @@ def test_the_host_ic_gn_of_a_tpu_gives_the_same_field(stretched, monkeypatch):
     assert calls
     assert seen[-1][0] == seen[-1][1] and len(seen) > 2
     assert all(isinstance(getattr(moved, name), jax.Array) for name in moved._fields)
+    assert not moved.dy.committed  # back as the search's were: uncommitted, on the default device
     for name in here._fields:
         np.testing.assert_array_equal(np.asarray(getattr(moved, name)), np.asarray(getattr(here, name)))
     jitted = jax.jit(lambda a, b: find_displacement(a, b, (15, 15), **args).dy)(
         img1.astype(np.float32), img2.astype(np.float32)
     )
-    np.testing.assert_allclose(np.asarray(jitted), np.asarray(here.dy), atol=1e-5)
+    # the same program on the CPU; a TPU runs the traced IC-GN on the chip (issue 34's bound: 1e-3 px)
+    np.testing.assert_allclose(
+        np.asarray(jitted), np.asarray(here.dy), atol=1e-5 if jax.default_backend() == "cpu" else 1e-3
+    )
 
 
-def test_a_cpu_keeps_the_ic_gn():
+def test_only_a_tpu_moves_the_ic_gn():
+    import jax
+
     from napari_gridmip.core import _backend
 
-    assert _backend.ic_gn_on_host() is False
+    assert _backend.ic_gn_on_host() is (jax.default_backend() == "tpu")
+    with _backend.on_host():
+        assert _backend.ic_gn_on_host() is False
 
 
 GRADIENTS = ("dy_y", "dy_x", "dx_y", "dx_x")

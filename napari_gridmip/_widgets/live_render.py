@@ -318,6 +318,12 @@ class LiveRender:
         from napari_gridmip._jobs.live_render import release_free_memory
 
         release_free_memory()  # the pools and pictures dropped (a render under way trims again as it ends)
+        from napari_gridmip._widgets._runner import viewer_closed
+
+        if viewer_closed(self._viewer):
+            # the window is gone and its layers go with it: removing or hiding the quad now would only ask napari
+            # to update a canvas whose GL context Qt is tearing down
+            return None
         if overlay is not None and overlay in self._viewer.layers:
             if keep_overlay:
                 overlay.visible = False

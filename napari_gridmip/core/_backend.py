@@ -21,10 +21,14 @@ def on_cpu() -> bool:
     float64 256^2 took 0.54 s on a TPU machine's host against 0.075 s in a CPU-only process of the same machine
     (``benchmarks/bench_accelerator.py``, case find_displacement_f64, 2026-12-05).
     """
+    return _platform() == "cpu"
+
+
+def _platform() -> str:
+    """The platform the work about to be traced runs on: JAX's default device's when one is set, else the default
+    backend's."""
     device = jax.config.jax_default_device  # a Device, a platform name, or None
-    if device is not None:
-        return getattr(device, "platform", device) == "cpu"
-    return jax.default_backend() == "cpu"
+    return getattr(device, "platform", device) if device is not None else jax.default_backend()
 
 
 AT_ONCE_SUBSET_ROWS = 16  # subsets at least this tall are summed at once on accelerators (subset_row_sums)
@@ -95,11 +99,7 @@ def render_on_host() -> bool:
 def _on_tpu() -> bool:
     """Whether the work about to be traced runs on a TPU (JAX's default device when one is set, else the default
     backend)."""
-    if on_cpu():
-        return False
-    device = jax.config.jax_default_device
-    platform = getattr(device, "platform", device) if device is not None else jax.default_backend()
-    if platform != "tpu":
+    if _platform() != "tpu":
         return False
     try:  # a process started with JAX_PLATFORMS=tpu has no host backend: everything stays on the TPU
         jax.devices("cpu")

@@ -28,11 +28,14 @@ VIEWS = {
 }
 
 
-def wait_final(app, widget, timeout_s: float = 600.0):
+def wait_final(app, widget, timeout_s: float = 600.0, shown: list | None = None):
+    """Wait for the full-resolution picture; ``shown`` gets the time (``perf_counter``) a picture first shows."""
     start = time.perf_counter()
     live = widget._live
     while not (live._final_state is not None and live.worker is None and live.overlay is not None):
         app.processEvents()
+        if shown is not None and not shown and live._shown_state is not None:
+            shown.append(time.perf_counter())
         time.sleep(0.02)
         if time.perf_counter() - start > timeout_s:
             raise TimeoutError("no full-resolution picture")

@@ -122,9 +122,12 @@ def main() -> None:
     widget.live_3d.native.click()  # the first view counts from the switch's click
     for name, view in [*VIEWS.items(), ("overview turned 10 degrees (timed only)", REVISIT)]:
         set_camera(viewer, layer, fitted, *view)
-        wait_final(app, widget)
+        shown: list[float] = []
+        wait_final(app, widget, shown=shown)
         since = time.perf_counter() - moved
-        print(f"{name}: full resolution {since:.1f} s after the camera's change; {widget.view_info.value}")
+        passes = ", ".join(f"level {p.level} {p.seconds:.2f} s" for p in list(widget._live.pictures)[-2:])
+        print(f"{name}: full resolution {since:.1f} s after the camera's change, first picture "
+              f"{shown[0] - moved:.1f} s (renders: {passes}); {widget.view_info.value}")  # fmt: skip
         if name in VIEWS:
             ours = canvas_picture(viewer, app)
             widget._live.overlay.visible = False  # napari's own view, same camera

@@ -201,6 +201,7 @@ class LiveSource:
         # one render at a time per cache: a cancelled render stops only between its calls, and a newer one must
         # not load into the pool (or lay it out again) while the older still reads or loads it
         self._cache_locks = {level: threading.Lock() for level in self.caches}
+        self._warmed: set[tuple[str, float, int]] = set()  # (mode, step, level) whose programs :meth:`warm` made
 
     def _cell_at(self, level: int) -> tuple[int, int]:
         """(pooling of level 0's cells, cell side in level ``level``'s voxels)."""
@@ -227,13 +228,71 @@ class LiveSource:
             cells = fixed
         return cells
 
+    def _render_rays(self, display: Display, level: int, origins: np.ndarray, directions: np.ndarray,
+                     t_near: float, cancel: Callable[[], bool] | None) -> Any:  # fmt: skip
+        """:func:`~napari_gridmip.render_view` of ``level`` along rays in its voxel index coordinates."""
+        from napari_gridmip.core.occupancy.raycast import render_view
+
+        mode = display.mode if display.mode in SUPPORTED else "mip"
+        _, cell = self._cell_at(level)
+        with self._cache_locks[level]:
+            return render_view(
+                self.levels[level], self._cells_at(level), origins, directions, mode=mode,
+                step=min(display.step, (cell - 1) / 3), t_near=t_near, iso_threshold=display.iso_threshold,
+                contrast_limits=display.contrast_limits, attenuation=display.attenuation,
+                background=self.background, cache=self.caches[level], cancel=cancel,
+            )  # fmt: skip
+
+    def _warm(self, display: Display, level: int, cancel: Callable[[], bool] | None) -> None:
+        """Compile ``level``'s render programs for ``display`` (or load them from the disk cache): a render of one
+        ray through an occupied cell, which calls every program a view's render calls (each batch is padded to
+        the same size, and the pool's arrays have the same shapes), reading the few chunks along that ray."""
+        from napari_gridmip.core.occupancy.raycast import RenderCancelled
+
+        key = (display.mode, display.step, level)
+        if key in self._warmed:
+            return
+        cells = self._cells_at(level)
+        occupied = np.flatnonzero(cells)
+        if len(occupied):
+            _, cell = self._cell_at(level)
+            centre = (np.asarray(np.unravel_index(occupied[len(occupied) // 2], cells.shape)) + 0.5) * cell
+            centre = np.minimum(centre, np.asarray(self.levels[level].shape) - 0.5)
+            try:
+                self._render_rays(display, level, centre[None], np.array([[1.0, 0.0, 0.0]]), -np.inf, cancel)
+            except RenderCancelled:
+                return
+        self._warmed.add(key)
+
+    def _warming(self, display: Display, level: int, cancel: Callable[[], bool] | None) -> threading.Thread | None:
+        """:meth:`_warm` of ``level`` started in a thread (None: its programs are made already)."""
+        if (display.mode, display.step, level) in self._warmed:
+            return None
+        thread = threading.Thread(target=self._warm, args=(display, level, cancel),
+                                  name=f"napari-gridmip full resolution warm-up, level {level}")  # fmt: skip
+        thread.start()
+        return thread
+
+    def warm(self, display: Display, *, cancel: Callable[[], bool] | None = None) -> None:
+        """Make the render programs of every level a view of ``display`` renders (the coarse pass's and the full
+        resolution's), side by side: XLA's compile releases the GIL. A live view calls it when it is switched on,
+        before the camera has rested, so that its first view compiles nothing (or loads nothing from the disk
+        cache): on 2 cores, the first view of a user's first session came 1.6 s sooner
+        (docs/screenshots_real_volume.py, docs/occupancy.md)."""
+        thread = self._warming(display, 0, cancel) if self.coarse_level is not None else None
+        try:
+            self._warm(display, self.coarse_level if self.coarse_level is not None else 0, cancel)
+        finally:
+            if thread is not None:
+                thread.join()
+
     def render(self, state: ViewState, *, level: int, image_shape: tuple[int, int],
                cancel: Callable[[], bool] | None = None) -> Picture:  # fmt: skip
         """One picture of ``state`` from ``level`` at ``image_shape`` pixels covering the canvas."""
         import time
 
         from napari_gridmip.core.occupancy.camera import camera_rays
-        from napari_gridmip.core.occupancy.raycast import colorize_view, render_view
+        from napari_gridmip.core.occupancy.raycast import colorize_view
 
         start = time.perf_counter()
         factor = self.factors[level]
@@ -245,14 +304,7 @@ class LiveSource:
                            scale=scale, translate=translate)  # fmt: skip
         display = state.display
         mode = display.mode if display.mode in SUPPORTED else "mip"
-        _, cell = self._cell_at(level)
-        with self._cache_locks[level]:
-            result = render_view(
-                self.levels[level], self._cells_at(level), rays.origins, rays.directions, mode=mode,
-                step=min(display.step, (cell - 1) / 3), t_near=rays.t_near, iso_threshold=display.iso_threshold,
-                contrast_limits=display.contrast_limits, attenuation=display.attenuation,
-                background=self.background, cache=self.caches[level], cancel=cancel,
-            )  # fmt: skip
+        result = self._render_rays(display, level, rays.origins, rays.directions, rays.t_near, cancel)
         depth = result.depth * rays.world_per_t if mode == "iso" else None
         rgba = colorize_view(result.values, colormap=display.colormap, contrast_limits=display.contrast_limits,
                              gamma=display.gamma, depth=depth)  # fmt: skip
@@ -263,13 +315,24 @@ class LiveSource:
                        result.chunks_used, result.chunks_total, result.samples, result.samples_dense)  # fmt: skip
 
     def progressive(self, state: ViewState, *, cancel: Callable[[], bool] | None = None) -> Iterator[Picture]:
-        """The coarse pass, then the full resolution."""
+        """The coarse pass, then the full resolution.
+
+        Level 0's programs, if :meth:`warm` has not made them for this display's mode and step, are compiled (or
+        loaded from the disk cache) in a thread of this render while the coarse pass runs, rather than after it:
+        XLA's compile releases the GIL, so the two share the cores.
+        """
         height, width = state.canvas
         coarse_shape = (max(1, height // COARSE_FACTOR), max(1, width // COARSE_FACTOR))
-        if self.coarse_level is not None:
-            yield self.render(state, level=self.coarse_level, image_shape=coarse_shape, cancel=cancel)
-        else:
+        if self.coarse_level is None:
             yield self.render(state, level=0, image_shape=coarse_shape, cancel=cancel)
+            yield self.render(state, level=0, image_shape=state.canvas, cancel=cancel)
+            return
+        warm = self._warming(state.display, 0, cancel)
+        try:
+            yield self.render(state, level=self.coarse_level, image_shape=coarse_shape, cancel=cancel)
+        finally:
+            if warm is not None:  # the full render waits for it anyway (level 0's lock); a closed one: it stops
+                warm.join()
         yield self.render(state, level=0, image_shape=state.canvas, cancel=cancel)
 
 

@@ -86,8 +86,12 @@ class LiveRender:
                 layers.move(layers.index(self.overlay), len(layers))
         self.worker: Any = None
         self._token: _Token | None = None
-        self._source: Any = None
-        self._source_key: Any = None
+        # the source of the latest key (layer, dims index, threshold, placement, data generation): written by the
+        # workers themselves, so that a render cancelled after making it leaves it to the next (a layer without
+        # stored cells pays a pass over its data to make one)
+        self._sources: dict[Any, Any] = {}
+        self._generation = 0  # counts the layer's data changes (a source of older data is never used again)
+        self._warm_token: _Token | None = None
         self._pending_state: Any = None  # the state of the render under way
         self._shown_state: Any = None  # the state of the picture on screen (final or not)
         self._final_state: Any = None
@@ -111,7 +115,15 @@ class LiveRender:
         self._prepare()
         for emitter, callback in self._connections:
             emitter.connect(callback)
+        # after napari's insert of the quad layer: started before, the warm-up's tracing (which holds the GIL) made
+        # that insert on the GUI thread twice as long (0.29 s to 0.64 s) for no gain in the first view
+        self._warm()
         self._changed()
+
+    @property
+    def _source(self) -> Any:
+        """The latest source made (None before the first render or warm-up, and after a data change)."""
+        return next(iter(self._sources.values()), None)
 
     # -- events --------------------------------------------------------------------------------------------------
     def _changed(self, *_: Any) -> None:
@@ -142,7 +154,8 @@ class LiveRender:
 
     def _data_changed(self, *_: Any) -> None:
         """New data or placement: a new source (levels, cells, caches), and a new render."""
-        self._source = self._source_key = None
+        self._generation += 1
+        self._sources = {}
         self._final_state = None
         self._hide()
         self._cancel()
@@ -162,7 +175,7 @@ class LiveRender:
         layer = self._layer()
         if layer is None or self._viewer.dims.ndisplay != 3:
             return
-        from napari_gridmip._jobs.live_render import ViewState, release_free_memory, source_for_layer
+        from napari_gridmip._jobs.live_render import ViewState, release_free_memory
         from napari_gridmip._widgets._workers import workers
 
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
@@ -172,19 +185,15 @@ class LiveRender:
         self._cancel()
         self._pending_state = state
         token = self._token = _Token()
-        key = (id(layer), state.index, self.threshold, tuple(layer.scale), tuple(layer.translate))
-        source = self._source if key == self._source_key else None
+        source_of = self._source_of(layer, state.index)
 
         def work():
-            nonlocal source
             try:
-                if source is None:
-                    source = source_for_layer(layer, state.index, self.threshold)
-                    yield ("source", key, source)
+                source = source_of()
                 for picture in source.progressive(state, cancel=lambda: token.cancelled):
                     if token.cancelled:
                         return
-                    yield ("picture", state, picture)
+                    yield state, picture
             finally:  # the render's temporaries are freed: their pages back to the system, not kept by malloc
                 release_free_memory()
 
@@ -197,16 +206,48 @@ class LiveRender:
         )  # fmt: skip
         self.worker = task
 
+    def _source_of(self, layer: Any, index: tuple[int, ...]) -> Any:
+        """A function for a worker: the source of ``layer`` at ``index`` now, made there if it is new."""
+        from napari_gridmip._jobs.live_render import source_for_layer
+
+        key = (id(layer), index, self.threshold, tuple(layer.scale), tuple(layer.translate), self._generation)
+        threshold = self.threshold
+
+        def source_of() -> Any:
+            source = self._sources.get(key)
+            if source is None:
+                source = source_for_layer(layer, index, threshold)
+                if key[-1] == self._generation:  # the data did not change meanwhile
+                    self._sources = {key: source}  # one at a time: each holds chunk caches
+            return source
+
+        return source_of
+
+    def _warm(self) -> None:
+        """Make the source and compile its render programs now, in the render lane, while napari adds the quad
+        layer and the camera comes to rest: the first render then compiles nothing (1.6 s of the first view of a
+        user's first session on 2 cores; docs/occupancy.md)."""
+        from napari_gridmip._jobs.live_render import ViewState
+        from napari_gridmip._widgets._workers import workers
+
+        layer = self._layer()
+        state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
+        token = self._warm_token = _Token()
+        source_of = self._source_of(layer, state.index)
+
+        def work() -> None:
+            if not token.cancelled:
+                source_of().warm(state.display, cancel=lambda: token.cancelled)
+
+        workers().submit(work, lane="render", name="full resolution in 3D: warm-up",
+                         on_errored=lambda error: None)  # a failure shows in the render that follows  # fmt: skip
+
     def _on_yielded(self, item: Any, token: _Token) -> None:
         from napari_gridmip._widgets._runner import viewer_closed
 
         if token.cancelled or not self.active or viewer_closed(self._viewer):
             return
-        kind, key, value = item
-        if kind == "source":
-            self._source, self._source_key = value, key
-            return
-        state, picture = key, value
+        state, picture = item
         self.pictures.append(picture)
         self._show(state, picture)
         what = "full resolution" if picture.final else f"coarse pass (level {picture.level})"
@@ -313,7 +354,9 @@ class LiveRender:
             emitter.disconnect(callback)
         self._connections = []
         overlay, self.overlay = self.overlay, None
-        self._source = None
+        if self._warm_token is not None:
+            self._warm_token.cancelled = True
+        self._sources = {}
         self.pictures.clear()
         from napari_gridmip._jobs.live_render import release_free_memory
 

@@ -305,6 +305,28 @@ def test_renders_of_one_source_take_turns_on_its_cache(live_viewer, qtbot, monke
     np.testing.assert_array_equal(pictures[0].values, pictures[1].values)
 
 
+def test_the_switch_warms_up_one_source_that_the_renders_then_use(live_viewer, qtbot, monkeypatch):
+    """Turned on, the live view makes its source and compiles the render's programs in the render lane while the
+    camera rests; the renders use that source, and one cancelled by a camera move leaves it to the next (a layer
+    without stored cells pays a pass over its data for each source made)."""
+    from napari_gridmip._jobs import live_render as jobs
+
+    made, warmed = [], []
+    source_for_layer, warm = jobs.source_for_layer, jobs.LiveSource.warm
+    monkeypatch.setattr(jobs, "source_for_layer", lambda *a, **k: made.append(1) or source_for_layer(*a, **k))
+    monkeypatch.setattr(jobs.LiveSource, "warm", lambda self, *a, **k: warmed.append(self) or warm(self, *a, **k))
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    live = widget._live
+    qtbot.waitUntil(lambda: live.worker is not None, timeout=30_000)  # the first render, submitted
+    viewer.scene.camera.zoom *= 1.3  # cancels it
+    _final(widget, qtbot)
+    assert warmed and warmed[0] is live._source
+    assert len(made) == 1
+    coarse = live._source.coarse_level  # None: one level, whose coarse pass renders level 0 at fewer pixels
+    assert {key[2] for key in live._source._warmed} == ({0} if coarse is None else {0, coarse})
+
+
 def test_a_new_source_layer_keeps_the_quad_layer(live_viewer, qtbot):
     """Choosing another volume re-targets the live view without removing and adding napari layers (each 0.3 to
     0.6 s of the GUI thread with many layers open): the same quad, renamed, shows the new source's render."""

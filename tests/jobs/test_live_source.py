@@ -1,0 +1,65 @@
+"""The live view's source without Qt: its warm-up compiles what a view's render needs, and changes no picture."""
+
+import numpy as np
+
+from napari_gridmip._jobs.live_render import Display, LiveSource, ViewState, occupancy_cells
+
+
+def _source(volume: np.ndarray) -> LiveSource:
+    levels = [volume, volume[::2, ::2, ::2], volume[::4, ::4, ::4]]
+    return LiveSource(levels, occupancy_cells(volume, 0.0), 8, (1.0, 1.0, 1.0), (0.0, 0.0, 0.0))
+
+
+def _state(shape, mode: str = "mip") -> ViewState:
+    from napari.utils.colormaps import ensure_colormap
+
+    display = Display(mode, ensure_colormap("magma"), "magma", (0.0, 100.0), 1.0, 50.0, 0.05)
+    view = np.array([-0.6, 0.5, 0.62])
+    view /= np.linalg.norm(view)
+    centre = tuple(n / 2 for n in shape)
+    return ViewState(centre, tuple(view), (0.3, -0.9, 0.2), 0.9, 0.0, "right", (40, 56), (), display)
+
+
+def _volume(shape, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    volume = np.zeros(shape, np.float32)
+    points = rng.integers(0, shape, size=(60, 3))
+    volume[tuple(points.T)] = rng.uniform(10, 100, 60)
+    return volume
+
+
+def test_the_warm_up_makes_every_program_the_first_view_needs():
+    import jax.monitoring
+
+    # a shape no other test renders: the warm-up's programs are new to this process
+    shape = (84, 68, 76)
+    source = _source(_volume(shape, 3))
+    state = _state(shape)
+    compiles = []
+    listener = lambda name, secs, **kw: compiles.append(name) if name.endswith("backend_compile_duration") else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        source.warm(state.display)
+        warmed = len(compiles)
+        compiles.clear()
+        pictures = list(source.progressive(state))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert warmed >= 2  # both levels' programs
+    assert not compiles  # the view's render compiled nothing more
+    assert [p.level for p in pictures] == [2, 0] and pictures[1].final
+    # and the same pictures as a source never warmed
+    cold = list(_source(_volume(shape, 3)).progressive(state))
+    for warm_picture, cold_picture in zip(pictures, cold):
+        np.testing.assert_array_equal(warm_picture.values, cold_picture.values)
+
+
+def test_a_cancelled_warm_up_leaves_the_programs_to_the_render():
+    shape = (40, 48, 56)
+    source = _source(_volume(shape, 4))
+    state = _state(shape, "attenuated_mip")
+    source.warm(state.display, cancel=lambda: True)
+    assert not source._warmed  # nothing counted as made
+    pictures = list(source.progressive(state))
+    assert pictures[-1].final and np.isfinite(pictures[-1].values).any()
+    assert {key[2] for key in source._warmed} == {0}  # the render's own warm-up of level 0, beside the coarse pass

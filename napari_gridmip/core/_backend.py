@@ -56,6 +56,20 @@ def subset_row_sums(subset_rows: int) -> str:
     return "at_once" if subset_rows >= AT_ONCE_SUBSET_ROWS else "fresh"
 
 
+def per_pixel_gathers() -> bool:
+    """Whether the subset refinement (:mod:`.correlation.subsets`) reads each pixel's 5 x 5 block of sums (its
+    cross sums, box sums and Gram planes around its integer peak) by gathers at the pixel's own offsets; or, on a
+    TPU, by selects: the pixels' neighbourhoods as static strided slices, then a compare-and-select summed over
+    each axis (exact: one term is kept), and the Gram matrix from static slices.
+
+    On a TPU v5e the gathers were 90% of the warm time of DIC 2048^2 (0.75 of 0.84 s) and of track_speckles
+    K=20 512^2 (0.45 of 0.50 s): 20 small gathers per output row, each 24 to 120 us, where the sums themselves
+    took milliseconds (``tools/accelerator_profile.py``, 2026-12-05, docs/accelerator.md). A CPU gathers from
+    its caches at memory speed, where the selects would do 25 to 75 times the work.
+    """
+    return not _on_tpu()
+
+
 def point_batches() -> bool:
     """Whether the affine IC-GN (:mod:`.correlation.affine`) moves each row's points still iterating, after the
     first steps, into small batches (gathered and scattered back), so that a row costs the sum of its points'

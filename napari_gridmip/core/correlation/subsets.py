@@ -121,6 +121,7 @@ class Plan(NamedTuple):
     interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
     noise_gain: float = 1.0  # the variance a prefilter leaves of white noise (1: no prefilter)
     row_sums: str = "running"  # how the sums go down the image (core._backend.subset_row_sums)
+    gathers: bool = True  # each pixel's 5 x 5 blocks read by gathers, else by selects (core._backend.per_pixel_gathers)
 
     @property
     def spline(self) -> bool:
@@ -393,6 +394,54 @@ def _block(h: Sequence[jax.Array], a0: jax.Array, b0: jax.Array, reach: int) -> 
     return jnp.swapaxes(picked, 0, 1)
 
 
+def _take_first(x: jax.Array, index: jax.Array, span: int, pixel_axis: int) -> jax.Array:
+    """``x[index[j] + p, ..., j, ...]`` for ``p < span``, without a gather: ``(span, *x.shape[1:])``.
+
+    ``x``'s first axis is the one indexed, ``pixel_axis`` holds the pixels ``j`` (``index`` is ``(Ns,)``, each
+    ``index[j] + p`` within the first axis). Every position of the first axis is compared with each pixel's and
+    the one kept is summed with zeros: exact, whatever the others hold (NaN and infinities included). The
+    accelerators' form (:func:`napari_gridmip.core._backend.per_pixel_gathers`)."""
+    positions = jnp.arange(x.shape[0], dtype=jnp.int32)
+    wanted = index.astype(jnp.int32)[None, :] + jnp.arange(span, dtype=jnp.int32)[:, None]  # (span, Ns)
+    shape = [1] * (x.ndim + 1)
+    shape[0], shape[1], shape[pixel_axis + 1] = span, x.shape[0], x.shape[pixel_axis]
+    mask = (positions[None, :, None] == wanted[:, None, :]).reshape(shape)
+    return jnp.sum(jnp.where(mask, x[None], jnp.zeros((), x.dtype)), axis=1)
+
+
+def _take_block(x: jax.Array, a0: jax.Array, b0: jax.Array, span: int) -> jax.Array:
+    """``x[a0[j] + p, b0[j] + q, ..., j]`` for ``p, q < span`` of ``x`` ``(A, B, ..., Ns)``, without a gather:
+    ``(span, span, ..., Ns)``."""
+    last = x.ndim - 1
+    rows = _take_first(x, a0, span, last)  # (span, B, ..., Ns)
+    both = _take_first(jnp.moveaxis(rows, 1, 0), b0, span, last)  # (span q, span p, ..., Ns)
+    return jnp.swapaxes(both, 0, 1)
+
+
+def _gram_matrix(block: jax.Array) -> jax.Array:
+    """The 25 x 25 Gram matrices of the taps from their blocks of planes ``(5, 5, GRAM_ROWS, GRAM_COLS, Ns)``
+    (tap row, tap column, row offset, column offset + 4), from static slices: ``(Ns, 25, 25)``, each entry from
+    the same plane and position as ``GRAM_INDEX`` takes it (the one of a row offset > 0, or of 0 and a column
+    offset >= 0), so the same values bit for bit."""
+    upper = {}  # (p, p2) for p2 >= p: entries (q, q2) = block[p, q, p2 - p, q2 - q + 4]
+    for p in range(5):
+        for p2 in range(p, 5):
+            upper[p, p2] = jnp.stack([block[p, q, p2 - p, 4 - q : 9 - q] for q in range(5)])  # (5, 5, Ns)
+    triu = np.triu(np.ones((5, 5), bool))[:, :, None]
+    rows = []
+    for p in range(5):
+        row = []
+        for p2 in range(5):
+            if p2 > p:
+                row.append(upper[p, p2])
+            elif p2 < p:
+                row.append(jnp.swapaxes(upper[p2, p], 0, 1))
+            else:  # (q, q2) with q2 < q from (q2, q)
+                row.append(jnp.where(triu, upper[p, p], jnp.swapaxes(upper[p, p], 0, 1)))
+        rows.append(jnp.concatenate(row, axis=1))
+    return jnp.moveaxis(jnp.concatenate(rows, axis=0), -1, 0)
+
+
 # -- one band ----------------------------------------------------------------------------------------
 
 
@@ -493,6 +542,55 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         return map_row
 
     reach = 2 if plan.gram else 1
+    span = 2 * reach + 1
+    columns = jnp.arange(ns, dtype=jnp.int32) * s  # each output pixel's first column
+    if not plan.gathers:  # made once a band: the planes the blocks come from, side by side
+        # edge-padded by the reach: a position off the plane reads its edge, as the gathers' clipped index does
+        stacked = jnp.stack([stats.box1, stats.inv1] + ([stats.box_taps] if plan.gram else []), axis=-1)
+        padded = jnp.pad(stacked, ((reach, reach), (reach, reach), (0, 0)), mode="edge")
+        # zeros, never read: each Gram block's start is clipped into the planes
+        padded_planes = jnp.pad(planes, ((2, 2), (2, 2), (0, 0), (0, 0))) if plan.gram else None
+
+    def blocks_at(t, h, ae, be):
+        """Each pixel's ``span x span`` block around its extended offset ``(ae, be)``: of the raw cross sums, of
+        img1's box sums and inverse norms, and (``plan.gram``) of the box sums of what the taps interpolate."""
+        if plan.gathers:
+            offs = jnp.arange(span, dtype=jnp.int32) - reach
+            rows = jnp.clip(t * s + ae[None, None, :] + offs[:, None, None], 0, stats.box1.shape[0] - 1)
+            cols = jnp.clip(columns[None, None, :] + be[None, None, :] + offs[None, :, None], 0,
+                            stats.box1.shape[1] - 1)  # fmt: skip
+            taps = stats.box_taps[rows, cols] if plan.gram else None
+            return _block(h, ae, be, reach), stats.box1[rows, cols], stats.inv1[rows, cols], taps
+        cross = jnp.pad(jnp.stack(h, axis=1), ((reach, reach), (reach, reach), (0, 0)), mode="edge")
+        band = lax.dynamic_slice_in_dim(padded, t * s, wa + 2 * reach, axis=0)  # (wa + 2r, C + 2r, k)
+        # the pixels' neighbourhoods: (wa + 2r, wb + 2r, k, Ns), one static strided slice per column offset
+        hood = jnp.stack([_strided(band, c, ns, s, 1) for c in range(wb + 2 * reach)], axis=1)
+        picked = _take_block(jnp.moveaxis(hood, 2, 3), ae, be, span)  # (span, span, k, Ns)
+        return (_take_block(cross, ae, be, span), picked[:, :, 0], picked[:, :, 1],
+                picked[:, :, 2] if plan.gram else None)  # fmt: skip
+
+    def gram_at(t, ae, be):
+        """Each pixel's 25 x 25 Gram matrix of its tap block around ``(ae, be)``: ``(Ns, 25, 25)``."""
+        # each pixel's block of Gram planes: rows and columns of its tap (0, 0), clipped into the planes
+        top = jnp.clip(t * s + ae - 2, 0, planes.shape[0] - 5)
+        left = jnp.clip(columns + be - 2, 0, planes.shape[1] - 5)
+        if plan.gathers:
+            take = jax.vmap(
+                lambda r0, c0: lax.dynamic_slice(planes, (r0, c0, zero, zero), (5, 5, GRAM_ROWS, GRAM_COLS))
+            )
+            blocks = take(top, left).reshape(ns, -1)
+            return jnp.take(blocks, jnp.asarray(GRAM_INDEX), axis=1).reshape(ns, 25, 25)
+        # the rows of each pixel's block from a band of padded planes, one column offset at a time (the whole
+        # neighbourhood of every pixel at once would be (wa + 4) (wb + 4) 45 values a pixel)
+        a0, b0 = top - t * s + 2, left - columns + 2  # in the band, from the padded planes' first row and column
+        band = lax.dynamic_slice_in_dim(padded_planes, t * s, wa + 4, axis=0)
+        band = band.reshape(wa + 4, band.shape[1], GRAM_ROWS * GRAM_COLS)
+        block = jnp.zeros((5, 5, GRAM_ROWS * GRAM_COLS, ns), dtype)
+        for c in range(wb + 4):
+            rows = _take_first(jnp.moveaxis(_strided(band, c, ns, s, 1), 1, 2), a0, 5, 2)  # (5, 45, Ns)
+            hit = (b0[None, :] + jnp.arange(5, dtype=jnp.int32)[:, None]) == c  # (5, Ns): tap column q is here
+            block = block + jnp.where(hit[None, :, None, :], rows[:, None], jnp.zeros((), dtype))
+        return _gram_matrix(block.reshape(5, 5, GRAM_ROWS, GRAM_COLS, ns))
 
     def row(t, h):
         r = normalise(t, h)
@@ -503,15 +601,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         if wn > 1:
             edge = edge | (b0 == 0) | (b0 == wn - 1)
         ae, be = a0 + ring_y, b0 + ring_x  # extended offsets
-        cross = _block(h, ae, be, reach)  # (span, span, Ns) raw cross sums
-        span = 2 * reach + 1
-        offs = jnp.arange(span, dtype=jnp.int32) - reach
-        rows = t * s + ae[None, None, :] + offs[:, None, None]
-        cols = jnp.arange(ns, dtype=jnp.int32)[None, None, :] * s + be[None, None, :] + offs[None, :, None]
-        rows = jnp.clip(rows, 0, stats.box1.shape[0] - 1)
-        cols = jnp.clip(cols, 0, stats.box1.shape[1] - 1)
-        mean1 = stats.box1[rows, cols]
-        inv1 = stats.inv1[rows, cols]
+        cross, mean1, inv1, mean_taps = blocks_at(t, h, ae, be)  # (span, span, Ns) each
         b2 = lax.dynamic_index_in_dim(stats.box2, t, 0, keepdims=False)
         i2 = lax.dynamic_index_in_dim(stats.inv2, t, 0, keepdims=False)
         centre = slice(reach - 1, reach + 2)
@@ -532,17 +622,9 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         if plan.gram:
             py = ae.astype(dtype) + jnp.clip(sub_y, -REACH, REACH)
             px = be.astype(dtype) + jnp.clip(sub_x, -REACH, REACH)
-            # each pixel's block of Gram planes: rows and columns of its tap (0, 0)
-            top, left = t * s + ae - 2, jnp.arange(ns, dtype=jnp.int32) * s + be - 2
-            top = jnp.clip(top, 0, planes.shape[0] - 5)
-            left = jnp.clip(left, 0, planes.shape[1] - 5)
-            take = jax.vmap(
-                lambda r0, c0: lax.dynamic_slice(planes, (r0, c0, zero, zero), (5, 5, GRAM_ROWS, GRAM_COLS))
-            )
-            blocks = take(top, left).reshape(ns, -1)
-            gram = jnp.take(blocks, jnp.asarray(GRAM_INDEX), axis=1).reshape(ns, 25, 25)
+            gram = gram_at(t, ae, be)
             cross25 = jnp.moveaxis(cross, -1, 0).reshape(ns, 25)
-            mean25 = jnp.moveaxis(stats.box_taps[rows, cols], -1, 0).reshape(ns, 25)
+            mean25 = jnp.moveaxis(mean_taps, -1, 0).reshape(ns, 25)
             aef, bef = ae.astype(dtype), be.astype(dtype)
 
             taps = tap_sums(cross25, mean25, gram, i2, b2, count)
@@ -887,7 +969,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         # inside the scope: a float64 call on a TPU runs on the host, with the CPU's strategy (core._backend.on_cpu)
         plan = Plan(
             k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation,
-            noise_gain(prefilter), _backend.subset_row_sums(subset[0]),
+            noise_gain(prefilter), _backend.subset_row_sums(subset[0]), _backend.per_pixel_gathers(),
         )  # fmt: skip
         if centres is None:
             centres = [_centre_of(img1), _centre_of(img2)]

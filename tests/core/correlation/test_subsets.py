@@ -238,6 +238,68 @@ def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize(("strategy", "step"), [("at_once", 1), ("fresh", 3)])  # a TPU's two strategies
+def test_the_selects_read_the_blocks_the_gathers_read(strategy, step, monkeypatch):
+    """Each pixel's 5 x 5 blocks (cross sums, box sums, Gram planes) read by selects (a TPU's way,
+    core._backend.per_pixel_gathers) or by gathers: the same fields, searched, refined and tracked, with every
+    row-sum strategy, a 1-wide window, and a NaN in img1 (float64: the same sums; XLA may fuse the two programs'
+    later arithmetic differently)."""
+    from napari_gridmip.core import _backend
+
+    monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: strategy)
+    sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=3, shape=(30, 32))
+    moved, still = smooth_pair((-0.6, 1.3), shape=(1, 44, 46))
+    holed = moved.copy()
+    holed[0, 20, 9:11] = np.nan
+    found = {}
+    for gathers in (True, False):
+        monkeypatch.setattr(_backend, "per_pixel_gathers", lambda gathers=gathers: gathers)
+        tracked = track_speckles(sample, reference, (5, 5), subset=(5, 5), step=step, dtype=np.float64)
+        found[gathers] = [getattr(tracked, n) for n in ("dy", "dx", "transmission", "dark_field", "sigma_dy")]
+        for img1, window, subpixel in ((moved, (5, 5), "refine"), (holed, (5, 3), "refine"),
+                                       (moved, (1, 5), "refine"), (moved, (5, 5), "hessian")):  # fmt: skip
+            found[gathers] += list(find_displacement(img1, still, window, subset=(7, 7), step=step,
+                                                     subpixel=subpixel, dtype=np.float64))  # fmt: skip
+    assert np.isfinite(np.asarray(found[True][0])).mean() > 0.5
+    for a, b in zip(found[True], found[False]):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(np.isnan(np.asarray(b)), np.isnan(np.asarray(a)))
+
+
+@given(
+    st.integers(1, 7), st.integers(1, 6), st.integers(1, 4), st.integers(1, 5), st.integers(0, 2 ** 31 - 1),
+)  # fmt: skip
+@settings(max_examples=25, deadline=None)
+def test_take_block_is_numpy_indexing(rows, cols, span, pixels, seed):
+    """The select form of a per-pixel block equals NumPy's fancy indexing bit for bit, NaN and infinities in the
+    positions not kept included (each kept value is summed with zeros only)."""
+    from napari_gridmip.core.correlation.subsets import _take_block
+
+    rng = np.random.default_rng(seed)
+    a_size, b_size = rows + span - 1, cols + span - 1
+    x = rng.standard_normal((a_size, b_size, 2, pixels)).astype(np.float32)
+    x[rng.random(x.shape) < 0.1] = np.nan
+    x[rng.random(x.shape) < 0.05] = -np.inf
+    a0 = rng.integers(0, rows, pixels).astype(np.int32)
+    b0 = rng.integers(0, cols, pixels).astype(np.int32)
+    p, q = np.ogrid[:span, :span]
+    expected = np.stack([x[a0[j] + p, b0[j] + q, :, j] for j in range(pixels)], axis=-1)  # (span, span, 2, Ns)
+    out = np.asarray(jax.jit(_take_block, static_argnums=3)(x, a0, b0, span))
+    assert out.shape == (span, span, 2, pixels)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_gram_matrix_from_slices_is_the_gram_index():
+    """The Gram matrices from static slices (a TPU's way) take every entry where GRAM_INDEX takes it."""
+    from napari_gridmip.core.correlation._subset_newton import GRAM_COLS, GRAM_INDEX, GRAM_ROWS
+    from napari_gridmip.core.correlation.subsets import _gram_matrix
+
+    rng = np.random.default_rng(5)
+    block = rng.standard_normal((5, 5, GRAM_ROWS, GRAM_COLS, 7)).astype(np.float32)
+    expected = np.moveaxis(block, -1, 0).reshape(7, -1)[:, GRAM_INDEX].reshape(7, 25, 25)
+    np.testing.assert_array_equal(np.asarray(jax.jit(_gram_matrix)(block)), expected)
+
+
 # -- displacements ----------------------------------------------------------------------------------
 
 

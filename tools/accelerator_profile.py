@@ -42,6 +42,7 @@ def summarise(events: list[dict], wall_s: float, top: int) -> list[str]:
     totals: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     spans: dict[tuple[str, str], list[tuple[float, float]]] = collections.defaultdict(list)
+    where: dict[str, str] = {}  # an op's source line or JAX name, where the trace gives one
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:
             continue
@@ -49,6 +50,9 @@ def summarise(events: list[dict], wall_s: float, top: int) -> list[str]:
         totals[key][e["name"]] += e["dur"] / 1e6
         counts[key][e["name"]] += 1
         spans[key].append((e["ts"], e["ts"] + e["dur"]))
+        args = e.get("args") or {}
+        if e["name"] not in where and any(k in args for k in ("source", "tf_op", "long_name")):
+            where[e["name"]] = " | ".join(str(args[k])[:160] for k in ("source", "tf_op") if k in args)
     lines = [f"call: {wall_s:.4f} s wall"]
     for key in sorted(totals, key=lambda k: -sum(totals[k].values())):
         name, line = key
@@ -61,7 +65,7 @@ def summarise(events: list[dict], wall_s: float, top: int) -> list[str]:
                 end = b
         lines.append(f"\n{name} / {line}: busy {merged:.4f} s ({merged / wall_s:.0%} of the call)")
         for op, seconds in totals[key].most_common(top):
-            lines.append(f"  {seconds:9.4f} s  x{counts[key][op]:<6d} {op[:150]}")
+            lines.append(f"  {seconds:9.4f} s  x{counts[key][op]:<6d} {op[:150]}  {where.get(op, '')}".rstrip())
     return lines
 
 

@@ -289,6 +289,21 @@ def test_take_block_is_numpy_indexing(rows, cols, span, pixels, seed):
     np.testing.assert_array_equal(out, expected)
 
 
+@given(st.integers(1, 40), st.integers(1, 5), st.integers(1, 9), st.integers(1, 12))
+@settings(max_examples=30, deadline=None)
+def test_columns_by_phase_are_the_strided_columns(columns, step, width, count):
+    """A pixel's column ``c + j step`` from the phase layout is the strided slice's, for every offset used."""
+    from napari_gridmip.core.correlation.subsets import _at_phase, _by_phase
+
+    columns = max(columns, width + (count - 1) * step)  # the planes hold every pixel's neighbourhood
+    x = np.arange(2 * 3 * columns, dtype=np.float32).reshape(2, 3, columns)
+    phased = _by_phase(jnp.asarray(x), step, width, count)
+    for c in range(width):
+        np.testing.assert_array_equal(
+            np.asarray(_at_phase(phased, c, step, count)), x[..., c : c + (count - 1) * step + 1 : step]
+        )
+
+
 def test_gram_matrix_from_slices_is_the_gram_index():
     """The Gram matrices from static slices (a TPU's way) take every entry where GRAM_INDEX takes it."""
     from napari_gridmip.core.correlation._subset_newton import GRAM_COLS, GRAM_INDEX, GRAM_ROWS

@@ -115,9 +115,10 @@ class LiveRender:
         self._prepare()
         for emitter, callback in self._connections:
             emitter.connect(callback)
-        # after napari's insert of the quad layer: started before, the warm-up's tracing (which holds the GIL) made
-        # that insert on the GUI thread twice as long (0.29 s to 0.64 s) for no gain in the first view
-        self._warm()
+        # once the switch's click is handled: started before napari's insert of the quad layer, the warm-up's
+        # tracing (which holds the GIL) made that insert on the GUI thread twice as long (0.29 s to 0.64 s) for no
+        # gain in the first view, and started within the click it lengthened the click's handling in GUI soaks
+        QTimer.singleShot(0, self._warm)
         self._changed()
 
     @property
@@ -228,9 +229,12 @@ class LiveRender:
         layer and the camera comes to rest: the first render then compiles nothing (1.6 s of the first view of a
         user's first session on 2 cores; docs/occupancy.md)."""
         from napari_gridmip._jobs.live_render import ViewState
+        from napari_gridmip._widgets._runner import viewer_closed
         from napari_gridmip._widgets._workers import workers
 
         layer = self._layer()
+        if not self.active or layer is None or viewer_closed(self._viewer):
+            return
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
         token = self._warm_token = _Token()
         source_of = self._source_of(layer, state.index)

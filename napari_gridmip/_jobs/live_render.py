@@ -268,8 +268,14 @@ class LiveSource:
         """:meth:`_warm` of ``level`` started in a thread (None: its programs are made already)."""
         if (display.mode, display.step, level) in self._warmed:
             return None
-        thread = threading.Thread(target=self._warm, args=(display, level, cancel),
-                                  name=f"napari-gridmip full resolution warm-up, level {level}")  # fmt: skip
+
+        def warm() -> None:
+            try:
+                self._warm(display, level, cancel)
+            except Exception:  # noqa: BLE001 - the render of this level reports the same failure on the GUI's path
+                pass
+
+        thread = threading.Thread(target=warm, name=f"napari-gridmip full resolution warm-up, level {level}")
         thread.start()
         return thread
 

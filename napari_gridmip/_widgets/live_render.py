@@ -16,6 +16,7 @@ or the widget stops the worker, disconnects every event and removes the quad lay
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import deque
 from typing import Any
@@ -92,6 +93,7 @@ class LiveRender:
         self._sources: dict[Any, Any] = {}
         self._generation = 0  # counts the layer's data changes (a source of older data is never used again)
         self._warm_token: _Token | None = None
+        self._sources_lock = threading.Lock()  # a worker's check of the generation and its store, as one step
         self._pending_state: Any = None  # the state of the render under way
         self._shown_state: Any = None  # the state of the picture on screen (final or not)
         self._final_state: Any = None
@@ -155,8 +157,10 @@ class LiveRender:
 
     def _data_changed(self, *_: Any) -> None:
         """New data or placement: a new source (levels, cells, caches), and a new render."""
-        self._generation += 1
-        self._sources = {}
+        self._cancel_warm()
+        with self._sources_lock:
+            self._generation += 1
+            self._sources = {}
         self._final_state = None
         self._hide()
         self._cancel()
@@ -218,8 +222,9 @@ class LiveRender:
             source = self._sources.get(key)
             if source is None:
                 source = source_for_layer(layer, index, threshold)
-                if key[-1] == self._generation:  # the data did not change meanwhile
-                    self._sources = {key: source}  # one at a time: each holds chunk caches
+                with self._sources_lock:
+                    if key[-1] == self._generation:  # the data did not change, nor the view stop, meanwhile
+                        self._sources = {key: source}  # one at a time: each holds chunk caches
             return source
 
         return source_of
@@ -233,15 +238,18 @@ class LiveRender:
         from napari_gridmip._widgets._workers import workers
 
         layer = self._layer()
-        if not self.active or layer is None or viewer_closed(self._viewer):
-            return
+        if not self.active or layer is None or viewer_closed(self._viewer) or self._viewer.dims.ndisplay != 3:
+            return  # in 2D: the first render, in 3D, makes its source and programs
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
         token = self._warm_token = _Token()
         source_of = self._source_of(layer, state.index)
 
         def work() -> None:
+            if token.cancelled:
+                return
+            source = source_of()
             if not token.cancelled:
-                source_of().warm(state.display, cancel=lambda: token.cancelled)
+                source.warm(state.display, cancel=lambda: token.cancelled)
 
         workers().submit(work, lane="render", name="full resolution in 3D: warm-up",
                          on_errored=lambda error: None)  # a failure shows in the render that follows  # fmt: skip
@@ -276,9 +284,15 @@ class LiveRender:
         if self.worker is worker:
             self.worker = None
 
+    def _cancel_warm(self) -> None:
+        """The warm-up job stops at its next check (its source or programs would be of another state)."""
+        if self._warm_token is not None:
+            self._warm_token.cancelled = True
+
     def set_threshold(self, threshold: float) -> None:
         """A new occupancy threshold: new cells, a new render."""
         if float(threshold) != self.threshold:
+            self._cancel_warm()
             self.threshold = float(threshold)
             self._final_state = None
             self._changed()
@@ -358,9 +372,10 @@ class LiveRender:
             emitter.disconnect(callback)
         self._connections = []
         overlay, self.overlay = self.overlay, None
-        if self._warm_token is not None:
-            self._warm_token.cancelled = True
-        self._sources = {}
+        self._cancel_warm()
+        with self._sources_lock:
+            self._generation += 1  # a source a worker still makes is not kept
+            self._sources = {}
         self.pictures.clear()
         from napari_gridmip._jobs.live_render import release_free_memory
 

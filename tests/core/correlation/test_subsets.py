@@ -241,8 +241,9 @@ def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch
 @pytest.mark.parametrize(("strategy", "step"), [("at_once", 1), ("fresh", 3)])  # a TPU's two strategies
 def test_the_selects_read_the_blocks_the_gathers_read(strategy, step, monkeypatch):
     """Each pixel's 5 x 5 blocks (cross sums, box sums, Gram planes) read by selects (a TPU's way,
-    core._backend.per_pixel_gathers) or by gathers: the same fields, searched, refined and tracked, with every
-    row-sum strategy, a 1-wide window, and a NaN in img1 (float64: the same sums; XLA may fuse the two programs'
+    core._backend.per_pixel_gathers) or by gathers: the same fields, searched, refined and tracked, with a TPU's
+    two row-sum strategies, a 1-wide window, a step wider than the subset, and a NaN in img1
+    (float64: the same sums; XLA may fuse the two programs'
     later arithmetic differently)."""
     from napari_gridmip.core import _backend
 
@@ -260,6 +261,9 @@ def test_the_selects_read_the_blocks_the_gathers_read(strategy, step, monkeypatc
                                        (moved, (1, 5), "refine"), (moved, (5, 5), "hessian")):  # fmt: skip
             found[gathers] += list(find_displacement(img1, still, window, subset=(7, 7), step=step,
                                                      subpixel=subpixel, dtype=np.float64))  # fmt: skip
+        # compact columns: the step wider than the subset
+        found[gathers] += list(find_displacement(moved, still, (5, 5), subset=(5, 5), step=7, subpixel="refine",
+                                                 dtype=np.float64))  # fmt: skip
     assert np.isfinite(np.asarray(found[True][0])).mean() > 0.5
     for a, b in zip(found[True], found[False]):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-12)

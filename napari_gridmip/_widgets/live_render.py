@@ -157,10 +157,7 @@ class LiveRender:
 
     def _data_changed(self, *_: Any) -> None:
         """New data or placement: a new source (levels, cells, caches), and a new render."""
-        self._cancel_warm()
-        with self._sources_lock:
-            self._generation += 1
-            self._sources = {}
+        self._drop_sources()
         self._final_state = None
         self._hide()
         self._cancel()
@@ -284,6 +281,13 @@ class LiveRender:
         if self.worker is worker:
             self.worker = None
 
+    def _drop_sources(self) -> None:
+        """Stop the warm-up and forget the sources; a source a worker still makes is not kept (new generation)."""
+        self._cancel_warm()
+        with self._sources_lock:
+            self._generation += 1
+            self._sources = {}
+
     def _cancel_warm(self) -> None:
         """The warm-up job stops at its next check (its source or programs would be of another state)."""
         if self._warm_token is not None:
@@ -372,10 +376,7 @@ class LiveRender:
             emitter.disconnect(callback)
         self._connections = []
         overlay, self.overlay = self.overlay, None
-        self._cancel_warm()
-        with self._sources_lock:
-            self._generation += 1  # a source a worker still makes is not kept
-            self._sources = {}
+        self._drop_sources()
         self.pictures.clear()
         from napari_gridmip._jobs.live_render import release_free_memory
 

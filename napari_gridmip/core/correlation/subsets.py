@@ -99,6 +99,7 @@ MAX_BANDS = 8  # Python-level calls per image: progress and cancel points
 GRAM_BAND_BYTES = 32 * 2**20  # a band's Gram planes stay within this (rows per band are cut to fit)
 DEVICE_GRAM_BAND_BYTES = 512 * 2**20  # the same where all rows are summed at once (Plan.at_once): fewer bands
 ROW_BATCH = 64  # output rows computed together from their sums where all rows are summed at once
+ROW_VIEW_BYTES = 512 * 2**20  # what a batch of those rows reads of the planes (_RowView) stays within this
 MAP_BAND_BYTES = 256 * 2**20  # a band's share of a full map (pixels first) before it is written out
 # rows a dask block borrows from its neighbours: the 5 x 5 taps' ring, the Gram block and the spline prefilter
 DASK_REACH = 2 + GRAM_ROWS + SPLINE_REACH
@@ -411,6 +412,29 @@ def _at_phase(x: jax.Array, c: int, step: int, count: int) -> jax.Array:
     return x[..., c % step, c // step : c // step + count]
 
 
+def _windows(x: jax.Array, start: jax.Array, count: int, step: int, height: int, axis: int) -> jax.Array:
+    """``x``'s slices ``[start + i step, start + i step + height)`` along ``axis``, for ``i < count``: ``(count,
+    *x.shape[:axis], height, *x.shape[axis + 1:])``.
+
+    One dynamic slice, then static ones: the slice is padded to ``(count + u) step`` positions (``u`` the height in
+    steps, rounded up) and split into ``(count + u, step)``, where window ``i``'s position ``r`` is ``[i + r // step,
+    r % step]``. Under ``vmap``, a dynamic slice per window would be a gather, which a TPU runs slowly: the rows'
+    bands of Gram planes gathered so were 0.25 of DIC 2048^2's 0.33 s there (tools/accelerator_profile.py)."""
+    length = (count - 1) * step + height
+    block = lax.dynamic_slice_in_dim(x, start, length, axis)
+    if count == 1:
+        return block[None]
+    u = -(-height // step)
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, (count + u) * step - length)
+    block = jnp.pad(block, widths).reshape(x.shape[:axis] + (count + u, step) + x.shape[axis + 1 :])
+    parts = [
+        lax.index_in_dim(lax.slice_in_dim(block, r // step, r // step + count, axis=axis), r % step, axis + 1, False)
+        for r in range(height)
+    ]
+    return jnp.moveaxis(jnp.stack(parts, axis=axis + 1), axis, 0)
+
+
 def _take_first(x: jax.Array, index: jax.Array, span: int, pixel_axis: int) -> jax.Array:
     """``x[index[j] + p, ..., j, ...]`` for ``p < span``, without a gather: ``(span, *x.shape[1:])``.
 
@@ -521,9 +545,24 @@ def _outputs_of(plan: Plan) -> tuple[str, ...]:
     return plan.track or DISPLACEMENT
 
 
+class _RowView(NamedTuple):
+    """What output row ``t`` reads of its band's planes. For a batch of rows (:func:`_band_rows`' ``views``), each
+    field gains a leading axis of the rows, cut by :func:`_windows` rather than by a dynamic slice under ``vmap``."""
+
+    box1: jax.Array  # img1's box sums, rows ``t s`` to ``t s + wa``: (wa, C)
+    inv1: jax.Array  # their inverse norms: (wa, C)
+    box2: jax.Array  # img2's at the row's output pixels: (Ns,)
+    inv2: jax.Array
+    sq2: jax.Array
+    near: jax.Array | None  # the selects' padded planes (box1, inv1, box_taps) by phase: (k, wa + 2 reach, s, Q)
+    planes: jax.Array | None  # the selects' padded Gram planes by phase: (45, wa + 4, s, Q')
+
+
 def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax.Array):
-    """``row(t, H)`` for the main sweep: output row ``t`` from its sums ``H``, a tuple of ``(Ns, ...)`` arrays:
-    the map row, or the displacement row and the rest (:func:`_outputs_of`)."""
+    """``(row, views)`` for the main sweep. ``row(t, H, view)``: output row ``t`` from its sums ``H`` and what it
+    reads of the planes, ``view``, a tuple of ``(Ns, ...)`` arrays: the map row, or the displacement row and the
+    rest (:func:`_outputs_of`). ``views(t0, count)``: the :class:`_RowView` of rows ``t0`` to ``t0 + count``, each
+    field with a leading axis of the rows."""
     (wm, wn), (ring_y, ring_x), s, count = plan.window, plan.ring, plan.step, plan.count
     wa, wb = plan.extended
     ns = plan.out[1]
@@ -531,12 +570,9 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
     dtype = stats.box1.dtype
     zero = jnp.int32(0)
 
-    def normalise(t, h):
-        """Correlations ``r[b][a, j]`` of the window's offsets (the ring left out) at output row ``t``."""
-        b1 = lax.dynamic_slice_in_dim(stats.box1, t * s, wa, axis=0)
-        i1 = lax.dynamic_slice_in_dim(stats.inv1, t * s, wa, axis=0)
-        b2 = lax.dynamic_index_in_dim(stats.box2, t, 0, keepdims=False) / count
-        i2 = lax.dynamic_index_in_dim(stats.inv2, t, 0, keepdims=False)
+    def normalise(h, view):
+        """Correlations ``r[b][a, j]`` of the window's offsets (the ring left out) at the view's output row."""
+        b1, i1, b2, i2 = view.box1, view.inv1, view.box2 / count, view.inv2
         out = []
         for b in range(ring_x, ring_x + wn):
             cb1 = _strided(b1[ring_y : ring_y + wm], b, ns, s, 1)
@@ -550,33 +586,44 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
             out.append((cross - cb1 * b2) * ci1 * i2)
         return out
 
-    if plan.method == "map":
-
-        def map_row(t, h):
-            r = jnp.stack(normalise(t, h))  # (wn, wm, Ns)
-            return (jnp.transpose(r, (2, 1, 0)),)  # (Ns, wm, wn)
-
-        return map_row
-
     reach = 2 if plan.gram else 1
     span = 2 * reach + 1
-    columns = jnp.arange(ns, dtype=jnp.int32) * s  # each output pixel's first column
-    if not plan.gathers:  # made once a band: the planes the blocks come from, side by side
+    near = padded_planes = None
+    if not plan.gathers and plan.method != "map":  # made once a band: the planes the blocks come from
         # the image's columns last, everywhere below: a TPU lays an array's last axis along its 128 lanes, and a
         # last axis of 3 (the planes side by side) or 9 (the Gram planes' column offsets) left most of them
         # empty: DIC 2048^2 took 0.98 s so, 0.86 s with the gathers (tools/accelerator_profile.py)
         # edge-padded by the reach: a position off the plane reads its edge, as the gathers' clipped index does
         stacked = jnp.stack([stats.box1, stats.inv1] + ([stats.box_taps] if plan.gram else []))
-        padded = jnp.pad(stacked, ((0, 0), (reach, reach), (reach, reach)), mode="edge")  # (k, R + 2r, C + 2r)
-        padded = _by_phase(padded, s, wb + 2 * reach, ns)  # (k, R + 2r, s, Q)
+        near = jnp.pad(stacked, ((0, 0), (reach, reach), (reach, reach)), mode="edge")  # (k, R + 2r, C + 2r)
+        near = _by_phase(near, s, wb + 2 * reach, ns)  # (k, R + 2r, s, Q)
         # zeros, never read: each Gram block's start is clipped into the planes; (45, R + 4, s, Q')
-        padded_planes = None
         if plan.gram:
             padded_planes = jnp.pad(jnp.transpose(planes, (2, 3, 0, 1)), ((0, 0), (0, 0), (2, 2), (2, 2)))
             padded_planes = _by_phase(padded_planes.reshape(GRAM_ROWS * GRAM_COLS, *padded_planes.shape[2:]), s,
                                       wb + 4, ns)  # fmt: skip
 
-    def blocks_at(t, h, ae, be):
+    def views(t0, n):
+        """The :class:`_RowView` of output rows ``t0`` to ``t0 + n``, each field ``(n, ...)``."""
+        return _RowView(
+            _windows(stats.box1, t0 * s, n, s, wa, 0),
+            _windows(stats.inv1, t0 * s, n, s, wa, 0),
+            *(lax.dynamic_slice_in_dim(x, t0, n, axis=0) for x in (stats.box2, stats.inv2, stats.sq2)),
+            None if near is None else _windows(near, t0 * s, n, s, wa + 2 * reach, 1),
+            None if padded_planes is None else _windows(padded_planes, t0 * s, n, s, wa + 4, 1),
+        )
+
+    if plan.method == "map":
+
+        def map_row(t, h, view):
+            r = jnp.stack(normalise(h, view))  # (wn, wm, Ns)
+            return (jnp.transpose(r, (2, 1, 0)),)  # (Ns, wm, wn)
+
+        return map_row, views
+
+    columns = jnp.arange(ns, dtype=jnp.int32) * s  # each output pixel's first column
+
+    def blocks_at(t, h, ae, be, view):
         """Each pixel's ``span x span`` block around its extended offset ``(ae, be)``: of the raw cross sums, of
         img1's box sums and inverse norms, and (``plan.gram``) of the box sums of what the taps interpolate."""
         if plan.gathers:
@@ -587,14 +634,14 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
             taps = stats.box_taps[rows, cols] if plan.gram else None
             return _block(h, ae, be, reach), stats.box1[rows, cols], stats.inv1[rows, cols], taps
         cross = jnp.pad(jnp.stack(h, axis=1), ((reach, reach), (reach, reach), (0, 0)), mode="edge")
-        band = lax.dynamic_slice_in_dim(padded, t * s, wa + 2 * reach, axis=1)  # (k, wa + 2r, s, Q)
+        band = view.near  # (k, wa + 2r, s, Q)
         # the pixels' neighbourhoods: (k, wa + 2r, wb + 2r, Ns), one static slice per column offset
         hood = jnp.stack([_at_phase(band, c, s, ns) for c in range(wb + 2 * reach)], axis=2)
         picked = _take_block(jnp.moveaxis(hood, 0, 2), ae, be, span)  # (span, span, k, Ns)
         return (_take_block(cross, ae, be, span), picked[:, :, 0], picked[:, :, 1],
                 picked[:, :, 2] if plan.gram else None)  # fmt: skip
 
-    def gram_at(t, ae, be):
+    def gram_at(t, ae, be, view):
         """Each pixel's 25 x 25 Gram matrix of its tap block around ``(ae, be)``: ``(Ns, 25, 25)``."""
         # each pixel's block of Gram planes: rows and columns of its tap (0, 0), clipped into the planes
         top = jnp.clip(t * s + ae - 2, 0, planes.shape[0] - 5)
@@ -608,7 +655,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         # the rows of each pixel's block from a band of padded planes, one column offset at a time (the whole
         # neighbourhood of every pixel at once would be (wa + 4) (wb + 4) 45 values a pixel)
         a0, b0 = top - t * s + 2, left - columns + 2  # in the band, from the padded planes' first row and column
-        band = lax.dynamic_slice_in_dim(padded_planes, t * s, wa + 4, axis=1)  # (45, wa + 4, s, Q')
+        band = view.planes  # (45, wa + 4, s, Q')
         block = jnp.zeros((5, 5, GRAM_ROWS * GRAM_COLS, ns), dtype)
         for c in range(wb + 4):
             rows = _take_first(jnp.moveaxis(_at_phase(band, c, s, ns), 1, 0), a0, 5, 2)  # (5, 45, Ns)
@@ -616,8 +663,8 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
             block = block + jnp.where(hit[None, :, None, :], rows[:, None], jnp.zeros((), dtype))
         return _gram_matrix(block.reshape(5, 5, GRAM_ROWS, GRAM_COLS, ns))
 
-    def row(t, h):
-        r = normalise(t, h)
+    def row(t, h, view):
+        r = normalise(h, view)
         peak, a0, b0 = _argmax(r)
         edge = ~jnp.isfinite(peak)
         if wm > 1:
@@ -625,9 +672,8 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         if wn > 1:
             edge = edge | (b0 == 0) | (b0 == wn - 1)
         ae, be = a0 + ring_y, b0 + ring_x  # extended offsets
-        cross, mean1, inv1, mean_taps = blocks_at(t, h, ae, be)  # (span, span, Ns) each
-        b2 = lax.dynamic_index_in_dim(stats.box2, t, 0, keepdims=False)
-        i2 = lax.dynamic_index_in_dim(stats.inv2, t, 0, keepdims=False)
+        cross, mean1, inv1, mean_taps = blocks_at(t, h, ae, be, view)  # (span, span, Ns) each
+        b2, i2 = view.box2, view.inv2
         centre = slice(reach - 1, reach + 2)
         if plan.spline:  # the integer map's 3x3 from the coefficients' 5x5
             one = jnp.asarray([1.0, 4.0, 1.0], dtype) / 6
@@ -646,7 +692,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         if plan.gram:
             py = ae.astype(dtype) + jnp.clip(sub_y, -REACH, REACH)
             px = be.astype(dtype) + jnp.clip(sub_x, -REACH, REACH)
-            gram = gram_at(t, ae, be)
+            gram = gram_at(t, ae, be, view)
             cross25 = jnp.moveaxis(cross, -1, 0).reshape(ns, 25)
             mean25 = jnp.moveaxis(mean_taps, -1, 0).reshape(ns, 25)
             aef, bef = ae.astype(dtype), be.astype(dtype)
@@ -682,7 +728,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
             sub_y, sub_x = py - aef, px - bef
             if plan.track:
                 sum_r, sum_rr, sum_sr = f.sums
-                sum_s, sum_ss = b2, lax.dynamic_index_in_dim(stats.sq2, t, 0, keepdims=False)
+                sum_s, sum_ss = b2, view.sq2
                 var_r = sum_rr - sum_r * sum_r / count
                 cov = sum_sr - sum_r * sum_s / count
                 var_s = sum_ss - sum_s * sum_s / count
@@ -704,7 +750,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         results["dx"] = jnp.where(edge, nan, (b0 - wn // 2).astype(dtype) + sub_x)
         return tuple(results[name].astype(dtype) for name in _outputs_of(plan))
 
-    return row
+    return row, views
 
 
 @partial(jax.jit, static_argnames=("plan", "rows"))
@@ -743,16 +789,28 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
         stats = _stats(a, b, ba, bb, plan, rows, coeffs)
         swept = a if coeffs is None else coeffs  # what the taps interpolate
         planes = _gram_planes(swept, plan, rows) if plan.gram else None
-        row = _band_rows(plan, stats, planes, centres[item])
+        row, views = _band_rows(plan, stats, planes, centres[item])
         if plan.at_once:
             sums = _sums_at_once(swept, b, rows=rows, offsets=(wa, wb), origin=(0, n), plan=plan)
             sums = jnp.moveaxis(sums, 2, 0)  # (rows, wa, wb, Ns)
             # in batches of rows: each row's intermediates (its 5 x 5 Gram blocks: 2.3 MB at 512 output
-            # columns) times the batch stay far within the device's memory
-            result = lax.map(
-                lambda th: row(th[0], tuple(th[1][:, q] for q in range(wb))),
-                (jnp.arange(rows, dtype=jnp.int32), sums),
-                batch_size=min(rows, ROW_BATCH),
+            # columns) and what it reads of the planes, times the batch, stay far within the device's memory
+            per_row = (GRAM_ROWS * GRAM_COLS + 3) * (wa + 4) * (ns * s + wb + 8) * np.dtype(x1.dtype).itemsize
+            size = max(1, min(rows, ROW_BATCH, ROW_VIEW_BYTES // per_row))
+            # the last batch ends at the last row (its first rows computed twice, the same values): static shapes
+            starts = np.minimum(np.arange(0, rows, size), rows - size).astype(np.int32)
+
+            def one_batch(t0):
+                rows_h = lax.dynamic_slice_in_dim(sums, t0, size, axis=0)
+                return jax.vmap(lambda t, h, view: row(t, tuple(h[:, q] for q in range(wb)), view))(
+                    t0 + jnp.arange(size, dtype=jnp.int32), rows_h, views(t0, size)
+                )
+
+            batches = lax.map(one_batch, jnp.asarray(starts))  # each (batches, size, ...)
+            new = rows - (len(starts) - 1) * size  # rows of the last batch that the others did not compute
+            result = tuple(
+                jnp.concatenate([r[:-1].reshape(-1, *r.shape[2:]), r[-1, size - new :]]) if len(starts) > 1 else r[0]
+                for r in batches
             )
         else:
             shape = (rows, ns, wm, wn) if plan.method == "map" else (rows, ns)
@@ -760,7 +818,8 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
 
             def consume(t, h, out):
                 return tuple(
-                    lax.dynamic_update_slice(o, r[None], (t,) + (zero,) * (o.ndim - 1)) for o, r in zip(out, row(t, h))
+                    lax.dynamic_update_slice(o, r[None], (t,) + (zero,) * (o.ndim - 1))
+                    for o, r in zip(out, row(t, h, jax.tree.map(lambda v: v[0], views(t, 1))))
                 )
 
             result = _sweep(

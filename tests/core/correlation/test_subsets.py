@@ -270,6 +270,60 @@ def test_the_selects_read_the_blocks_the_gathers_read(strategy, step, monkeypatc
         np.testing.assert_array_equal(np.isnan(np.asarray(b)), np.isnan(np.asarray(a)))
 
 
+@pytest.mark.parametrize("gathers", [True, False])
+def test_rows_in_small_batches_give_one_batchs_fields(gathers, monkeypatch):
+    """All rows summed at once, their peaks and refinements in batches (a TPU's way): batches of 5 and 7 rows (the
+    last one overlapping the one before, as when the rows do not divide), and of every row, give the same fields,
+    searched, refined and tracked, and the same map."""
+    from napari_gridmip.core import _backend
+    from napari_gridmip.core.correlation import subsets
+
+    monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: "at_once")
+    monkeypatch.setattr(_backend, "per_pixel_gathers", lambda: gathers)
+    monkeypatch.setattr(subsets, "MAX_BANDS", 1)  # one band of every row: several batches in it
+    sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=2, shape=(30, 32))
+    moved, still = smooth_pair((-0.6, 1.3), shape=(1, 44, 46))
+    found = {}
+    for batch in (5, 7, 1000):
+        monkeypatch.setattr(subsets, "ROW_BATCH", batch)
+        jax.clear_caches()  # the batch is read when the band program is traced
+        tracked = track_speckles(sample, reference, (5, 5), subset=(5, 5), step=2, dtype=np.float64)
+        found[batch] = [getattr(tracked, n) for n in ("dy", "dx", "transmission", "dark_field", "sigma_dy")]
+        found[batch] += list(find_displacement(moved, still, (5, 5), subset=(7, 7), step=2, subpixel="refine",
+                                               dtype=np.float64))  # fmt: skip
+        found[batch].append(windowed_pearson(moved, still, (5, 5), subset=(7, 7), step=3, dtype=np.float64))
+    for out in (found[1000][0], found[1000][-1]):  # a last batch that overlaps, and several batches
+        rows = np.asarray(out).shape[-2 if out.ndim == 2 else -4]
+        assert rows % 5 and rows % 7 and rows > 7, rows
+    assert np.isfinite(np.asarray(found[1000][0])).mean() > 0.5
+    for batch in (5, 7):
+        for i, (a, b) in enumerate(zip(found[1000], found[batch])):
+            # sigma_dy (5th) comes from 1 - r with r near 1 here: ~5e-9, rounded differently by another batch width
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-7 if i == 4 else 1e-12)
+            np.testing.assert_array_equal(np.isnan(np.asarray(b)), np.isnan(np.asarray(a)))
+
+
+@given(
+    st.integers(1, 6), st.integers(1, 4), st.integers(1, 7), st.integers(0, 2), st.integers(0, 2 ** 31 - 1),
+)  # fmt: skip
+@settings(max_examples=examples(25), deadline=None)
+def test_windows_are_numpy_slices(count, step, height, axis, seed):
+    """The windows a batch of rows reads (one dynamic slice, then static ones) equal NumPy's slices, whatever the
+    start, the step against the height, and the axis."""
+    from napari_gridmip.core.correlation.subsets import _windows
+
+    rng = np.random.default_rng(seed)
+    start = int(rng.integers(0, 4))
+    shape = [3, 4, 5]
+    shape[axis] = start + (count - 1) * step + height + int(rng.integers(0, 3))
+    x = rng.standard_normal(shape).astype(np.float32)
+    got = np.asarray(jax.jit(_windows, static_argnums=(2, 3, 4, 5))(x, jnp.int32(start), count, step, height, axis))
+    expected = np.stack([
+        np.take(x, np.arange(start + i * step, start + i * step + height), axis=axis) for i in range(count)
+    ])  # fmt: skip
+    np.testing.assert_array_equal(got, expected)
+
+
 @given(
     st.integers(1, 7), st.integers(1, 6), st.integers(1, 4), st.integers(1, 5), st.integers(0, 2 ** 31 - 1),
 )  # fmt: skip

@@ -396,20 +396,23 @@ def _block(h: Sequence[jax.Array], a0: jax.Array, b0: jax.Array, reach: int) -> 
 
 
 def _by_phase(x: jax.Array, step: int, width: int, count: int) -> jax.Array:
-    """``x`` ``(..., C)`` with its columns split by their phase modulo ``step``: ``(..., step, Q)`` where
-    ``[..., c % step, c // step + j]`` is column ``c + j step`` (zeros past ``C``), for ``c < width``, ``j < count``.
+    """Planes ``x`` ``(k, R, C)`` with their columns split by phase modulo ``step``, the phase first and the planes
+    beside the columns: ``(step, R, k, Q)``, where ``[c % step, r, i, c // step + j]`` is ``x[i, r, c + j step]``
+    (zeros past ``C``), for ``c < width``, ``j < count``.
 
     Made once a band, so that each pixel's column ``c + j step`` is then a contiguous slice (:func:`_at_phase`)
     rather than a strided one: a TPU's strided slice along its lanes (the last axis) ran at 5 GB/s, 0.75 of DIC
-    2048^2's 0.98 s at step 4 (tools/accelerator_profile.py)."""
+    2048^2's 0.98 s at step 4 (tools/accelerator_profile.py). The phase is a leading axis and the rows sit above the
+    two axes a TPU tiles (its sublanes and lanes): with the phase among those, picking one phase of a batch's
+    bands took 0.097 of DIC's 0.27 s there (the same profile)."""
     q = count + (width - 1) // step + 1
-    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, max(0, q * step - x.shape[-1]))])[..., : q * step]
-    return jnp.swapaxes(x.reshape(*x.shape[:-1], q, step), -1, -2)
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, max(0, q * step - x.shape[-1]))))[..., : q * step]
+    return jnp.transpose(x.reshape(*x.shape[:-1], q, step), (3, 1, 0, 2))
 
 
 def _at_phase(x: jax.Array, c: int, step: int, count: int) -> jax.Array:
-    """Columns ``c + j step``, ``j < count``, of a :func:`_by_phase` array: ``(..., count)``."""
-    return x[..., c % step, c // step : c // step + count]
+    """Columns ``c + j step``, ``j < count``, of a :func:`_by_phase` array: ``(R, k, count)``."""
+    return x[c % step, ..., c // step : c // step + count]
 
 
 def _windows(x: jax.Array, start: jax.Array, count: int, step: int, height: int, axis: int) -> jax.Array:
@@ -554,8 +557,8 @@ class _RowView(NamedTuple):
     box2: jax.Array  # img2's at the row's output pixels: (Ns,)
     inv2: jax.Array
     sq2: jax.Array
-    near: jax.Array | None  # the selects' padded planes (box1, inv1, box_taps) by phase: (k, wa + 2 reach, s, Q)
-    planes: jax.Array | None  # the selects' padded Gram planes by phase: (45, wa + 4, s, Q')
+    near: jax.Array | None  # the selects' padded planes (box1, inv1, box_taps) by phase: (s, wa + 2 reach, k, Q)
+    planes: jax.Array | None  # the selects' padded Gram planes by phase: (s, wa + 4, 45, Q')
 
 
 def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax.Array):
@@ -596,8 +599,8 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         # edge-padded by the reach: a position off the plane reads its edge, as the gathers' clipped index does
         stacked = jnp.stack([stats.box1, stats.inv1] + ([stats.box_taps] if plan.gram else []))
         near = jnp.pad(stacked, ((0, 0), (reach, reach), (reach, reach)), mode="edge")  # (k, R + 2r, C + 2r)
-        near = _by_phase(near, s, wb + 2 * reach, ns)  # (k, R + 2r, s, Q)
-        # zeros, never read: each Gram block's start is clipped into the planes; (45, R + 4, s, Q')
+        near = _by_phase(near, s, wb + 2 * reach, ns)  # (s, R + 2r, k, Q)
+        # zeros, never read: each Gram block's start is clipped into the planes; (s, R + 4, 45, Q')
         if plan.gram:
             padded_planes = jnp.pad(jnp.transpose(planes, (2, 3, 0, 1)), ((0, 0), (0, 0), (2, 2), (2, 2)))
             padded_planes = _by_phase(padded_planes.reshape(GRAM_ROWS * GRAM_COLS, *padded_planes.shape[2:]), s,
@@ -609,7 +612,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
             _windows(stats.box1, t0 * s, n, s, wa, 0),
             _windows(stats.inv1, t0 * s, n, s, wa, 0),
             *(lax.dynamic_slice_in_dim(x, t0, n, axis=0) for x in (stats.box2, stats.inv2, stats.sq2)),
-            None if near is None else _windows(near, t0 * s, n, s, wa + 2 * reach, 1),
+            None if near is None else _windows(near, t0 * s, n, s, wa + 2 * reach, 1),  # (n, s, wa + 2r, k, Q)
             None if padded_planes is None else _windows(padded_planes, t0 * s, n, s, wa + 4, 1),
         )
 
@@ -634,10 +637,10 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
             taps = stats.box_taps[rows, cols] if plan.gram else None
             return _block(h, ae, be, reach), stats.box1[rows, cols], stats.inv1[rows, cols], taps
         cross = jnp.pad(jnp.stack(h, axis=1), ((reach, reach), (reach, reach), (0, 0)), mode="edge")
-        band = view.near  # (k, wa + 2r, s, Q)
-        # the pixels' neighbourhoods: (k, wa + 2r, wb + 2r, Ns), one static slice per column offset
-        hood = jnp.stack([_at_phase(band, c, s, ns) for c in range(wb + 2 * reach)], axis=2)
-        picked = _take_block(jnp.moveaxis(hood, 0, 2), ae, be, span)  # (span, span, k, Ns)
+        band = view.near  # (s, wa + 2r, k, Q)
+        # the pixels' neighbourhoods: (wa + 2r, wb + 2r, k, Ns), one static slice per column offset
+        hood = jnp.stack([_at_phase(band, c, s, ns) for c in range(wb + 2 * reach)], axis=1)
+        picked = _take_block(hood, ae, be, span)  # (span, span, k, Ns)
         return (_take_block(cross, ae, be, span), picked[:, :, 0], picked[:, :, 1],
                 picked[:, :, 2] if plan.gram else None)  # fmt: skip
 
@@ -655,10 +658,10 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
         # the rows of each pixel's block from a band of padded planes, one column offset at a time (the whole
         # neighbourhood of every pixel at once would be (wa + 4) (wb + 4) 45 values a pixel)
         a0, b0 = top - t * s + 2, left - columns + 2  # in the band, from the padded planes' first row and column
-        band = view.planes  # (45, wa + 4, s, Q')
+        band = view.planes  # (s, wa + 4, 45, Q')
         block = jnp.zeros((5, 5, GRAM_ROWS * GRAM_COLS, ns), dtype)
         for c in range(wb + 4):
-            rows = _take_first(jnp.moveaxis(_at_phase(band, c, s, ns), 1, 0), a0, 5, 2)  # (5, 45, Ns)
+            rows = _take_first(_at_phase(band, c, s, ns), a0, 5, 2)  # (5, 45, Ns)
             hit = (b0[None, :] + jnp.arange(5, dtype=jnp.int32)[:, None]) == c  # (5, Ns): tap column q is here
             block = block + jnp.where(hit[None, :, None, :], rows[:, None], jnp.zeros((), dtype))
         return _gram_matrix(block.reshape(5, 5, GRAM_ROWS, GRAM_COLS, ns))

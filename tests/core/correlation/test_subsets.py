@@ -358,7 +358,8 @@ def test_columns_by_phase_are_the_strided_columns(columns, step, width, count):
     phased = _by_phase(jnp.asarray(x), step, width, count)
     for c in range(width):
         np.testing.assert_array_equal(
-            np.asarray(_at_phase(phased, c, step, count)), x[..., c : c + (count - 1) * step + 1 : step]
+            np.asarray(_at_phase(phased, c, step, count)),
+            np.moveaxis(x[..., c : c + (count - 1) * step + 1 : step], 0, 1),
         )
 
 

@@ -29,6 +29,10 @@ COARSE_FACTOR = 4  # the coarse pass's pixels are this many canvas pixels a side
 MAX_COARSE_LEVEL = 2  # the coarse pass reads at most level 2 (a 16th of level 0's chunks)
 CELL = 8  # the occupancy cells computed for layers without stored ones (8 skips 3x more samples than 16)
 MIN_CELL = 4  # render_view's smallest cell: coarser levels pool level 0's cells up to this
+# a warm-up reads level 0's chunks with an occupied cell ahead of the first view where they fit its cache and
+# are at most this many (the real volume's 526: 1.2 s of its first full-resolution render, docs/occupancy.md)
+PRELOAD_CHUNKS = 1024
+PRELOAD_BATCH = 64  # chunks read between two looks at the warm-up's cancel
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,7 @@ class LiveSource:
         # not load into the pool (or lay it out again) while the older still reads or loads it
         self._cache_locks = {level: threading.Lock() for level in self.caches}
         self._warmed: set[tuple[str, float, int]] = set()  # (mode, step, level) whose programs :meth:`warm` made
+        self.preloading: threading.Thread | None = None  # :meth:`warm`'s read of level 0's chunks, once started
 
     def _cell_at(self, level: int) -> tuple[int, int]:
         """(pooling of level 0's cells, cell side in level ``level``'s voxels)."""
@@ -264,6 +269,26 @@ class LiveSource:
                 return
         self._warmed.add(key)
 
+    def _preload(self, level: int, cancel: Callable[[], bool] | None) -> None:
+        """Read ``level``'s chunks with an occupied cell into its cache, when they all fit there and are at most
+        :data:`PRELOAD_CHUNKS`, :data:`PRELOAD_BATCH` at a time: a render waits for one batch at most (the cache
+        serves one at a time), and then reads only the chunks not read yet. None is evicted: they all fit."""
+        from napari_gridmip.core.occupancy.raycast import cell_side
+
+        cache, cells = self.caches[level], self._cells_at(level)
+        cell = cell_side(self.levels[level].shape, cells.shape)  # as render_view lays the cache out
+        with self._cache_locks[level]:
+            cache.prepare(cells, cell)
+            ids = cache.occupied()
+            if not cache.bricked or len(ids) > PRELOAD_CHUNKS or not cache.fits(ids):
+                return
+        for start in range(0, len(ids), PRELOAD_BATCH):
+            if cancel is not None and cancel():
+                return
+            with self._cache_locks[level]:
+                cache.prepare(cells, cell)  # the same grid: kept as it is
+                cache.load(ids[start : start + PRELOAD_BATCH])
+
     def _warming(self, display: Display, level: int, cancel: Callable[[], bool] | None) -> threading.Thread | None:
         """:meth:`_warm` of ``level`` started in a thread (None: its programs are made already)."""
         if (display.mode, display.step, level) in self._warmed:
@@ -284,13 +309,25 @@ class LiveSource:
         resolution's), side by side: XLA's compile releases the GIL. A live view calls it when it is switched on,
         before the camera has rested, so that its first view compiles nothing (or loads nothing from the disk
         cache): on 2 cores, the first view of a user's first session came 1.6 s sooner
-        (docs/screenshots_real_volume.py, docs/occupancy.md)."""
+        (docs/screenshots_real_volume.py, docs/occupancy.md). Then, in a thread of its own (:attr:`preloading`)
+        that a render does not wait for, level 0's occupied chunks are read where they are few enough
+        (:meth:`_preload`)."""
         thread = self._warming(display, 0, cancel) if self.coarse_level is not None else None
         try:
             self._warm(display, self.coarse_level if self.coarse_level is not None else 0, cancel)
         finally:
             if thread is not None:
                 thread.join()
+        if (cancel is None or not cancel()) and self.preloading is None:
+
+            def preload() -> None:
+                try:
+                    self._preload(0, cancel)
+                except Exception:  # noqa: BLE001 - a render reads what it needs itself, and reports a failure
+                    pass
+
+            self.preloading = threading.Thread(target=preload, name="napari-gridmip full resolution preload")
+            self.preloading.start()
 
     def render(self, state: ViewState, *, level: int, image_shape: tuple[int, int],
                cancel: Callable[[], bool] | None = None) -> Picture:  # fmt: skip

@@ -63,3 +63,41 @@ def test_a_cancelled_warm_up_leaves_the_programs_to_the_render():
     pictures = list(source.progressive(state))
     assert pictures[-1].final and np.isfinite(pictures[-1].values).any()
     assert {key[2] for key in source._warmed} == {0}  # the render's own warm-up of level 0, beside the coarse pass
+
+
+def test_the_warm_up_reads_level_0s_occupied_chunks_and_the_first_view_reads_none():
+    shape = (84, 68, 76)  # chunks of 64: 8, each with points in it
+    source = _source(_volume(shape, 5))
+    state = _state(shape)
+    source.warm(state.display)
+    source.preloading.join(timeout=60)
+    cache = source.caches[0]
+    occupied = cache.occupied()
+    assert len(occupied) > 1 and sorted(cache.blocks) == sorted(occupied.tolist())
+    reads = cache.reads
+    pictures = list(source.progressive(state))
+    assert pictures[-1].level == 0 and pictures[-1].chunks_read == 0 and cache.reads == reads
+    cold = list(_source(_volume(shape, 5)).progressive(state))
+    assert cold[-1].chunks_read > 0
+    np.testing.assert_array_equal(pictures[-1].values, cold[-1].values)
+
+
+def test_the_preload_keeps_to_its_bound_and_stops_when_cancelled(monkeypatch):
+    from napari_gridmip._jobs import live_render
+
+    shape = (84, 68, 76)
+    state = _state(shape)
+    monkeypatch.setattr(live_render, "PRELOAD_CHUNKS", 1)  # more occupied chunks than this: none read ahead
+    source = _source(_volume(shape, 6))
+    source.warm(state.display)
+    source.preloading.join(timeout=60)
+    assert len(source.caches[0].blocks) < len(source.caches[0].occupied())
+    monkeypatch.setattr(live_render, "PRELOAD_CHUNKS", 1024)
+    monkeypatch.setattr(live_render, "PRELOAD_BATCH", 1)
+    source = _source(_volume(shape, 6))
+    looks = []
+    source._preload(0, cancel=lambda: looks.append(1) or len(looks) > 3)  # cancelled at its 4th look
+    assert len(source.caches[0].blocks) == 3 < len(source.caches[0].occupied())
+    source = _source(_volume(shape, 6))
+    source.warm(state.display, cancel=lambda: True)  # a warm-up cancelled: no preload either
+    assert source.preloading is None and not source.caches[0].blocks

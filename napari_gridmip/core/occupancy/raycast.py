@@ -194,6 +194,12 @@ class ChunkCache:
         per = int(np.prod(self.brick)) * self.dtype.itemsize if self._cells is not None else 0
         return sum(len(b) for b in self.bricks_of.values()) * per
 
+    def occupied(self) -> np.ndarray:
+        """The ids of the chunks with an occupied cell (every chunk where whole chunks are kept)."""
+        if self._cells is None:
+            raise ValueError("the cache has no occupancy grid yet: call prepare(cells, cell) first")
+        return np.flatnonzero(self.counts)
+
     def fits(self, ids: np.ndarray) -> bool:
         """Whether the chunks ``ids`` fit in the cache together."""
         return len(ids) <= self.slots and int(self.counts[np.asarray(ids, np.int64)].sum()) <= self.bricks
@@ -684,6 +690,12 @@ def sample_plan(origins: np.ndarray, directions: np.ndarray, shape: tuple[int, .
     return np.where(n > 0, enter, 0.0), n
 
 
+def cell_side(shape: tuple[int, ...], cells_shape: tuple[int, ...]) -> int | None:
+    """The side ``2**k`` (``k >= 2``, the smallest) of the cells of a grid of ``cells_shape`` over a volume of
+    ``shape`` (:func:`render_view`'s reading of its ``cells``), or None."""
+    return next((2**k for k in range(2, 31) if tuple(-(-n // 2**k) for n in shape) == tuple(cells_shape)), None)
+
+
 def render_view(
     volume: Any,
     cells: Any,
@@ -779,7 +791,7 @@ def render_view(
     cells = np.asarray(cells)
     if cells.dtype != np.bool_ or cells.ndim != 3:
         raise ValueError(f"cells must be a 3D bool occupancy grid; got {cells.dtype} of shape {cells.shape}")
-    cell = next((2**k for k in range(2, 31) if tuple(-(-n // 2**k) for n in shape) == cells.shape), None)
+    cell = cell_side(shape, cells.shape)
     if cell is None:
         raise ValueError(f"cells must have shape ceil({shape} / 2**k) for some k >= 2; got {cells.shape}")
     mode = _validate.check_choice("mode", mode, MODES)

@@ -37,7 +37,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core.occupancy._chunk_files import chunk_reader
@@ -433,19 +432,18 @@ def _mark_boxes(rays, segs, cells, step, shape, chunk, grid, segment, cell, chun
     the part of each occupied cell inside the box of voxels the segment's samples read. A superset of ``_mark``'s
     (a box holds more voxels than its samples read), as tight at the cells' scale; chunks of at least a cell."""
     lo, hi, n = _segment_box(rays, segs, step, shape, segment)
-    valid = segs * segment < n
-    # the 8 cells and, in each, up to 8 ends as axes of the arrays (one gather of the cells), not unrolled: the
-    # same chunks in the same order, and a program XLA compiles in 0.10 s rather than 0.22 to 0.30 s (the real
-    # volume's level 0; a live view's first view compiles it at 2 levels)
-    corners = jnp.asarray(list(np.ndindex(2, 2, 2)), jnp.int32)  # (8, 3)
-    c = jnp.minimum(lo[:, None] // cell + corners, hi[:, None] // cell)  # (P, 8, 3)
-    hit = cells[c[..., 0], c[..., 1], c[..., 2]] & valid[:, None]  # (P, 8)
-    part_lo, part_hi = jnp.maximum(lo[:, None], c * cell), jnp.minimum(hi[:, None], c * cell + cell - 1)
-    # its chunks: at most 2 per axis (it is at most a cell wide); one where chunks are whole cells
-    ends = jnp.zeros((1, 3), bool) if aligned else corners.astype(bool)  # (E, 3)
-    q = jnp.where(ends, part_hi[:, :, None], part_lo[:, :, None]) // chunk  # (P, 8, E, 3)
-    flat = (q[..., 0] * grid[1] + q[..., 1]) * grid[2] + q[..., 2]
-    return jnp.where(hit[:, :, None], flat, chunks).reshape(len(lo), -1)
+    valid = (segs * segment < n)[:, None]
+    marked = []
+    for corner in np.ndindex(2, 2, 2):
+        c = jnp.minimum(lo // cell + jnp.asarray(corner, jnp.int32), hi // cell)
+        hit = cells[c[:, 0], c[:, 1], c[:, 2]][:, None] & valid
+        part_lo, part_hi = jnp.maximum(lo, c * cell), jnp.minimum(hi, c * cell + cell - 1)  # the box inside the cell
+        # its chunks: at most 2 per axis (it is at most a cell wide); one where chunks are whole cells
+        for end in np.ndindex(2, 2, 2) if not aligned else [(0, 0, 0)]:
+            q = jnp.where(jnp.asarray(end, bool), part_hi, part_lo) // chunk
+            flat = (q[:, 0] * grid[1] + q[:, 1]) * grid[2] + q[:, 2]
+            marked.append(jnp.where(hit[:, 0], flat, chunks))
+    return jnp.stack(marked, axis=1)
 
 
 def _brick_of(slots, tables, q, i, per_chunk):
@@ -459,67 +457,45 @@ def _brick_of(slots, tables, q, i, per_chunk):
     return index, (slot >= 0) & (index >= 0)
 
 
-def _corner_sum(weights: list, corner_value: Callable, background: Any) -> jax.Array:
-    """The trilinear sum over a sample's 8 corners, in ``np.ndindex(2, 2, 2)``'s order: ``value + (w0 w1 w2) v``
-    per corner, ``v`` the corner's voxel or ``background`` where it is not held.
-
-    ``weights``: per axis, ``(2, P, S)``: the lower and the upper voxel's weights; ``corner_value(c)``: ``(held,
-    read)`` of the corner ``c`` (its side per axis, traced int32). A loop over the corners, not 8 copies of their
-    lookups: XLA compiles the live view's ``_reduce`` in 0.40 s rather than 0.91 s (the real volume's level 0 on
-    this 2-core CPU; 0.73 to 0.93 s rather than 1.5 s beside the other level's compile, in a live view's first
-    view), and its warm renders take 5 to 30% longer (the same volume's views: 0.34 against 0.30 s, 1.1 to 1.3
-    against 0.9 s; docs/occupancy.md). Both gathers sum this way, so they give the same values bit for bit."""
-
-    def add(corner, value):
-        c = [(corner >> 2) & 1, (corner >> 1) & 1, corner & 1]
-        w = [lax.dynamic_index_in_dim(weights[axis], c[axis], 0, keepdims=False) for axis in range(3)]
-        held, read = corner_value(c)
-        return value + (w[0] * w[1] * w[2]) * jnp.where(held, read, background)
-
-    return lax.fori_loop(0, 8, add, jnp.zeros(weights[0].shape[1:], jnp.float32))
-
-
-def _side(x: jax.Array, c: jax.Array) -> jax.Array:
-    """``x[c]`` of a ``(2, ...)`` array of an axis's lower and upper sides."""
-    return lax.dynamic_index_in_dim(x, c, 0, keepdims=False)
-
-
 def _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk):
     """:func:`_gather`'s values (``base``, ``weight``: per axis) where bricks are at least a cell: a segment's samples
     then read voxels of 2 bricks per axis at most (see :func:`_bounds`), so each segment's 8 bricks are looked up
     once (chunk slot, then the chunk's table), and each of its samples' corners picks one of them: 1 lookup in the
     pool and 1 in the segment's 8, not 3 scattered ones. The voxels read, the weights and the sum's order are
-    :func:`_gather`'s (:func:`_corner_sum`)."""
+    :func:`_gather`'s."""
     grid = slots.shape
-    sides, voxels, weights, firsts = [], [], [], []  # per axis (2, P, S): which of the segment's 2 bricks, ...
+    per_axis, firsts = [], []  # per axis: the segment's first brick; per side: which of its 2, voxel in it, weight
     for axis in range(3):
         lower = jnp.clip(base[axis], 0, shape[axis] - 1)
         # the smallest voxel a valid sample reads (the first sample is always valid)
         first = _div(jnp.min(jnp.where(valid, lower, lower[:, :1]), axis=1), brick[axis])
-        v = jnp.clip(base[axis][None] + jnp.arange(2, dtype=base[axis].dtype)[:, None, None], 0, shape[axis] - 1)
-        b = _div(v, brick[axis])
-        sides.append(jnp.clip(b - first[None, :, None], 0, 1))
-        voxels.append(v - b * brick[axis])
-        weights.append(jnp.stack([1 - weight[axis], weight[axis]]))
+        sides = []
+        for side in (0, 1):
+            v = jnp.clip(base[axis] + side, 0, shape[axis] - 1)
+            b = _div(v, brick[axis])
+            w = weight[axis] if side else 1 - weight[axis]
+            sides.append((jnp.clip(b - first[:, None], 0, 1), v - b * brick[axis], w))
+        per_axis.append(sides)
         firsts.append(first)
-    # each segment's 8 bricks: their starts in the pool, (P, 8) (-1: background)
-    corners = np.array(list(np.ndindex(2, 2, 2)), np.int32)
-    q, i = [], []
-    for axis in range(3):
-        b = jnp.minimum(firsts[axis][:, None] + corners[:, axis], grid[axis] * per_chunk[axis] - 1)
-        q.append(_div(b, per_chunk[axis]))
-        i.append(b - q[-1] * per_chunk[axis])
-    index, held = _brick_of(slots, tables, q, i, per_chunk)
-    offsets = jnp.where(held, index * int(np.prod(brick)), -1)
     atlas = atlas.reshape(-1)
-
-    def corner_value(c):
-        s0, s1, s2 = (_side(sides[axis], c[axis]) for axis in range(3))
-        start = jnp.take_along_axis(offsets, (s0 * 2 + s1) * 2 + s2, axis=1)
-        l0, l1, l2 = (_side(voxels[axis], c[axis]) for axis in range(3))
-        return start >= 0, atlas[jnp.maximum(start, 0) + (l0 * brick[1] + l1) * brick[2] + l2].astype(jnp.float32)
-
-    return _corner_sum(weights, corner_value, background)
+    volume = int(np.prod(brick))
+    offsets = []  # (P, 8): each of the segment's bricks' start in the pool (-1: background)
+    for corner in np.ndindex(2, 2, 2):
+        q, i = [], []
+        for axis, c in enumerate(corner):
+            b = jnp.minimum(firsts[axis] + c, grid[axis] * per_chunk[axis] - 1)
+            q.append(_div(b, per_chunk[axis]))
+            i.append(b - q[-1] * per_chunk[axis])
+        index, held = _brick_of(slots, tables, q, i, per_chunk)
+        offsets.append(jnp.where(held, index * volume, -1))
+    offsets = jnp.stack(offsets, axis=1)
+    value = jnp.zeros(base[0].shape, jnp.float32)
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        (k0, l0, w0), (k1, l1, w1), (k2, l2, w2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
+        start = jnp.take_along_axis(offsets, (k0 * 2 + k1) * 2 + k2, axis=1)
+        read = atlas[jnp.maximum(start, 0) + (l0 * brick[1] + l1) * brick[2] + l2].astype(jnp.float32)
+        value = value + (w0 * w1 * w2) * jnp.where(start >= 0, read, background)
+    return value
 
 
 def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, segment, brick, per_chunk, local):
@@ -533,27 +509,24 @@ def _gather(o, d, t0, n, segs, atlas, tables, slots, step, shape, background, se
     base, weight, t, valid = _samples(o, d, t0, n, segs, step, shape, segment)
     if local:
         return _gather_local(base, weight, valid, atlas, tables, slots, shape, background, brick, per_chunk), valid, t
-    # per axis, (2, P, S) for its lower and upper voxel: its chunk's index, its brick's in the chunk, its own in the
-    # brick, and its weight
-    chunk_of, brick_of, voxel_of, weights = [], [], [], []
-    for axis in range(3):
-        v = jnp.clip(base[axis][None] + jnp.arange(2, dtype=base[axis].dtype)[:, None, None], 0, shape[axis] - 1)
-        b = _div(v, brick[axis])
-        q = _div(b, per_chunk[axis])
-        chunk_of.append(q)
-        brick_of.append(b - q * per_chunk[axis])
-        voxel_of.append(v - b * brick[axis])
-        weights.append(jnp.stack([1 - weight[axis], weight[axis]]))
+    per_axis = []  # per axis, per side (lower, upper voxel): its chunk's index, its brick's in the chunk, its own
+    for axis in range(3):  # in the brick, and its weight
+        sides = []
+        for side in (0, 1):
+            v = jnp.clip(base[axis] + side, 0, shape[axis] - 1)
+            b = _div(v, brick[axis])
+            q = _div(b, per_chunk[axis])
+            w = weight[axis] if side else 1 - weight[axis]
+            sides.append((q, b - q * per_chunk[axis], v - b * brick[axis], w))
+        per_axis.append(sides)
     atlas = atlas.reshape(-1)
-
-    def corner_value(c):
-        q, i, (l0, l1, l2) = ([_side(x[axis], c[axis]) for axis in range(3)] for x in (chunk_of, brick_of, voxel_of))
-        index, held = _brick_of(slots, tables, q, i, per_chunk)
-        return held, atlas[((jnp.maximum(index, 0) * brick[0] + l0) * brick[1] + l1) * brick[2] + l2].astype(
-            jnp.float32
-        )
-
-    return _corner_sum(weights, corner_value, background), valid, t
+    value = jnp.zeros(base[0].shape, jnp.float32)
+    for c0, c1, c2 in np.ndindex(2, 2, 2):
+        (q0, i0, l0, w0), (q1, i1, l1, w1), (q2, i2, l2, w2) = per_axis[0][c0], per_axis[1][c1], per_axis[2][c2]
+        index, held = _brick_of(slots, tables, (q0, q1, q2), (i0, i1, i2), per_chunk)
+        read = atlas[((jnp.maximum(index, 0) * brick[0] + l0) * brick[1] + l1) * brick[2] + l2].astype(jnp.float32)
+        value = value + (w0 * w1 * w2) * jnp.where(held, read, background)
+    return value, valid, t
 
 
 @functools.partial(jax.jit, static_argnames=("segment", "brick", "per_chunk"))

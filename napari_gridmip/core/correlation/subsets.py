@@ -799,7 +799,10 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
             sums = jnp.moveaxis(sums, 2, 0)  # (rows, wa, wb, Ns)
             # in batches of rows: each row's intermediates (its 5 x 5 Gram blocks: 2.3 MB at 512 output
             # columns) and what it reads of the planes, times the batch, stay far within the device's memory
-            per_row = (GRAM_ROWS * GRAM_COLS + 3) * (wa + 4) * (ns * s + wb + 8) * np.dtype(x1.dtype).itemsize
+            planes_read = 2 + (
+                0 if plan.gathers or plan.method == "map" else 3 + (GRAM_ROWS * GRAM_COLS if plan.gram else 0)
+            )
+            per_row = planes_read * (wa + 4) * (ns * s + wb + 8) * np.dtype(x1.dtype).itemsize  # _RowView's fields
             size = max(1, min(rows, ROW_BATCH, ROW_VIEW_BYTES // per_row))
             # the last batch ends at the last row (its first rows computed twice, the same values): static shapes
             starts = np.minimum(np.arange(0, rows, size), rows - size).astype(np.int32)

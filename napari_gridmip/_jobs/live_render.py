@@ -11,6 +11,7 @@ through the camera's centre, where a textured quad shows it aligned with the vol
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -207,6 +208,8 @@ class LiveSource:
         self._cache_locks = {level: threading.Lock() for level in self.caches}
         self._warmed: set[tuple[str, float, int]] = set()  # (mode, step, level) whose programs :meth:`warm` made
         self.preloading: threading.Thread | None = None  # :meth:`warm`'s read of level 0's chunks, once started
+        self._renders_waiting = {level: 0 for level in self.caches}  # renders asking for each level's cache
+        self._turns = threading.Condition()
 
     def _cell_at(self, level: int) -> tuple[int, int]:
         """(pooling of level 0's cells, cell side in level ``level``'s voxels)."""
@@ -240,13 +243,23 @@ class LiveSource:
 
         mode = display.mode if display.mode in SUPPORTED else "mip"
         _, cell = self._cell_at(level)
-        with self._cache_locks[level]:
+        with self._turns:  # a render waiting: the read ahead lets it have the cache next (Python's lock is not fair)
+            self._renders_waiting[level] += 1
+        try:
+            self._cache_locks[level].acquire()
+        finally:
+            with self._turns:
+                self._renders_waiting[level] -= 1
+                self._turns.notify_all()
+        try:
             return render_view(
                 self.levels[level], self._cells_at(level), origins, directions, mode=mode,
                 step=min(display.step, (cell - 1) / 3), t_near=t_near, iso_threshold=display.iso_threshold,
                 contrast_limits=display.contrast_limits, attenuation=display.attenuation,
                 background=self.background, cache=self.caches[level], cancel=cancel,
             )  # fmt: skip
+        finally:
+            self._cache_locks[level].release()
 
     def _warm(self, display: Display, level: int, cancel: Callable[[], bool] | None) -> None:
         """Compile ``level``'s render programs for ``display`` (or load them from the disk cache): a render of one
@@ -269,10 +282,11 @@ class LiveSource:
                 return
         self._warmed.add(key)
 
-    def _preload(self, level: int, cancel: Callable[[], bool] | None) -> None:
+    def _preload(self, level: int, cancel: Callable[[], bool] | None) -> bool:
         """Read ``level``'s chunks with an occupied cell into its cache, when they all fit there and are at most
-        :data:`PRELOAD_CHUNKS`, :data:`PRELOAD_BATCH` at a time: a render waits for one batch at most (the cache
-        serves one at a time), and then reads only the chunks not read yet. None is evicted: they all fit."""
+        :data:`PRELOAD_CHUNKS`, :data:`PRELOAD_BATCH` at a time. A render asking for the cache is let in before
+        the next batch, so it waits for one batch at most, and then reads only the chunks not read yet. None is
+        evicted: they all fit. Returns False where ``cancel`` stopped it."""
         from napari_gridmip.core.occupancy.raycast import cell_side
 
         cache, cells = self.caches[level], self._cells_at(level)
@@ -281,13 +295,16 @@ class LiveSource:
             cache.prepare(cells, cell)
             ids = cache.occupied()
             if not cache.bricked or len(ids) > PRELOAD_CHUNKS or not cache.fits(ids):
-                return
+                return True
         for start in range(0, len(ids), PRELOAD_BATCH):
-            if cancel is not None and cancel():
-                return
+            with self._turns:
+                self._turns.wait_for(lambda: self._renders_waiting[level] == 0)
             with self._cache_locks[level]:
+                if cancel is not None and cancel():
+                    return False
                 cache.prepare(cells, cell)  # the same grid: kept as it is
                 cache.load(ids[start : start + PRELOAD_BATCH])
+        return True
 
     def _warming(self, display: Display, level: int, cancel: Callable[[], bool] | None) -> threading.Thread | None:
         """:meth:`_warm` of ``level`` started in a thread (None: its programs are made already)."""
@@ -322,11 +339,17 @@ class LiveSource:
 
             def preload() -> None:
                 try:
-                    self._preload(0, cancel)
+                    done = self._preload(0, cancel)
                 except Exception:  # noqa: BLE001 - a render reads what it needs itself, and reports a failure
-                    pass
+                    logging.getLogger(__name__).debug("the read ahead of level 0 failed", exc_info=True)
+                    done = False
+                if not done:  # a later warm-up may try again
+                    self.preloading = None
 
-            self.preloading = threading.Thread(target=preload, name="napari-gridmip full resolution preload")
+            # a daemon: a read ahead never holds the interpreter's exit
+            self.preloading = threading.Thread(
+                target=preload, name="napari-gridmip full resolution preload", daemon=True
+            )
             self.preloading.start()
 
     def render(self, state: ViewState, *, level: int, image_shape: tuple[int, int],

@@ -101,3 +101,48 @@ def test_the_preload_keeps_to_its_bound_and_stops_when_cancelled(monkeypatch):
     source = _source(_volume(shape, 6))
     source.warm(state.display, cancel=lambda: True)  # a warm-up cancelled: no preload either
     assert source.preloading is None and not source.caches[0].blocks
+
+
+def test_a_render_waits_for_one_batch_of_the_read_ahead_at_most(monkeypatch):
+    """Python's lock is not fair: without the turns, the read ahead took the cache again batch after batch while a
+    render waited (a review's reproduction: all 5 remaining batches)."""
+    import threading
+    import time
+
+    from napari_gridmip._jobs import live_render
+
+    monkeypatch.setattr(live_render, "PRELOAD_BATCH", 1)
+    shape = (256, 256, 320)  # 80 chunks of 64^3
+    rng = np.random.default_rng(0)
+    volume = np.zeros(shape, np.float32)
+    points = rng.integers(0, shape, size=(4000, 3))
+    volume[tuple(points.T)] = rng.uniform(10, 100, len(points))
+    source = _source(volume)
+    state = _state(shape)
+    cache = source.caches[0]
+    log = []
+    load, prepare = cache.load, cache.prepare
+
+    def slow_load(ids):
+        if threading.current_thread() is source.preloading:
+            log.append(("batch", time.perf_counter()))
+            time.sleep(0.02)
+        return load(ids)
+
+    def logged_prepare(*args):
+        if threading.current_thread() is threading.main_thread():
+            log.append(("render", time.perf_counter()))
+        return prepare(*args)
+
+    monkeypatch.setattr(cache, "load", slow_load)
+    monkeypatch.setattr(cache, "prepare", logged_prepare)
+    source.warm(state.display)
+    time.sleep(0.2)  # the read ahead under way
+    asked = time.perf_counter()
+    log.append(("ask", asked))
+    source.render(state, level=0, image_shape=state.canvas)
+    source.preloading.join(timeout=60)
+    got = next(t for kind, t in log if kind == "render" and t >= asked)
+    during = [t for kind, t in log if kind == "batch" and asked <= t < got]
+    assert len(during) <= 1
+    assert any(kind == "batch" and t > got for kind, t in log)  # the read ahead went on after the render

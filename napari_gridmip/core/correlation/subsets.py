@@ -803,7 +803,8 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
                 0 if plan.gathers or plan.method == "map" else 3 + (GRAM_ROWS * GRAM_COLS if plan.gram else 0)
             )
             per_row = planes_read * (wa + 4) * (ns * s + wb + 8) * np.dtype(x1.dtype).itemsize  # _RowView's fields
-            size = max(1, min(rows, ROW_BATCH, ROW_VIEW_BYTES // per_row))
+            most = max(1, min(rows, ROW_BATCH, ROW_VIEW_BYTES // per_row))
+            size = -(-rows // -(-rows // most))  # balanced: 65 rows in 2 batches of 33, not 64 and 64 (1 row again)
             # the last batch ends at the last row (its first rows computed twice, the same values): static shapes
             starts = np.minimum(np.arange(0, rows, size), rows - size).astype(np.int32)
 

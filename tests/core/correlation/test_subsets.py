@@ -281,8 +281,8 @@ def test_rows_in_small_batches_give_one_batchs_fields(gathers, monkeypatch):
     monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: "at_once")
     monkeypatch.setattr(_backend, "per_pixel_gathers", lambda: gathers)
     monkeypatch.setattr(subsets, "MAX_BANDS", 1)  # one band of every row: several batches in it
-    sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=2, shape=(30, 32))
-    moved, still = smooth_pair((-0.6, 1.3), shape=(1, 44, 46))
+    sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=2, shape=(34, 32))  # 13 rows
+    moved, still = smooth_pair((-0.6, 1.3), shape=(1, 48, 46))  # 19 rows at step 2, 13 at step 3
     found = {}
     for batch in (5, 7, 1000):
         monkeypatch.setattr(subsets, "ROW_BATCH", batch)
@@ -292,9 +292,11 @@ def test_rows_in_small_batches_give_one_batchs_fields(gathers, monkeypatch):
         found[batch] += list(find_displacement(moved, still, (5, 5), subset=(7, 7), step=2, subpixel="refine",
                                                dtype=np.float64))  # fmt: skip
         found[batch].append(windowed_pearson(moved, still, (5, 5), subset=(7, 7), step=3, dtype=np.float64))
-    for out in (found[1000][0], found[1000][-1]):  # a last batch that overlaps, and several batches
+    for out in (found[1000][0], found[1000][5], found[1000][-1]):  # several batches, the last overlapping
         rows = np.asarray(out).shape[-2 if out.ndim == 2 else -4]
-        assert rows % 5 and rows % 7 and rows > 7, rows
+        for batch in (5, 7):
+            size = -(-rows // -(-rows // batch))  # the kernel's balanced batch
+            assert rows > size and rows % size, (rows, size)
     assert np.isfinite(np.asarray(found[1000][0])).mean() > 0.5
     for batch in (5, 7):
         for i, (a, b) in enumerate(zip(found[1000], found[batch])):

@@ -799,10 +799,8 @@ def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int)
             sums = jnp.moveaxis(sums, 2, 0)  # (rows, wa, wb, Ns)
             # in batches of rows: each row's intermediates (its 5 x 5 Gram blocks: 2.3 MB at 512 output
             # columns) and what it reads of the planes, times the batch, stay far within the device's memory
-            planes_read = 2 + (
-                0 if plan.gathers or plan.method == "map" else 3 + (GRAM_ROWS * GRAM_COLS if plan.gram else 0)
-            )
-            per_row = planes_read * (wa + 4) * (ns * s + wb + 8) * np.dtype(x1.dtype).itemsize  # _RowView's fields
+            one_view = jax.eval_shape(lambda t0: views(t0, 1), jnp.int32(0))  # its shapes, not a computation
+            per_row = sum(v.size * np.dtype(v.dtype).itemsize for v in jax.tree.leaves(one_view))
             most = max(1, min(rows, ROW_BATCH, ROW_VIEW_BYTES // per_row))
             size = -(-rows // -(-rows // most))  # balanced: 65 rows in 2 batches of 33, not 64 and 64 (1 row again)
             # the last batch ends at the last row (its first rows computed twice, the same values): static shapes

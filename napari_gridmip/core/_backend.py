@@ -129,6 +129,22 @@ def on_host() -> contextlib.AbstractContextManager:
     return jax.default_device(jax.devices("cpu")[0])
 
 
+RECORD_RING_STEPS = 32  # steps between two flushes of traverse's ring of records (step_record_ring)
+
+
+def step_record_ring() -> int:
+    """How :func:`.occupancy.traverse.traverse_occupied` records the voxels its rays cross at each step: ``0``,
+    a scatter into each ray's next slot (``.at[rows, slot].set``) at every step; else the number of steps of a
+    ring of records, whole rows written at every step, sorted into the rays' slots once per ring.
+
+    Scatters on the CPU: each is a few thousand stores into memory the cores cache. A ring elsewhere: on a TPU
+    v5e the scatters were 3.4 of the 4.4 s of device time of traverse_occupied 512^3 with 1M rays, which ran at
+    0.7x the same machine's CPU (``tools/accelerator_profile.py``, case traverse_occupied, 2026-12-06,
+    docs/accelerator.md).
+    """
+    return 0 if on_cpu() else RECORD_RING_STEPS
+
+
 def offset_sweeps() -> bool:
     """Whether the dense maps (:mod:`.correlation.maps`: find_displacement's peak search and windowed_pearson's
     offsets-first map) sweep the window's offsets one at a time over a whole band of rows, or run the CPU's

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._precision import compute_dtype, precision_scope
 from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy.pyramid import check_pyramid
@@ -277,9 +277,18 @@ def compact(arrays, index: np.ndarray, size: int, fills):
     return [jax.device_put(_pad(np.asarray(a)[index], size, fill)) for a, fill in zip(arrays, fills)]
 
 
-@functools.partial(jax.jit, static_argnames="capacity")
-def _record(flat, o, d, t_stop, state, limit, keep, capacity):
-    """One pass: each ray records up to ``capacity`` voxels; returns (state, voxels, t_in, t_out)."""
+@functools.partial(jax.jit, static_argnames=("capacity", "ring"))
+def _record(flat, o, d, t_stop, state, limit, keep, capacity, ring=0):
+    """One pass: each ray records up to ``capacity`` voxels; returns (state, voxels, t_in, t_out).
+
+    ``ring=0``: each step scatters its rays' crossings into their next slots (the CPU's way). ``ring > 0``:
+    each step writes its crossings into row ``step % ring`` of a ring of steps, whole rows and no scatter, and
+    every ``ring`` steps a stable sort down each ray's column moves the ring's crossings after the ones kept
+    (``_backend.step_records``). Both give the same records, slot for slot; unused slots hold 0.
+    """
+    state = state._replace(count=jnp.zeros_like(state.count))
+    if ring:
+        return _record_in_ring(flat, o, d, t_stop, state, limit, keep, capacity, ring)
     batch = o.shape[0]
     kind = state.k.dtype
     rows = jnp.arange(batch)
@@ -298,9 +307,47 @@ def _record(flat, o, d, t_stop, state, limit, keep, capacity):
         ends = ends.at[rows, slot].set(t_out, mode="drop")
         return (voxels, starts, ends), jnp.zeros(batch, bool)
 
-    state = state._replace(count=jnp.zeros_like(state.count))
     state, (voxels, starts, ends) = march(flat, o, d, t_stop, state, limit, keep, capacity, consume, buffers)
     return state, voxels, starts, ends
+
+
+def _flush_ring(planes, empty, capacity):
+    """Each column's held crossings first, in order (a stable sort on ``empty``): the slots, then the ring's."""
+    empty, *planes = lax.sort((empty, *planes), dimension=0, is_stable=True, num_keys=1)
+    return tuple(planes), empty
+
+
+def _record_in_ring(flat, o, d, t_stop, state, limit, keep, capacity, ring):
+    """``_record`` without scatters: rows ``[0, capacity)`` of each ``(capacity + ring, batch)`` plane hold the
+    crossings kept so far, in order, rows ``capacity + j`` the ring's step ``j``; a flush sorts each column
+    by "kept or emitted first" (stable: the slots' order, then the steps') and empties the ring. A ray stops
+    recording at ``capacity`` (``step``'s overflow), so a flush never pushes a crossing out of the slots."""
+    batch = o.shape[0]
+    kind = state.k.dtype
+    planes = tuple(jnp.zeros((capacity + ring, batch), t) for t in (kind, kind, kind, o.dtype, o.dtype))
+    empty = jnp.ones((capacity + ring, batch), jnp.int8)  # the sort's key: 0 where a crossing is held
+
+    def flush(carry):
+        planes, empty, _ = carry
+        planes, empty = _flush_ring(planes, empty, capacity)
+        return planes, empty, jnp.zeros((), jnp.int32)
+
+    def consume(carry, emitted, records, new):
+        planes, empty, j = carry
+        cell, t_in, t_out = records
+        row = capacity + j
+        values = (cell[:, 0], cell[:, 1], cell[:, 2], t_in, t_out)
+        planes = tuple(lax.dynamic_update_index_in_dim(p, v, row, 0) for p, v in zip(planes, values))
+        empty = lax.dynamic_update_index_in_dim(empty, (~emitted).astype(jnp.int8), row, 0)
+        carry = lax.cond(j + 1 == ring, flush, lambda c: (c[0], c[1], c[2] + 1), (planes, empty, j))
+        return carry, jnp.zeros(batch, bool)
+
+    state, carry = march(flat, o, d, t_stop, state, limit, keep, capacity, consume,
+                         (planes, empty, jnp.zeros((), jnp.int32)))  # fmt: skip
+    planes, empty, _ = flush(carry)
+    held = empty[:capacity] == 0
+    z, y, x, starts, ends = (jnp.where(held, p[:capacity], 0).T for p in planes)
+    return state, jnp.stack([z, y, x], axis=-1), starts, ends
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -492,6 +539,7 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
     """
     n = o.shape[0]
     limit = _step_limit(shapes[0], len(shapes), capacity)
+    ring = _backend.step_record_ring()
     ray_o, ray_d = jax.device_put(_pad(o, size, -1)), jax.device_put(_pad(d, size, 0))
     state, t_stop = _start(flat, ray_o, ray_d, jax.device_put(_pad(near, size, 0)), jax.device_put(_pad(far, size, 0)))
     pieces, lookups = [], np.zeros(n, np.int64)
@@ -503,7 +551,7 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
         rays, state, ray_o, ray_d, t_stop, keep = pending.pop()
         keep = np.asarray(keep, state.k.dtype)
         state, voxels, starts, ends = jax.device_get(
-            _record(flat, ray_o, ray_d, t_stop, state, limit, keep, capacity=capacity)
+            _record(flat, ray_o, ray_d, t_stop, state, limit, keep, capacity=capacity, ring=ring)
         )
         count = state.count[: len(rays)]
         kept = np.arange(capacity)[None, :] < count[:, None]

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip import occupancy_mipmap, traverse_occupied
+from napari_gridmip.core import _backend
 from tests.core.occupancy import reference
 
 
@@ -200,6 +201,26 @@ def test_bad_input(kwargs, error, match):
     levels, origins, directions = arguments.pop("levels"), arguments.pop("origins"), arguments.pop("directions")
     with pytest.raises(error, match=match):
         traverse_occupied(levels, origins, directions, **arguments)
+
+
+@pytest.mark.parametrize(("ring", "capacity"), [(1, 64), (3, 1), (3, 2), (32, 5), (32, 64)])
+def test_a_ring_of_records_gives_the_scatters_records(monkeypatch, ring, capacity):
+    """The accelerators' records (a ring of steps sorted into the slots, _backend.step_record_ring) against the
+    CPU's scatters: the same voxels and times, slot for slot, with rings shorter and longer than the capacity,
+    across overflowing passes and compacted batches."""
+    shape = (24, 18, 28)
+    volume = sparse_volume(shape, 0.25, seed=21)
+    levels = occupancy_mipmap(volume)
+    origins, directions = awkward_rays(shape, 1500, seed=22)
+    monkeypatch.setattr(_backend, "step_record_ring", lambda: 0)
+    scattered = traverse_occupied(levels, origins, directions, capacity=capacity, batch_size=2048)
+    monkeypatch.setattr(_backend, "step_record_ring", lambda: ring)
+    ringed = traverse_occupied(levels, origins, directions, capacity=capacity, batch_size=2048)
+    for a, b in zip(ringed, scattered):
+        np.testing.assert_array_equal(a, b)
+    assert len(ringed.t_starts) > 3 * len(origins)
+    assert_matches_reference(levels, origins[::50], directions[::50],
+                             traverse_occupied(levels, origins[::50], directions[::50], capacity=capacity))  # fmt: skip
 
 
 def test_compaction_gives_the_same_voxels():

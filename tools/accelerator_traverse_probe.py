@@ -54,7 +54,8 @@ def main() -> None:
     from napari_gridmip.core import _backend
     from napari_gridmip.core.occupancy import traverse
 
-    inputs, label = bench_accelerator._traverse(bench_accelerator.Options(quick=args.quick, render_size=0, sample_dir=None))
+    options = bench_accelerator.Options(quick=args.quick, render_size=0, sample_dir=None)
+    inputs, label = bench_accelerator._traverse(options)
     print(f"{jax.default_backend()}: {label}", flush=True)
     sort_flush = traverse._flush_ring
     variants = [("scatter", 0, sort_flush)] + [(f"ring {r}, sort", int(r), sort_flush) for r in args.rings.split(",")]
@@ -74,8 +75,11 @@ def main() -> None:
         if reference is None:
             reference = hits
         same = all(np.array_equal(a, b) for a, b in zip(hits, reference))
-        print(f"{name:18s} first {first:7.2f} s  warm {best:7.3f} s  crossings {len(hits.t_starts)}  "
-              f"same as the scatters: {same}", flush=True)
+        print(
+            f"{name:18s} first {first:7.2f} s  warm {best:7.3f} s  crossings {len(hits.t_starts)}  "
+            f"same as the scatters: {same}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

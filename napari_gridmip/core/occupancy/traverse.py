@@ -282,9 +282,9 @@ def _record(flat, o, d, t_stop, state, limit, keep, capacity, ring=0):
     """One pass: each ray records up to ``capacity`` voxels; returns (state, voxels, t_in, t_out).
 
     ``ring=0``: each step scatters its rays' crossings into their next slots (the CPU's way). ``ring > 0``:
-    each step writes its crossings into row ``capacity + step % ring`` of a ring of steps, whole rows and no scatter, and
-    every ``ring`` steps a stable sort down each ray's column moves the ring's crossings after the ones kept
-    (``_backend.step_record_ring``). Both give the same records, slot for slot; unused slots hold 0.
+    each step writes its crossings into row ``capacity + step % ring`` of a ring of steps, whole rows and no
+    scatter, and every ``ring`` steps a stable sort down each ray's column moves the ring's crossings after the
+    ones kept (``_backend.step_record_ring``). Both give the same records, slot for slot; unused slots hold 0.
     """
     state = state._replace(count=jnp.zeros_like(state.count))
     if ring:

@@ -90,6 +90,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="the OME-Zarr occupancy pyramid")
     parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds between the layer shown in 3D and the switch's click (default 0: at once)",
+    )
+    parser.add_argument(
         "--napari-level", type=int, default=None,
         help="then lock napari's own 3D view at this level (layer.locked_data_level) for the overview's camera: "
         "its draw is timed, its memory reported, and its canvas made the middle of the overview's picture",
@@ -116,6 +122,11 @@ def main() -> None:
         f"napari shows level {layer.data_level}; resident {memory.now() / gib:.2f} GiB"
     )
     fitted = viewer.scene.camera.zoom
+    if args.pause:  # a user looking at napari's own view before turning the switch on
+        until = time.perf_counter() + args.pause
+        while time.perf_counter() < until:
+            app.processEvents()
+            time.sleep(0.01)
     memory.reset()
     pictures = {}
     moved = time.perf_counter()

@@ -321,36 +321,49 @@ class LiveSource:
         thread.start()
         return thread
 
-    def warm(self, display: Display, *, cancel: Callable[[], bool] | None = None) -> None:
+    def warm(self, display: Display, *, cancel: Callable[[], bool] | None = None, preload: bool = True) -> None:
         """Make the render programs of every level a view of ``display`` renders (the coarse pass's and the full
         resolution's), side by side: XLA's compile releases the GIL. A live view calls it when it is switched on,
         before the camera has rested, so that its first view compiles nothing (or loads nothing from the disk
         cache): on 2 cores, the first view of a user's first session came 1.6 s sooner
-        (docs/screenshots_real_volume.py, docs/occupancy.md). Then, in a thread of its own (:attr:`preloading`)
-        that a render does not wait for, level 0's occupied chunks are read where they are few enough
-        (:meth:`_preload`)."""
+        (docs/screenshots_real_volume.py, docs/occupancy.md); the Occupancy mipmap widget calls it, with
+        ``preload=False``, once a layer it could show is chosen, before the switch. Then, with ``preload``, in a
+        thread of its own (:attr:`preloading`) that a render does not wait for, level 0's occupied chunks are read
+        where they are few enough (:meth:`_preload`)."""
         thread = self._warming(display, 0, cancel) if self.coarse_level is not None else None
         try:
             self._warm(display, self.coarse_level if self.coarse_level is not None else 0, cancel)
         finally:
             if thread is not None:
                 thread.join()
-        if (cancel is None or not cancel()) and self.preloading is None:
+        if preload:
+            self.start_preload(cancel)
 
-            def preload() -> None:
-                try:
-                    done = self._preload(0, cancel)
-                except Exception:  # noqa: BLE001 - a render reads what it needs itself, and reports a failure
-                    logging.getLogger(__name__).debug("the read ahead of level 0 failed", exc_info=True)
-                    done = False
-                if not done:  # a later warm-up may try again
-                    self.preloading = None
+    def preload_coarse(self, cancel: Callable[[], bool] | None = None) -> None:
+        """Read the coarse pass's occupied chunks into its cache now (:meth:`_preload`; at most its 128 MiB and
+        :data:`PRELOAD_CHUNKS`): the first coarse pass then reads none (the real volume's took 0.4 of its 0.6 s
+        reading them, docs/occupancy.md)."""
+        if self.coarse_level is not None:
+            self._preload(self.coarse_level, cancel)
 
-            # a daemon: a read ahead never holds the interpreter's exit
-            self.preloading = threading.Thread(
-                target=preload, name="napari-gridmip full resolution preload", daemon=True
-            )
-            self.preloading.start()
+    def start_preload(self, cancel: Callable[[], bool] | None = None) -> None:
+        """Start the read ahead of level 0's chunks (:meth:`_preload`) in its thread, unless it runs or ran already,
+        or ``cancel`` says stop."""
+        if (cancel is not None and cancel()) or self.preloading is not None:
+            return
+
+        def preload() -> None:
+            try:
+                done = self._preload(0, cancel)
+            except Exception:  # noqa: BLE001 - a render reads what it needs itself, and reports a failure
+                logging.getLogger(__name__).debug("the read ahead of level 0 failed", exc_info=True)
+                done = False
+            if not done:  # a later warm-up may try again
+                self.preloading = None
+
+        # a daemon: a read ahead never holds the interpreter's exit
+        self.preloading = threading.Thread(target=preload, name="napari-gridmip full resolution preload", daemon=True)
+        self.preloading.start()
 
     def render(self, state: ViewState, *, level: int, image_shape: tuple[int, int],
                cancel: Callable[[], bool] | None = None) -> Picture:  # fmt: skip
@@ -394,12 +407,21 @@ class LiveSource:
             yield self.render(state, level=0, image_shape=state.canvas, cancel=cancel)
             return
         warm = self._warming(state.display, 0, cancel)
+        if warm is None:  # level 0's programs made (by an early warm-up, the live view's being replaced by this
+            self.start_preload(cancel)  # render in its lane): its chunks read beside the coarse pass
         try:
             yield self.render(state, level=self.coarse_level, image_shape=coarse_shape, cancel=cancel)
         finally:
             if warm is not None:  # the full render waits for it anyway (level 0's lock); a closed one: it stops
                 warm.join()
         yield self.render(state, level=0, image_shape=state.canvas, cancel=cancel)
+
+
+def has_stored_cells(layer: Any, threshold: float) -> bool:
+    """Whether :func:`source_for_layer` finds ``layer``'s occupancy cells stored with it for ``threshold`` (a layer of
+    this plugin's reader or sample: its source then costs no pass over the data)."""
+    stored = layer.metadata.get("gridmip_cells") if layer.ndim == 3 else None
+    return stored is not None and float(stored.get("threshold", 0.0)) == float(threshold)
 
 
 def source_for_layer(layer: Any, index: tuple[int, ...], threshold: float, *, cache_bytes: int = CACHE_BYTES
@@ -414,8 +436,8 @@ def source_for_layer(layer: Any, index: tuple[int, ...], threshold: float, *, ca
              else level)[index]
             for level in levels
         ]  # fmt: skip
-    stored = layer.metadata.get("gridmip_cells") if not index else None
-    if stored is not None and float(stored.get("threshold", 0.0)) == float(threshold):
+    if not index and has_stored_cells(layer, threshold):
+        stored = layer.metadata["gridmip_cells"]
         cells, cell = np.asarray(stored["cells"], bool), int(stored["cell"])
     else:
         cells, cell = occupancy_cells(levels[0], threshold), CELL

@@ -48,6 +48,55 @@ class _Token:
         self.cancelled = False
 
 
+def source_key(layer: Any, index: tuple[int, ...], threshold: float) -> tuple:
+    """What a live view's source of ``layer`` is made from, but its data's generation (see ``LiveRender``)."""
+    return (id(layer), index, float(threshold), tuple(layer.scale), tuple(layer.translate))
+
+
+class WarmAhead:
+    """Before the switch is turned on: the source of ``layer`` made and its render programs compiled (or loaded
+    from the disk cache) in the render lane, so that the live view, once switched on for that layer, finds both.
+
+    The Occupancy mipmap widget starts one when a layer the live view could show cheaply is chosen (a 3D layer
+    whose occupancy cells are stored with it: this plugin's reader and sample), as its other early work, and only
+    where early starts are on. Of the chunks, only the coarse pass's are read ahead (at most its cache's 128 MiB;
+    level 0's wait for the switch): a user who never turns it on pays one compile per session, on our worker, and
+    from the next session a read of the disk cache. The
+    first view of a user's first session waited 2.3 s for that compile after the click on 2 cores
+    (docs/occupancy.md, the first view's trace).
+    """
+
+    def __init__(self, viewer: Any, layer: Any, threshold: float) -> None:
+        from napari_gridmip._jobs.live_render import ViewState
+        from napari_gridmip._widgets._workers import workers
+
+        state = ViewState.of(viewer, layer, canvas=canvas_size(viewer))
+        self.key = source_key(layer, state.index, threshold)
+        self.source: Any = None  # set by the worker once made (before its programs are)
+        self._token = token = _Token()
+        layer_ref = weakref.ref(layer)
+
+        def work() -> None:
+            from napari_gridmip._jobs.live_render import source_for_layer
+
+            layer = layer_ref()
+            if token.cancelled or layer is None:
+                return
+            source = source_for_layer(layer, state.index, threshold)
+            if token.cancelled:
+                return
+            self.source = source
+            source.warm(state.display, cancel=lambda: token.cancelled, preload=False)
+            source.preload_coarse(cancel=lambda: token.cancelled)
+
+        self.task = workers().submit(work, lane="render", name="full resolution in 3D: early warm-up",
+                                     on_errored=lambda error: None)  # the live view reports it  # fmt: skip
+
+    def cancel(self) -> None:
+        """Stop at the next check (a compile under way ends first)."""
+        self._token.cancelled = True
+
+
 class LiveRender:
     """The live full-resolution view of one Image layer in one viewer.
 
@@ -65,11 +114,15 @@ class LiveRender:
         The quad layer of a live view stopped for another source layer (:meth:`stop` with ``keep_overlay``): used
         again, so that a new source costs no napari layer removal and insert (each 0.3 to 0.6 s of the GUI thread
         with many layers open: benchmarks/gui_soak.py).
+    ahead
+        A :class:`WarmAhead` started before the switch: its source is used where it is of this layer and
+        threshold.
     """
 
     def __init__(
-        self, viewer: Any, layer: Any, *, threshold: float = 0.0, on_status: Any = None, overlay: Any = None
-    ) -> None:
+        self, viewer: Any, layer: Any, *, threshold: float = 0.0, on_status: Any = None, overlay: Any = None,
+        ahead: WarmAhead | None = None,
+    ) -> None:  # fmt: skip
         from qtpy.QtCore import QTimer
 
         self._viewer = viewer
@@ -94,6 +147,7 @@ class LiveRender:
         self._generation = 0  # counts the layer's data changes (a source of older data is never used again)
         self._warm_token: _Token | None = None
         self._sources_lock = threading.Lock()  # a worker's check of the generation and its store, as one step
+        self._ahead = ahead
         self._pending_state: Any = None  # the state of the render under way
         self._shown_state: Any = None  # the state of the picture on screen (final or not)
         self._final_state: Any = None
@@ -212,19 +266,28 @@ class LiveRender:
         """A function for a worker: the source of ``layer`` at ``index`` now, made there if it is new."""
         from napari_gridmip._jobs.live_render import source_for_layer
 
-        key = (id(layer), index, self.threshold, tuple(layer.scale), tuple(layer.translate), self._generation)
+        key = (*source_key(layer, index, self.threshold), self._generation)
         threshold = self.threshold
+        ahead = self._ahead if self._generation == 0 else None  # made before any data change of ours
 
         def source_of() -> Any:
             source = self._sources.get(key)
+            if source is None and ahead is not None and ahead.key == key[:-1]:
+                source = ahead.source  # None while the early warm-up still makes it
+                if source is not None:
+                    self._keep_source(key, source)
             if source is None:
                 source = source_for_layer(layer, index, threshold)
-                with self._sources_lock:
-                    if key[-1] == self._generation:  # the data did not change, nor the view stop, meanwhile
-                        self._sources = {key: source}  # one at a time: each holds chunk caches
+                self._keep_source(key, source)
             return source
 
         return source_of
+
+    def _keep_source(self, key: tuple, source: Any) -> None:
+        """Keep ``source`` as the one of ``key`` (from a worker), unless the data changed or the view stopped."""
+        with self._sources_lock:
+            if key[-1] == self._generation:
+                self._sources = {key: source}  # one at a time: each holds chunk caches
 
     def _warm(self) -> None:
         """Make the source and compile its render programs now, in the render lane, while napari adds the quad

@@ -119,6 +119,7 @@ class MipmapWidget(JobWidget):
             "data (reading only the chunks the rays need) and shown in the canvas over napari's coarse view.",
         )
         self._live: Any = None  # the LiveRender while the switch is on (see _widgets/live_render.py)
+        self._ahead: Any = None  # the live view's early warm-up (a WarmAhead) of the chosen layer, before the switch
         self.view_info = wrapping_label("view_info", "Made")
         self.threshold_box = Container(
             layout="horizontal", widgets=[self.threshold, self.threshold_slider], labels=False
@@ -241,7 +242,7 @@ class MipmapWidget(JobWidget):
         quad layer kept from one source layer to the next)."""
         layer = self.layer.value if self._ready else None
         wanted = self.live_3d.value and not self.released
-        usable = isinstance(layer, Image) and layer.ndim >= 3 and not layer.rgb
+        usable = _live_usable(layer)
         overlay = None
         if self._live is not None:
             overlay = self._live.stop(keep_overlay=wanted and usable)
@@ -258,10 +259,40 @@ class MipmapWidget(JobWidget):
                 self._made(text)
 
         self._live = LiveRender(
-            self._viewer, layer, threshold=float(self.threshold.value), on_status=status, overlay=overlay
-        )
+            self._viewer, layer, threshold=float(self.threshold.value), on_status=status, overlay=overlay,
+            ahead=self._ahead,
+        )  # fmt: skip
+
+    def _prefetch(self) -> None:
+        super()._prefetch()
+        self._warm_live_ahead()
+
+    def _warm_live_ahead(self) -> None:
+        """With the switch off, make the chosen layer's live-view source and compile its render programs in the
+        background (:class:`~._widgets.live_render.WarmAhead`), as the other early work (only where early starts
+        are on), where the layer's occupancy cells are stored with it: the switch's first view then waits for
+        neither. Called, like that work, once the inputs have been still a moment."""
+        from napari_gridmip._jobs.live_render import has_stored_cells
+        from napari_gridmip._widgets._base import prefetch_enabled
+        from napari_gridmip._widgets.live_render import WarmAhead, source_key
+
+        layer = self.layer.value if self._ready else None
+        threshold = float(self.threshold.value)
+        wanted = (
+            not self.released and self._live is None and prefetch_enabled() and _live_usable(layer)
+            and layer.ndim == 3 and has_stored_cells(layer, threshold)
+        )  # fmt: skip
+        if self._ahead is not None and (not wanted or self._ahead.key != source_key(layer, (), threshold)):
+            if self._live is None:  # a live view may be using its source: left to finish
+                self._ahead.cancel()
+            self._ahead = None
+        if wanted and self._ahead is None:
+            self._ahead = WarmAhead(self._viewer, layer, threshold)
 
     def release(self) -> None:
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead = None
         if self._live is not None:
             self._live.stop()
             self._live = None
@@ -412,6 +443,11 @@ class MipmapWidget(JobWidget):
         """The script that remakes the last run's layers and the crops and renders made from it."""
         layers = [ref() for ref in [*self._results, *self._extra]]
         return script_from_layers([layer for layer in layers if layer is not None and layer in self._viewer.layers])
+
+
+def _live_usable(layer: Any) -> bool:
+    """Whether the live view can show ``layer``: a 3D (or 4D+) Image layer, not RGB."""
+    return isinstance(layer, Image) and layer.ndim >= 3 and not layer.rgb
 
 
 def _set_threshold(layer: Any, threshold: float) -> None:

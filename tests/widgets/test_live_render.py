@@ -368,3 +368,53 @@ def test_closing_the_viewer_with_the_live_view_on_touches_none_of_its_layers(liv
     widget.release()  # what the dock's deletion does, later
     qtbot.wait(100)
     assert not live.active and removed == []
+
+
+def _layer_with_stored_cells(viewer):
+    """A two-level layer whose occupancy cells are stored with it, as this plugin's reader and sample give them."""
+    from napari_gridmip._jobs.live_render import CELL, occupancy_cells
+
+    volume = sparse_volume()
+    stored = {"cells": occupancy_cells(volume, 0.0), "cell": CELL, "threshold": 0.0}
+    return viewer.add_image([volume, volume[::2, ::2, ::2]], multiscale=True, contrast_limits=(0, 1200),
+                            metadata={"gridmip_cells": stored})  # fmt: skip
+
+
+def test_a_layer_with_stored_cells_is_warmed_up_before_the_switch(shown, qtbot, monkeypatch):
+    """Chosen with the switch off, a layer whose cells are stored gets its source made, its render programs
+    compiled and its coarse pass's chunks read in the background; the switch then uses that source, and reads
+    level 0's chunks only once it is on. A threshold other than the stored cells', or early starts switched off,
+    start nothing; closing the widget stops it."""
+    from napari_gridmip._jobs import live_render as jobs
+
+    made = []
+    source_for_layer = jobs.source_for_layer
+    monkeypatch.setattr(jobs, "source_for_layer", lambda *a, **k: made.append(1) or source_for_layer(*a, **k))
+    viewer, widget = shown()
+    layer = _layer_with_stored_cells(viewer)
+    widget.layer.value = layer
+    qtbot.waitUntil(lambda: widget._ahead is not None and widget._ahead.task.done, timeout=60_000)
+    source = widget._ahead.source
+    coarse = source.coarse_level
+    assert coarse == 1 and {key[2] for key in source._warmed} == {0, coarse}
+    assert source.caches[coarse].blocks  # the coarse pass's chunks, read ahead
+    assert source.preloading is None  # level 0's read ahead waits for the switch (its warm-up read 1 chunk)
+    viewer.dims.ndisplay = 3
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    assert widget._live._source is source and made == [1] and source.preloading is not None
+    widget.live_3d.native.click()  # off: a new layer choice or threshold starts a new warm-up
+    widget.threshold.value = 5.0  # not the stored cells' threshold: a source would need a pass over the data
+    qtbot.waitUntil(lambda: widget._ahead is None, timeout=10_000)
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")
+    widget.threshold.value = 0.0
+    qtbot.wait(1000)
+    assert widget._ahead is None
+    monkeypatch.delenv("NAPARI_GRIDMIP_PREFETCH")
+    widget.threshold.value = 1.0
+    widget.threshold.value = 0.0
+    qtbot.waitUntil(lambda: widget._ahead is not None, timeout=10_000)
+    ahead = widget._ahead
+    widget.release()
+    assert ahead._token.cancelled and widget._ahead is None
+    qtbot.waitUntil(lambda: ahead.task.done, timeout=60_000)

@@ -34,7 +34,7 @@ from qtpy.QtCore import QObject, Signal
 
 RUN_JOBS = 2  # user-requested jobs at once (two widgets' Runs share the cores; a third waits its turn)
 LANES = {"run": RUN_JOBS, "early": 1, "render": 1}
-LATEST_ONLY = {"early", "render"}  # a waiting job of these lanes is replaced by a newer one
+LATEST_ONLY = {"early", "render"}  # a waiting job of these lanes is replaced by a newer one of its group
 
 
 class Task:
@@ -52,6 +52,7 @@ class Task:
         self.name = name
         self.lane = lane
         self.cancelled = False
+        self.group: Any = None  # see Workers.submit
         self.started = False
         self.done = False
         self._fn: Callable[..., Any] | None = fn
@@ -101,18 +102,24 @@ class Workers:
         on_yielded: Callable[[Any], None] | None = None,
         on_errored: Callable[[BaseException], None] | None = None,
         on_finished: Callable[[], None] | None = None,
+        group: Any = None,
     ) -> Task:
         """Run ``fn()`` on a worker of ``lane`` once the lane has room; a generator function's items go to
         ``on_yielded`` one by one. The callbacks run on the GUI thread: ``on_returned(value)`` or
-        ``on_errored(error)`` (neither once the task is cancelled), then ``on_finished()`` in every case."""
+        ``on_errored(error)`` (neither once the task is cancelled), then ``on_finished()`` in every case.
+
+        In the lanes of :data:`LATEST_ONLY`, the job replaces the jobs of the same ``group`` still waiting there
+        (one viewer's live view does not drop another's render)."""
         if lane not in self._limits:
             raise ValueError(f"lane must be one of {sorted(self._limits)}; got {lane!r}")
         callbacks = {"returned": on_returned, "yielded": on_yielded, "errored": on_errored, "finished": on_finished}
         task = Task(fn, lane, callbacks, name or getattr(fn, "__qualname__", "job"))
+        task.group = group
         with self._lock:
             if lane in LATEST_ONLY:
                 for old in self._waiting[lane]:
-                    old.cancel()
+                    if old.group == group:
+                        old.cancel()
             self._waiting[lane].append(task)
         self._pump()
         return task

@@ -74,7 +74,8 @@ class WarmAhead:
         self.key = source_key(layer, state.index, threshold)
         self.source: Any = None  # set by the worker once made (before its programs are)
         self._token = token = _Token()
-        layer_ref = weakref.ref(layer)
+        self._layer = layer_ref = weakref.ref(layer)
+        self._data = _ref(layer.data)  # the data it was made from: a layer's data replaced since is not served
 
         def work() -> None:
             from napari_gridmip._jobs.live_render import source_for_layer
@@ -90,11 +91,28 @@ class WarmAhead:
             source.preload_coarse(cancel=lambda: token.cancelled)
 
         self.task = workers().submit(work, lane="render", name="full resolution in 3D: early warm-up",
-                                     on_errored=lambda error: None)  # the live view reports it  # fmt: skip
+                                     on_errored=lambda error: None,  # the live view reports it
+                                     group=("early warm-up", id(viewer)))  # fmt: skip
+
+    def serves(self, layer: Any, threshold: float, index: tuple[int, ...] = ()) -> bool:
+        """Whether its source is the one a live view of ``layer`` at ``index`` and ``threshold`` would make now:
+        the same layer, data, placement and threshold, and not cancelled."""
+        return (
+            not self._token.cancelled and self._layer() is layer and self._data() is layer.data
+            and self.key == source_key(layer, index, threshold)
+        )  # fmt: skip
 
     def cancel(self) -> None:
         """Stop at the next check (a compile under way ends first)."""
         self._token.cancelled = True
+
+
+def _ref(value: Any) -> Any:
+    """A weak reference to ``value`` where it takes one, else a strong one (a callable either way)."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return lambda: value
 
 
 class LiveRender:
@@ -258,7 +276,7 @@ class LiveRender:
             work, lane="render", name="full resolution in 3D",
             on_yielded=lambda item, token=token: self._on_yielded(item, token),
             on_errored=lambda error, token=token: self._on_errored(error, token),
-            on_finished=lambda: self._on_finished(task),
+            on_finished=lambda: self._on_finished(task), group=("live view", id(self._viewer)),
         )  # fmt: skip
         self.worker = task
 
@@ -268,11 +286,13 @@ class LiveRender:
 
         key = (*source_key(layer, index, self.threshold), self._generation)
         threshold = self.threshold
-        ahead = self._ahead if self._generation == 0 else None  # made before any data change of ours
+        ahead = self._ahead
+        if ahead is not None and (self._generation != 0 or not ahead.serves(layer, threshold, index)):
+            ahead = None  # of other data, placement or threshold (a change this view saw, or one before it)
 
         def source_of() -> Any:
             source = self._sources.get(key)
-            if source is None and ahead is not None and ahead.key == key[:-1]:
+            if source is None and ahead is not None:
                 source = ahead.source  # None while the early warm-up still makes it
                 if source is not None:
                     self._keep_source(key, source)
@@ -311,8 +331,9 @@ class LiveRender:
             if not token.cancelled:
                 source.warm(state.display, cancel=lambda: token.cancelled)
 
+        # a failure shows in the render that follows
         workers().submit(work, lane="render", name="full resolution in 3D: warm-up",
-                         on_errored=lambda error: None)  # a failure shows in the render that follows  # fmt: skip
+                         on_errored=lambda error: None, group=("live view", id(self._viewer)))  # fmt: skip
 
     def _on_yielded(self, item: Any, token: _Token) -> None:
         from napari_gridmip._widgets._runner import viewer_closed

@@ -120,6 +120,7 @@ class MipmapWidget(JobWidget):
         )
         self._live: Any = None  # the LiveRender while the switch is on (see _widgets/live_render.py)
         self._ahead: Any = None  # the live view's early warm-up (a WarmAhead) of the chosen layer, before the switch
+        self._warmed_ahead: set[tuple] = set()  # the keys warmed up early already (see _warm_live_ahead)
         self.view_info = wrapping_label("view_info", "Made")
         self.threshold_box = Container(
             layout="horizontal", widgets=[self.threshold, self.threshold_slider], labels=False
@@ -247,6 +248,7 @@ class MipmapWidget(JobWidget):
         if self._live is not None:
             overlay = self._live.stop(keep_overlay=wanted and usable)
             self._live = None
+            self._drop_ahead()  # its source was the live view's: freed with it
         if not wanted:
             return
         if not usable:
@@ -258,6 +260,8 @@ class MipmapWidget(JobWidget):
             if not self.released:
                 self._made(text)
 
+        if self._ahead is not None and self._ahead.task.waiting:
+            self._drop_ahead()  # not started yet: the live view's own warm-up does the same
         self._live = LiveRender(
             self._viewer, layer, threshold=float(self.threshold.value), on_status=status, overlay=overlay,
             ahead=self._ahead,
@@ -270,29 +274,35 @@ class MipmapWidget(JobWidget):
     def _warm_live_ahead(self) -> None:
         """With the switch off, make the chosen layer's live-view source and compile its render programs in the
         background (:class:`~._widgets.live_render.WarmAhead`), as the other early work (only where early starts
-        are on), where the layer's occupancy cells are stored with it: the switch's first view then waits for
-        neither. Called, like that work, once the inputs have been still a moment."""
+        are on, and not beside a Run), where the layer's occupancy cells are stored with it: the switch's first
+        view then waits for neither. Called, like that work, once the inputs have been still a moment. Once per
+        layer, data, placement and threshold: the programs stay compiled after the switch is turned off, whose
+        stop frees the source (its chunk caches) as before."""
         from napari_gridmip._jobs.live_render import has_stored_cells
         from napari_gridmip._widgets._base import prefetch_enabled
         from napari_gridmip._widgets.live_render import WarmAhead, source_key
 
         layer = self.layer.value if self._ready else None
         threshold = float(self.threshold.value)
-        wanted = (
-            not self.released and self._live is None and prefetch_enabled() and _live_usable(layer)
-            and layer.ndim == 3 and has_stored_cells(layer, threshold)
-        )  # fmt: skip
-        if self._ahead is not None and (not wanted or self._ahead.key != source_key(layer, (), threshold)):
-            if self._live is None:  # a live view may be using its source: left to finish
-                self._ahead.cancel()
-            self._ahead = None
-        if wanted and self._ahead is None:
+        if self._ahead is not None and (layer is None or not self._ahead.serves(layer, threshold)):
+            self._drop_ahead()
+        usable = _live_usable(layer) and layer.ndim == 3 and has_stored_cells(layer, threshold)
+        key = (*source_key(layer, (), threshold), id(layer.data)) if usable else None
+        if (
+            usable and self._ahead is None and key not in self._warmed_ahead and self._live is None
+            and not self.released and not self.runner.busy and prefetch_enabled()
+        ):  # fmt: skip
             self._ahead = WarmAhead(self._viewer, layer, threshold)
+            self._warmed_ahead.add(key)
 
-    def release(self) -> None:
+    def _drop_ahead(self) -> None:
+        """Cancel the early warm-up and let its source go (a live view that adopted it keeps its own reference)."""
         if self._ahead is not None:
             self._ahead.cancel()
             self._ahead = None
+
+    def release(self) -> None:
+        self._drop_ahead()
         if self._live is not None:
             self._live.stop()
             self._live = None

@@ -370,11 +370,16 @@ def test_closing_the_viewer_with_the_live_view_on_touches_none_of_its_layers(liv
     assert not live.active and removed == []
 
 
-def _layer_with_stored_cells(viewer):
-    """A two-level layer whose occupancy cells are stored with it, as this plugin's reader and sample give them."""
+def _layer_with_stored_cells(viewer, volume=None):
+    """A two-level layer whose occupancy cells are stored with it, as this plugin's reader and sample give them:
+    by default small bright cubes in every 64^3 chunk of both levels."""
     from napari_gridmip._jobs.live_render import CELL, occupancy_cells
 
-    volume = sparse_volume()
+    if volume is None:
+        volume = np.zeros((140, 136, 132), np.uint16)
+        for corner in np.ndindex(3, 3, 3):
+            z, y, x = (np.array(corner) * 60 + 10).tolist()
+            volume[z : z + 4, y : y + 4, x : x + 4] = 1000
     stored = {"cells": occupancy_cells(volume, 0.0), "cell": CELL, "threshold": 0.0}
     return viewer.add_image([volume, volume[::2, ::2, ::2]], multiscale=True, contrast_limits=(0, 1200),
                             metadata={"gridmip_cells": stored})  # fmt: skip
@@ -382,9 +387,10 @@ def _layer_with_stored_cells(viewer):
 
 def test_a_layer_with_stored_cells_is_warmed_up_before_the_switch(shown, qtbot, monkeypatch):
     """Chosen with the switch off, a layer whose cells are stored gets its source made, its render programs
-    compiled and its coarse pass's chunks read in the background; the switch then uses that source, and reads
-    level 0's chunks only once it is on. A threshold other than the stored cells', or early starts switched off,
-    start nothing; closing the widget stops it."""
+    compiled and its coarse pass's chunks read in the background; the switch then uses that source (its coarse
+    pass reads no chunk), and reads level 0's chunks only once it is on. Turned off, the live view frees that
+    source and nothing is warmed up again for the same layer; a threshold other than the stored cells', or
+    early starts switched off, start nothing; closing the widget stops it."""
     from napari_gridmip._jobs import live_render as jobs
 
     made = []
@@ -397,17 +403,26 @@ def test_a_layer_with_stored_cells_is_warmed_up_before_the_switch(shown, qtbot, 
     source = widget._ahead.source
     coarse = source.coarse_level
     assert coarse == 1 and {key[2] for key in source._warmed} == {0, coarse}
-    assert source.caches[coarse].blocks  # the coarse pass's chunks, read ahead
-    assert source.preloading is None  # level 0's read ahead waits for the switch (its warm-up read 1 chunk)
+    occupied = source.caches[coarse].occupied()
+    assert len(occupied) == 8 and sorted(source.caches[coarse].blocks) == sorted(occupied)  # read ahead
+    assert source.preloading is None and len(source.caches[0].blocks) < 8  # level 0's wait for the switch
     viewer.dims.ndisplay = 3
+    viewer.scene.camera.angles = (12.0, -28.0, 61.0)
     widget.live_3d.native.click()
     _final(widget, qtbot)
-    assert widget._live._source is source and made == [1] and source.preloading is not None
-    widget.live_3d.native.click()  # off: a new layer choice or threshold starts a new warm-up
+    live = widget._live
+    assert live._source is source and made == [1] and source.preloading is not None
+    assert live.pictures[0].level == coarse and live.pictures[0].chunks_read == 0
+    widget.live_3d.native.click()  # off: the source is freed with the live view, and not made again
+    qtbot.wait(600)
+    assert widget._ahead is None and made == [1]
     widget.threshold.value = 5.0  # not the stored cells' threshold: a source would need a pass over the data
-    qtbot.waitUntil(lambda: widget._ahead is None, timeout=10_000)
+    qtbot.wait(600)
+    assert widget._ahead is None
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")
+    other = _layer_with_stored_cells(viewer)
     widget.threshold.value = 0.0
+    widget.layer.value = other
     qtbot.wait(1000)
     assert widget._ahead is None
     monkeypatch.delenv("NAPARI_GRIDMIP_PREFETCH")
@@ -418,3 +433,19 @@ def test_a_layer_with_stored_cells_is_warmed_up_before_the_switch(shown, qtbot, 
     widget.release()
     assert ahead._token.cancelled and widget._ahead is None
     qtbot.waitUntil(lambda: ahead.task.done, timeout=60_000)
+
+
+def test_a_warm_up_of_data_replaced_since_is_not_used(shown, qtbot):
+    """The layer's data replaced after its early warm-up (no event of the widget's follows that): the switch makes
+    a source of the new data rather than render the old."""
+    viewer, widget = shown()
+    layer = _layer_with_stored_cells(viewer)
+    widget.layer.value = layer
+    qtbot.waitUntil(lambda: widget._ahead is not None and widget._ahead.task.done, timeout=60_000)
+    early = widget._ahead.source
+    layer.data = [level * 0 for level in layer.data]  # all empty now (the stored cells are the old ones')
+    viewer.dims.ndisplay = 3
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    assert widget._live._source is not early
+    assert widget._live._source.levels[0] is layer.data[0]

@@ -82,6 +82,21 @@ def test_a_newer_early_job_replaces_the_waiting_one_and_never_runs_it(pool, qtbo
     assert ran == ["new"]  # the replaced job finished without running
 
 
+def test_a_newer_render_replaces_only_the_waiting_jobs_of_its_group(pool, qtbot):
+    """One viewer's live view does not drop another's waiting render, nor an early warm-up's (render lane)."""
+    running, release, started, _ = _gate()
+    pool.submit(running, lane="render", group="a")
+    qtbot.waitUntil(started.is_set, timeout=10_000)
+    ran = []
+    mine = pool.submit(lambda: ran.append("a old"), lane="render", group="a")
+    theirs = pool.submit(lambda: ran.append("b"), lane="render", group="b")
+    newer = pool.submit(lambda: ran.append("a new"), lane="render", group="a")
+    assert mine.cancelled and not theirs.cancelled and not newer.cancelled
+    release.set()
+    qtbot.waitUntil(lambda: not pool.busy(), timeout=10_000)
+    assert ran == ["b", "a new"]
+
+
 def test_an_early_job_adopted_while_waiting_moves_to_the_run_lane(pool, qtbot):
     blocker, release, started, _ = _gate()
     pool.submit(blocker, lane="early")  # a stale early job that cannot be interrupted

@@ -418,9 +418,9 @@ class LiveSource:
 
 
 def has_stored_cells(layer: Any, threshold: float) -> bool:
-    """Whether :func:`source_for_layer` finds ``layer``'s occupancy cells stored with it for ``threshold`` (a layer of
-    this plugin's reader or sample: its source then costs no pass over the data)."""
-    stored = layer.metadata.get("gridmip_cells") if layer.ndim == 3 else None
+    """Whether ``layer``'s occupancy cells are stored with it for ``threshold`` (a layer of this plugin's reader or
+    sample): :func:`source_for_layer` then makes a 3D source without a pass over the data."""
+    stored = layer.metadata.get("gridmip_cells")
     return stored is not None and float(stored.get("threshold", 0.0)) == float(threshold)
 
 

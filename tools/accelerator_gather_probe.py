@@ -6,6 +6,11 @@ TPU v5e against 2.0 s on its host, and runs on the host there since). Prints war
 the two ways agree.
 
     python tools/accelerator_gather_probe.py [--size 1024] [--step 4] [--subset 31]
+    python tools/accelerator_gather_probe.py --widths 1,16,128,512,4096   # gathers by row width only
+
+``--widths``: the throughput of one gather of whole rows from a table of 256 MiB, by row width (float32 values
+per row), each gathering 256 MiB in all: the figure a design of gathered bricks or blocks (the live view's render,
+an IC-GN without element taps) needs first.
 """
 
 from __future__ import annotations
@@ -33,7 +38,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--step", type=int, default=4)
     parser.add_argument("--subset", type=int, default=31)
+    parser.add_argument("--widths", default="", help="row widths to time gathers of (and nothing else)")
     args = parser.parse_args()
+    if args.widths:
+        row_widths([int(w) for w in args.widths.split(",")])
+        return
     n, step, s = args.size, args.step, args.subset
     rng = np.random.default_rng(0)
     coefficients = jnp.asarray(rng.random((1, n + 4, n + 4), dtype=np.float32))
@@ -109,6 +118,25 @@ def main() -> None:
     t_el, c = best(element_subsets, image, index)
     t_ph, d = best(phase_subsets, image)
     print(f"subsets: element gathers {t_el:.4f} s, phase-plane slices {t_ph:.4f} s; equal: {bool(jnp.all(c == d))}")
+
+
+def row_widths(widths: list[int]) -> None:
+    """Seconds and GB/s of one ``jnp.take`` of random rows (256 MiB gathered) from a 256 MiB table, per width."""
+    rng = np.random.default_rng(1)
+    values = 1 << 26  # 256 MiB of float32, the table and the gathered rows alike
+    print(f"{jax.default_backend()}: gathers of 256 MiB from a 256 MiB table", flush=True)
+    for width in widths:
+        rows = values // width
+        table = jnp.asarray(rng.random((rows, width), dtype=np.float32))
+        index = jnp.asarray(rng.integers(0, rows, rows, dtype=np.int32))
+        take = jax.jit(lambda t, i: jnp.take(t, i, axis=0))
+        seconds, out = best(take, table, index)
+        same = bool(jnp.array_equal(out[:5], table[index[:5]]))
+        print(
+            f"rows of {width:5d}: {seconds:.4f} s, {values * 4 / seconds / 1e9:6.1f} GB/s ({rows} rows); right: {same}",
+            flush=True,
+        )
+        del table, index, out
 
 
 if __name__ == "__main__":

@@ -112,6 +112,18 @@ def render_on_host() -> bool:
     return _on_tpu()
 
 
+def host_pool_aliased() -> bool:
+    """Whether the render's pool of bricks (:class:`.occupancy.raycast.ChunkCache`) is handed to JAX as the host
+    array itself, or kept as a copy on the device that only the newly written bricks update.
+
+    The host array on the CPU: ``jax.device_put`` of a host array there aliases it (no copy). Elsewhere it copied
+    the whole pool, 512 MiB by default, once per band of every render: over a TPU host's link, about 2.5 GB/s
+    (``benchmarks/bench_accelerator.py``, the offsets-first map's 236 MB in 0.094 s), 0.2 s a band for bricks
+    mostly on the device already. Not yet measured on an accelerator.
+    """
+    return on_cpu()
+
+
 def _on_tpu() -> bool:
     """Whether the work about to be traced runs on a TPU (JAX's default device when one is set, else the default
     backend)."""

@@ -181,6 +181,9 @@ class ChunkCache:
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_bricks = np.arange(bricks - 1, -1, -1, dtype=np.int32)  # a stack: the top is the end
         self._free_top = bricks
+        self._on_device: tuple[jax.Array, jax.Array] | None = None  # device_arrays' copies (not on the CPU)
+        self._written: list[np.ndarray] = []  # bricks written since those copies were brought up to date
+        self._written_slots: list[int] = []
 
     @property
     def blocks(self) -> list[int]:
@@ -265,6 +268,8 @@ class ChunkCache:
                     table[mask] = taken
                     self.slot_of[chunk_id] = slot
                     self.bricks_of[chunk_id] = taken
+                    self._written.append(taken)
+                    self._written_slots.append(slot)
             self.reads += len(missing)
         slots = np.empty(len(ids), np.int32)
         for j, chunk_id in enumerate(ids):
@@ -289,8 +294,49 @@ class ChunkCache:
         return self.maxima
 
     def device_arrays(self) -> tuple[jax.Array, jax.Array]:
-        """The pool and the chunks' tables on the device."""
-        return jax.device_put(self.atlas), jax.device_put(self.tables)
+        """The pool and the chunks' tables on the device.
+
+        On the CPU, the host arrays themselves (``jax.device_put`` aliases them: no copy). Elsewhere
+        (:func:`.core._backend.host_pool_aliased`), copies kept on the device, into which only the bricks and
+        tables written since the last call are copied: a render asks once per band, and copying the whole pool
+        each time (its capacity, 512 MiB by default, over a host link of a few GB/s) was a copy per band of
+        bricks mostly there already. The first call starts from a pool of zeros (only written bricks are read).
+        """
+        from napari_gridmip.core import _backend
+
+        if _backend.host_pool_aliased():
+            self._written, self._written_slots = [], []  # nothing to bring up to date
+            return jax.device_put(self.atlas), jax.device_put(self.tables)
+        if self._on_device is None:
+            self._on_device = (
+                jnp.zeros(self.atlas.shape, self.atlas.dtype),
+                jnp.full(self.tables.shape, -1, jnp.int32),
+            )
+        if self._written:
+            bricks = np.unique(np.concatenate(self._written)).astype(np.int32)
+            slots = np.unique(np.asarray(self._written_slots, np.int32))
+            atlas, tables = self._on_device
+            self._on_device = (_set_rows(atlas, *_padded_rows(self.atlas, bricks)),
+                               _set_rows(tables, *_padded_rows(self.tables, slots)))  # fmt: skip
+            self._written, self._written_slots = [], []
+        return self._on_device
+
+
+def _padded_rows(array: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` and those rows of ``array``, padded to a power of two (at least 64) with an index past the end
+    (dropped by :func:`_set_rows`): one compiled program serves many counts."""
+    size = max(64, 1 << int(len(rows) - 1).bit_length())
+    index = np.full(size, len(array), np.int32)
+    index[: len(rows)] = rows
+    values = np.zeros((size, *array.shape[1:]), array.dtype)
+    values[: len(rows)] = array[rows]
+    return index, values
+
+
+@jax.jit
+def _set_rows(array: jax.Array, index: jax.Array, rows: jax.Array) -> jax.Array:
+    """``array`` with its rows ``index`` set to ``rows`` (indices past the end dropped)."""
+    return array.at[index].set(rows, mode="drop")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -211,6 +211,35 @@ def test_a_small_cache_renders_in_bands_with_the_same_image(mode):
     assert small.nbytes <= small.capacity
 
 
+@pytest.mark.parametrize("mode", ["mip", "attenuated_mip"])
+def test_a_pool_kept_on_the_device_gives_the_same_image(monkeypatch, mode):
+    """Off the CPU the pool is a device copy that each band brings up to date with the bricks written since
+    (core._backend.host_pool_aliased): forced here, with a cache small enough that bands evict and reuse bricks
+    and slots, and kept across renders, the images are the host pool's."""
+    from napari_gridmip.core import _backend
+
+    volume = sparse_volume()
+    lazy = da.from_array(volume, chunks=8)
+    rays = views(volume.shape)["orthographic"]
+    cells = np.asarray(occupancy_mipmap(volume)[2])
+    host = ChunkCache(lazy, capacity=8 * 8**3 * 2)
+    want = [render_view(lazy, cells, rays.origins, rays.directions, cache=host, mode=mode, **MODES[mode])
+            for _ in range(2)]  # fmt: skip
+    monkeypatch.setattr(_backend, "host_pool_aliased", lambda: False)
+    kept = ChunkCache(lazy, capacity=8 * 8**3 * 2)
+    for view in want:  # the second render starts from the first one's pool, on the device and on the host
+        got = render_view(lazy, cells, rays.origins, rays.directions, cache=kept, mode=mode, **MODES[mode])
+        np.testing.assert_array_equal(got.values, view.values)
+        np.testing.assert_array_equal(got.depth, view.depth)
+        atlas, tables = kept.device_arrays()
+        assert not np.shares_memory(np.asarray(atlas), kept.atlas)  # a copy, brought up to date
+        held = np.concatenate([kept.bricks_of[c] for c in kept.blocks])
+        np.testing.assert_array_equal(np.asarray(atlas)[held], kept.atlas[held])
+        slots = [kept.slot_of[c] for c in kept.blocks]
+        np.testing.assert_array_equal(np.asarray(tables)[slots], kept.tables[slots])
+    assert len(kept.blocks) <= kept.slots < got.chunks_used  # it rendered in bands
+
+
 def test_the_cache_keeps_only_the_occupied_cells_of_the_chunks_it_reads():
     volume = sparse_volume()
     cells = np.asarray(occupancy_mipmap(volume)[2])  # cells of 4

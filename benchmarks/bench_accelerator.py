@@ -251,6 +251,18 @@ def _render_call(i: dict[str, Any]) -> Any:
                        contrast_limits=(0.0, 2000.0), attenuation=0.05, background=0.0, cache=cache)  # fmt: skip
 
 
+def _render_on_chip_call(i: dict[str, Any]) -> Any:
+    """:func:`_render_call` with the render kept on the default device even on a TPU (``render_on_host`` off)."""
+    from napari_gridmip.core import _backend
+
+    chosen = _backend.render_on_host
+    _backend.render_on_host = lambda: False
+    try:
+        return _render_call(i)
+    finally:
+        _backend.render_on_host = chosen
+
+
 def _render_device(i: dict[str, Any]) -> dict[str, Any]:
     """One chunk cache kept across the calls, filled here (not timed) by a render of the same view."""
     from napari_gridmip.core.occupancy.raycast import ChunkCache
@@ -298,6 +310,8 @@ CASES = [
          lambda i: _gm().find_displacement(i["img1"], i["img2"], (15, 15), dtype=np.float64)),
     Case("render_view", "render_view, 2048^3 sparse sample, close-up (--render-size)", _render, _render_call,
          _render_device),
+    Case("render_view_on_chip", "render_view as above, on the default device even on a TPU (render_on_host off)",
+         _render, _render_on_chip_call, _render_device),
 ]  # fmt: skip
 BY_NAME = {case.name: case for case in CASES}
 

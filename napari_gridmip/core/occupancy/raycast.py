@@ -115,7 +115,8 @@ class ChunkCache:
 
     ``capacity`` bounds the bytes of the pool and of the chunks' tables; the pool never holds more bricks than the
     grid has occupied cells. Its arrays are host arrays that JAX's CPU backend reads without a copy
-    (``jax.device_put`` aliases them; other backends copy them once per band of a render).
+    (``jax.device_put`` aliases them; other backends keep a device copy that each band of a render brings up
+    to date with the bricks written since, :meth:`device_arrays`).
     """
 
     def __init__(self, volume: Any, *, capacity: int = 512 << 20) -> None:

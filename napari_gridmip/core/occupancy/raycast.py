@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from napari_gridmip.core import _backend, _validate
+from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy._chunk_files import chunk_reader
 
 __all__ = ["colorize_view", "render_view"]
@@ -326,12 +327,8 @@ class ChunkCache:
 def _padded_rows(array: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``rows`` and those rows of ``array``, padded to a power of two (at least 64) with an index past the end
     (dropped by :func:`_set_rows`): one compiled program serves many counts."""
-    size = max(64, 1 << int(len(rows) - 1).bit_length())
-    index = np.full(size, len(array), np.int32)
-    index[: len(rows)] = rows
-    values = np.zeros((size, *array.shape[1:]), array.dtype)
-    values[: len(rows)] = array[rows]
-    return index, values
+    size = _flat.bucket(len(rows), 64)
+    return _pad(rows.astype(np.int32), size, len(array)), _pad(array[rows], size)
 
 
 @jax.jit

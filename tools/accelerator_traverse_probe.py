@@ -10,6 +10,7 @@ records exactly.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -22,11 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 
-def select_flush(planes, empty, capacity):
+def select_flush(planes, empty, ring):
     """The ring's crossings moved after each column's held ones by compare-and-select: slot ``c`` takes the ring
     row whose rank among the column's new crossings is ``c - held`` (one term kept, so the sum is that value)."""
     rows, batch = empty.shape
-    ring = rows - capacity
+    capacity = rows - ring
     held = jnp.sum(empty[:capacity] == 0, axis=0, dtype=jnp.int32)
     new = empty[capacity:] == 0
     target = jnp.where(new, held[None] + jnp.cumsum(new, axis=0, dtype=jnp.int32) - 1, -1)
@@ -59,7 +60,7 @@ def main() -> None:
     print(f"{jax.default_backend()}: {label}", flush=True)
     sort_flush = traverse._flush_ring
     variants = [("scatter", 0, sort_flush)] + [(f"ring {r}, sort", int(r), sort_flush) for r in args.rings.split(",")]
-    variants.append(("ring 32, selects", 32, select_flush))
+    variants.append(("ring 32, selects", 32, functools.partial(select_flush, ring=32)))
     reference = None
     for name, ring, flush in variants:
         _backend.step_record_ring = lambda ring=ring: ring

@@ -311,9 +311,8 @@ def _record(flat, o, d, t_stop, state, limit, keep, capacity, ring=0):
     return state, voxels, starts, ends
 
 
-def _flush_ring(planes, empty, capacity):
-    """Each column's held crossings first, in order (a stable sort on ``empty``): the slots, then the ring's.
-    (``capacity``: unused by the sort; tools/accelerator_traverse_probe.py's compare-and-select flush needs it.)"""
+def _flush_ring(planes, empty):
+    """Each column's held crossings first, in order (a stable sort on ``empty``): the slots, then the ring's."""
     empty, *planes = lax.sort((empty, *planes), dimension=0, is_stable=True, num_keys=1)
     return tuple(planes), empty
 
@@ -330,7 +329,7 @@ def _record_in_ring(flat, o, d, t_stop, state, limit, keep, capacity, ring):
 
     def flush(carry):
         planes, empty, _ = carry
-        planes, empty = _flush_ring(planes, empty, capacity)
+        planes, empty = _flush_ring(planes, empty)
         return planes, empty, jnp.zeros((), jnp.int32)
 
     def consume(carry, emitted, records, new):

@@ -85,6 +85,32 @@ def point_batches() -> bool:
     return on_cpu()
 
 
+def spline_windows() -> bool:
+    """Whether the affine IC-GN (:mod:`.correlation.affine`) reads each point's subset and its B-spline taps
+    from one window of the image per point, as slices, or gathers every pixel's 16 taps (and its subset's
+    pixels) one element at a time.
+
+    Gathers on the CPU, which reads scattered elements from its caches; the window's 64 weighted slices
+    (``SPLINE_MARGIN`` 2) are 4x the taps' products. Windows elsewhere: on a TPU v5e one IC-GN interpolation
+    of the 1024^2 pair (60,025 points x 961 pixels) took 6.69 s as element gathers against 0.222 s on the
+    host CPU, and gathers of rows run 0.3 GB/s one element wide against 40 GB/s 128 wide
+    (``tools/accelerator_gather_probe.py``, 2026-12-06, docs/accelerator.md).
+    """
+    return not on_cpu()
+
+
+def ic_gn_rows_together() -> bool:
+    """Whether the affine IC-GN takes a band's rows of points together (each from its own start), or one row
+    after the other, each starting from the converged warps of the row above (ncorr's seed propagation).
+
+    Row by row on the CPU, where the propagated starts save a step for most points and each row's work is
+    its cost. Together elsewhere: each row is a loop of small steps, an accelerator's slowest shape (a 1024^2
+    pair has 252 rows of 249 points). Without the propagation, the fields of a 512^2 pair moved by at most
+    3.5e-5 px (CPU, 2026-12-06, docs/accelerator.md).
+    """
+    return not on_cpu()
+
+
 def ic_gn_on_host() -> bool:
     """Whether the affine IC-GN (:mod:`.correlation.affine`) runs on the host CPU rather than on the default
     device: on a TPU only (the translation search before it stays there).

@@ -54,6 +54,9 @@ TOLERANCE = {np.dtype(np.float32): 1e-4, np.dtype(np.float64): 1e-8}
 # other, each row's arrays (K, P, S) in the cache; at 1024^2 (subset 31, step 4) bands of 2**20 took 0.88x the
 # time of 2**18 or 2**21 (fewer calls and waits, and progress still every 4 rows)
 BAND_VALUES = 2**20
+# the same where a band's rows run together (core._backend.ic_gn_rows_together): each band is a launch and its
+# slowest point's steps, so few and large ones (about 8 at 1024^2, subset 31, step 4)
+TOGETHER_BAND_VALUES = 2**23
 FULL_ITERATIONS = 3  # steps every point of a row takes together (from the search's start, 3 was the mode)
 # then the points still going take each step in batches of this share of the row (1/16 and 1/4: the same time)
 BUCKET = 0.125
@@ -86,6 +89,78 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
             row = row + wx[b] * taps
         out = out + wy[a] * row
     return out
+
+
+# taps per axis beyond the spline's 4 on each side that a subset's warped pixels may spread over in
+# :func:`_interpolate_windows`: their lower knots may lie up to ``2 SPLINE_MARGIN`` rows (columns) apart beyond
+# the subset's own extent, a gradient part of the warp up to about 2 / (subset - 1) (6.7% at subset 31)
+SPLINE_MARGIN = 2
+
+
+def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int]) -> jax.Array:
+    """The ``subset`` ``(sh, sw)`` window of ``img`` ``(K, M, N)`` from ``(top, left)`` ``(n,)`` (int32, inside the
+    image) of each point: ``(K, n, sh sw)``, rows first. One slice per point: an accelerator reads rows of pixels
+    where a gather of each pixel is its slow path (:func:`.core._backend.spline_windows`)."""
+    k = img.shape[0]
+    one = jax.vmap(lambda y, x: lax.dynamic_slice(img, (0, y, x), (k, *subset)), out_axes=1)
+    return one(top, left).reshape(k, top.shape[0], subset[0] * subset[1])
+
+
+def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, *, subset: tuple[int, int]
+                         ) -> jax.Array:  # fmt: skip
+    """:func:`_interpolate`'s values where ``py``, ``px`` ``(n, sh sw)`` are each point's subset pixels warped
+    (rows first), read from one window of the coefficients per point instead of 16 gathers a pixel.
+
+    Each point's window spans its pixels' lower knots plus the spline's taps and ``SPLINE_MARGIN`` on each
+    side; each pixel's taps are then the window's slices at 4 of ``2 SPLINE_MARGIN + 4`` static offsets per
+    axis, picked by weights that are the spline's at those 4 and exact zeros elsewhere. The sum is
+    :func:`_interpolate`'s, term by term in its order (the zeros add nothing). A batch whose pixels spread
+    further (a warp's gradient part over about ``2 SPLINE_MARGIN / (subset - 1)``) or whose window would leave
+    the padded image takes :func:`_interpolate`'s gathers instead.
+
+    The points are the last axis inside (an accelerator's lanes; the slices move along its rows)."""
+    k, rows, cols = coefficients.shape
+    sh, sw = subset
+    n = py.shape[0]
+    taps = 2 * SPLINE_MARGIN + 4
+    height, width = sh + taps - 1, sw + taps - 1
+
+    def knots(q, size, extent, across):
+        """The lower knots and fractions of ``q`` ``(n, S)`` (clipped as :func:`_interpolate` clips), as
+        ``(sh, sw, n)``, and each point's window start (padded: tap -1 of its smallest knot less the pixel's
+        own offset ``across``) with the knots' offsets from it."""
+        q = jnp.clip(q, 0, size - 5).T.reshape(sh, sw, n)
+        low = jnp.floor(q)
+        relative = low.astype(jnp.int32) - across[..., None]  # the knot less the pixel's own row (column)
+        first = jnp.min(relative, axis=(0, 1))  # (n,)
+        offset = relative - first  # 0 ... 2 SPLINE_MARGIN where the window holds the taps
+        fits = jnp.all(jnp.max(offset, axis=(0, 1)) <= 2 * SPLINE_MARGIN) & jnp.all(first + 1 >= 0)
+        fits = fits & jnp.all(first + 1 + extent <= size)
+        return _weights(q - low), offset, first + 1, fits
+
+    eta = jnp.arange(sh, dtype=jnp.int32)[:, None]
+    zeta = jnp.arange(sw, dtype=jnp.int32)[None, :]
+    wy, oy, top, fits_y = knots(py, rows, height, eta)
+    wx, ox, left, fits_x = knots(px, cols, width, zeta)
+
+    def spread(weights, offset):
+        # the 4 taps' weights placed at their offsets among the window's (exact zeros elsewhere)
+        return [sum((jnp.where(offset + t == a, weights[t], 0) for t in range(4)), jnp.zeros_like(weights[0]))
+                for a in range(taps)]  # fmt: skip
+
+    def windowed():
+        window = jax.vmap(lambda y, x: lax.dynamic_slice(coefficients, (0, y, x), (k, height, width)),
+                          out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
+        along_y, along_x = spread(wy, oy), spread(wx, ox)
+        out = 0
+        for a in range(taps):
+            row = 0
+            for b in range(taps):
+                row = row + along_x[b] * window[:, a : a + sh, b : b + sw]
+            out = out + along_y[a] * row
+        return jnp.swapaxes(out.reshape(k, sh * sw, n), 1, 2)
+
+    return lax.cond(fits_y & fits_x, windowed, lambda: _interpolate(coefficients, py, px))
 
 
 def _weights(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -145,9 +220,9 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.stack(x, -1)
 
 
-@partial(jax.jit, static_argnames=("subset", "band", "batches"))
+@partial(jax.jit, static_argnames=("subset", "band", "batches", "windows", "together"))
 def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
-          prefilter, *, subset, band, batches=True):  # fmt: skip
+          prefilter, *, subset, band, batches=True, windows=False, together=False):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
@@ -163,26 +238,35 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
 
     The rows run one after the other (:func:`_row`), each starting from the row above where that one is trusted
     (ncorr's seed propagation, row by row whatever the bands: a result does not depend on how the rows are cut
-    into bands).
+    into bands). With ``together`` (:func:`.core._backend.ic_gn_rows_together`), the band's rows run as one
+    row of points, each from its own start (no propagation: the fields move by at most 3.5e-5 px on a 512^2
+    pair, docs/accelerator.md). ``windows``: :func:`.core._backend.spline_windows`.
     """
     cols = initial.shape[1]
+    if together:
+        start = lax.dynamic_slice_in_dim(initial, row0, band, 0).reshape(band * cols, 6)
+        nowhere = (jnp.full(band * cols, jnp.nan, c1.dtype),) * 7  # no row above: every point from its own start
+        out = _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, nowhere, spacing, prefilter,
+                   subset=subset, batches=batches, windows=windows)  # fmt: skip
+        return tuple(a.reshape(1, band, cols) for a in out)
     first = tuple(lax.dynamic_index_in_dim(a[0], above, 0, keepdims=False) for a in previous)  # (cols,) each
 
     def one(above_row, xs):
         cy, cx, i = xs
-        out = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, initial, row0 + i, above_row, spacing, prefilter,
-                   subset=subset, batches=batches)  # fmt: skip
+        start = lax.dynamic_index_in_dim(initial, row0 + i, 0, keepdims=False)
+        out = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, start, above_row, spacing, prefilter,
+                   subset=subset, batches=batches, windows=windows)  # fmt: skip
         return out, out
 
     rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
     return tuple(a[None] for a in lax.scan(one, first, rows)[1])
 
 
-def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row, above, spacing, prefilter, *,
-         subset, batches=True):  # fmt: skip
-    """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``above``: the
-    outputs of the row above, each ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each
-    ``(cols,)``.
+def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, above, spacing, prefilter, *,
+         subset, batches=True, windows=False):  # fmt: skip
+    """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``start``: the
+    points' starts ``(cols, 6)`` from :func:`_initial_warp`, ``above``: the outputs of the row above, each
+    ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(cols,)``.
 
     A point starts from the translation search's result and the gradients across its neighbours
     (:func:`_initial_warp`), or from the converged warp of the point above, carried down by its own gradients,
@@ -193,10 +277,11 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, ro
     going are gathered, :func:`_bucket` at a time, into a batch of fixed size for each further step, and
     scattered back: each point stops on its own, and the row costs about the sum of its points' iterations
     rather than its slowest point's times the row. Without ``batches`` (:func:`.core._backend.point_batches`),
-    the whole row takes each step until its last point stops: the same steps for every point.
+    the whole row takes each step until its last point stops: the same steps for every point. With ``windows``
+    (:func:`.core._backend.spline_windows`), the subsets and the interpolation read one window per point
+    (:func:`_subset_windows`, :func:`_interpolate_windows`) instead of gathering each pixel: the same values.
     """
-    start = lax.dynamic_index_in_dim(initial, row, 0, keepdims=False).astype(c1.dtype)  # (P, 6)
-    start = _propagated(start, above, spacing)
+    start = _propagated(start.astype(c1.dtype), above, spacing)  # (P, 6)
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
     eta, zeta = jnp.meshgrid(
@@ -208,6 +293,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, ro
     index = (iy * cols + ix).ravel()
 
     def gather(img):
+        if windows:
+            return _subset_windows(img, centres_y - hs, centres_x - hw, subset)
         return jnp.take(img.reshape(k, rows * cols), index, axis=1, mode="clip").reshape(k, *iy.shape)  # (K, P, S)
 
     f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
@@ -237,7 +324,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, ro
         v, vy, vx, u, uy, ux = (p[:, i : i + 1] for i in range(6))
         py = d["cy"][:, None] + eta[None, :] + v + vy * eta[None, :] + vx * zeta[None, :]
         px = d["cx"][:, None] + zeta[None, :] + u + uy * eta[None, :] + ux * zeta[None, :]
-        g = _interpolate(c1, py, px)
+        g = _interpolate_windows(c1, py, px, subset=subset) if windows else _interpolate(c1, py, px)
         g = g - g.mean(axis=(0, 2), keepdims=True)
         norm_g = jnp.sqrt(jnp.sum(g * g, axis=(0, 2)))
         fp = d["f"]
@@ -416,8 +503,14 @@ def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int
     """
     out_rows, out_cols = out_shape
     per_row = out_cols * subset[0] * subset[1] * frames
-    band = int(max(1, min(out_rows, BAND_VALUES // max(per_row, 1))))
+    values = TOGETHER_BAND_VALUES if _rows_together() else BAND_VALUES
+    band = int(max(1, min(out_rows, values // max(per_row, 1))))
     return band, sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
+
+
+def _rows_together() -> bool:
+    """Whether the IC-GN about to run takes each band's rows together (on the device it will run on)."""
+    return _backend.ic_gn_rows_together() and not _backend.ic_gn_on_host()
 
 
 def _wait(result: Any) -> None:
@@ -477,7 +570,7 @@ def _refine(x1, x2, coefficients, dy, dx, *, window, subset, step, batch, prefil
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
-    batches = _backend.point_batches()
+    batches, windows, together = _backend.point_batches(), _backend.spline_windows(), _rows_together()
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
@@ -494,7 +587,8 @@ def _refine(x1, x2, coefficients, dy, dx, *, window, subset, step, batch, prefil
             images = (c1, f_img, fy_img, fx_img, curvature)
             previous, above = (pieces[-1], start - 1 - starts[done - 1]) if done else (none, 0)
             where = (cy, cx, initial, np.int32(start), previous, np.int32(above), spacing)
-            pieces.append(_band(*images, *where, sigma, subset=subset, band=band, batches=batches))
+            options = dict(subset=subset, band=band, batches=batches, windows=windows, together=together)
+            pieces.append(_band(*images, *where, sigma, **options))
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 

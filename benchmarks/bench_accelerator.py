@@ -269,32 +269,6 @@ def _dic_affine_call(i: dict[str, Any]) -> Any:
     )
 
 
-def _dic_affine_on_chip_call(i: dict[str, Any]) -> Any:
-    """The affine DIC with its IC-GN kept on the default device even on a TPU (``ic_gn_on_host`` off): the
-    windows and rows together of an accelerator (``spline_windows``, ``ic_gn_rows_together``)."""
-    from napari_gridmip.core import _backend
-
-    chosen = _backend.ic_gn_on_host
-    _backend.ic_gn_on_host = lambda: False
-    try:
-        return _dic_affine_call(i)
-    finally:
-        _backend.ic_gn_on_host = chosen
-
-
-def _dic_affine_batched_call(i: dict[str, Any]) -> Any:
-    """:func:`_dic_affine_on_chip_call` with the points still iterating after the first steps moved into batches
-    (``point_batches`` on), as the CPU does row by row."""
-    from napari_gridmip.core import _backend
-
-    chosen = _backend.point_batches
-    _backend.point_batches = lambda: True
-    try:
-        return _dic_affine_on_chip_call(i)
-    finally:
-        _backend.point_batches = chosen
-
-
 def _render_device(i: dict[str, Any]) -> dict[str, Any]:
     """One chunk cache kept across the calls, filled here (not timed) by a render of the same view."""
     from napari_gridmip.core.occupancy.raycast import ChunkCache
@@ -330,10 +304,6 @@ CASES = [
                                            subpixel="refine")),
     Case("dic_affine", "DIC shape='affine' 1024^2, window 11, subset 31, step 4, refine", _dic_affine,
          _dic_affine_call),
-    Case("dic_affine_on_chip", "DIC shape='affine' as above, its IC-GN on the default device even on a TPU "
-         "(ic_gn_on_host off)", _dic_affine, _dic_affine_on_chip_call),
-    Case("dic_affine_on_chip_batched", "as dic_affine_on_chip, with batches of the points still iterating",
-         _dic_affine, _dic_affine_batched_call),
     Case("track_speckles", "track_speckles K=20 512^2, window 11, subset 5", _tracking,
          lambda i: _gm().track_speckles(i["sample"], i["reference"], (11, 11), subset=(5, 5))),
     Case("local_correlation_image", "local_correlation_image 2000 x 512^2", _movie,

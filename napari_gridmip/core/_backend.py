@@ -72,19 +72,6 @@ def per_pixel_gathers() -> bool:
     return not _on_tpu()
 
 
-def point_batches() -> bool:
-    """Whether the affine IC-GN (:mod:`.correlation.affine`) moves each row's points still iterating, after the
-    first steps, into small batches (gathered and scattered back), so that a row costs the sum of its points'
-    iterations; or lets the whole row take each step until its last point stops.
-
-    Batches on the CPU, where the work is the cost (a row costs its points' steps, not its slowest point's
-    times the row). The whole row elsewhere: an accelerator runs a row's points in parallel, and each batch is a
-    small gather, step and scatter in a loop of many tiny iterations, which is where an accelerator is slowest
-    (the 1024^2 affine DIC ran over a minute on a TPU v5e). Each point takes the same steps either way.
-    """
-    return on_cpu()
-
-
 def spline_windows() -> bool:
     """Whether the affine IC-GN (:mod:`.correlation.affine`) reads each point's subset and its B-spline taps
     from one window of the image per point, as slices, or gathers every pixel's 16 taps (and its subset's
@@ -94,7 +81,11 @@ def spline_windows() -> bool:
     (``SPLINE_MARGIN`` 2) are 4x the taps' products. Windows elsewhere: on a TPU v5e one IC-GN interpolation
     of the 1024^2 pair (60,025 points x 961 pixels) took 6.69 s as element gathers against 0.222 s on the
     host CPU, and gathers of rows run 0.3 GB/s one element wide against 40 GB/s 128 wide
-    (``tools/accelerator_gather_probe.py``, 2026-12-06, docs/accelerator.md).
+    (``tools/accelerator_gather_probe.py``, 2026-12-06, docs/accelerator.md). 8000 points' interpolation there:
+    0.80 s as gathers, 0.015 s from windows (``tools/accelerator_window_probe.py``); with it and
+    :func:`ic_gn_rows_together`, the 1024^2 affine DIC ran 1.52 s warm on the chip against 1.95 s on the host's
+    13 cores (``benchmarks/bench_accelerator.py``, 2026-12-06), where it had taken 33.8 s and then ran on the
+    host.
     """
     return not on_cpu()
 
@@ -105,23 +96,12 @@ def ic_gn_rows_together() -> bool:
 
     Row by row on the CPU, where the propagated starts save a step for most points and each row's work is
     its cost. Together elsewhere: each row is a loop of small steps, an accelerator's slowest shape (a 1024^2
-    pair has 252 rows of 249 points). Without the propagation, the fields of a 512^2 pair moved by at most
-    3.5e-5 px (CPU, 2026-12-06, docs/accelerator.md).
+    pair has 252 rows of 249 points), and the points still iterating after the first steps then make batches
+    of an eighth of a band, not of a row. Without the propagation, the fields of a 512^2 pair moved by at most
+    3.5e-5 px (CPU, 2026-12-06, docs/accelerator.md); the TPU's 1024^2 fields differ from the host's by at
+    most 6.2e-6 (``benchmarks/bench_accelerator.py``, case dic_affine).
     """
     return not on_cpu()
-
-
-def ic_gn_on_host() -> bool:
-    """Whether the affine IC-GN (:mod:`.correlation.affine`) runs on the host CPU rather than on the default
-    device: on a TPU only (the translation search before it stays there).
-
-    Each IC-GN step interpolates every subset pixel of a row's points at its own warped position, 16 scattered
-    taps each: a TPU's gathers are slow (its fast path is whole table rows, :func:`cache_sized_bands`). On a TPU
-    v5e the 1024^2 affine DIC (subset 31, step 4) took 33.8 s warm against 2.0 s on the same machine's 13-core
-    CPU (``benchmarks/bench_accelerator.py``, case dic_affine, 2026-12-05, docs/accelerator.md); its inputs
-    are two images and two small fields, so the move costs milliseconds. GPUs gather well and keep it.
-    """
-    return _on_tpu()
 
 
 def render_on_host() -> bool:
@@ -129,7 +109,7 @@ def render_on_host() -> bool:
     CPU rather than on the default device: on a TPU only.
 
     The render's segments look their samples up in a pool of bricks through a table, point by point, and step
-    each ray by data-dependent counts: scattered gathers, a TPU's slow path (as :func:`ic_gn_on_host`). On a TPU
+    each ray by data-dependent counts: scattered gathers, a TPU's slow path. On a TPU
     v5e the 2048^3 sparse sample's close-up (800x600, mip) took 4.27 s warm there against 2.15 s on the same
     machine's CPU, and its first call 54.7 s (48.7 s compiling 5 programs) against 4.2 s
     (``benchmarks/bench_accelerator.py``, case render_view, 2026-12-05). Its inputs are chunks read on the host

@@ -225,9 +225,9 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.stack(x, -1)
 
 
-@partial(jax.jit, static_argnames=("subset", "band", "batches", "windows", "together"))
+@partial(jax.jit, static_argnames=("subset", "band", "windows", "together"))
 def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
-          prefilter, *, subset, band, batches=True, windows=False, together=False):  # fmt: skip
+          prefilter, *, subset, band, windows=False, together=False):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`).
 
@@ -252,7 +252,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
         start = lax.dynamic_slice_in_dim(initial, row0, band, 0).reshape(band * cols, 6)
         nowhere = (jnp.full(band * cols, jnp.nan, c1.dtype),) * 7  # no row above: every point from its own start
         out = _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, nowhere, spacing, prefilter,
-                   subset=subset, batches=batches, windows=windows)  # fmt: skip
+                   subset=subset, windows=windows)  # fmt: skip
         return tuple(a.reshape(1, band, cols) for a in out)
     first = tuple(lax.dynamic_index_in_dim(a[0], above, 0, keepdims=False) for a in previous)  # (cols,) each
 
@@ -260,7 +260,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
         cy, cx, i = xs
         start = lax.dynamic_index_in_dim(initial, row0 + i, 0, keepdims=False)
         out = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, start, above_row, spacing, prefilter,
-                   subset=subset, batches=batches, windows=windows)  # fmt: skip
+                   subset=subset, windows=windows)  # fmt: skip
         return out, out
 
     rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
@@ -268,7 +268,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
 
 
 def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, above, spacing, prefilter, *,
-         subset, batches=True, windows=False):  # fmt: skip
+         subset, windows=False):  # fmt: skip
     """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``start``: the
     points' starts ``(cols, 6)`` from :func:`_initial_warp`, ``above``: the outputs of the row above, each
     ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(cols,)``.
@@ -281,8 +281,9 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     Every point takes ``FULL_ITERATIONS`` steps together (most have converged by then); then the points still
     going are gathered, :func:`_bucket` at a time, into a batch of fixed size for each further step, and
     scattered back: each point stops on its own, and the row costs about the sum of its points' iterations
-    rather than its slowest point's times the row. Without ``batches`` (:func:`.core._backend.point_batches`),
-    the whole row takes each step until its last point stops: the same steps for every point. With ``windows``
+    rather than its slowest point's times the row (on an accelerator, whose rows run together, a batch is an
+    eighth of a band: the 1024^2 affine DIC took 1.52 s warm on a TPU v5e with them against 2.27 s with the
+    whole band stepping until its last point stops, ``benchmarks/bench_accelerator.py``, 2026-12-06). With ``windows``
     (:func:`.core._backend.spline_windows`), the subsets and the interpolation read one window per point
     (:func:`_subset_windows`, :func:`_interpolate_windows`) instead of gathering each pixel: the same values.
     """
@@ -370,11 +371,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
 
     p0 = jnp.where(ok[:, None], jnp.where(jnp.isfinite(start), start, 0), 0)
     state = (p0, ok, jnp.zeros(n, jnp.int32), jnp.zeros_like(norm_f))
-    if batches:
-        state = lax.fori_loop(0, min(FULL_ITERATIONS, MAX_ITERATIONS), together, state)
-        p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), some, state)
-    else:
-        p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), lambda s: together(0, s), state)
+    state = lax.fori_loop(0, min(FULL_ITERATIONS, MAX_ITERATIONS), together, state)
+    p, _, _, zncc = lax.while_loop(lambda s: jnp.any(s[1]), some, state)
     nan = jnp.array(jnp.nan, c1.dtype)
     p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
     v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
@@ -508,14 +506,9 @@ def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int
     """
     out_rows, out_cols = out_shape
     per_row = out_cols * subset[0] * subset[1] * frames
-    values = TOGETHER_BAND_VALUES if _rows_together() else BAND_VALUES
+    values = TOGETHER_BAND_VALUES if _backend.ic_gn_rows_together() else BAND_VALUES
     band = int(max(1, min(out_rows, values // max(per_row, 1))))
     return band, sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
-
-
-def _rows_together() -> bool:
-    """Whether the IC-GN about to run takes each band's rows together (on the device it will run on)."""
-    return _backend.ic_gn_rows_together() and not _backend.ic_gn_on_host()
 
 
 def _wait(result: Any) -> None:
@@ -548,34 +541,18 @@ def affine_refine(
     (:func:`_blur_mismatch`).
 
     Runs band by band, item by item (``B`` times the bands of :func:`affine_plan`, one compiled program for
-    all, and one to join them: :func:`.join_bands`), on the host CPU when the default device is a TPU
-    (:func:`.core._backend.ic_gn_on_host`; not under a trace); ``on_band(done)`` is called before each band
-    with the bands done so far, and may raise to stop the refinement between bands.
+    all, and one to join them: :func:`.join_bands`), on the device of its inputs (or JAX's default); on an
+    accelerator with a band's rows together and one window read per point (:func:`.core._backend.spline_windows`,
+    :func:`.core._backend.ic_gn_rows_together`). ``on_band(done)`` is called before each band with the bands
+    done so far, and may raise to stop the refinement between bands.
     """
-    traced = any(isinstance(a, jax.core.Tracer) for a in (x1, x2, dy, dx))
-    if _backend.ic_gn_on_host() and not traced:
-        # a TPU's scattered gathers: the IC-GN runs on the host (core._backend.ic_gn_on_host); its results go back
-        # where the search's were: to their device if committed to one, else uncommitted on the default device
-        home = dy.sharding if isinstance(dy, jax.Array) and dy.committed else None
-        with _backend.on_host():
-            x1, x2, dy, dx = jax.device_put((x1, x2, dy, dx), jax.devices("cpu")[0])
-            parts = _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
-                            prefilter=prefilter, on_band=on_band)  # fmt: skip
-            parts = jax.tree.map(np.asarray, parts)  # small: 7 fields of the point grid
-        return jax.device_put(parts, home)
-    return _refine(x1, x2, coefficients, dy, dx, window=window, subset=subset, step=step, batch=batch,
-                   prefilter=prefilter, on_band=on_band)  # fmt: skip
-
-
-def _refine(x1, x2, coefficients, dy, dx, *, window, subset, step, batch, prefilter, on_band):
-    """:func:`affine_refine` on the device its inputs and JAX's default device name."""
     items, k = x1.shape[:2]
     (wm, wn), (sh, sw) = window, subset
     out_rows, out_cols = dy.shape[1:]
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
-    batches, windows, together = _backend.point_batches(), _backend.spline_windows(), _rows_together()
+    windows, together = _backend.spline_windows(), _backend.ic_gn_rows_together()
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
@@ -592,7 +569,7 @@ def _refine(x1, x2, coefficients, dy, dx, *, window, subset, step, batch, prefil
             images = (c1, f_img, fy_img, fx_img, curvature)
             previous, above = (pieces[-1], start - 1 - starts[done - 1]) if done else (none, 0)
             where = (cy, cx, initial, np.int32(start), previous, np.int32(above), spacing)
-            options = dict(subset=subset, band=band, batches=batches, windows=windows, together=together)
+            options = dict(subset=subset, band=band, windows=windows, together=together)
             pieces.append(_band(*images, *where, sigma, **options))
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)

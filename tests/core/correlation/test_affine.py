@@ -71,52 +71,6 @@ def test_affine_subsets_meet_the_targets(stretched):
     assert np.nanmedian(np.asarray(affine.peak)) > np.nanmedian(np.asarray(translation.peak))
 
 
-def test_whole_rows_take_the_steps_of_the_batches(stretched, monkeypatch):
-    """The accelerators' strategy (every point of a row steps until the row's last stops,
-    core._backend.point_batches off), forced on the CPU, gives the CPU's batched result: each point takes the
-    same IC-GN steps either way."""
-    from napari_gridmip.core import _backend
-
-    img1, img2, _ = stretched
-    args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
-    batched = find_displacement(img1, img2, (15, 15), **args)
-    monkeypatch.setattr(_backend, "point_batches", lambda: False)
-    whole = find_displacement(img1, img2, (15, 15), **args)
-    assert np.isfinite(np.asarray(whole.dy)).mean() > 0.95
-    for name in batched._fields:
-        np.testing.assert_allclose(np.asarray(getattr(whole, name)), np.asarray(getattr(batched, name)), atol=1e-5)
-
-
-def test_the_host_ic_gn_of_a_tpu_gives_the_same_field(stretched, monkeypatch):
-    """A TPU runs the IC-GN on the host CPU (core._backend.ic_gn_on_host): the moves there and back, forced on
-    the CPU, change nothing (the same device, the same programs), progress still counts the IC-GN's bands, and
-    under jit (traced inputs) the refinement stays where it was traced."""
-    import jax
-
-    from napari_gridmip.core import _backend
-
-    img1, img2, _ = stretched
-    args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
-    here = find_displacement(img1, img2, (15, 15), **args)
-    calls = []
-    monkeypatch.setattr(_backend, "ic_gn_on_host", lambda: calls.append(1) or True)
-    seen = []
-    moved = find_displacement(img1, img2, (15, 15), progress=lambda done, total: seen.append((done, total)), **args)
-    assert calls
-    assert seen[-1][0] == seen[-1][1] and len(seen) > 2
-    assert all(isinstance(getattr(moved, name), jax.Array) for name in moved._fields)
-    assert not moved.dy.committed  # back as the search's were: uncommitted, on the default device
-    for name in here._fields:
-        np.testing.assert_array_equal(np.asarray(getattr(moved, name)), np.asarray(getattr(here, name)))
-    jitted = jax.jit(lambda a, b: find_displacement(a, b, (15, 15), **args).dy)(
-        img1.astype(np.float32), img2.astype(np.float32)
-    )
-    # the same program on the CPU; a TPU runs the traced IC-GN on the chip (issue 34's bound: 1e-3 px)
-    np.testing.assert_allclose(
-        np.asarray(jitted), np.asarray(here.dy), atol=1e-5 if jax.default_backend() == "cpu" else 1e-3
-    )
-
-
 def _warped(rng, n, subset, gradient, shape, centres=None):
     """Positions ``(n, sh sw)`` of ``n`` subsets' pixels under random affine warps (gradients of scale
     ``gradient``), centred at random pixels of an image of ``shape`` (or at ``centres``)."""
@@ -178,35 +132,41 @@ def test_a_warp_beyond_the_windows_margin_takes_the_gathers(monkeypatch):
 
 
 def test_the_accelerators_ic_gn_gives_the_cpus_field(stretched, monkeypatch):
-    """An accelerator's IC-GN (core._backend.spline_windows, ic_gn_rows_together, point_batches off), forced
-    on the CPU, gives the CPU's field within 1e-4 px and 1e-5 in the gradients (measured 1.2e-5 px, 1.9e-6:
-    the rows together start from their own translations, not from the row above). On a TPU this runs the
-    IC-GN on the chip (ic_gn_on_host off) against the host's."""
+    """An accelerator's IC-GN (core._backend.spline_windows, ic_gn_rows_together), forced on the CPU, gives the
+    CPU's field within 1e-4 px and 1e-5 in the gradients (measured 1.2e-5 px, 1.9e-6: the rows together start
+    from their own translations, not from the row above), and under jit (traced inputs) the same program. On
+    a TPU, the chip's against the host's."""
+    import jax
+
     from napari_gridmip.core import _backend
 
     img1, img2, _ = stretched
     args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
-    cpu = find_displacement(img1, img2, (15, 15), **args)
-    chosen = (("spline_windows", True), ("ic_gn_rows_together", True), ("point_batches", False),
-              ("ic_gn_on_host", False))  # fmt: skip
-    for name, value in chosen:
-        monkeypatch.setattr(_backend, name, lambda value=value: value)
+    with _backend.on_host():
+        cpu = find_displacement(img1, img2, (15, 15), **args)
+    for name in ("spline_windows", "ic_gn_rows_together"):
+        monkeypatch.setattr(_backend, name, lambda: True)
     assert affine_module.affine_plan(cpu.dy.shape, (31, 31), 1)[0] == cpu.dy.shape[0]  # one band: rows together
     accelerated = find_displacement(img1, img2, (15, 15), **args)
     assert np.isfinite(np.asarray(accelerated.dy)).mean() > 0.95
     for name in cpu._fields:
         np.testing.assert_allclose(np.asarray(getattr(accelerated, name)), np.asarray(getattr(cpu, name)),
                                    atol=1e-4 if name in ("dy", "dx") else 1e-5, err_msg=name)  # fmt: skip
+    jitted = jax.jit(lambda a, b: find_displacement(a, b, (15, 15), **args).dy)(
+        img1.astype(np.float32), img2.astype(np.float32)
+    )
+    np.testing.assert_allclose(np.asarray(jitted), np.asarray(cpu.dy), atol=1e-4)
 
 
-def test_only_a_tpu_moves_the_ic_gn():
+def test_only_accelerators_take_windows_and_rows_together():
     import jax
 
     from napari_gridmip.core import _backend
 
-    assert _backend.ic_gn_on_host() is (jax.default_backend() == "tpu")
+    accelerated = jax.default_backend() != "cpu"
+    assert _backend.spline_windows() is accelerated and _backend.ic_gn_rows_together() is accelerated
     with _backend.on_host():
-        assert _backend.ic_gn_on_host() is False
+        assert not _backend.spline_windows() and not _backend.ic_gn_rows_together()
 
 
 GRADIENTS = ("dy_y", "dy_x", "dx_y", "dx_x")

@@ -3,8 +3,10 @@
 # since one program at a time holds the chip; no Qt, napari or xdist there, so the core's tests only.
 #
 #   tools/accelerator_tests.sh PART [pytest arguments]
-#     PART: occupancy | patches | correlation | rest (tests/core's own files, tests/test_api.py) | all,
-#           or one test file or folder (its log and JUnit file are named after it)
+#     PART: occupancy | patches | subsets | maps | correlation | rest | all, or one test file or folder (its log
+#           and JUnit file are named after it). Each named part but all runs within 10 minutes there (the
+#           longest, subsets, in 338 s); correlation is tests/core/correlation without the subsets' and maps'
+#           files; rest is tests/core's own files and tests/test_api.py
 #
 # The wheels the core needs beyond the machine's own JAX, NumPy and SciPy come from
 # ../shared/tools/offline-wheels.sh into .wheels-offline (git-ignored), which the call must carry.
@@ -22,7 +24,10 @@ case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=${PYTHONPATH:
 case $part in
   occupancy) paths=(tests/core/occupancy) ;;
   patches) paths=(tests/core/patches) ;;
-  correlation) paths=(tests/core/correlation) ;;
+  subsets) paths=(tests/core/correlation/test_subsets.py) ;;
+  maps) paths=(tests/core/correlation/test_maps.py tests/core/correlation/test_affine.py) ;;
+  correlation) paths=(tests/core/correlation --ignore=tests/core/correlation/test_subsets.py
+                      --ignore=tests/core/correlation/test_maps.py --ignore=tests/core/correlation/test_affine.py) ;;
   rest) paths=(tests/core/test_chunked.py tests/core/test_dtypes.py tests/test_api.py) ;;
   all) paths=(tests/core tests/test_api.py) ;;
   *) if [ -e "$part" ]; then paths=("$part"); part=$(basename "$part" .py)  # one file or folder of tests

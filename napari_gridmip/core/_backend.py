@@ -78,7 +78,8 @@ def spline_windows() -> bool:
     pixels) one element at a time.
 
     Gathers on the CPU, which reads scattered elements from its caches; the window's 64 weighted slices
-    (``SPLINE_MARGIN`` 2) are 4x the taps' products. Windows elsewhere: on a TPU v5e one IC-GN interpolation
+    (``SPLINE_MARGIN`` 2) are 4x the taps' products. Gathers on a GPU too, which gathers well (not measured:
+    no GPU was available). Windows on a TPU: on a TPU v5e one IC-GN interpolation
     of the 1024^2 pair (60,025 points x 961 pixels) took 6.69 s as element gathers against 0.222 s on the
     host CPU, and gathers of rows run 0.3 GB/s one element wide against 40 GB/s 128 wide
     (``tools/accelerator_gather_probe.py``, 2026-12-06, docs/accelerator.md). 8000 points' interpolation there:
@@ -87,7 +88,7 @@ def spline_windows() -> bool:
     13 cores (``benchmarks/bench_accelerator.py``, 2026-12-06), where it had taken 33.8 s and then ran on the
     host.
     """
-    return not on_cpu()
+    return _on_tpu()
 
 
 def ic_gn_rows_together() -> bool:

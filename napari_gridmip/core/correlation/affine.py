@@ -111,12 +111,15 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     """:func:`_interpolate`'s values where ``py``, ``px`` ``(n, sh sw)`` are each point's subset pixels warped
     (rows first), read from one window of the coefficients per point instead of 16 gathers a pixel.
 
-    Each point's window spans its pixels' lower knots plus the spline's taps and ``SPLINE_MARGIN`` on each
-    side; each pixel's taps are then the window's slices at 4 of ``2 SPLINE_MARGIN + 4`` static offsets per
-    axis, picked by weights that are the spline's at those 4 and exact zeros elsewhere. The sum is
-    :func:`_interpolate`'s, term by term in its order (the zeros add nothing). A batch whose pixels spread
-    further (a warp's gradient part over about ``2 SPLINE_MARGIN / (subset - 1)``) or whose window would leave
-    the padded image takes :func:`_interpolate`'s gathers instead.
+    Each point's window spans its pixels' lower knots plus the spline's taps and ``2 SPLINE_MARGIN`` more rows
+    and columns; each pixel's taps are then the window's slices at 4 of ``2 SPLINE_MARGIN + 4`` static offsets
+    per axis, each weighted by the spline's weight there, the others masked out (a selected zero: a value
+    that is not one of the pixel's taps, NaN included, adds nothing). The sum is :func:`_interpolate`'s, term
+    by term in its order. The coefficients are padded by ``2 SPLINE_MARGIN`` past their end for the windows
+    (never a tap). A call takes :func:`_interpolate`'s gathers instead where a point's pixels spread further (a
+    warp's gradient part over about ``2 SPLINE_MARGIN / (subset - 1)``) or its window starts before the
+    image (:func:`_windows_fit`), and where the subset's window is larger than the image. A point with a NaN
+    position is NaN at every pixel (the gathers: at its NaN pixels; only a diverged warp has one).
 
     The points are the last axis inside (an accelerator's lanes; the slices move along its rows)."""
     k, rows, cols = coefficients.shape
@@ -124,48 +127,67 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     n = py.shape[0]
     taps = 2 * SPLINE_MARGIN + 4
     height, width = sh + taps - 1, sw + taps - 1
-    eta = jnp.arange(sh, dtype=jnp.int32)[:, None]
-    zeta = jnp.arange(sw, dtype=jnp.int32)[None, :]
-
-    def knots(q, size, across):
-        """The fractions of ``q`` ``(n, S)`` (clipped as :func:`_interpolate` clips) as ``(sh, sw, n)``, each
-        point's window start (padded: tap -1 of its smallest knot less the pixel's own offset ``across``) and
-        the pixels' knots' offsets from it (0 ... 2 SPLINE_MARGIN where the window holds their taps)."""
-        q = jnp.clip(q, 0, size - 5).T.reshape(sh, sw, n)
-        low = jnp.floor(q)
-        relative = low.astype(jnp.int32) - across[..., None]  # the knot less the pixel's own row (column)
-        first = jnp.min(relative, axis=(0, 1))  # (n,)
-        return q - low, relative - first, first + 1
-
-    def fits(q, size, extent, across):
-        _, offset, start = knots(q, size, across)
-        inside = jnp.all(start >= 0) & jnp.all(start + extent <= size)
-        return inside & jnp.all(jnp.max(offset, axis=(0, 1)) <= 2 * SPLINE_MARGIN)
+    if height > rows + 2 * SPLINE_MARGIN or width > cols + 2 * SPLINE_MARGIN:  # an image smaller than a window
+        return _interpolate(coefficients, py, px)
 
     def spread(fraction, offset):
-        # the 4 taps' weights placed at their offsets among the window's (exact zeros elsewhere), stacked
+        # the 4 taps' weights at their offsets among the window's, and where each offset is one of the taps
         weights = _weights(fraction)
-        return jnp.stack([sum((jnp.where(offset + t == a, weights[t], 0) for t in range(4)),
-                              jnp.zeros_like(fraction)) for a in range(taps)])  # fmt: skip
+        placed = jnp.stack([sum((jnp.where(offset + t == a, weights[t], 0) for t in range(4)),
+                                jnp.zeros_like(fraction)) for a in range(taps)])  # fmt: skip
+        chosen = jnp.stack([(offset <= a) & (a < offset + 4) for a in range(taps)])
+        return placed, chosen
 
     def windowed(coefficients, py, px):
-        ty, oy, top = knots(py, rows, eta)
-        tx, ox, left = knots(px, cols, zeta)
-        window = jax.vmap(lambda y, x: lax.dynamic_slice(coefficients, (0, y, x), (k, height, width)),
+        (ty, oy, top), (tx, ox, left) = _window_knots(py, px, (rows, cols), subset)
+        padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
+        window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
                           out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
-        along_y, along_x = spread(ty, oy), spread(tx, ox)
+        (along_y, on_y), (along_x, on_x) = spread(ty, oy), spread(tx, ox)
         out = 0
         for a in range(taps):
             row = 0
             for b in range(taps):
-                row = row + along_x[b] * window[:, a : a + sh, b : b + sw]
-            out = out + along_y[a] * row
-        return jnp.swapaxes(out.reshape(k, sh * sw, n), 1, 2)
+                row = row + jnp.where(on_x[b], along_x[b] * window[:, a : a + sh, b : b + sw], 0)
+            out = out + jnp.where(on_y[a], along_y[a] * row, 0)
+        out = jnp.swapaxes(out.reshape(k, sh * sw, n), 1, 2)
+        lost = jnp.any(jnp.isnan(py) | jnp.isnan(px), axis=1)  # (n,)
+        return jnp.where(lost[None, :, None], jnp.nan, out)
 
     # the branch takes the positions, not arrays made from them outside: XLA on the CPU then fuses the weights
     # into the products (made outside, the branch ran 5x slower)
-    fit = fits(py, rows, height, eta) & fits(px, cols, width, zeta)
-    return lax.cond(fit, windowed, _interpolate, coefficients, py, px)
+    return lax.cond(_windows_fit(py, px, (rows, cols), subset), windowed, _interpolate, coefficients, py, px)
+
+
+def _window_knots(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: tuple[int, int]
+                  ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], ...]:  # fmt: skip
+    """Per axis, for :func:`_interpolate_windows` (``shape``: the padded coefficients' rows and columns): the
+    pixels' fractions ``(sh, sw, n)`` (clipped as :func:`_interpolate` clips), each point's window start
+    (padded: tap -1 of its smallest knot less the pixel's own offset; 0 for a point with a NaN position) and the
+    pixels' knots' offsets from it (0 ... 2 SPLINE_MARGIN where the window holds their taps)."""
+    sh, sw = subset
+    n = py.shape[0]
+    lost = jnp.any(jnp.isnan(py) | jnp.isnan(px), axis=1)
+    out = []
+    for q, size, across in ((py, shape[0], jnp.arange(sh)[:, None]), (px, shape[1], jnp.arange(sw)[None, :])):
+        q = jnp.clip(jnp.where(jnp.isnan(q), 0, q), 0, size - 5).T.reshape(sh, sw, n)
+        low = jnp.floor(q)
+        relative = low.astype(jnp.int32) - across.astype(jnp.int32)[..., None]  # the knot less the pixel's own
+        first = jnp.where(lost, -1, jnp.min(relative, axis=(0, 1)))  # (n,)
+        out.append((q - low, relative - first, first + 1))
+    return tuple(out)
+
+
+def _windows_fit(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: tuple[int, int]) -> jax.Array:
+    """Whether every point's pixels of :func:`_interpolate_windows` lie in its window: their knots spread over at
+    most ``2 SPLINE_MARGIN`` more rows (columns) than the subset's own, and the window starts in the image (it
+    ends in the padded coefficients then). Points with a NaN position do not count."""
+    lost = jnp.any(jnp.isnan(py) | jnp.isnan(px), axis=1)
+    fit = True
+    for _, offset, start in _window_knots(py, px, shape, subset):
+        spread = jnp.where(lost, 0, jnp.max(offset, axis=(0, 1)))
+        fit = fit & jnp.all(start >= 0) & jnp.all(spread <= 2 * SPLINE_MARGIN)
+    return fit
 
 
 def _weights(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:

@@ -87,34 +87,75 @@ def _warped(rng, n, subset, gradient, shape, centres=None):
 
 
 @pytest.mark.parametrize(
-    ("subset", "gradient", "inside"),
+    ("subset", "gradient", "where", "windows"),
     [
-        ((31, 31), 0.02, True),
-        ((31, 29), 0.0, True),
-        ((5, 7), 0.1, True),
-        ((1, 1), 0.0, True),
-        ((3, 3), 0.0, False),
-        ((31, 31), 0.3, True),
+        ((31, 31), 0.02, "inside", True),
+        ((31, 29), 0.0, "inside", True),
+        ((5, 7), 0.05, "inside", True),
+        ((1, 1), 0.0, "inside", True),
+        ((31, 31), 0.02, "last rows and columns", True),  # the windows' margin past the end: the padding
+        ((3, 3), 0.0, "off the image", False),  # clipped: the knots of a subset pile up at the edge
+        ((31, 31), 0.3, "inside", False),  # past the margin
     ],
 )
-def test_windowed_interpolation_gives_the_gathers_values(subset, gradient, inside):
+def test_windowed_interpolation_gives_the_gathers_values(subset, gradient, where, windows):
     """An accelerator's interpolation from one window per point (core._backend.spline_windows) gives the 16
-    gathers' values, within float32 rounding (the same terms in the same order, plus exact zeros): warps
-    within its margin, past it (0.3: the gathers take over), and subsets off the image (clipped, as the gathers
-    clip)."""
+    gathers' values within float32 rounding (the same terms in the same order, plus selected zeros), K = 3
+    frames: warps within its margin, subsets at the image's last rows and columns, and (through the gathers
+    it falls back to, checked by ``_windows_fit``) subsets off the image and warps past the margin."""
     import jax
 
     rng = np.random.default_rng(sum(subset) + int(gradient * 100))
     image = (3, 90, 101)
     coefficients = rng.normal(size=(image[0], image[1] + 4, image[2] + 4)).astype(np.float32)
-    centres = None
-    if not inside:  # over every edge and corner
+    hs, hw = subset[0] // 2, subset[1] // 2
+    if where == "inside":
+        centres = (rng.integers(hs + 8, image[1] - hs - 8, 9), rng.integers(hw + 8, image[2] - hw - 8, 9))
+    elif where == "last rows and columns":
+        centres = (np.full(9, image[1] - hs - 3), image[2] - hw - 3 - np.arange(9) % 2)
+    else:  # over every edge and corner
         centres = (np.array([0, 89, 45, -3, 95, 0]), np.array([50, 50, 0, 100, -4, 104]))
-    py, px = _warped(rng, 6 if not inside else 9, subset, gradient, image[1:], centres)
+    py, px = _warped(rng, len(centres[0]), subset, gradient, image[1:], centres)
+    padded = coefficients.shape[1:]
+    assert bool(affine_module._windows_fit(py, px, padded, subset)) is windows
     gathered = np.asarray(jax.jit(affine_module._interpolate)(coefficients, py, px))
     windowed = jax.jit(partial(affine_module._interpolate_windows, subset=subset))(coefficients, py, px)
     assert windowed.shape == gathered.shape == (image[0], *py.shape)
     np.testing.assert_allclose(np.asarray(windowed), gathered, rtol=0, atol=1e-6 * np.abs(gathered).max())
+
+
+def test_windows_ignore_what_is_not_a_tap():
+    """A NaN coefficient in a point's window but outside its pixels' taps changes nothing (the gathers never read
+    it); a NaN inside the taps is NaN there, as the gathers give it; a point with a NaN position is NaN and
+    does not send the others back to the gathers; an image smaller than a window takes the gathers."""
+    import jax
+
+    rng = np.random.default_rng(7)
+    coefficients = rng.normal(size=(1, 44, 44)).astype(np.float32)
+    subset = (5, 5)
+    py, px = _warped(rng, 3, subset, 0.0, (40, 40), (np.array([10, 20, 30]), np.array([15, 20, 25])))
+    py[:, :] = np.round(py) + 0.25  # every knot's taps known: rows round(py) - 1 + 1 ... + 4 of the padded image
+    interpolate = jax.jit(partial(affine_module._interpolate_windows, subset=subset))
+    gathered = np.asarray(affine_module._interpolate(coefficients, py, px))
+    assert np.isfinite(gathered).all()
+    below = int(np.floor(py.max())) + 1 + 4  # the padded row just past the last point's taps
+    poisoned = coefficients.copy()
+    poisoned[:, below] = np.nan
+    assert bool(affine_module._windows_fit(py, px, poisoned.shape[1:], subset))
+    np.testing.assert_allclose(np.asarray(interpolate(poisoned, py, px)), gathered, rtol=0, atol=1e-6)
+    poisoned[:, below - 1] = np.nan  # the last tap row of the lowest point's last pixels
+    np.testing.assert_array_equal(np.isnan(np.asarray(interpolate(poisoned, py, px))),
+                                  np.isnan(np.asarray(affine_module._interpolate(poisoned, py, px))))  # fmt: skip
+    lost = py.copy()
+    lost[1] = np.nan
+    assert bool(affine_module._windows_fit(lost, px, coefficients.shape[1:], subset))
+    windowed = np.asarray(interpolate(coefficients, lost, px))
+    assert np.isnan(windowed[:, 1]).all()
+    np.testing.assert_allclose(windowed[:, [0, 2]], gathered[:, [0, 2]], rtol=0, atol=1e-6)
+    small = coefficients[:, :7, :7]  # 3 x 3 pixels: a window (5 + 7 rows) is larger even padded (7 + 4)
+    near = (py - 8, px - 13)
+    np.testing.assert_allclose(np.asarray(interpolate(small, *near)), affine_module._interpolate(small, *near),
+                               rtol=0, atol=1e-6)  # fmt: skip
 
 
 def test_a_warp_beyond_the_windows_margin_takes_the_gathers(monkeypatch):
@@ -148,10 +189,17 @@ def test_the_accelerators_ic_gn_gives_the_cpus_field(stretched, monkeypatch):
         monkeypatch.setattr(_backend, name, lambda: True)
     assert affine_module.affine_plan(cpu.dy.shape, (31, 31), 1)[0] == cpu.dy.shape[0]  # one band: rows together
     accelerated = find_displacement(img1, img2, (15, 15), **args)
+    per_row = cpu.dy.shape[1] * 31 * 31
+    monkeypatch.setattr(affine_module, "TOGETHER_BAND_VALUES", 3 * per_row)  # bands of 3 rows, the last overlapping
+    assert len(affine_module.affine_plan(cpu.dy.shape, (31, 31), 1)[1]) == 4
+    banded = find_displacement(img1, img2, (15, 15), **args)
     assert np.isfinite(np.asarray(accelerated.dy)).mean() > 0.95
     for name in cpu._fields:
         np.testing.assert_allclose(np.asarray(getattr(accelerated, name)), np.asarray(getattr(cpu, name)),
                                    atol=1e-4 if name in ("dy", "dx") else 1e-5, err_msg=name)  # fmt: skip
+    for name in cpu._fields:  # the same steps for every point, however the rows are cut into bands
+        np.testing.assert_allclose(np.asarray(getattr(banded, name)), np.asarray(getattr(accelerated, name)),
+                                   atol=1e-6, err_msg=name)  # fmt: skip
     jitted = jax.jit(lambda a, b: find_displacement(a, b, (15, 15), **args).dy)(
         img1.astype(np.float32), img2.astype(np.float32)
     )
@@ -163,8 +211,8 @@ def test_only_accelerators_take_windows_and_rows_together():
 
     from napari_gridmip.core import _backend
 
-    accelerated = jax.default_backend() != "cpu"
-    assert _backend.spline_windows() is accelerated and _backend.ic_gn_rows_together() is accelerated
+    assert _backend.spline_windows() is (jax.default_backend() == "tpu")
+    assert _backend.ic_gn_rows_together() is (jax.default_backend() != "cpu")
     with _backend.on_host():
         assert not _backend.spline_windows() and not _backend.ic_gn_rows_together()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 import weakref
 from collections.abc import Callable, Generator
@@ -145,6 +146,7 @@ class BackgroundRunner:
 
         def work() -> tuple[JobResult, str, list]:
             runner = holding["runner"]
+            import_layer_dependencies()
             device = prepare_jax()
             result = holding["job"].run(runner._report)
             runner._check_cancel()
@@ -169,6 +171,16 @@ class BackgroundRunner:
         self._pbar_wanted = description if progress_bar else None
         if progress_bar:
             QTimer.singleShot(0, self._open_pbar)
+        if not _COLLECTED["done"]:
+            QTimer.singleShot(COLLECT_WHILE_WAITING_MS, self._collect_while_waiting)
+
+    def _collect_while_waiting(self) -> None:
+        """The process's first full garbage collection (:func:`_collect_first`) while a first run still works, so
+        that it is not a step between the run's end and its layers: the GUI thread only waits then. 0.16 s of
+        the DIC sample's first Run (docs/benchmarks.md §10)."""
+        if self.worker is not None and self._showing is None and not _COLLECTED["done"]:
+            _COLLECTED["done"] = True
+            gc.collect()
 
     def _open_pbar(self) -> None:
         if self._pbar_wanted is not None and self._pbar is None and self.worker is not None:
@@ -201,6 +213,7 @@ class BackgroundRunner:
                 runner._report(done, total)
 
         def work() -> tuple[JobResult, str, list]:
+            import_layer_dependencies()
             device = prepare_jax()
             result = holder["job"].run(progress)
             holder["job"] = None  # the inputs may go as soon as the result exists
@@ -430,6 +443,9 @@ class BackgroundRunner:
 LONG_STEP_S = 0.05  # a step of showing a result longer than this is followed by BREATHE_MS for the event loop
 BREATHE_MS = 1
 _COLLECTED = {"done": False}  # the process's first result shown: see _collect_first
+# a first run still working this long after its click collects then (_collect_while_waiting); a quicker one at
+# its result (_collect_first)
+COLLECT_WHILE_WAITING_MS = 300
 
 
 def _collect_first(steps: Generator[None, None, list]) -> Generator[None, None, list]:
@@ -479,6 +495,27 @@ def _text_after_insert(steps: Generator[None, None, list], layers: list[Any]) ->
             yield  # its insert and first paint, then its labels
         layer.text.visible = True
     return added
+
+
+_imports_started = threading.Event()
+
+
+def import_layer_dependencies() -> None:
+    """Import, once per process and in a thread of its own, what napari's layers import on their first use:
+    pandas, for the features of a Vectors, Points or Shapes layer. Started as a job starts, it runs beside the
+    job's compile (XLA's compile releases the GIL) instead of after it: a session's first Vectors layer imported
+    it in 0.22 s of the DIC sample's first Run, between the job's end and its layers (docs/benchmarks.md §10)."""
+    if _imports_started.is_set():
+        return
+    _imports_started.set()
+
+    def load() -> None:
+        try:
+            import pandas  # noqa: F401
+        except ImportError:  # napari's features import it themselves, and say so
+            pass
+
+    threading.Thread(target=load, name="napari-gridmip layer imports", daemon=True).start()
 
 
 def layers_ready_to_show(layer_data: list[tuple]) -> list[Any]:

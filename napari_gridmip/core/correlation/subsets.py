@@ -55,7 +55,9 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -68,7 +70,7 @@ from jax import lax
 from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
@@ -1001,6 +1003,39 @@ def _finish(x1, x2, *, pad1, pad2, bad):
     return tuple(out)
 
 
+_BANDS_AHEAD: set[Any] = set()  # the band programs compiled ahead in this process (_compile_band_ahead)
+
+
+def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: Plan, rows: int, dtype: Any
+                        ) -> threading.Thread | None:  # fmt: skip
+    """Compile the band program (:func:`_band`) for the inputs ``prepare`` (:func:`_prepared`, its options
+    bound) will make of ``x1``, ``x2``, in a thread, while the caller compiles and runs ``prepare``: a first
+    call then waits for the longer of the two compiles, not their sum (XLA's compile releases the GIL; JAX's
+    ahead-of-time compile fills the cache the band's own call reads). Once per process and program; None where
+    nothing is started: traced inputs, 64-bit work (its scope is the caller's thread's), or a program already
+    made. The thread lowers on the caller's default device."""
+    if is_wide(dtype) or any(_is_traced(a) for a in (x1, x2, centres)):
+        return None
+    _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
+    key = (plan, rows, a1, b1, a2, b2, coefficients, jax.typeof(centres), jax.config.jax_default_device)
+    if key in _BANDS_AHEAD:
+        return None
+    _BANDS_AHEAD.add(key)
+    device = jax.config.jax_default_device
+    start = jax.ShapeDtypeStruct((), np.int32)
+
+    def compile_band() -> None:
+        try:
+            with jax.default_device(device):
+                _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile()
+        except Exception:  # noqa: BLE001 - the band's own call compiles it, and reports what fails
+            logging.getLogger(__name__).debug("the band program's compile ahead failed", exc_info=True)
+
+    thread = threading.Thread(target=compile_band, name="napari-gridmip band program compile", daemon=True)
+    thread.start()
+    return thread
+
+
 def _has_nonfinite(img: Any) -> bool:
     """Whether a float stack holds NaN or infinity (a traced one is assumed to: that path is always right)."""
     dtype = _validate.dtype_of(img)
@@ -1065,16 +1100,18 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         else:
             centres = np.asarray(centres, np.float64).reshape(-1, 2).T
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
-        # the prefilter after centring: the filter's sums then see small values (its weights sum to 1)
-        unpadded, (x1, bad1, x2, bad2), coefficients = _prepared(
-            x1, x2, sigma=float(prefilter), pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad,
-            spline=plan.spline, unpadded=subset_shape == "affine",
-        )  # fmt: skip
         band, starts = _band_plan(plan, dtype)
         if any(isinstance(c, jax.Array) for c in centres):
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         else:  # on the host: three eager device ops were three more programs to compile on a first call
             device_centres = jnp.asarray(np.stack([np.asarray(c, np.float64) for c in centres], axis=1).astype(dtype))
+        # the prefilter after centring: the filter's sums then see small values (its weights sum to 1)
+        prepare = partial(_prepared, sigma=float(prefilter), pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad,
+                          spline=plan.spline, unpadded=subset_shape == "affine")  # fmt: skip
+        ahead = _compile_band_ahead(prepare, x1, x2, device_centres, plan=plan, rows=band, dtype=dtype)
+        unpadded, (x1, bad1, x2, bad2), coefficients = prepare(x1, x2)
+        if ahead is not None:  # the band program made beside the inputs' (not compiled twice at once)
+            ahead.join()
         affine_bands = 0
         if subset_shape == "affine":
             from napari_gridmip.core.correlation.affine import affine_plan, affine_refine

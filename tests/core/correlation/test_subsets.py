@@ -590,3 +590,35 @@ def test_dask_is_lazy_and_equals_in_memory():
 def test_bad_input_raises(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_a_first_call_compiles_its_band_program_ahead_and_once(monkeypatch, caplog):
+    """The band program compiles in a thread beside the inputs' program (subsets._compile_band_ahead), and the
+    call itself then compiles it no more (JAX's compile log, on in the calling thread only); the same fields
+    as without it; nothing ahead on the next call of the same shapes, nor for 64-bit or traced inputs."""
+    import logging
+
+    from napari_gridmip.core.correlation import subsets
+
+    started = []
+    real = subsets._compile_band_ahead
+    monkeypatch.setattr(subsets, "_compile_band_ahead", lambda *a, **k: started.append(real(*a, **k)) or started[-1])
+    rng = np.random.default_rng(3)
+    img = rng.random((1, 61, 64), dtype=np.float32)  # shapes no other test uses: every program new
+
+    def band_compiles():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+            out = find_displacement(img, np.roll(img, 1, axis=-1), (5, 5), subset=(7, 7), step=3,
+                                    subpixel="refine")  # fmt: skip
+        return sum("Compiling jit(_band)" in r.getMessage() for r in caplog.records), out
+
+    ahead, fields = band_compiles()
+    assert started and started[-1] is not None and ahead == 0
+    again, repeated = band_compiles()
+    assert started[-1] is None and again == 0
+    np.testing.assert_array_equal(np.asarray(repeated.dy), np.asarray(fields.dy))
+    monkeypatch.setattr(subsets, "_compile_band_ahead", lambda *a, **k: None)
+    img = rng.random((1, 67, 70), dtype=np.float32)
+    assert band_compiles()[0] == 1  # without it, the call compiles the band program itself (and logs it)
+    assert real(None, jnp.zeros(3), None, None, plan=None, rows=1, dtype=np.float64) is None

@@ -1016,11 +1016,13 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     made. The thread lowers on the caller's default device."""
     if is_wide(dtype) or any(_is_traced(a) for a in (x1, x2, centres)):
         return None
-    _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
-    key = (plan, rows, a1, b1, a2, b2, coefficients, jax.typeof(centres), jax.config.jax_default_device)
+    # the inputs and options decide the band program: known before any tracing (a next call traces nothing)
+    key = (plan, rows, tuple(sorted(prepare.keywords.items())), *((np.shape(a), np.result_type(a)) for a in (x1, x2)),
+           jax.typeof(centres), jax.config.jax_default_device)  # fmt: skip
     if key in _BANDS_AHEAD:
         return None
     _BANDS_AHEAD.add(key)
+    _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
     device = jax.config.jax_default_device
     start = jax.ShapeDtypeStruct((), np.int32)
 

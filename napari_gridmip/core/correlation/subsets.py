@@ -1017,8 +1017,9 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     if is_wide(dtype) or any(_is_traced(a) for a in (x1, x2, centres)):
         return None
     # the inputs and options decide the band program: known before any tracing (a next call traces nothing)
-    key = (plan, rows, tuple(sorted(prepare.keywords.items())), *((np.shape(a), np.result_type(a)) for a in (x1, x2)),
-           jax.typeof(centres), jax.config.jax_default_device)  # fmt: skip
+    inputs = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in (x1, x2))
+    key = (plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres),
+           jax.config.jax_default_device)  # fmt: skip
     if key in _BANDS_AHEAD:
         return None
     _BANDS_AHEAD.add(key)

@@ -171,16 +171,6 @@ class BackgroundRunner:
         self._pbar_wanted = description if progress_bar else None
         if progress_bar:
             QTimer.singleShot(0, self._open_pbar)
-        if not _COLLECTED["done"]:
-            QTimer.singleShot(COLLECT_WHILE_WAITING_MS, self._collect_while_waiting)
-
-    def _collect_while_waiting(self) -> None:
-        """The process's first full garbage collection (:func:`_collect_first`) while a first run still works, so
-        that it is not a step between the run's end and its layers: the GUI thread only waits then. 0.16 s of
-        the DIC sample's first Run (docs/benchmarks.md §10)."""
-        if self.worker is not None and self._showing is None and not _COLLECTED["done"]:
-            _COLLECTED["done"] = True
-            gc.collect()
 
     def _open_pbar(self) -> None:
         if self._pbar_wanted is not None and self._pbar is None and self.worker is not None:
@@ -443,9 +433,6 @@ class BackgroundRunner:
 LONG_STEP_S = 0.05  # a step of showing a result longer than this is followed by BREATHE_MS for the event loop
 BREATHE_MS = 1
 _COLLECTED = {"done": False}  # the process's first result shown: see _collect_first
-# a first run still working this long after its click collects then (_collect_while_waiting); a quicker one at
-# its result (_collect_first)
-COLLECT_WHILE_WAITING_MS = 300
 
 
 def _collect_first(steps: Generator[None, None, list]) -> Generator[None, None, list]:

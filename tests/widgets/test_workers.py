@@ -200,12 +200,9 @@ def test_a_result_arriving_after_the_viewer_closed_is_dropped(make_napari_viewer
     assert "late" not in [layer.name for layer in viewer.layers]
 
 
-def test_a_slow_first_run_collects_while_it_works_and_imports_what_its_layers_need(make_napari_viewer, qtbot,
-                                                                                   monkeypatch):  # fmt: skip
-    """The process's first full garbage collection runs while a first run still works (the GUI thread waits then),
-    not between its end and its layers; and pandas (napari's layer features) is imported beside the job. A run
-    that ends sooner than ``COLLECT_WHILE_WAITING_MS`` collects at its result, as before."""
-    import gc
+def test_a_run_imports_what_its_layers_need_beside_the_job(make_napari_viewer, qtbot, monkeypatch):
+    """pandas (napari's layer features, imported by a session's first Vectors layer) is imported in a thread of
+    its own as a run starts, beside the job, not between its end and its layers; once per process."""
     import sys
 
     import numpy as np
@@ -216,11 +213,10 @@ def test_a_slow_first_run_collects_while_it_works_and_imports_what_its_layers_ne
 
     viewer = make_napari_viewer()
     runner = BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
-    monkeypatch.setattr(_runner, "_COLLECTED", {"done": False})
     monkeypatch.setattr(_runner, "_imports_started", threading.Event())
-    collected = []  # whether the job still worked at each collection
-    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(runner.worker is not None and
-                                                                  runner._showing is None) or 0)  # fmt: skip
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self, real=threading.Thread.start: started.append(
+        self.name) or real(self))  # fmt: skip
     release = threading.Event()
 
     def work(progress):
@@ -229,15 +225,13 @@ def test_a_slow_first_run_collects_while_it_works_and_imports_what_its_layers_ne
 
     added = []
     runner.start(Job("slow", work), on_done=lambda result, layers: added.extend(layers))
-    assert _runner._imports_started.is_set()
-    qtbot.waitUntil(lambda: collected == [True], timeout=10_000)  # during the run
+    qtbot.waitUntil(_runner._imports_started.is_set, timeout=10_000)  # as the job starts, before its end
+    assert not added and "napari-gridmip layer imports" in started
     release.set()
     qtbot.waitUntil(lambda: not runner.busy, timeout=20_000)
-    assert collected == [True] and [layer.name for layer in added] == ["slow"]  # none more at the result
+    assert [layer.name for layer in added] == ["slow"]
     qtbot.waitUntil(lambda: "pandas" in sys.modules, timeout=20_000)
-
-    monkeypatch.setattr(_runner, "_COLLECTED", {"done": False})  # a quick first run: at its result
-    runner.start(Job("quick", lambda progress: JobResult(layers=[], summary="quick")), on_done=lambda *a: None)
+    count = started.count("napari-gridmip layer imports")
+    runner.start(Job("again", lambda progress: JobResult(layers=[], summary="again")), on_done=lambda *a: None)
     qtbot.waitUntil(lambda: not runner.busy, timeout=20_000)
-    qtbot.wait(2 * _runner.COLLECT_WHILE_WAITING_MS)
-    assert collected == [True, False]
+    assert started.count("napari-gridmip layer imports") == count == 1  # once per process

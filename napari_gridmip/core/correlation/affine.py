@@ -139,7 +139,7 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
         return placed, chosen
 
     def windowed(coefficients, py, px):
-        (ty, oy, top), (tx, ox, left) = _window_knots(py, px, (rows, cols), subset)
+        lost, ((ty, oy, top), (tx, ox, left)) = _window_knots(py, px, (rows, cols), subset)
         padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
         window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
                           out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
@@ -151,7 +151,6 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
                 row = row + jnp.where(on_x[b], along_x[b] * window[:, a : a + sh, b : b + sw], 0)
             out = out + jnp.where(on_y[a], along_y[a] * row, 0)
         out = jnp.swapaxes(out.reshape(k, sh * sw, n), 1, 2)
-        lost = jnp.any(jnp.isnan(py) | jnp.isnan(px), axis=1)  # (n,)
         return jnp.where(lost[None, :, None], jnp.nan, out)
 
     # the branch takes the positions, not arrays made from them outside: XLA on the CPU then fuses the weights
@@ -160,11 +159,12 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
 
 
 def _window_knots(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: tuple[int, int]
-                  ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], ...]:  # fmt: skip
-    """Per axis, for :func:`_interpolate_windows` (``shape``: the padded coefficients' rows and columns): the
-    pixels' fractions ``(sh, sw, n)`` (clipped as :func:`_interpolate` clips), each point's window start
-    (padded: tap -1 of its smallest knot less the pixel's own offset; 0 for a point with a NaN position) and the
-    pixels' knots' offsets from it (0 ... 2 SPLINE_MARGIN where the window holds their taps)."""
+                  ) -> tuple[jax.Array, tuple[tuple[jax.Array, jax.Array, jax.Array], ...]]:  # fmt: skip
+    """For :func:`_interpolate_windows` (``shape``: the padded coefficients' rows and columns): which points have
+    a NaN position ``(n,)``, and per axis the pixels' fractions ``(sh, sw, n)`` (clipped as :func:`_interpolate`
+    clips), each point's window start (padded: tap -1 of its smallest knot less the pixel's own offset; 0 for a
+    point with a NaN position) and the pixels' knots' offsets from it (0 ... 2 SPLINE_MARGIN where the window
+    holds their taps)."""
     sh, sw = subset
     n = py.shape[0]
     lost = jnp.any(jnp.isnan(py) | jnp.isnan(px), axis=1)
@@ -175,16 +175,16 @@ def _window_knots(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: 
         relative = low.astype(jnp.int32) - across.astype(jnp.int32)[..., None]  # the knot less the pixel's own
         first = jnp.where(lost, -1, jnp.min(relative, axis=(0, 1)))  # (n,)
         out.append((q - low, relative - first, first + 1))
-    return tuple(out)
+    return lost, tuple(out)
 
 
 def _windows_fit(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: tuple[int, int]) -> jax.Array:
     """Whether every point's pixels of :func:`_interpolate_windows` lie in its window: their knots spread over at
     most ``2 SPLINE_MARGIN`` more rows (columns) than the subset's own, and the window starts in the image (it
     ends in the padded coefficients then). Points with a NaN position do not count."""
-    lost = jnp.any(jnp.isnan(py) | jnp.isnan(px), axis=1)
+    lost, axes = _window_knots(py, px, shape, subset)
     fit = True
-    for _, offset, start in _window_knots(py, px, shape, subset):
+    for _, offset, start in axes:
         spread = jnp.where(lost, 0, jnp.max(offset, axis=(0, 1)))
         fit = fit & jnp.all(start >= 0) & jnp.all(spread <= 2 * SPLINE_MARGIN)
     return fit
@@ -316,14 +316,14 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         jnp.arange(-hs, hs + 1, dtype=c1.dtype), jnp.arange(-hw, hw + 1, dtype=c1.dtype), indexing="ij"
     )
     eta, zeta = eta.ravel(), zeta.ravel()  # (S,)
-    iy = centres_y[:, None] + eta.astype(jnp.int32)[None, :]  # (P, S)
-    ix = centres_x[:, None] + zeta.astype(jnp.int32)[None, :]
-    index = (iy * cols + ix).ravel()
 
-    def gather(img):
+    def gather(img):  # (K, P, S)
         if windows:
             return _subset_windows(img, centres_y - hs, centres_x - hw, subset)
-        return jnp.take(img.reshape(k, rows * cols), index, axis=1, mode="clip").reshape(k, *iy.shape)  # (K, P, S)
+        iy = centres_y[:, None] + eta.astype(jnp.int32)[None, :]  # (P, S)
+        ix = centres_x[:, None] + zeta.astype(jnp.int32)[None, :]
+        index = (iy * cols + ix).ravel()
+        return jnp.take(img.reshape(k, rows * cols), index, axis=1, mode="clip").reshape(k, *iy.shape)
 
     f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
     curves = None if curvature is None else tuple(gather(c) for c in curvature)
@@ -578,6 +578,7 @@ def affine_refine(
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
+    options = dict(subset=subset, band=band, windows=windows, together=together)
     pieces = []
     for item in range(items):
         c1, f_img, fy_img, fx_img, curvature, initial = _item_images(
@@ -591,7 +592,6 @@ def affine_refine(
             images = (c1, f_img, fy_img, fx_img, curvature)
             previous, above = (pieces[-1], start - 1 - starts[done - 1]) if done else (none, 0)
             where = (cy, cx, initial, np.int32(start), previous, np.int32(above), spacing)
-            options = dict(subset=subset, band=band, windows=windows, together=together)
             pieces.append(_band(*images, *where, sigma, **options))
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)

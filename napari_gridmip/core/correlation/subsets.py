@@ -1017,14 +1017,13 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     if is_wide(dtype) or any(_is_traced(a) for a in (x1, x2, centres)):
         return None
     # the inputs and options decide the band program: known before any tracing (a next call traces nothing)
+    device = jax.config.jax_default_device
     inputs = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in (x1, x2))
-    key = (plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres),
-           jax.config.jax_default_device)  # fmt: skip
+    key = (plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres), device)
     if key in _BANDS_AHEAD:
         return None
     _BANDS_AHEAD.add(key)
     _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
-    device = jax.config.jax_default_device
     start = jax.ShapeDtypeStruct((), np.int32)
 
     def compile_band() -> None:

@@ -10,25 +10,20 @@ TPU v5e took 4.6 s warm with the windows against 1.9 s on its host). Prints warm
 from __future__ import annotations
 
 import argparse
-import time
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from accelerator_gather_probe import best as gather_best  # tools/ is the script's folder: on sys.path
 from jax import lax
 
 from napari_gridmip.core.correlation import affine
 
 
-def best(f, *args, repeats=3):
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append(time.perf_counter() - t)
-    return min(times)
+def best(f, *args):
+    """The best warm time of 3 (accelerator_gather_probe.py's timing, run from this folder)."""
+    return gather_best(f, *args)[0]
 
 
 def main() -> None:

@@ -126,7 +126,9 @@ def host_pool_aliased() -> bool:
     The host array on the CPU: ``jax.device_put`` of a host array there aliases it (no copy). Elsewhere it copied
     the whole pool, 512 MiB by default, once per band of every render: over a TPU host's link, about 2.5 GB/s
     (``benchmarks/bench_accelerator.py``, the offsets-first map's 236 MB in 0.094 s), 0.2 s a band for bricks
-    mostly on the device already. Not yet measured on an accelerator.
+    mostly on the device already. Measured since: a render on a TPU v5e spent 7 ms updating the pool
+    (``tools/accelerator_profile.py``, case render_view_on_chip, 2026-12-06), its element gathers being what
+    holds it there (:func:`render_on_host`).
     """
     return on_cpu()
 

@@ -145,6 +145,22 @@ class _Field:
         self.value, self.enabled, self.tooltip = value, True, ""
 
 
+def _held_job(name):
+    """A job that waits for its release (10 s at most), then returns one image layer named ``name``; and the
+    release."""
+    import numpy as np
+
+    from napari_gridmip._jobs import Job, JobResult
+
+    release = threading.Event()
+
+    def work(progress):
+        release.wait(10)
+        return JobResult(layers=[(np.zeros((4, 4)), {"name": name}, "image")], summary=name)
+
+    return Job(name, work), release
+
+
 def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, qtbot):
     """Widget A's early job waits in the early lane; widget B's newer one replaces it (it never runs). A's Run
     with the same inputs must then run the job itself, not wait for the replaced one forever."""
@@ -177,21 +193,13 @@ def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, q
 def test_a_result_arriving_after_the_viewer_closed_is_dropped(make_napari_viewer, qtbot):
     """The viewer is closed while a job runs (its docks are deleted later, by Qt): the result must not be added
     to the closed viewer, whose canvas is gone (napari crashed in add_layer then: benchmarks/gui_soak.py)."""
-    import numpy as np
-
-    from napari_gridmip._jobs import Job, JobResult
     from napari_gridmip._widgets._runner import BackgroundRunner
 
     viewer = make_napari_viewer()
     runner = BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
-    release = threading.Event()
-
-    def work(progress):
-        release.wait(10)
-        return JobResult(layers=[(np.zeros((4, 4)), {"name": "late"}, "image")], summary="late")
-
+    job, release = _held_job("late")
     added = []
-    runner.start(Job("late", work), on_done=lambda result, layers: added.extend(layers))
+    runner.start(job, on_done=lambda result, layers: added.extend(layers))
     viewer.close()
     release.set()
     qtbot.waitUntil(lambda: not runner.busy, timeout=20_000)
@@ -205,8 +213,6 @@ def test_a_run_imports_what_its_layers_need_beside_the_job(make_napari_viewer, q
     its own as a run starts, beside the job, not between its end and its layers; once per process."""
     import sys
 
-    import numpy as np
-
     from napari_gridmip._jobs import Job, JobResult
     from napari_gridmip._widgets import _runner
     from napari_gridmip._widgets._runner import BackgroundRunner
@@ -217,14 +223,9 @@ def test_a_run_imports_what_its_layers_need_beside_the_job(make_napari_viewer, q
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self, real=threading.Thread.start: started.append(
         self.name) or real(self))  # fmt: skip
-    release = threading.Event()
-
-    def work(progress):
-        release.wait(10)
-        return JobResult(layers=[(np.zeros((4, 4)), {"name": "slow"}, "image")], summary="slow")
-
+    job, release = _held_job("slow")
     added = []
-    runner.start(Job("slow", work), on_done=lambda result, layers: added.extend(layers))
+    runner.start(job, on_done=lambda result, layers: added.extend(layers))
     qtbot.waitUntil(_runner._imports_started.is_set, timeout=10_000)  # as the job starts, before its end
     assert not added and "napari-gridmip layer imports" in started
     release.set()

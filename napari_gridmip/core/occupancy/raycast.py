@@ -304,8 +304,6 @@ class ChunkCache:
         each time (its capacity, 512 MiB by default, over a host link of a few GB/s) was a copy per band of
         bricks mostly there already. The first call starts from a pool of zeros (only written bricks are read).
         """
-        from napari_gridmip.core import _backend
-
         if _backend.host_pool_aliased():
             self._written, self._written_slots = [], []  # nothing to bring up to date
             return jax.device_put(self.atlas), jax.device_put(self.tables)

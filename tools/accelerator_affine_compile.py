@@ -1,0 +1,176 @@
+"""Where the affine DIC's first call spends its compile on the default device: each program's trace, lowering and
+XLA compile from JAX's own log, then the IC-GN band program (``affine._band``) compiled again in variants, each
+from a fresh trace (issue 34: the 1024^2 affine DIC's first call on a TPU v5e took 64 s, 62 s of it compiling).
+
+    python tools/accelerator_affine_compile.py [--size 1024] [--variants current,no-fallback,gathers,...]
+
+Variants of the band program (the same arguments as the first call's first band):
+
+- ``current``: as the library runs it on this backend;
+- ``cond``: the gathers as a fallback inside the program (a ``lax.cond`` per step, the form before the points
+  the windows do not serve went to a band of gathers of their own);
+- ``barrier``: the windows read into an array of their own (``lax.optimization_barrier``), not fused into
+  their 64 weighted slices;
+- ``unmasked``: the windows' taps weighted without the selects that mask the non-taps (NaN safety);
+- ``gathers``: the gathers of every pixel (``windows=False``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+os.environ["NAPARI_GRIDMIP_COMPILE_CACHE"] = "0"  # every program compiles
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT), str(ROOT / "tools")]
+
+
+class _Compiles(logging.Handler):
+    """JAX's ``Finished ... in S sec`` log lines (``jax_log_compiles``), kept as (what, seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[str, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = re.match(r"Finished (.*) in ([0-9.e-]+) sec", record.getMessage())
+        if match:
+            self.seen.append((match.group(1), float(match.group(2))))
+
+
+def _profile(compiled, a: tuple, k: dict, folder: Path) -> None:
+    """One warm call of ``compiled`` under JAX's profiler into ``folder``; its summary by op printed
+    (``tools/accelerator_profile.py``'s)."""
+    import jax
+    from accelerator_profile import _trace_events, summarise
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with jax.profiler.trace(str(folder), create_perfetto_trace=True):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*a, **k))
+        wall = time.perf_counter() - t0
+    print("\n".join(summarise(_trace_events(folder), wall, 30)), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--variants", default="current,cond,no-barrier,barrier-window")
+    parser.add_argument("--force-accelerator", action="store_true")
+    parser.add_argument("--profile", type=Path, help="a folder: each variant of --profile-variants profiled there")
+    parser.add_argument("--profile-variants", default="current")
+    args = parser.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    from bench_accelerator import _dic_pair
+
+    from napari_gridmip import find_displacement
+    from napari_gridmip.core import _backend
+    from napari_gridmip.core.correlation import affine
+
+    print("JAX", jax.__version__, jax.devices(), flush=True)
+    if args.force_accelerator:  # the accelerators' strategies on this backend (a check of the probe on a CPU)
+        _backend.spline_windows = _backend.ic_gn_rows_together = lambda: True
+    handler = _Compiles()
+    logging.getLogger("jax").addHandler(handler)  # its modules' records propagate to it
+    logging.getLogger("jax").setLevel(logging.DEBUG)
+    inputs = _dic_pair(args.size)
+    captured: list[tuple[tuple, dict]] = []
+    raw_band = affine._band.__wrapped__
+    jitted_band = affine._band
+
+    class Recording:
+        """``affine._band`` that keeps its first call's arguments."""
+
+        def __call__(self, *a, **k):
+            if not captured:
+                captured.append((a, k))
+            return jitted_band(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(jitted_band, name)
+
+    affine._band = Recording()
+    jax.config.update("jax_log_compiles", True)
+    t0 = time.perf_counter()
+    out = find_displacement(inputs["img1"], inputs["img2"], (11, 11), subset=(31, 31), step=4, subpixel="refine",
+                            shape="affine")  # fmt: skip
+    jax.block_until_ready(out)
+    first = time.perf_counter() - t0
+    jax.config.update("jax_log_compiles", False)
+    affine._band = jitted_band
+    print(f"first call {first:.1f} s (windows {_backend.spline_windows()}, together {_backend.ic_gn_rows_together()})")
+    for what, seconds in handler.seen:
+        if seconds >= 0.05:
+            print(f"  {seconds:7.2f} s  {what[:150]}")
+    a, k = captured[0]
+    statics = ("subset", "band", "windows", "together")
+    original = {"_interpolate_windows": affine._interpolate_windows, "WINDOW_BARRIER": affine.WINDOW_BARRIER}
+
+    def cond(coefficients, py, px, *, subset):  # the fallback inside the program, as before 2026-12-06 (s10)
+        fit = jnp.all(affine._windows_fit(py, px, coefficients.shape[1:], subset))
+        return jax.lax.cond(fit, lambda c, y, x: original["_interpolate_windows"](c, y, x, subset=subset),
+                            lambda c, y, x: (affine._interpolate(c, y, x), jnp.ones(y.shape[0], bool)),
+                            coefficients, py, px)  # fmt: skip
+
+    def unmasked(coefficients, py, px, *, subset):
+        where = jnp.where
+
+        def no_mask(c, x, y=None):
+            if y is None:
+                return where(c)
+            if isinstance(y, int) and y == 0 and getattr(c, "dtype", None) == jnp.bool_ and x.ndim == 4:
+                return x  # a weighted slice: the weights are 0 off the taps already
+            return where(c, x, y)
+
+        jnp.where = no_mask
+        try:
+            return original["_interpolate_windows"](coefficients, py, px, subset=subset)
+        finally:
+            jnp.where = where
+
+    variants = {
+        "current": ({}, {}),
+        "cond": ({"_interpolate_windows": cond}, {}),
+        "no-barrier": ({"WINDOW_BARRIER": ()}, {}),
+        "barrier-window": ({"WINDOW_BARRIER": ("window", "result")}, {}),
+        "unmasked": ({"_interpolate_windows": unmasked}, {}),
+        "gathers": ({}, {"windows": False}),
+    }
+    for name in args.variants.split(","):
+        patch, options = variants[name]
+        for key, value in patch.items():
+            setattr(affine, key, value)
+        try:
+            fresh = jax.jit(lambda *x, **y: raw_band(*x, **y), static_argnames=statics)
+            kw = {**k, **options}
+            t0 = time.perf_counter()
+            lowered = fresh.lower(*a, **kw)
+            t1 = time.perf_counter()
+            compiled = lowered.compile()
+            t2 = time.perf_counter()
+            ops = lowered.as_text().count("\n")
+            jax.block_until_ready(compiled(*a, **{key: v for key, v in kw.items() if key not in statics}))
+            t3 = time.perf_counter()
+            compiled(*a, **{key: v for key, v in kw.items() if key not in statics})
+            jax.block_until_ready(compiled(*a, **{key: v for key, v in kw.items() if key not in statics}))
+            t4 = time.perf_counter()
+            if args.profile and name in args.profile_variants.split(","):
+                _profile(compiled, a, {key: v for key, v in kw.items() if key not in statics}, args.profile / name)
+            print(f"variant {name:12s}: trace+lower {t1 - t0:6.2f} s, compile {t2 - t1:6.2f} s, {ops} lines of "
+                  f"StableHLO, first run {t3 - t2:.3f} s, warm {(t4 - t3) / 2:.3f} s", flush=True)  # fmt: skip
+        except Exception as error:  # a variant that cannot trace here: say so, go on
+            print(f"variant {name}: {type(error).__name__}: {error}"[:300], flush=True)
+        finally:
+            for key, value in original.items():
+                setattr(affine, key, value)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,12 +7,14 @@ from a fresh trace (issue 34: the 1024^2 affine DIC's first call on a TPU v5e to
 Variants of the band program (the same arguments as the first call's first band):
 
 - ``current``: as the library runs it on this backend;
-- ``cond``: the gathers as a fallback inside the program (a ``lax.cond`` per step, the form before the points
-  the windows do not serve went to a band of gathers of their own);
-- ``barrier``: the windows read into an array of their own (``lax.optimization_barrier``), not fused into
-  their 64 weighted slices;
-- ``unmasked``: the windows' taps weighted without the selects that mask the non-taps (NaN safety);
+- ``cond``: the gathers inside the program, as the other branch of each step's ``lax.cond`` (the form before
+  the points the windows do not serve took a band of gathers of their own);
 - ``gathers``: the gathers of every pixel (``windows=False``).
+
+On a TPU v5e, 1024^2 (2026-12-06, docs/accelerator.md), the band program compiled in 40 s with the gathers
+inside (``cond``), 19 s with no ``lax.cond`` at all and 11 s with the zeros as the other branch (now the
+library's), and a band ran 0.175, 0.241 and 0.178 s; the no-cond and barrier variants of those runs were
+this probe at 062081a and 4c4698f.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _profile(compiled, a: tuple, k: dict, folder: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--variants", default="current,cond,no-barrier,barrier-window")
+    parser.add_argument("--variants", default="current,cond,gathers")
     parser.add_argument("--force-accelerator", action="store_true")
     parser.add_argument("--profile", type=Path, help="a folder: each variant of --profile-variants profiled there")
     parser.add_argument("--profile-variants", default="current")
@@ -111,44 +113,17 @@ def main() -> None:
             print(f"  {seconds:7.2f} s  {what[:150]}")
     a, k = captured[0]
     statics = ("subset", "band", "windows", "together")
-    original = {"_interpolate_windows": affine._interpolate_windows, "WINDOW_BARRIER": affine.WINDOW_BARRIER}
+    original = {"_interpolate_windows": affine._interpolate_windows}
 
-    def cond(coefficients, py, px, *, subset):  # the fallback inside the program, as before 2026-12-06 (s10)
+    def cond(coefficients, py, px, *, subset):  # the gathers as the other branch (the form of 0120811)
         fit = jnp.all(affine._windows_fit(py, px, coefficients.shape[1:], subset))
         return jax.lax.cond(fit, lambda c, y, x: original["_interpolate_windows"](c, y, x, subset=subset),
                             lambda c, y, x: (affine._interpolate(c, y, x), jnp.ones(y.shape[0], bool)),
                             coefficients, py, px)  # fmt: skip
 
-    def cheap_cond(coefficients, py, px, *, subset):  # the windows in a lax.cond whose other branch serves none
-        n = py.shape[0]
-        fit = jnp.all(affine._windows_fit(py, px, coefficients.shape[1:], subset))
-        return jax.lax.cond(fit, lambda c, y, x: original["_interpolate_windows"](c, y, x, subset=subset),
-                            lambda c, y, x: (jnp.zeros((c.shape[0], *y.shape), c.dtype), jnp.zeros(n, bool)),
-                            coefficients, py, px)  # fmt: skip
-
-    def unmasked(coefficients, py, px, *, subset):
-        where = jnp.where
-
-        def no_mask(c, x, y=None):
-            if y is None:
-                return where(c)
-            if isinstance(y, int) and y == 0 and getattr(c, "dtype", None) == jnp.bool_ and x.ndim == 4:
-                return x  # a weighted slice: the weights are 0 off the taps already
-            return where(c, x, y)
-
-        jnp.where = no_mask
-        try:
-            return original["_interpolate_windows"](coefficients, py, px, subset=subset)
-        finally:
-            jnp.where = where
-
     variants = {
         "current": ({}, {}),
         "cond": ({"_interpolate_windows": cond}, {}),
-        "cheap-cond": ({"_interpolate_windows": cheap_cond}, {}),
-        "no-barrier": ({"WINDOW_BARRIER": ()}, {}),
-        "barrier-window": ({"WINDOW_BARRIER": ("window", "result")}, {}),
-        "unmasked": ({"_interpolate_windows": unmasked}, {}),
         "gathers": ({}, {"windows": False}),
     }
     for name in args.variants.split(","):

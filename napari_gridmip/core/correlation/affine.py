@@ -95,7 +95,6 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
 # :func:`_interpolate_windows`: their lower knots may lie up to ``2 SPLINE_MARGIN`` rows (columns) apart beyond
 # the subset's own extent, a gradient part of the warp up to about 2 / (subset - 1) (6.7% at subset 31)
 SPLINE_MARGIN = 2
-WINDOW_BARRIER = ("result",)
 
 
 def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int]) -> jax.Array:
@@ -111,20 +110,25 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
                          ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """:func:`_interpolate`'s values where ``py``, ``px`` ``(n, sh sw)`` are each point's subset pixels warped
     (rows first), read from one window of the coefficients per point instead of 16 gathers a pixel, and which
-    points the windows serve ``(n,)``.
+    points they serve ``(n,)``: all of them, or none.
 
     Each point's window spans its pixels' lower knots plus the spline's taps and ``2 SPLINE_MARGIN`` more rows
     and columns; each pixel's taps are then the window's slices at 4 of ``2 SPLINE_MARGIN + 4`` static offsets
     per axis, each weighted by the spline's weight there, the others masked out (a selected zero: a value
     that is not one of the pixel's taps, NaN included, adds nothing). The sum is :func:`_interpolate`'s, term
     by term in its order. The coefficients are padded by ``2 SPLINE_MARGIN`` past their end for the windows
-    (never a tap). A point whose pixels spread further (a warp's gradient part over about ``2 SPLINE_MARGIN /
-    (subset - 1)``) or whose window starts before the image is not served (:func:`_windows_fit`): its values
-    are not the spline's, and the IC-GN takes its band's gathers for it (:func:`affine_refine`; a fallback
-    inside this program, a ``lax.cond`` to the gathers, doubled the band program's compile on a TPU v5e, 34 s
-    against 17 s, ``tools/accelerator_affine_compile.py``). Where the subset's window is larger than the
-    image, the gathers give every value. A point with a NaN position is NaN at every pixel (the gathers: at
-    its NaN pixels; only a diverged warp has one) and counts as served.
+    (never a tap). Where a point's pixels spread further (a warp's gradient part over about ``2 SPLINE_MARGIN
+    / (subset - 1)``) or its window starts before the image (:func:`_windows_fit`), the call serves no point
+    (zeros), and the IC-GN takes its band's gathers for the points it did not serve (:func:`affine_refine`).
+    Where the subset's window is larger than the image, the gathers give every value. A point with a NaN
+    position is NaN at every pixel (the gathers: at its NaN pixels; only a diverged warp has one) and does
+    not count.
+
+    Why a ``lax.cond`` whose other branch is zeros: on a TPU v5e the 1024^2 affine DIC's band program
+    compiled in 40 s with the gathers as that branch, in 19 s with no branch, in 11 s with this one, and one
+    band ran 0.175, 0.241 and 0.178 s (``tools/accelerator_affine_compile.py``, variants cond, no-barrier
+    and cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): without it
+    XLA on the CPU recomputed the 64-slice sum in its consumers (0.78 s against 1.29 s a band at 384^2).
 
     The points are the last axis inside (an accelerator's lanes; the slices move along its rows)."""
     k, rows, cols = coefficients.shape
@@ -143,28 +147,28 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
         chosen = jnp.stack([(offset <= a) & (a < offset + 4) for a in range(taps)])
         return placed, chosen
 
-    if "positions" in WINDOW_BARRIER:
-        py, px = lax.optimization_barrier((py, px))
-    lost, ((ty, oy, top), (tx, ox, left)) = _window_knots(py, px, (rows, cols), subset)
-    padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
-    window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
-                      out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
-    if "window" in WINDOW_BARRIER:
-        window = lax.optimization_barrier(window)
-    (along_y, on_y), (along_x, on_x) = spread(ty, oy), spread(tx, ox)
-    if "weights" in WINDOW_BARRIER:
-        along_y, on_y, along_x, on_x = lax.optimization_barrier((along_y, on_y, along_x, on_x))
-    out = 0
-    for a in range(taps):
-        row = 0
-        for b in range(taps):
-            row = row + jnp.where(on_x[b], along_x[b] * window[:, a : a + sh, b : b + sw], 0)
-        out = out + jnp.where(on_y[a], along_y[a] * row, 0)
-    out = jnp.swapaxes(out.reshape(k, sh * sw, n), 1, 2)
-    out = jnp.where(lost[None, :, None], jnp.nan, out)
-    if "result" in WINDOW_BARRIER:
-        out = lax.optimization_barrier(out)
-    return out, _windows_fit(py, px, (rows, cols), subset)
+    def windowed(coefficients, py, px):
+        lost, ((ty, oy, top), (tx, ox, left)) = _window_knots(py, px, (rows, cols), subset)
+        padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
+        window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
+                          out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
+        (along_y, on_y), (along_x, on_x) = spread(ty, oy), spread(tx, ox)
+        out = 0
+        for a in range(taps):
+            row = 0
+            for b in range(taps):
+                row = row + jnp.where(on_x[b], along_x[b] * window[:, a : a + sh, b : b + sw], 0)
+            out = out + jnp.where(on_y[a], along_y[a] * row, 0)
+        out = jnp.swapaxes(out.reshape(k, sh * sw, n), 1, 2)
+        return lax.optimization_barrier(jnp.where(lost[None, :, None], jnp.nan, out))
+
+    def none(coefficients, py, px):
+        return jnp.zeros((k, *py.shape), coefficients.dtype)
+
+    # the branch takes the positions, not arrays made from them outside: XLA on the CPU then fuses the weights
+    # into the products (made outside, the branch ran 5x slower)
+    served = jnp.all(_windows_fit(py, px, (rows, cols), subset))
+    return lax.cond(served, windowed, none, coefficients, py, px), jnp.broadcast_to(served, (n,))
 
 
 def _window_knots(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: tuple[int, int]
@@ -306,8 +310,9 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``start``: the
     points' starts ``(cols, 6)`` from :func:`_initial_warp`, ``above``: the outputs of the row above, each
     ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(cols,)``, and which points
-    the windows did not serve ``(cols,)`` (bool): a point whose warp took its pixels out of its window stops
-    there, its outputs not the IC-GN's (:func:`_interpolate_windows`; :func:`affine_refine` runs the gathers).
+    the windows did not serve ``(cols,)`` (bool): the points of a step in which some point's warp took its
+    pixels out of its window stop there, their outputs not the IC-GN's (:func:`_interpolate_windows`;
+    :func:`affine_refine` runs the gathers for them).
 
     A point starts from the translation search's result and the gradients across its neighbours
     (:func:`_initial_warp`), or from the converged warp of the point above, carried down by its own gradients,
@@ -625,10 +630,10 @@ def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,
                             gathers: Callable[[], tuple[Any, jax.Array]]) -> tuple[jax.Array, ...]:  # fmt: skip
     """A windowed band's outputs ``out``, with those of the points the windows did not serve ``unserved`` taken
     from the same band's IC-GN by gathers (``gathers()``: :func:`_band`'s outputs), which runs only where there
-    are some: its program compiles only then (on a TPU v5e, 17 s of the 34 s that the two in one program took).
-    Decided on the host for concrete outputs (one bool read), by a ``lax.cond`` for traced ones. With the
-    band's rows together (:func:`.core._backend.ic_gn_rows_together`), each point's outputs are then the
-    gathers' IC-GN's."""
+    are some: its program compiles only then (on a TPU v5e the band program with the gathers inside it
+    compiled in 40 s, without them in 11 s, :func:`_interpolate_windows`). Decided on the host for concrete
+    outputs (one bool read), by a ``lax.cond`` for traced ones. With the band's rows together
+    (:func:`.core._backend.ic_gn_rows_together`), each point's outputs are then the gathers' IC-GN's."""
     if isinstance(unserved, jax.core.Tracer):
         return lax.cond(jnp.any(unserved), lambda: _merged(out, unserved, gathers()[0]), lambda: tuple(out))
     if not bool(_any(unserved)):

@@ -101,9 +101,8 @@ def _warped(rng, n, subset, gradient, shape, centres=None):
 def test_windowed_interpolation_gives_the_gathers_values(subset, gradient, where, windows):
     """An accelerator's interpolation from one window per point (core._backend.spline_windows) gives the 16
     gathers' values within float32 rounding (the same terms in the same order, plus selected zeros), K = 3
-    frames, at every point it serves: warps within its margin, subsets at the image's last rows and columns;
-    subsets off the image and warps past the margin are points it says it does not serve (``windows``: it
-    serves all)."""
+    frames: warps within its margin, subsets at the image's last rows and columns; where some point's subset
+    is off the image or its warp past the margin, it serves no point (``windows``: it serves them)."""
     import jax
 
     rng = np.random.default_rng(sum(subset) + int(gradient * 100))
@@ -121,12 +120,11 @@ def test_windowed_interpolation_gives_the_gathers_values(subset, gradient, where
     windowed, served = jax.jit(partial(affine_module._interpolate_windows, subset=subset))(coefficients, py, px)
     served = np.asarray(served)
     assert windowed.shape == gathered.shape == (image[0], *py.shape) and served.shape == (len(py),)
-    assert served.all() is np.bool_(windows)
-    np.testing.assert_array_equal(served, affine_module._windows_fit(py, px, coefficients.shape[1:], subset))
-    if where == "off the image":  # those whose window starts in the image are served
-        assert served.any()
-    np.testing.assert_allclose(np.asarray(windowed)[:, served], gathered[:, served], rtol=0,
-                               atol=1e-6 * np.abs(gathered).max())  # fmt: skip
+    fits = np.asarray(affine_module._windows_fit(py, px, coefficients.shape[1:], subset))
+    assert fits.all() is np.bool_(windows) and (where != "off the image" or fits.any())  # some fit there
+    np.testing.assert_array_equal(served, np.full(len(py), windows))  # all or none
+    if windows:
+        np.testing.assert_allclose(np.asarray(windowed), gathered, rtol=0, atol=1e-6 * np.abs(gathered).max())
 
 
 def test_windows_ignore_what_is_not_a_tap():
@@ -170,8 +168,8 @@ def test_windows_ignore_what_is_not_a_tap():
 
 
 def test_a_warp_beyond_the_windows_margin_is_not_served(monkeypatch):
-    """Where a subset's pixels spread past the window (``SPLINE_MARGIN``), the windows say they do not serve the
-    point: with the margin at 0, a warp with gradients (the gathers' values differ from the window's reading)."""
+    """Where a subset's pixels spread past the window (``SPLINE_MARGIN``), the windows say they serve no point:
+    with the margin at 0, a warp with gradients."""
     import jax
 
     rng = np.random.default_rng(5)
@@ -181,7 +179,11 @@ def test_a_warp_beyond_the_windows_margin_is_not_served(monkeypatch):
     gathered = np.asarray(affine_module._interpolate(coefficients, py, px))
     windowed, served = jax.jit(partial(affine_module._interpolate_windows, subset=(15, 15)))(coefficients, py, px)
     assert not np.asarray(served).any()
-    assert np.abs(np.asarray(windowed) - gathered).max() > 1e-3 * np.abs(gathered).max()
+    assert np.abs(gathered).max() > 0 and windowed.shape == gathered.shape
+    py, px = _warped(rng, 4, (15, 15), 0.0, (60, 60), (np.full(4, 30), np.full(4, 30)))  # a translation
+    windowed, served = jax.jit(partial(affine_module._interpolate_windows, subset=(15, 15)))(coefficients, py, px)
+    assert np.asarray(served).all()
+    np.testing.assert_allclose(np.asarray(windowed), affine_module._interpolate(coefficients, py, px), atol=1e-5)
 
 
 def test_points_the_windows_do_not_serve_take_the_gathers_band(stretched, monkeypatch):
@@ -219,10 +221,10 @@ def test_points_the_windows_do_not_serve_take_the_gathers_band(stretched, monkey
     bands = len(affine_module.affine_plan(gathered.dy.shape, (31, 31), 1)[1])
     assert calls[: 2 * bands] == [True, False] * bands  # every band of this pair has some
     assert np.isfinite(np.asarray(gathered.dy)).mean() > 0.95
-    for name in gathered._fields:
-        for out in (windowed, jitted):
+    for name in gathered._fields:  # the same program (under jit another, whose sums may round otherwise)
+        for out, atol in ((windowed, 1e-6), (jitted, 2e-5)):
             np.testing.assert_allclose(np.asarray(getattr(out, name)), np.asarray(getattr(gathered, name)),
-                                       rtol=0, atol=1e-6, equal_nan=True, err_msg=name)  # fmt: skip
+                                       rtol=0, atol=atol, equal_nan=True, err_msg=name)  # fmt: skip
 
 
 def test_the_accelerators_ic_gn_gives_the_cpus_field(stretched, monkeypatch):

@@ -9,7 +9,11 @@ Variants of the band program (the same arguments as the first call's first band)
 - ``current``: as the library runs it on this backend;
 - ``cond``: the gathers inside the program, as the other branch of each step's ``lax.cond`` (the form before
   the points the windows do not serve took a band of gathers of their own);
-- ``gathers``: the gathers of every pixel (``windows=False``).
+- ``gathers``: the gathers of every pixel (``windows=False``);
+- ``grid-subsets``: the reference subsets read by the grid's rows and columns (``affine._grid_subsets``, off
+  in the library until measured here: ``affine.GRID_SUBSETS``).
+
+Each variant's outputs are compared with the first one's (largest difference, NaN left out).
 
 On a TPU v5e, 1024^2 (2026-12-06, docs/accelerator.md), the band program compiled in 40 s with the gathers
 inside (``cond``), 19 s with no ``lax.cond`` at all and 11 s with the zeros as the other branch (now the
@@ -30,6 +34,9 @@ from pathlib import Path
 os.environ["NAPARI_GRIDMIP_COMPILE_CACHE"] = "0"  # every program compiles
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT), str(ROOT / "tools")]
+
+
+STEP = 4  # the grid's spacing of the call (px), as bench_accelerator's dic_affine
 
 
 class _Compiles(logging.Handler):
@@ -62,7 +69,7 @@ def _profile(compiled, a: tuple, k: dict, folder: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--variants", default="current,cond,gathers")
+    parser.add_argument("--variants", default="current,grid-subsets,cond")
     parser.add_argument("--force-accelerator", action="store_true")
     parser.add_argument("--profile", type=Path, help="a folder: each variant of --profile-variants profiled there")
     parser.add_argument("--profile-variants", default="current")
@@ -70,6 +77,7 @@ def main() -> None:
 
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from bench_accelerator import _dic_pair
 
     from napari_gridmip import find_displacement
@@ -101,7 +109,7 @@ def main() -> None:
     affine._band = Recording()
     jax.config.update("jax_log_compiles", True)
     t0 = time.perf_counter()
-    out = find_displacement(inputs["img1"], inputs["img2"], (11, 11), subset=(31, 31), step=4, subpixel="refine",
+    out = find_displacement(inputs["img1"], inputs["img2"], (11, 11), subset=(31, 31), step=STEP, subpixel="refine",
                             shape="affine")  # fmt: skip
     jax.block_until_ready(out)
     first = time.perf_counter() - t0
@@ -112,7 +120,7 @@ def main() -> None:
         if seconds >= 0.05:
             print(f"  {seconds:7.2f} s  {what[:150]}")
     a, k = captured[0]
-    statics = ("subset", "band", "windows", "together")
+    statics = ("subset", "band", "windows", "together", "grid")
     original = {"_interpolate_windows": affine._interpolate_windows}
 
     def cond(coefficients, py, px, *, subset):  # the gathers as the other branch (the form of 0120811)
@@ -124,8 +132,10 @@ def main() -> None:
     variants = {
         "current": ({}, {}),
         "cond": ({"_interpolate_windows": cond}, {}),
-        "gathers": ({}, {"windows": False}),
+        "gathers": ({}, {"windows": False, "grid": 0}),
+        "grid-subsets": ({}, {"grid": STEP}),
     }
+    reference = None
     for name in args.variants.split(","):
         patch, options = variants[name]
         for key, value in patch.items():
@@ -139,15 +149,19 @@ def main() -> None:
             compiled = lowered.compile()
             t2 = time.perf_counter()
             ops = lowered.as_text().count("\n")
-            jax.block_until_ready(compiled(*a, **{key: v for key, v in kw.items() if key not in statics}))
+            fields = jax.block_until_ready(compiled(*a, **{key: v for key, v in kw.items() if key not in statics}))[0]
             t3 = time.perf_counter()
+            fields = [np.asarray(f) for f in fields]
+            reference = fields if reference is None else reference
+            apart = max(float(np.nanmax(np.abs(f - r), initial=0)) for f, r in zip(fields, reference))
             compiled(*a, **{key: v for key, v in kw.items() if key not in statics})
             jax.block_until_ready(compiled(*a, **{key: v for key, v in kw.items() if key not in statics}))
             t4 = time.perf_counter()
             if args.profile and name in args.profile_variants.split(","):
                 _profile(compiled, a, {key: v for key, v in kw.items() if key not in statics}, args.profile / name)
             print(f"variant {name:12s}: trace+lower {t1 - t0:6.2f} s, compile {t2 - t1:6.2f} s, {ops} lines of "
-                  f"StableHLO, first run {t3 - t2:.3f} s, warm {(t4 - t3) / 2:.3f} s", flush=True)  # fmt: skip
+                  f"StableHLO, first run {t3 - t2:.3f} s, warm {(t4 - t3) / 2:.3f} s; outputs within {apart:.1e} of "
+                  f"the first variant's", flush=True)  # fmt: skip
         except Exception as error:  # a variant that cannot trace here: say so, go on
             print(f"variant {name}: {type(error).__name__}: {error}"[:300], flush=True)
         finally:

@@ -95,6 +95,9 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
 # :func:`_interpolate_windows`: their lower knots may lie up to ``2 SPLINE_MARGIN`` rows (columns) apart beyond
 # the subset's own extent, a gradient part of the warp up to about 2 / (subset - 1) (6.7% at subset 31)
 SPLINE_MARGIN = 2
+# with the windows (a TPU), read the reference subsets of a band's grid of points by rows and columns
+# (:func:`_grid_subsets`) rather than one window per point: off until measured on a TPU (docs/accelerator.md)
+GRID_SUBSETS = False
 
 
 def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int]) -> jax.Array:
@@ -104,6 +107,28 @@ def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tup
     k = img.shape[0]
     one = jax.vmap(lambda y, x: lax.dynamic_slice(img, (0, y, x), (k, *subset)), out_axes=1)
     return one(top, left).reshape(k, top.shape[0], subset[0] * subset[1])
+
+
+def _grid_subsets(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int], *,
+                  grid: tuple[int, int, int]) -> jax.Array:  # fmt: skip
+    """:func:`_subset_windows` for the points of a grid, ``grid = (rows, cols, step)``: ``rows`` x ``cols`` points
+    (rows first) ``step`` px apart, the first one's subset from ``(top, left)`` (int32 scalars; every subset in
+    the image): ``(K, rows cols, sh sw)``. One slice of the grid's rows and columns, then ``sh`` strided slices
+    of its rows and ``sw`` slices of its columns by phase (each point's column offset as a contiguous slice of
+    one phase): no read per point, where XLA on a TPU makes a loop of one slice per point of
+    :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC,
+    ``tools/accelerator_affine_compile.py --profile``, 2026-12-06)."""
+    k = img.shape[0]
+    (sh, sw), (rows, cols, step) = subset, grid
+    height, width = (rows - 1) * step + sh, (cols - 1) * step + sw
+    region = lax.dynamic_slice(img, (0, top, left), (k, height, width))
+    by_rows = jnp.stack([lax.slice_in_dim(region, a, a + (rows - 1) * step + 1, step, axis=1) for a in range(sh)],
+                        1)  # (K, sh, rows, width)  # fmt: skip
+    padded = -(-width // step) * step
+    by_rows = jnp.pad(by_rows, ((0, 0), (0, 0), (0, 0), (0, padded - width)))
+    phases = jnp.swapaxes(by_rows.reshape(k, sh, rows, padded // step, step), -1, -2)  # (K, sh, rows, step, .)
+    out = jnp.stack([phases[:, :, :, b % step, b // step : b // step + cols] for b in range(sw)], 2)
+    return out.transpose(0, 3, 4, 1, 2).reshape(k, rows * cols, sh * sw)  # (K, sh, sw, rows, cols) -> (K, P, S)
 
 
 def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, *, subset: tuple[int, int]
@@ -259,9 +284,9 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.stack(x, -1)
 
 
-@partial(jax.jit, static_argnames=("subset", "band", "windows", "together"))
+@partial(jax.jit, static_argnames=("subset", "band", "windows", "together", "grid"))
 def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
-          prefilter, *, subset, band, windows=False, together=False):  # fmt: skip
+          prefilter, *, subset, band, windows=False, together=False, grid=0):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`),
     and which points the windows did not serve ``(1, band, cols)`` (bool; none without ``windows``): their
@@ -282,14 +307,17 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     into bands). With ``together`` (:func:`.core._backend.ic_gn_rows_together`), the band's rows run as one
     row of points, each from its own start (no propagation: the fields move by at most 3.5e-5 px on a 512^2
     pair, docs/accelerator.md). ``windows``: :func:`.core._backend.spline_windows`; with them and without
-    ``together``, a point below one the windows did not serve starts from its own start.
+    ``together``, a point below one the windows did not serve starts from its own start. ``grid``: with
+    ``windows``, the points' spacing (px) where they are the grid's rows and all its columns, whose reference
+    subsets are then read by :func:`_grid_subsets` (0: one window per point, :func:`_subset_windows`).
     """
     cols = initial.shape[1]
     if together:
         start = lax.dynamic_slice_in_dim(initial, row0, band, 0).reshape(band * cols, 6)
         nowhere = (jnp.full(band * cols, jnp.nan, c1.dtype),) * 7  # no row above: every point from its own start
         out, unserved = _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, nowhere, spacing,
-                             prefilter, subset=subset, windows=windows)  # fmt: skip
+                             prefilter, subset=subset, windows=windows,
+                             grid=(band, cols, grid) if grid else None)  # fmt: skip
         return tuple(a.reshape(1, band, cols) for a in out), unserved.reshape(1, band, cols)
     first = tuple(lax.dynamic_index_in_dim(a[0], above, 0, keepdims=False) for a in previous)  # (cols,) each
 
@@ -297,7 +325,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
         cy, cx, i = xs
         start = lax.dynamic_index_in_dim(initial, row0 + i, 0, keepdims=False)
         out, unserved = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, start, above_row, spacing, prefilter,
-                             subset=subset, windows=windows)  # fmt: skip
+                             subset=subset, windows=windows, grid=(1, cols, grid) if grid else None)  # fmt: skip
         return out, (out, unserved)
 
     rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
@@ -306,7 +334,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
 
 
 def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, above, spacing, prefilter, *,
-         subset, windows=False):  # fmt: skip
+         subset, windows=False, grid=None):  # fmt: skip
     """IC-GN for one row of points (the arguments of :func:`_band`; ``centres_*`` ``(cols,)``, ``start``: the
     points' starts ``(cols, 6)`` from :func:`_initial_warp`, ``above``: the outputs of the row above, each
     ``(cols,)``, NaN for none): ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(cols,)``, and which points
@@ -327,7 +355,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     whole band stepping until its last point stops, ``benchmarks/bench_accelerator.py``, 2026-12-06). With ``windows``
     (:func:`.core._backend.spline_windows`), the subsets and the interpolation read one window per point
     (:func:`_subset_windows`, :func:`_interpolate_windows`) instead of gathering each pixel: the same values
-    where they serve.
+    where they serve. ``grid``: ``(rows, cols, step)`` where the points are such a grid (:func:`_grid_subsets`).
     """
     start = _propagated(start.astype(c1.dtype), above, spacing)  # (P, 6)
     hs, hw = subset[0] // 2, subset[1] // 2
@@ -338,6 +366,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     eta, zeta = eta.ravel(), zeta.ravel()  # (S,)
 
     def gather(img):  # (K, P, S)
+        if windows and grid:
+            return _grid_subsets(img, centres_y[0] - hs, centres_x[0] - hw, subset, grid=grid)
         if windows:
             return _subset_windows(img, centres_y - hs, centres_x - hw, subset)
         iy = centres_y[:, None] + eta.astype(jnp.int32)[None, :]  # (P, S)
@@ -603,8 +633,8 @@ def affine_refine(
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
-    options = dict(subset=subset, band=band, windows=windows, together=together)
-    gathers = {**options, "windows": False}
+    options = dict(subset=subset, band=band, windows=windows, together=together, grid=step if GRID_SUBSETS else 0)
+    gathers = {**options, "windows": False, "grid": 0}
     pieces = []
     for item in range(items):
         c1, f_img, fy_img, fx_img, curvature, initial = _item_images(

@@ -8,6 +8,8 @@ from functools import partial
 import dask.array as da
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import ndimage, optimize
 
 from napari_gridmip import find_displacement, strain_field
@@ -16,6 +18,7 @@ from napari_gridmip._sample_data.dic import make_dic_pair
 from napari_gridmip.core.correlation import affine as affine_module
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA
 from tests.core.correlation.subset_reference import affine_spread
+from tests.helpers import examples
 
 SIZE = 160
 ANGLE = np.deg2rad(2.0)
@@ -165,6 +168,51 @@ def test_windows_ignore_what_is_not_a_tap():
     near = (py - 8, px - 13)
     np.testing.assert_allclose(np.asarray(interpolate(small, *near)), affine_module._interpolate(small, *near),
                                rtol=0, atol=1e-6)  # fmt: skip
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(rows=st.integers(1, 4), cols=st.integers(1, 5), step=st.integers(1, 6), sh=st.integers(1, 9),
+       sw=st.integers(1, 9), frames=st.integers(1, 2),
+       corner=st.tuples(st.integers(0, 3), st.integers(0, 3)))  # fmt: skip
+def test_grid_subsets_are_the_windows_subsets(rows, cols, step, sh, sw, frames, corner):
+    """The reference subsets of a grid of points read by rows and columns (``affine._grid_subsets``) are those of
+    one window per point (``_subset_windows``), bit for bit: any spacing against the subset (step 1, steps
+    larger than the subset), odd and even sides, the grid at the image's last row and column."""
+    import jax
+
+    rng = np.random.default_rng(rows * 1000 + cols * 100 + step * 10 + sh)
+    extra = corner[0] + corner[1]
+    image = rng.normal(size=(frames, corner[0] + (rows - 1) * step + sh + extra % 2,
+                             corner[1] + (cols - 1) * step + sw + extra % 3)).astype(np.float32)  # fmt: skip
+    top = corner[0] + np.arange(rows)[:, None] * step + np.zeros(cols, int)[None, :]
+    left = corner[1] + np.zeros(rows, int)[:, None] + np.arange(cols)[None, :] * step
+    windows = affine_module._subset_windows(image, top.ravel().astype(np.int32), left.ravel().astype(np.int32),
+                                            (sh, sw))  # fmt: skip
+    grid = jax.jit(partial(affine_module._grid_subsets, subset=(sh, sw), grid=(rows, cols, step)))(
+        image, np.int32(corner[0]), np.int32(corner[1])
+    )
+    np.testing.assert_array_equal(np.asarray(grid), np.asarray(windows))
+
+
+def test_the_grid_subsets_give_the_windows_field(stretched, monkeypatch):
+    """An accelerator's IC-GN (forced on the CPU) with its reference subsets read by the grid's rows and columns
+    gives the field of one window per point, in bands of rows together and row by row (the same subsets, bit for
+    bit; another program, whose later sums may round otherwise: 7.1e-6 px row by row on the CPU)."""
+    from napari_gridmip.core import _backend
+
+    img1, img2, _ = stretched
+    args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
+    monkeypatch.setattr(_backend, "spline_windows", lambda: True)
+    for together in (True, False):
+        monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda together=together: together)
+        monkeypatch.setattr(affine_module, "GRID_SUBSETS", False)
+        windows = find_displacement(img1, img2, (15, 15), **args)
+        monkeypatch.setattr(affine_module, "GRID_SUBSETS", True)
+        grid = find_displacement(img1, img2, (15, 15), **args)
+        assert np.isfinite(np.asarray(grid.dy)).mean() > 0.95
+        for name in windows._fields:
+            np.testing.assert_allclose(np.asarray(getattr(grid, name)), np.asarray(getattr(windows, name)), rtol=0,
+                                       atol=2e-5, equal_nan=True, err_msg=f"{name}, together {together}")  # fmt: skip
 
 
 def test_a_warp_beyond_the_windows_margin_is_not_served(monkeypatch):

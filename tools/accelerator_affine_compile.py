@@ -11,7 +11,9 @@ Variants of the band program (the same arguments as the first call's first band)
   the points the windows do not serve took a band of gathers of their own);
 - ``gathers``: the gathers of every pixel (``windows=False``);
 - ``grid-subsets``: the reference subsets read by the grid's rows and columns (``affine._grid_subsets``, off
-  in the library until measured here: ``affine.GRID_SUBSETS``).
+  in the library until measured here: ``affine.GRID_SUBSETS``);
+- ``tiles``: those, and each step's windows picked by selects out of tiles read once per band
+  (``affine._tile_windows``, ``affine.TILE_WINDOWS``).
 
 Each variant's outputs are compared with the first one's (largest difference, NaN left out).
 
@@ -69,7 +71,7 @@ def _profile(compiled, a: tuple, k: dict, folder: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
-    parser.add_argument("--variants", default="current,grid-subsets,cond")
+    parser.add_argument("--variants", default="current,grid-subsets,tiles,cond")
     parser.add_argument("--force-accelerator", action="store_true")
     parser.add_argument("--profile", type=Path, help="a folder: each variant of --profile-variants profiled there")
     parser.add_argument("--profile-variants", default="current")
@@ -123,9 +125,9 @@ def main() -> None:
     statics = ("subset", "band", "windows", "together", "grid")
     original = {"_interpolate_windows": affine._interpolate_windows}
 
-    def cond(coefficients, py, px, *, subset):  # the gathers as the other branch (the form of 0120811)
+    def cond(coefficients, py, px, *, subset, tiles=None):  # the gathers as the other branch (the form of 0120811)
         fit = jnp.all(affine._windows_fit(py, px, coefficients.shape[1:], subset))
-        return jax.lax.cond(fit, lambda c, y, x: original["_interpolate_windows"](c, y, x, subset=subset),
+        return jax.lax.cond(fit, lambda c, y, x: original["_interpolate_windows"](c, y, x, subset=subset, tiles=tiles),
                             lambda c, y, x: (affine._interpolate(c, y, x), jnp.ones(y.shape[0], bool)),
                             coefficients, py, px)  # fmt: skip
 
@@ -133,7 +135,8 @@ def main() -> None:
         "current": ({}, {}),
         "cond": ({"_interpolate_windows": cond}, {}),
         "gathers": ({}, {"windows": False, "grid": 0}),
-        "grid-subsets": ({}, {"grid": STEP}),
+        "grid-subsets": ({}, {"grid": (STEP, 0)}),
+        "tiles": ({}, {"grid": (STEP, 11 // 2 + affine.TILE_SLACK)}),  # the call's search window: 11
     }
     reference = None
     for name in args.variants.split(","):

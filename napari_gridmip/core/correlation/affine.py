@@ -98,6 +98,12 @@ SPLINE_MARGIN = 2
 # with the windows (a TPU), read the reference subsets of a band's grid of points by rows and columns
 # (:func:`_grid_subsets`) rather than one window per point: off until measured on a TPU (docs/accelerator.md)
 GRID_SUBSETS = False
+# with the windows, pick each step's windows out of tiles of img1's coefficients read once per band by rows and
+# columns (:func:`_tile_windows`), reaching the translation search's reach plus TILE_SLACK px past a point's grid
+# position (a point that goes further takes the gathers' band); the reference subsets then by the grid too. Off
+# until measured on a TPU
+TILE_WINDOWS = False
+TILE_SLACK = 2
 
 
 def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int]) -> jax.Array:
@@ -131,7 +137,8 @@ def _grid_subsets(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple
     return out.transpose(0, 3, 4, 1, 2).reshape(k, rows * cols, sh * sw)  # (K, sh, sw, rows, cols) -> (K, P, S)
 
 
-def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, *, subset: tuple[int, int]
+def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, *, subset: tuple[int, int],
+                         tiles: tuple[jax.Array, jax.Array, jax.Array] | None = None
                          ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """:func:`_interpolate`'s values where ``py``, ``px`` ``(n, sh sw)`` are each point's subset pixels warped
     (rows first), read from one window of the coefficients per point instead of 16 gathers a pixel, and which
@@ -155,6 +162,12 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     and cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): without it
     XLA on the CPU recomputed the 64-slice sum in its consumers (0.78 s against 1.29 s a band at 384^2).
 
+    With ``tiles`` = ``(block, tile_top, tile_left)``, each point's window is picked out of its tile of the
+    coefficients ``block`` ``(K, n, th, tw)`` (``th``, ``tw`` at least the window's sides; padded as the windows
+    are, past the end) whose corner is ``(tile_top, tile_left)`` ``(n,)``, by selects over the window's possible
+    offsets in it (:func:`_tile_windows`), not by one slice per point, which XLA on a TPU makes a loop of one
+    step per point; a point whose window leaves its tile is not served either.
+
     The points are the last axis inside (an accelerator's lanes; the slices move along its rows)."""
     k, rows, cols = coefficients.shape
     sh, sw = subset
@@ -174,9 +187,13 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
 
     def windowed(coefficients, py, px):
         lost, ((ty, oy, top), (tx, ox, left)) = _window_knots(py, px, (rows, cols), subset)
-        padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
-        window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
-                          out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
+        if tiles is None:
+            padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
+            window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
+                              out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
+        else:
+            block, tile_top, tile_left = tiles
+            window = _tile_windows(block, top - tile_top, left - tile_left, (height, width))
         (along_y, on_y), (along_x, on_x) = spread(ty, oy), spread(tx, ox)
         out = 0
         for a in range(taps):
@@ -192,8 +209,28 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
 
     # the branch takes the positions, not arrays made from them outside: XLA on the CPU then fuses the weights
     # into the products (made outside, the branch ran 5x slower)
-    served = jnp.all(_windows_fit(py, px, (rows, cols), subset))
+    served = _windows_fit(py, px, (rows, cols), subset)
+    if tiles is not None:
+        block, tile_top, tile_left = tiles
+        lost, ((_, _, top), (_, _, left)) = _window_knots(py, px, (rows, cols), subset)
+        rooms = (block.shape[2] - height, block.shape[3] - width)
+        for start, corner, room in ((top, tile_top, rooms[0]), (left, tile_left, rooms[1])):
+            served = served & (lost | ((start >= corner) & (start - corner <= room)))
+    served = jnp.all(served)
     return lax.cond(served, windowed, none, coefficients, py, px), jnp.broadcast_to(served, (n,))
+
+
+def _tile_windows(block: jax.Array, oy: jax.Array, ox: jax.Array, size: tuple[int, int]) -> jax.Array:
+    """Each point's window ``size`` ``(height, width)`` at offset ``(oy, ox)`` ``(n,)`` in its tile ``block``
+    ``(K, n, th, tw)``: ``(K, height, width, n)``, points last. One select per possible offset and axis
+    (``th - height + 1`` and ``tw - width + 1``), each of a static slice: exact (one term kept, the others a
+    selected zero, NaN included); an offset outside the tile gives zeros."""
+    height, width = size
+    block = jnp.moveaxis(block, 1, -1)  # (K, th, tw, n)
+    rows = sum((jnp.where(oy == u, block[:, u : u + height], 0) for u in range(block.shape[1] - height + 1)),
+               jnp.zeros_like(block[:, :height]))  # fmt: skip
+    return sum((jnp.where(ox == v, rows[:, :, v : v + width], 0) for v in range(block.shape[2] - width + 1)),
+               jnp.zeros_like(rows[:, :, :width]))  # fmt: skip
 
 
 def _window_knots(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: tuple[int, int]
@@ -286,7 +323,7 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
 
 @partial(jax.jit, static_argnames=("subset", "band", "windows", "together", "grid"))
 def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
-          prefilter, *, subset, band, windows=False, together=False, grid=0):  # fmt: skip
+          prefilter, *, subset, band, windows=False, together=False, grid=None):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
     ``(dy, dx, zncc, dy_y, dy_x, dx_y, dx_x)``, each ``(1, band, cols)`` (the pieces of :func:`.join_bands`),
     and which points the windows did not serve ``(1, band, cols)`` (bool; none without ``windows``): their
@@ -308,8 +345,10 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     row of points, each from its own start (no propagation: the fields move by at most 3.5e-5 px on a 512^2
     pair, docs/accelerator.md). ``windows``: :func:`.core._backend.spline_windows`; with them and without
     ``together``, a point below one the windows did not serve starts from its own start. ``grid``: with
-    ``windows``, the points' spacing (px) where they are the grid's rows and all its columns, whose reference
-    subsets are then read by :func:`_grid_subsets` (0: one window per point, :func:`_subset_windows`).
+    ``windows``, ``(step, margin)`` where the points are the grid's rows and all its columns ``step`` px apart:
+    their reference subsets are then read by :func:`_grid_subsets`, and with a ``margin`` (px, > 0) each step's
+    windows are picked from tiles read once, reaching that far past a point's window at its grid position
+    (:func:`_tile_windows`); None: one slice per point (:func:`_subset_windows`).
     """
     cols = initial.shape[1]
     if together:
@@ -317,7 +356,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
         nowhere = (jnp.full(band * cols, jnp.nan, c1.dtype),) * 7  # no row above: every point from its own start
         out, unserved = _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, nowhere, spacing,
                              prefilter, subset=subset, windows=windows,
-                             grid=(band, cols, grid) if grid else None)  # fmt: skip
+                             grid=(band, cols, *grid) if grid else None)  # fmt: skip
         return tuple(a.reshape(1, band, cols) for a in out), unserved.reshape(1, band, cols)
     first = tuple(lax.dynamic_index_in_dim(a[0], above, 0, keepdims=False) for a in previous)  # (cols,) each
 
@@ -325,7 +364,7 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
         cy, cx, i = xs
         start = lax.dynamic_index_in_dim(initial, row0 + i, 0, keepdims=False)
         out, unserved = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, start, above_row, spacing, prefilter,
-                             subset=subset, windows=windows, grid=(1, cols, grid) if grid else None)  # fmt: skip
+                             subset=subset, windows=windows, grid=(1, cols, *grid) if grid else None)  # fmt: skip
         return out, (out, unserved)
 
     rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
@@ -355,7 +394,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     whole band stepping until its last point stops, ``benchmarks/bench_accelerator.py``, 2026-12-06). With ``windows``
     (:func:`.core._backend.spline_windows`), the subsets and the interpolation read one window per point
     (:func:`_subset_windows`, :func:`_interpolate_windows`) instead of gathering each pixel: the same values
-    where they serve. ``grid``: ``(rows, cols, step)`` where the points are such a grid (:func:`_grid_subsets`).
+    where they serve. ``grid``: ``(rows, cols, step, margin)`` where the points are such a grid
+    (:func:`_grid_subsets`; a ``margin``: each step's windows from tiles, :func:`_tile_windows`).
     """
     start = _propagated(start.astype(c1.dtype), above, spacing)  # (P, 6)
     hs, hw = subset[0] // 2, subset[1] // 2
@@ -367,7 +407,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
 
     def gather(img):  # (K, P, S)
         if windows and grid:
-            return _grid_subsets(img, centres_y[0] - hs, centres_x[0] - hw, subset, grid=grid)
+            return _grid_subsets(img, centres_y[0] - hs, centres_x[0] - hw, subset, grid=grid[:3])
         if windows:
             return _subset_windows(img, centres_y - hs, centres_x - hw, subset)
         iy = centres_y[:, None] + eta.astype(jnp.int32)[None, :]  # (P, S)
@@ -394,6 +434,15 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     # what a step needs of each point, its point axis first or second (the subsets' (K, P, S))
     points = {"f": f, "fy": fy, "fx": fx, "curves": curves, "factor": factor, "cy": centres_y, "cx": centres_x}
     axis = {"f": 1, "fy": 1, "fx": 1, "curves": 1, "factor": 0, "cy": 0, "cx": 0}
+    if windows and grid and grid[3]:  # each point's tile of img1's coefficients, read once for every step
+        margin, taps = grid[3], 2 * SPLINE_MARGIN + 4
+        side = (subset[0] + taps - 1 + 2 * margin, subset[1] + taps - 1 + 2 * margin)
+        wide = jnp.pad(c1, ((0, 0), (margin, margin + 2 * SPLINE_MARGIN), (margin, margin + 2 * SPLINE_MARGIN)))
+        # a window's start at the grid (no warp) is the padded coefficients' row of tap -1: centre - hs + 1
+        block = _grid_subsets(wide, centres_y[0] - hs + 1, centres_x[0] - hw + 1, side, grid=grid[:3])
+        points.update(block=block.reshape(k, -1, *side), tile_top=centres_y - hs + 1 - margin,
+                      tile_left=centres_x - hw + 1 - margin)  # fmt: skip
+        axis.update(block=1, tile_top=0, tile_left=0)
 
     def step(d, p, active):
         """One IC-GN step of the points ``d`` from ``p`` ``(n, 6)``: the new warp (``p`` where not ``active``),
@@ -403,7 +452,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         py = d["cy"][:, None] + eta[None, :] + v + vy * eta[None, :] + vx * zeta[None, :]
         px = d["cx"][:, None] + zeta[None, :] + u + uy * eta[None, :] + ux * zeta[None, :]
         if windows:
-            g, served = _interpolate_windows(c1, py, px, subset=subset)
+            tiles = (d["block"], d["tile_top"], d["tile_left"]) if "block" in d else None
+            g, served = _interpolate_windows(c1, py, px, subset=subset, tiles=tiles)
         else:
             g, served = _interpolate(c1, py, px), jnp.ones(p.shape[0], bool)
         g = g - g.mean(axis=(0, 2), keepdims=True)
@@ -633,8 +683,11 @@ def affine_refine(
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
-    options = dict(subset=subset, band=band, windows=windows, together=together, grid=step if GRID_SUBSETS else 0)
-    gathers = {**options, "windows": False, "grid": 0}
+    # the band's grid of points read by rows and columns (a margin: the steps' windows from tiles too)
+    margin = max(window) // 2 + TILE_SLACK if TILE_WINDOWS else 0
+    grid = (step, margin) if windows and (GRID_SUBSETS or TILE_WINDOWS) else None
+    options = dict(subset=subset, band=band, windows=windows, together=together, grid=grid)
+    gathers = {**options, "windows": False, "grid": None}
     pieces = []
     for item in range(items):
         c1, f_img, fy_img, fx_img, curvature, initial = _item_images(

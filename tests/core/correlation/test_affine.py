@@ -194,25 +194,84 @@ def test_grid_subsets_are_the_windows_subsets(rows, cols, step, sh, sw, frames, 
     np.testing.assert_array_equal(np.asarray(grid), np.asarray(windows))
 
 
-def test_the_grid_subsets_give_the_windows_field(stretched, monkeypatch):
-    """An accelerator's IC-GN (forced on the CPU) with its reference subsets read by the grid's rows and columns
-    gives the field of one window per point, in bands of rows together and row by row (the same subsets, bit for
-    bit; another program, whose later sums may round otherwise: 7.1e-6 px row by row on the CPU)."""
+@pytest.mark.parametrize("read", ["grid subsets", "tiles"])
+def test_the_grid_reads_give_the_windows_field(stretched, monkeypatch, read):
+    """An accelerator's IC-GN (forced on the CPU) with its reference subsets read by the grid's rows and columns,
+    and (``tiles``) each step's windows picked out of tiles read once, gives the field of one window per point,
+    in bands of rows together and row by row (the same values, bit for bit; another program, whose later sums
+    may round otherwise: 7.1e-6 px row by row on the CPU). No point leaves its tile on this pair: the gathers'
+    band never runs."""
     from napari_gridmip.core import _backend
 
     img1, img2, _ = stretched
     args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
     monkeypatch.setattr(_backend, "spline_windows", lambda: True)
+    flag = "GRID_SUBSETS" if read == "grid subsets" else "TILE_WINDOWS"
+    band = affine_module._band
     for together in (True, False):
         monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda together=together: together)
-        monkeypatch.setattr(affine_module, "GRID_SUBSETS", False)
+        monkeypatch.setattr(affine_module, flag, False)
         windows = find_displacement(img1, img2, (15, 15), **args)
-        monkeypatch.setattr(affine_module, "GRID_SUBSETS", True)
+        monkeypatch.setattr(affine_module, flag, True)
+        calls = []
+        monkeypatch.setattr(affine_module, "_band", lambda *a, calls=calls, **k: calls.append(k) or band(*a, **k))
         grid = find_displacement(img1, img2, (15, 15), **args)
+        monkeypatch.setattr(affine_module, "_band", band)
+        assert calls and all(k["windows"] and k["grid"] == (12, 15 // 2 + affine_module.TILE_SLACK
+                                                            if read == "tiles" else 0) for k in calls)  # fmt: skip
         assert np.isfinite(np.asarray(grid.dy)).mean() > 0.95
         for name in windows._fields:
             np.testing.assert_allclose(np.asarray(getattr(grid, name)), np.asarray(getattr(windows, name)), rtol=0,
                                        atol=2e-5, equal_nan=True, err_msg=f"{name}, together {together}")  # fmt: skip
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(n=st.integers(1, 5), side=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+       room=st.tuples(st.integers(0, 4), st.integers(0, 4)), frames=st.integers(1, 2),
+       seed=st.integers(0, 99))  # fmt: skip
+def test_tile_windows_are_the_slices(n, side, room, frames, seed):
+    """``affine._tile_windows`` picks each point's window out of its tile as a slice would, bit for bit (NaN in the
+    tile outside the window included), and zeros where the offset leaves the tile."""
+    rng = np.random.default_rng(seed)
+    tile = (side[0] + room[0], side[1] + room[1])
+    block = rng.normal(size=(frames, n, *tile)).astype(np.float32)
+    block[rng.random(block.shape) < 0.1] = np.nan
+    oy, ox = rng.integers(0, room[0] + 1, n), rng.integers(0, room[1] + 1, n)
+    out = np.asarray(affine_module._tile_windows(block, oy, ox, side))
+    assert out.shape == (frames, *side, n)
+    for p in range(n):
+        np.testing.assert_array_equal(out[..., p], block[:, p, oy[p] : oy[p] + side[0], ox[p] : ox[p] + side[1]])
+    outside = np.asarray(affine_module._tile_windows(block, oy + room[0] + 1, ox, side))
+    assert (outside == 0).all()
+
+
+def test_a_window_out_of_its_tile_is_not_served():
+    """With tiles, a point whose window starts outside its tile (a warp that carried it past the tile's margin)
+    makes the call serve no point; inside, the tiles give the windows' values."""
+    import jax
+
+    rng = np.random.default_rng(11)
+    subset, margin = (7, 7), 3
+    coefficients = rng.normal(size=(1, 64, 64)).astype(np.float32)
+    py, px = _warped(rng, 4, subset, 0.0, (60, 60), (np.array([20, 25, 30, 35]), np.array([30, 30, 30, 30])))
+    taps = 2 * affine_module.SPLINE_MARGIN + 4
+    side = (subset[0] + taps - 1 + 2 * margin, subset[1] + taps - 1 + 2 * margin)
+    wide = np.pad(coefficients, ((0, 0), (margin, margin + 4), (margin, margin + 4)))
+    _, ((_, _, top), (_, _, left)) = affine_module._window_knots(py, px, coefficients.shape[1:], subset)
+    top, left = np.asarray(top), np.asarray(left)
+    corner_y, corner_x = top - margin, left - margin  # each window in the middle of its tile
+    block = np.stack([wide[:, y + margin : y + margin + side[0], x + margin : x + margin + side[1]]
+                      for y, x in zip(corner_y, corner_x)], 1)  # fmt: skip
+    interpolate = jax.jit(partial(affine_module._interpolate_windows, subset=subset))
+    plain, served = interpolate(coefficients, py, px)
+    assert np.asarray(served).all()
+    tiled, served = interpolate(coefficients, py, px, tiles=(block, corner_y, corner_x))
+    assert np.asarray(served).all()
+    np.testing.assert_array_equal(np.asarray(tiled), np.asarray(plain))
+    moved = corner_y.copy()
+    moved[2] = top[2] - 2 * margin - 1  # its window starts one row past the tile's room
+    _, served = interpolate(coefficients, py, px, tiles=(block, moved, corner_x))
+    assert not np.asarray(served).any()
 
 
 def test_a_warp_beyond_the_windows_margin_is_not_served(monkeypatch):

@@ -3,10 +3,10 @@
 # since one program at a time holds the chip; no Qt, napari or xdist there, so the core's tests only.
 #
 #   tools/accelerator_tests.sh PART [pytest arguments]
-#     PART: occupancy | patches | subsets | maps | correlation | rest | all, or one test file or folder (its log
-#           and JUnit file are named after it). Each named part but all runs within 10 minutes there (the
-#           longest, subsets, in 338 s); correlation is tests/core/correlation without the subsets' and maps'
-#           files; rest is tests/core's own files and tests/test_api.py
+#     PART: occupancy | patches | subsets | maps | affine | correlation | rest | all, or one test file or folder
+#           (its log and JUnit file are named after it). Each named part but all runs within 10 minutes there
+#           (the longest, subsets, in 338 s); correlation is tests/core/correlation without the subsets', maps'
+#           and affine files; rest is tests/core's own files and tests/test_api.py
 #
 # The wheels the core needs beyond the machine's own JAX, NumPy and SciPy come from
 # ../shared/tools/offline-wheels.sh into .wheels-offline (git-ignored), which the call must carry.
@@ -25,7 +25,8 @@ case $part in
   occupancy) paths=(tests/core/occupancy) ;;
   patches) paths=(tests/core/patches) ;;
   subsets) paths=(tests/core/correlation/test_subsets.py) ;;
-  maps) paths=(tests/core/correlation/test_maps.py tests/core/correlation/test_affine.py) ;;
+  maps) paths=(tests/core/correlation/test_maps.py) ;;
+  affine) paths=(tests/core/correlation/test_affine.py) ;;
   correlation) paths=(tests/core/correlation --ignore=tests/core/correlation/test_subsets.py
                       --ignore=tests/core/correlation/test_maps.py --ignore=tests/core/correlation/test_affine.py) ;;
   rest) paths=(tests/core/test_chunked.py tests/core/test_dtypes.py tests/test_api.py) ;;

@@ -138,8 +138,8 @@ def _grid_subsets(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple
 
 
 def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, *, subset: tuple[int, int],
-                         tiles: tuple[jax.Array, jax.Array, jax.Array] | None = None
-                         ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+                         tiles: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+                         active: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """:func:`_interpolate`'s values where ``py``, ``px`` ``(n, sh sw)`` are each point's subset pixels warped
     (rows first), read from one window of the coefficients per point instead of 16 gathers a pixel, and which
     points they serve ``(n,)``: all of them, or none.
@@ -166,7 +166,8 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     coefficients ``block`` ``(K, n, th, tw)`` (``th``, ``tw`` at least the window's sides; padded as the windows
     are, past the end) whose corner is ``(tile_top, tile_left)`` ``(n,)``, by selects over the window's possible
     offsets in it (:func:`_tile_windows`), not by one slice per point, which XLA on a TPU makes a loop of one
-    step per point; a point whose window leaves its tile is not served either.
+    step per point; a point whose window leaves its tile is not served either. ``active`` ``(n,)``: the points
+    whose values count (None: all); one that does not cannot make the call serve none.
 
     The points are the last axis inside (an accelerator's lanes; the slices move along its rows)."""
     k, rows, cols = coefficients.shape
@@ -216,7 +217,7 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
         rooms = (block.shape[2] - height, block.shape[3] - width)
         for start, corner, room in ((top, tile_top, rooms[0]), (left, tile_left, rooms[1])):
             served = served & (lost | ((start >= corner) & (start - corner <= room)))
-    served = jnp.all(served)
+    served = jnp.all(served if active is None else served | ~active)
     return lax.cond(served, windowed, none, coefficients, py, px), jnp.broadcast_to(served, (n,))
 
 
@@ -344,7 +345,9 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     into bands). With ``together`` (:func:`.core._backend.ic_gn_rows_together`), the band's rows run as one
     row of points, each from its own start (no propagation: the fields move by at most 3.5e-5 px on a 512^2
     pair, docs/accelerator.md). ``windows``: :func:`.core._backend.spline_windows`; with them and without
-    ``together``, a point below one the windows did not serve starts from its own start. ``grid``: with
+    ``together`` (no backend's default), a point below one the windows did not serve starts from its own
+    start, but at a band's first row from that point's gathers' result: there the result depends on the cut,
+    within the IC-GN's tolerance. ``grid``: with
     ``windows``, ``(step, margin)`` where the points are the grid's rows and all its columns ``step`` px apart:
     their reference subsets are then read by :func:`_grid_subsets`, and with a ``margin`` (px, > 0) each step's
     windows are picked from tiles read once, reaching that far past a point's window at its grid position
@@ -365,7 +368,8 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
         start = lax.dynamic_index_in_dim(initial, row0 + i, 0, keepdims=False)
         out, unserved = _row(c1, f_img, fy_img, fx_img, curvature, cy, cx, start, above_row, spacing, prefilter,
                              subset=subset, windows=windows, grid=(1, cols, *grid) if grid else None)  # fmt: skip
-        return out, (out, unserved)
+        v, u, zncc, *gradients = out  # the row below never starts from a point the windows did not serve
+        return (v, u, jnp.where(unserved, jnp.nan, zncc), *gradients), (out, unserved)
 
     rows = (centres_y.reshape(band, cols), centres_x.reshape(band, cols), jnp.arange(band, dtype=jnp.int32))
     out, unserved = lax.scan(one, first, rows)[1]
@@ -453,7 +457,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         px = d["cx"][:, None] + zeta[None, :] + u + uy * eta[None, :] + ux * zeta[None, :]
         if windows:
             tiles = (d["block"], d["tile_top"], d["tile_left"]) if "block" in d else None
-            g, served = _interpolate_windows(c1, py, px, subset=subset, tiles=tiles)
+            g, served = _interpolate_windows(c1, py, px, subset=subset, tiles=tiles, active=active)
         else:
             g, served = _interpolate(c1, py, px), jnp.ones(p.shape[0], bool)
         g = g - g.mean(axis=(0, 2), keepdims=True)
@@ -713,10 +717,11 @@ def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,
                             gathers: Callable[[], tuple[Any, jax.Array]]) -> tuple[jax.Array, ...]:  # fmt: skip
     """A windowed band's outputs ``out``, with those of the points the windows did not serve ``unserved`` taken
     from the same band's IC-GN by gathers (``gathers()``: :func:`_band`'s outputs), which runs only where there
-    are some: its program compiles only then (on a TPU v5e the band program with the gathers inside it
-    compiled in 40 s, without them in 11 s, :func:`_interpolate_windows`). Decided on the host for concrete
-    outputs (one bool read), by a ``lax.cond`` for traced ones. With the band's rows together
-    (:func:`.core._backend.ic_gn_rows_together`), each point's outputs are then the gathers' IC-GN's."""
+    are some: eagerly, its program compiles only then (on a TPU v5e the band program with the gathers inside
+    it compiled in 40 s, without them in 11 s, :func:`_interpolate_windows`). Decided on the host for concrete
+    outputs (one bool read), by a ``lax.cond`` for traced ones (whose program then holds the gathers' band).
+    With the band's rows together (:func:`.core._backend.ic_gn_rows_together`), each point's outputs are then
+    the gathers' IC-GN's."""
     if isinstance(unserved, jax.core.Tracer):
         return lax.cond(jnp.any(unserved), lambda: _merged(out, unserved, gathers()[0]), lambda: tuple(out))
     if not bool(_any(unserved)):

@@ -124,7 +124,7 @@ def test_windowed_interpolation_gives_the_gathers_values(subset, gradient, where
     served = np.asarray(served)
     assert windowed.shape == gathered.shape == (image[0], *py.shape) and served.shape == (len(py),)
     fits = np.asarray(affine_module._windows_fit(py, px, coefficients.shape[1:], subset))
-    assert fits.all() is np.bool_(windows) and (where != "off the image" or fits.any())  # some fit there
+    assert bool(fits.all()) is windows and (where != "off the image" or fits.any())  # some fit there
     np.testing.assert_array_equal(served, np.full(len(py), windows))  # all or none
     if windows:
         np.testing.assert_allclose(np.asarray(windowed), gathered, rtol=0, atol=1e-6 * np.abs(gathered).max())
@@ -198,9 +198,9 @@ def test_grid_subsets_are_the_windows_subsets(rows, cols, step, sh, sw, frames, 
 def test_the_grid_reads_give_the_windows_field(stretched, monkeypatch, read):
     """An accelerator's IC-GN (forced on the CPU) with its reference subsets read by the grid's rows and columns,
     and (``tiles``) each step's windows picked out of tiles read once, gives the field of one window per point,
-    in bands of rows together and row by row (the same values, bit for bit; another program, whose later sums
-    may round otherwise: 7.1e-6 px row by row on the CPU). No point leaves its tile on this pair: the gathers'
-    band never runs."""
+    in bands of rows together and row by row (the same subsets and windows, bit for bit, as tested below;
+    another program, whose later sums may round otherwise: 7.1e-6 px row by row on the CPU). No point leaves
+    its tile on this pair: the gathers' band never runs."""
     from napari_gridmip.core import _backend
 
     img1, img2, _ = stretched
@@ -268,10 +268,40 @@ def test_a_window_out_of_its_tile_is_not_served():
     tiled, served = interpolate(coefficients, py, px, tiles=(block, corner_y, corner_x))
     assert np.asarray(served).all()
     np.testing.assert_array_equal(np.asarray(tiled), np.asarray(plain))
-    moved = corner_y.copy()
-    moved[2] = top[2] - 2 * margin - 1  # its window starts one row past the tile's room
-    _, served = interpolate(coefficients, py, px, tiles=(block, moved, corner_x))
-    assert not np.asarray(served).any()
+    for shift in (-margin - 1, margin + 1):  # its window starts one row past the tile's room, or before the tile
+        moved = corner_y.copy()
+        moved[2] += shift
+        _, served = interpolate(coefficients, py, px, tiles=(block, moved, corner_x))
+        assert not np.asarray(served).any()
+        active = np.ones(len(py), bool)
+        active[2] = False  # a point whose values do not count does not stop the others being served
+        _, served = interpolate(coefficients, py, px, tiles=(block, moved, corner_x), active=active)
+        assert np.asarray(served).all()
+
+
+def test_the_gathers_band_replaces_only_the_points_not_served():
+    """``affine._gathers_where_unserved`` takes the gathers' band's outputs at the points not served and keeps
+    the others, eagerly (the gathers' band only where some are not served) and under jit."""
+    import jax
+
+    rng = np.random.default_rng(3)
+    out = tuple(rng.normal(size=(1, 3, 4)).astype(np.float32) for _ in range(7))
+    gathered = tuple(rng.normal(size=(1, 3, 4)).astype(np.float32) for _ in range(7))
+    unserved = rng.random((1, 3, 4)) < 0.4
+    unserved[0, 0, 0], unserved[0, 0, 1] = True, False
+    runs = []
+
+    def gathers():
+        runs.append(1)
+        return gathered, np.zeros_like(unserved)
+
+    merge = affine_module._gathers_where_unserved
+    for result in (merge(out, unserved, gathers),
+                   jax.jit(lambda o, u: merge(o, u, lambda: (gathered, u)))(out, unserved)):  # fmt: skip
+        for o, g, r in zip(out, gathered, result):
+            np.testing.assert_array_equal(np.asarray(r), np.where(unserved, g, o))
+    assert runs == [1]
+    assert merge(out, np.zeros_like(unserved), gathers) is out and runs == [1]
 
 
 def test_a_warp_beyond_the_windows_margin_is_not_served(monkeypatch):

@@ -6,6 +6,8 @@
     python benchmarks/bench_accelerator.py --list                  # the cases and their full sizes
     python benchmarks/bench_accelerator.py --workdir DIR --cases A,B   # a run in parts: the same DIR, other cases
     python benchmarks/bench_accelerator.py --table-only --workdir DIR  # then the table of every case in DIR
+    python benchmarks/bench_accelerator.py --cases dic_affine --set core.correlation.affine.TILE_WINDOWS=True
+                                                                   # a variant on the accelerator, not yet the library's
 
 Why: the kernels are written once for XLA, and a backend may be fast and wrong (issue 34: on a TPU the subset
 sweep's running sums came out 80% off). Each case is run on the default backend and on the CPU, each backend in
@@ -531,6 +533,23 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _set_constant(setting: str) -> str:
+    """``MODULE.NAME=VALUE`` (a module of napari_gridmip, VALUE a Python literal): that constant set in this
+    process, before any case traces; the setting as applied."""
+    import ast
+    import importlib
+
+    target, _, value = setting.partition("=")
+    module, _, name = target.rpartition(".")
+    if not module or not name or not value:
+        raise SystemExit(f"--set wants MODULE.NAME=VALUE; got {setting!r}")
+    loaded = importlib.import_module(f"napari_gridmip.{module}")
+    if not hasattr(loaded, name):
+        raise SystemExit(f"--set: napari_gridmip.{module} has no {name}")
+    setattr(loaded, name, ast.literal_eval(value))
+    return f"napari_gridmip.{module}.{name} = {getattr(loaded, name)!r}"
+
+
 def worker(args: argparse.Namespace) -> None:
     if args.backend == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -543,6 +562,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.backend == "cpu" and jax.default_backend() != "cpu":
         raise SystemExit(f"--backend cpu, but JAX's default backend is {jax.default_backend()}")
     device = jax.devices()[0]
+    settings = [_set_constant(setting) for setting in args.set]
     compiles = Compiles()
     opts = Options(args.quick, args.render_size, args.sample_dir)
     record: dict[str, Any] = {
@@ -558,6 +578,7 @@ def worker(args: argparse.Namespace) -> None:
         "quick": args.quick,
         "repeats": args.repeats,
         "command": shlex.join([sys.executable, *sys.argv]),
+        "settings": settings,
         "cases": {},
     }
     out = Path(args.out)
@@ -771,6 +792,8 @@ def parent(args: argparse.Namespace) -> None:
                        "--case-timeout", str(args.case_timeout), "--render-size", str(args.render_size),
                        "--save-limit-gib", str(args.save_limit_gib)]  # fmt: skip
             command += ["--quick"] * args.quick + ["--keep-compile-cache"] * args.keep_compile_cache
+            if backend == "default":  # the variant is the accelerator's; the CPU worker runs the library as it is
+                command += [f"--set={setting}" for setting in args.set]
             if args.sample_dir:
                 command += ["--sample-dir", args.sample_dir]
             print(f"$ {'JAX_PLATFORMS=cpu ' if backend == 'cpu' else ''}{shlex.join(command)}", flush=True)
@@ -807,6 +830,9 @@ def main() -> None:
     parser.add_argument("--table", default=None, help="write the Markdown table here too")
     parser.add_argument("--table-only", action="store_true", help="make the table from --workdir's records")
     parser.add_argument("--keep-npz", action="store_true", help="keep the saved outputs after the table")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                        help="set a constant of napari_gridmip in the default backend's worker, a variant to measure "
+                             "before it is the library's (e.g. core.correlation.affine.TILE_WINDOWS=True)")  # fmt: skip
     args = parser.parse_args()
     if args.list:
         for case in CASES:

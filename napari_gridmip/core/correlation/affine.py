@@ -34,6 +34,8 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -104,6 +106,9 @@ GRID_SUBSETS = False
 # until measured on a TPU
 TILE_WINDOWS = False
 TILE_SLACK = 2
+# compile the IC-GN's programs in a thread beside the translation search's (compile_ahead): off until measured
+# on a host with more than 2 cores
+COMPILE_AHEAD = False
 
 
 def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int]) -> jax.Array:
@@ -683,14 +688,11 @@ def affine_refine(
     grid_y = np.arange(out_rows) * step + wm // 2 + sh // 2
     grid_x = np.arange(out_cols) * step + wn // 2 + sw // 2
     band, starts = affine_plan((out_rows, out_cols), subset, k)
-    windows, together = _backend.spline_windows(), _backend.ic_gn_rows_together()
+    options = _band_options(band, window=window, subset=subset, step=step)
+    windows = options["windows"]
     sigma = np.asarray(prefilter, x1.dtype)  # traced: one program for every prefilter width
     spacing = np.asarray(step, x1.dtype)
     none = (np.full((1, band, out_cols), np.nan, x1.dtype),) * 7  # the first band's "previous": no row above
-    # the band's grid of points read by rows and columns (a margin: the steps' windows from tiles too)
-    margin = max(window) // 2 + TILE_SLACK if TILE_WINDOWS else 0
-    grid = (step, margin) if windows and (GRID_SUBSETS or TILE_WINDOWS) else None
-    options = dict(subset=subset, band=band, windows=windows, together=together, grid=grid)
     gathers = {**options, "windows": False, "grid": None}
     pieces = []
     for item in range(items):
@@ -711,6 +713,66 @@ def affine_refine(
             pieces.append(out)
             _wait(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
+
+
+def _band_options(band: int, *, window: tuple[int, int], subset: tuple[int, int], step: int) -> dict[str, Any]:
+    """:func:`_band`'s static options on this backend: the windows and rows together where it takes them, and
+    the band's grid of points read by rows and columns (with a margin, the steps' windows from tiles too)."""
+    windows = _backend.spline_windows()
+    margin = max(window) // 2 + TILE_SLACK if TILE_WINDOWS else 0
+    grid = (step, margin) if windows and (GRID_SUBSETS or TILE_WINDOWS) else None
+    return dict(subset=subset, band=band, windows=windows, together=_backend.ic_gn_rows_together(), grid=grid)
+
+
+_AHEAD: set[Any] = set()  # the IC-GN programs compiled ahead in this process (compile_ahead)
+
+
+def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, window: tuple[int, int],
+                  subset: tuple[int, int], step: int, prefilter: float,
+                  coefficients: Callable[[jax.Array], jax.Array]) -> threading.Thread | None:  # fmt: skip
+    """Compile :func:`affine_refine`'s programs (:func:`_item_images`, then :func:`_band` for its bands) in a
+    thread, for stacks shaped as ``x1``, ``x2`` (arrays or ``jax.ShapeDtypeStruct``, ``(B, K, M, N)``) and a
+    translation grid ``out_shape`` of ``dtype``, while the caller compiles and runs the translation search: a
+    first call then waits for the longer, not the sum (JAX's ahead-of-time compile fills the cache the calls
+    read; the caller joins the thread before the IC-GN). Where ``COMPILE_AHEAD`` is on (off: on this 2-core
+    CPU three compiles side by side made the 1024^2 pair's first call 5.52 s against 5.08 and 5.14 s,
+    docs/benchmarks.md section 12; a TPU host's 13 cores are where it could pay, not measured yet). Once per
+    process and program; None where nothing is started (traced inputs are the caller's to exclude). The thread
+    lowers on the caller's default device."""
+    if not COMPILE_AHEAD:
+        return None
+    (items, k), dtype = tuple(x1.shape[:2]), np.dtype(dtype)
+    band = affine_plan(out_shape, subset, k)[0]
+    options = _band_options(band, window=window, subset=subset, step=step)
+    device = jax.config.jax_default_device
+    key = (tuple(x1.shape), tuple(x2.shape), out_shape, dtype, window, subset, step, prefilter > 0, coefficients,
+           tuple(sorted(options.items())), device)  # fmt: skip
+    if key in _AHEAD:
+        return None
+    _AHEAD.add(key)
+
+    def struct(shape, kind=dtype):
+        return jax.ShapeDtypeStruct(shape, kind)
+
+    def compile_programs() -> None:
+        try:
+            with jax.default_device(device):
+                grid = struct((items, *out_shape))
+                images_args = (struct(x1.shape), struct(x2.shape), grid, grid, struct((), np.int32))
+                images_options = dict(coefficients=coefficients, step=step, curvature=prefilter > 0)
+                _item_images.lower(*images_args, **images_options).compile()
+                *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)
+                centres = struct((band * out_shape[1],), np.int32)
+                previous = (struct((1, band, out_shape[1])),) * 7
+                scalar, index = struct(()), struct((), np.int32)
+                _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar,
+                            **options).compile()  # fmt: skip
+        except Exception:  # noqa: BLE001 - the calls compile their programs, and report what fails
+            logging.getLogger(__name__).debug("the IC-GN programs' compile ahead failed", exc_info=True)
+
+    thread = threading.Thread(target=compile_programs, name="napari-gridmip IC-GN compile", daemon=True)
+    thread.start()
+    return thread
 
 
 def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,

@@ -1111,6 +1111,13 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         prepare = partial(_prepared, sigma=float(prefilter), pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad,
                           spline=plan.spline, unpadded=subset_shape == "affine")  # fmt: skip
         ahead = _compile_band_ahead(prepare, x1, x2, device_centres, plan=plan, rows=band, dtype=dtype)
+        ic_gn_ahead = None
+        if subset_shape == "affine" and not is_wide(dtype) and not any(_is_traced(a) for a in (x1, x2, centres)):
+            from napari_gridmip.core.correlation.affine import compile_ahead
+
+            stacks = jax.eval_shape(prepare, x1, x2)[0]
+            ic_gn_ahead = compile_ahead(*stacks, plan.out, dtype, window=window, subset=subset, step=step,
+                                        prefilter=prefilter, coefficients=_spline_coefficients)  # fmt: skip
         unpadded, (x1, bad1, x2, bad2), coefficients = prepare(x1, x2)
         if ahead is not None:  # the band program made beside the inputs' (not compiled twice at once)
             ahead.join()
@@ -1139,6 +1146,8 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
             if progress is not None:
                 progress(len(starts) + done, total)
 
+        if ic_gn_ahead is not None:  # its programs made beside the search's (not compiled twice at once)
+            ic_gn_ahead.join()
         parts = affine_refine(
             *unpadded, _spline_coefficients, parts[0], parts[1], window=window, subset=subset, step=step,
             batch=batch, prefilter=prefilter, on_band=on_band,

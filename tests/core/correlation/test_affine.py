@@ -612,3 +612,49 @@ def test_one_ic_gn_program_serves_every_prefilter_width():
     assert affine_module._band._cache_size() == compiled
     assert np.isfinite(np.asarray(second.dx)).all()
     assert not np.allclose(np.asarray(first.dx_x), np.asarray(second.dx_x), rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_the_ic_gn_programs_compile_ahead_and_once(monkeypatch, caplog, accelerator):
+    """With ``affine.COMPILE_AHEAD``, the IC-GN's programs compile in a thread beside the translation search
+    (``affine.compile_ahead``) for exactly the shapes and options the calls then use: the calls compile neither
+    (JAX's compile log, on in the calling thread only), the fields are right, and nothing starts ahead on the
+    next call; also with an accelerator's options (windows, rows together, the grid's reads)."""
+    import logging
+
+    import jax
+
+    from napari_gridmip.core import _backend
+
+    if accelerator:
+        monkeypatch.setattr(_backend, "spline_windows", lambda: True)
+        monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda: True)
+        monkeypatch.setattr(affine_module, "TILE_WINDOWS", True)
+    started = []
+    real = affine_module.compile_ahead
+    monkeypatch.setattr(affine_module, "compile_ahead", lambda *a, **k: started.append(real(*a, **k)) or started[-1])
+    rng = np.random.default_rng(4)
+    side = 83 + 5 * accelerator  # shapes no other test (nor the other case) uses
+    img = ndimage.gaussian_filter(rng.random((1, side, 77)), 1.5).astype(np.float32)
+    moved = np.roll(img, (1, 2), axis=(-2, -1))
+    args = dict(subset=(15, 15), step=6, subpixel="refine", shape="affine")
+
+    def ic_gn_compiles():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+            out = find_displacement(moved, img, (7, 7), **args)
+        messages = [r.getMessage() for r in caplog.records]
+        return sum(("Compiling jit(_item_images)" in m) or ("Compiling jit(_band)" in m) for m in messages), out
+
+    plain, plain_fields = ic_gn_compiles()
+    assert not started[-1] and plain == 2  # off: nothing ahead; the calls compile the IC-GN's two programs
+    img, moved = img[:, :-2], moved[:, :-2]  # new shapes: every program new again
+    monkeypatch.setattr(affine_module, "COMPILE_AHEAD", True)
+    ahead, fields = ic_gn_compiles()
+    assert started[-1] is not None and ahead == 0
+    again, repeated = ic_gn_compiles()
+    assert started[-1] is None and again == 0
+    np.testing.assert_array_equal(np.asarray(repeated.dy), np.asarray(fields.dy))
+    for out in (plain_fields, fields):  # img1 is img2 moved by (1, 2): the fields (1, 2) in the middle
+        np.testing.assert_allclose(np.asarray(out.dy)[2:-2, 2:-2], 1, atol=0.05)
+        np.testing.assert_allclose(np.asarray(out.dx)[2:-2, 2:-2], 2, atol=0.05)

@@ -352,11 +352,11 @@ def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, r
     pair, docs/accelerator.md). ``windows``: :func:`.core._backend.spline_windows`; with them and without
     ``together`` (no backend's default), a point below one the windows did not serve starts from its own
     start, but at a band's first row from that point's gathers' result: there the result depends on the cut,
-    within the IC-GN's tolerance. ``grid``: with
-    ``windows``, ``(step, margin)`` where the points are the grid's rows and all its columns ``step`` px apart:
-    their reference subsets are then read by :func:`_grid_subsets`, and with a ``margin`` (px, > 0) each step's
-    windows are picked from tiles read once, reaching that far past a point's window at its grid position
-    (:func:`_tile_windows`); None: one slice per point (:func:`_subset_windows`).
+    within the IC-GN's tolerance. ``grid``: with ``windows``, ``(step, margin)`` where the points are the
+    grid's rows and all its columns ``step`` px apart: their reference subsets are then read by
+    :func:`_grid_subsets`, and with a ``margin`` (px, > 0) each step's windows are picked from tiles read once,
+    reaching that far past a point's window at its grid position (:func:`_tile_windows`); None: one slice per
+    point (:func:`_subset_windows`).
     """
     cols = initial.shape[1]
     if together:

@@ -116,7 +116,8 @@ def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tup
     image) of each point: ``(K, n, sh sw)``, rows first. One slice per point: an accelerator reads rows of pixels
     where a gather of each pixel is its slow path (:func:`.core._backend.spline_windows`)."""
     k = img.shape[0]
-    one = jax.vmap(lambda y, x: lax.dynamic_slice(img, (0, y, x), (k, *subset)), out_axes=1)
+    # the frame index typed as the others (a Python 0 is int64 with 64-bit types on)
+    one = jax.vmap(lambda y, x: lax.dynamic_slice(img, (jnp.zeros_like(y), y, x), (k, *subset)), out_axes=1)
     return one(top, left).reshape(k, top.shape[0], subset[0] * subset[1])
 
 
@@ -132,7 +133,7 @@ def _grid_subsets(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple
     k = img.shape[0]
     (sh, sw), (rows, cols, step) = subset, grid
     height, width = (rows - 1) * step + sh, (cols - 1) * step + sw
-    region = lax.dynamic_slice(img, (0, top, left), (k, height, width))
+    region = lax.dynamic_slice(img, (jnp.zeros_like(top), top, left), (k, height, width))
     by_rows = jnp.stack([lax.slice_in_dim(region, a, a + (rows - 1) * step + 1, step, axis=1) for a in range(sh)],
                         1)  # (K, sh, rows, width)  # fmt: skip
     padded = -(-width // step) * step
@@ -168,11 +169,12 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     XLA on the CPU recomputed the 64-slice sum in its consumers (0.78 s against 1.29 s a band at 384^2).
 
     With ``tiles`` = ``(block, tile_top, tile_left)``, each point's window is picked out of its tile of the
-    coefficients ``block`` ``(K, n, th, tw)`` (``th``, ``tw`` at least the window's sides; padded as the windows
-    are, past the end) whose corner is ``(tile_top, tile_left)`` ``(n,)``, by selects over the window's possible
-    offsets in it (:func:`_tile_windows`), not by one slice per point, which XLA on a TPU makes a loop of one
-    step per point; a point whose window leaves its tile is not served either. ``active`` ``(n,)``: the points
-    whose values count (None: all); one that does not cannot make the call serve none.
+    coefficients ``block`` ``(K, n, th, tw)`` (``th``, ``tw`` the window's sides plus ``2^m - 1``,
+    :func:`_tile_room`; padded as the windows are, past the end) whose corner is ``(tile_top, tile_left)``
+    ``(n,)``, by a shift of selects (:func:`_tile_windows`), not by one slice per point, which XLA on a TPU
+    makes a loop of one step per point; a point whose window leaves its tile is not served either.
+    ``active`` ``(n,)``: the points whose values count (None: all); one that does not cannot make the call
+    serve none.
 
     The points are the last axis inside (an accelerator's lanes; the slices move along its rows)."""
     k, rows, cols = coefficients.shape
@@ -195,7 +197,7 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
         lost, ((ty, oy, top), (tx, ox, left)) = _window_knots(py, px, (rows, cols), subset)
         if tiles is None:
             padded = jnp.pad(coefficients, ((0, 0), (0, 2 * SPLINE_MARGIN), (0, 2 * SPLINE_MARGIN)))
-            window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (0, y, x), (k, height, width)),
+            window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (jnp.zeros_like(y), y, x), (k, height, width)),
                               out_axes=-1)(top, left)  # (K, height, width, n)  # fmt: skip
         else:
             block, tile_top, tile_left = tiles
@@ -234,7 +236,11 @@ def _tile_windows(block: jax.Array, oy: jax.Array, ox: jax.Array, size: tuple[in
     (one slice kept); ``th - height`` and ``tw - width`` are ``2^m - 1`` (:func:`_tile_room`)."""
     out = jnp.moveaxis(block, 1, -1)  # (K, th, tw, n)
     for axis, offset, side in ((1, oy, size[0]), (2, ox, size[1])):
-        bit = (out.shape[axis] - side + 1) // 2
+        room = out.shape[axis] - side
+        if room < 0 or room & (room + 1):
+            raise ValueError(f"a tile leaves room for 2^m - 1 offsets of its window; got a side of "
+                             f"{out.shape[axis]} for a window of {side}")  # fmt: skip
+        bit = (room + 1) // 2
         while bit:
             length = out.shape[axis] - bit
             kept = lax.slice_in_dim(out, bit, bit + length, axis=axis)
@@ -749,9 +755,12 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
     read; the caller joins the thread before the IC-GN). Where ``COMPILE_AHEAD`` is on (off: on this 2-core
     CPU three compiles side by side made the 1024^2 pair's first call 5.52 s against 5.08 and 5.14 s,
     docs/benchmarks.md section 12; a TPU host's 13 cores are where it could pay, not measured yet). Once per
-    process and program; None where nothing is started (traced inputs are the caller's to exclude). The thread
+    process and program; None where nothing is started: off, traced or 64-bit stacks, or stacks placed on a
+    device by the caller (committed: their calls would key on that placement, not the compile's). The thread
     lowers on the caller's default device."""
-    if not COMPILE_AHEAD:
+    if not COMPILE_AHEAD or np.dtype(dtype).itemsize > 4:
+        return None
+    if any(isinstance(a, jax.core.Tracer) or (isinstance(a, jax.Array) and a.committed) for a in (x1, x2)):
         return None
     (items, k), dtype = tuple(x1.shape[:2]), np.dtype(dtype)
     band = affine_plan(out_shape, subset, k)[0]
@@ -770,7 +779,8 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
         try:
             with jax.default_device(device):
                 grid = struct((items, *out_shape))
-                images_args = (struct(x1.shape), struct(x2.shape), grid, grid, struct((), np.int32))
+                images_args = (struct(x1.shape, x1.dtype), struct(x2.shape, x2.dtype), grid, grid,
+                               struct((), np.int32))  # fmt: skip
                 images_options = dict(coefficients=coefficients, step=step, curvature=prefilter > 0)
                 _item_images.lower(*images_args, **images_options).compile()
                 *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)

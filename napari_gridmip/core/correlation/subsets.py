@@ -1112,11 +1112,10 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
                           spline=plan.spline, unpadded=subset_shape == "affine")  # fmt: skip
         ahead = _compile_band_ahead(prepare, x1, x2, device_centres, plan=plan, rows=band, dtype=dtype)
         ic_gn_ahead = None
-        if subset_shape == "affine" and not is_wide(dtype) and not any(_is_traced(a) for a in (x1, x2, centres)):
+        if subset_shape == "affine":  # the IC-GN's stacks are the centred ones, smoothed, not padded: their shapes
             from napari_gridmip.core.correlation.affine import compile_ahead
 
-            stacks = jax.eval_shape(prepare, x1, x2)[0]
-            ic_gn_ahead = compile_ahead(*stacks, plan.out, dtype, window=window, subset=subset, step=step,
+            ic_gn_ahead = compile_ahead(x1, x2, plan.out, dtype, window=window, subset=subset, step=step,
                                         prefilter=prefilter, coefficients=_spline_coefficients)  # fmt: skip
         unpadded, (x1, bad1, x2, bad2), coefficients = prepare(x1, x2)
         if ahead is not None:  # the band program made beside the inputs' (not compiled twice at once)

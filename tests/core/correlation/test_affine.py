@@ -226,22 +226,31 @@ def test_the_grid_reads_give_the_windows_field(stretched, monkeypatch, read):
 
 
 @settings(max_examples=examples(30), deadline=None)
-@given(n=st.integers(1, 5), side=st.tuples(st.integers(1, 6), st.integers(1, 6)),
-       room=st.tuples(st.sampled_from([0, 1, 3, 7]), st.sampled_from([0, 1, 3, 7])), frames=st.integers(1, 2),
-       seed=st.integers(0, 99))  # fmt: skip
-def test_tile_windows_are_the_slices(n, side, room, frames, seed):
+@given(side=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+       room=st.tuples(st.sampled_from([0, 1, 3, 7, 15]), st.sampled_from([0, 1, 3, 7, 15])),
+       frames=st.integers(1, 2), seed=st.integers(0, 99))  # fmt: skip
+def test_tile_windows_are_the_slices(side, room, frames, seed):
     """``affine._tile_windows`` picks each point's window out of its tile as a slice would, bit for bit (NaN in the
-    tile outside the window included), for every offset the tile leaves room for (``2^m - 1`` of them)."""
+    tile outside the window included), for every offset pair the tile leaves room for (``2^m - 1`` per axis,
+    each pair a point of its own)."""
     rng = np.random.default_rng(seed)
-    tile = (side[0] + room[0], side[1] + room[1])
-    block = rng.normal(size=(frames, n, *tile)).astype(np.float32)
+    oy, ox = (a.ravel() for a in np.meshgrid(np.arange(room[0] + 1), np.arange(room[1] + 1), indexing="ij"))
+    n = len(oy)
+    block = rng.normal(size=(frames, n, side[0] + room[0], side[1] + room[1])).astype(np.float32)
     block[rng.random(block.shape) < 0.1] = np.nan
-    oy, ox = rng.integers(0, room[0] + 1, n), rng.integers(0, room[1] + 1, n)
     out = np.asarray(affine_module._tile_windows(block, oy, ox, side))
     assert out.shape == (frames, *side, n)
     for p in range(n):
         np.testing.assert_array_equal(out[..., p], block[:, p, oy[p] : oy[p] + side[0], ox[p] : ox[p] + side[1]])
+
+
+def test_a_tiles_room_is_two_to_a_power_less_one():
+    """A tile leaves room for ``2^m - 1`` offsets (``_tile_room``: at least twice the margin); another room is a
+    ValueError naming the sides."""
     assert [affine_module._tile_room(m) for m in (0, 1, 2, 3, 4, 7, 8)] == [0, 3, 7, 7, 15, 15, 31]
+    block = np.zeros((1, 2, 9, 10), np.float32)
+    with pytest.raises(ValueError, match="side of 9 for a window of 7"):
+        affine_module._tile_windows(block, np.zeros(2, int), np.zeros(2, int), (7, 7))
 
 
 def test_a_window_out_of_its_tile_is_not_served():
@@ -258,15 +267,19 @@ def test_a_window_out_of_its_tile_is_not_served():
     wide = np.pad(coefficients, ((0, 0), (margin, room - margin + 4), (margin, room - margin + 4)))
     _, ((_, _, top), (_, _, left)) = affine_module._window_knots(py, px, coefficients.shape[1:], subset)
     top, left = np.asarray(top), np.asarray(left)
-    corner_y, corner_x = top - margin, left - margin  # each window in the middle of its tile
-    block = np.stack([wide[:, y + margin : y + margin + side[0], x + margin : x + margin + side[1]]
-                      for y, x in zip(corner_y, corner_x)], 1)  # fmt: skip
     interpolate = jax.jit(partial(affine_module._interpolate_windows, subset=subset))
     plain, served = interpolate(coefficients, py, px)
     assert np.asarray(served).all()
-    tiled, served = interpolate(coefficients, py, px, tiles=(block, corner_y, corner_x))
-    assert np.asarray(served).all()
-    np.testing.assert_array_equal(np.asarray(tiled), np.asarray(plain))
+    for offset in (0, margin, room):  # the window at the tile's first row, at the margin, at its last room
+        corner_y, corner_x = top - offset, left - offset
+        block = np.stack([wide[:, y + margin : y + margin + side[0], x + margin : x + margin + side[1]]
+                          for y, x in zip(corner_y, corner_x)], 1)  # fmt: skip
+        tiled, served = interpolate(coefficients, py, px, tiles=(block, corner_y, corner_x))
+        assert np.asarray(served).all()
+        np.testing.assert_array_equal(np.asarray(tiled), np.asarray(plain))
+    corner_y, corner_x = top - margin, left - margin
+    block = np.stack([wide[:, y + margin : y + margin + side[0], x + margin : x + margin + side[1]]
+                      for y, x in zip(corner_y, corner_x)], 1)  # fmt: skip
     for shift in (-(room - margin) - 1, margin + 1):  # its window starts one row past the tile's room, or before it
         moved = corner_y.copy()
         moved[2] += shift
@@ -654,6 +667,11 @@ def test_the_ic_gn_programs_compile_ahead_and_once(monkeypatch, caplog, accelera
     again, repeated = ic_gn_compiles()
     assert started[-1] is None and again == 0
     np.testing.assert_array_equal(np.asarray(repeated.dy), np.asarray(fields.dy))
+    img64, moved64 = img[:, :-1].astype(np.float64), moved[:, :-1].astype(np.float64)
+    find_displacement(moved64, img64, (7, 7), **args, dtype=np.float64)
+    assert started[-1] is None  # 64-bit: nothing ahead (its scope is the caller's thread's)
+    jax.jit(lambda a, b: find_displacement(a, b, (7, 7), **args).dy)(moved[:, :-3], img[:, :-3])
+    assert started[-1] is None  # traced: nothing ahead
     for out in (plain_fields, fields):  # img1 is img2 moved by (1, 2): the fields (1, 2) in the middle
         np.testing.assert_allclose(np.asarray(out.dy)[2:-2, 2:-2], 1, atol=0.05)
         np.testing.assert_allclose(np.asarray(out.dx)[2:-2, 2:-2], 2, atol=0.05)

@@ -9,11 +9,38 @@ first call of ``track_speckles``, ``benchmarks/bench_first_run.py``): here they 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Callable, Hashable, Sequence
 from functools import partial
 
 import jax
 import jax.numpy as jnp
+
+_COMPILED_AHEAD: set[Hashable] = set()  # what compile_ahead_once started in this process, by key and device
+
+
+def compile_ahead_once(key: Hashable, compile_programs: Callable[[], None], *, name: str) -> threading.Thread | None:
+    """Run ``compile_programs`` (JAX's ahead-of-time ``lower(...).compile()`` of a driver's programs, which fills
+    the cache its calls read) in a daemon thread named ``name``, on the caller's default device, once per
+    process, ``key`` and device: the thread, or None where it ran before. A failure is logged at debug level
+    only: the calls compile their programs themselves and report what fails. The caller joins the thread
+    before it calls those programs (a program compiling in the thread is not waited for by a call)."""
+    device = jax.config.jax_default_device
+    if (key, device) in _COMPILED_AHEAD:
+        return None
+    _COMPILED_AHEAD.add((key, device))
+
+    def run() -> None:
+        try:
+            with jax.default_device(device):
+                compile_programs()
+        except Exception:  # noqa: BLE001 - see the docstring
+            logging.getLogger(__name__).debug("%s failed", name, exc_info=True)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def kept_rows(starts: Sequence[int], rows: int) -> tuple[int, ...]:

@@ -34,7 +34,6 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -46,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _backend
-from napari_gridmip.core.correlation._bands import join_bands, kept_rows
+from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
@@ -165,8 +164,9 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     Why a ``lax.cond`` whose other branch is zeros: on a TPU v5e the 1024^2 affine DIC's band program
     compiled in 40 s with the gathers as that branch, in 19 s with no branch, in 11 s with this one, and one
     band ran 0.175, 0.241 and 0.178 s (``tools/accelerator_affine_compile.py``, variants cond, no-barrier
-    and cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): without it
-    XLA on the CPU recomputed the 64-slice sum in its consumers (0.78 s against 1.29 s a band at 384^2).
+    and cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): in the form
+    with no ``lax.cond``, XLA on the CPU recomputed the 64-slice sum in its consumers without it (0.78 s
+    against 1.29 s a band at 384^2); inside the ``cond`` its effect is not measured apart.
 
     With ``tiles`` = ``(block, tile_top, tile_left)``, each point's window is picked out of its tile of the
     coefficients ``block`` ``(K, n, th, tw)`` (``th``, ``tw`` the window's sides plus ``2^m - 1``,
@@ -217,10 +217,11 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
 
     # the branch takes the positions, not arrays made from them outside: XLA on the CPU then fuses the weights
     # into the products (made outside, the branch ran 5x slower)
-    served = _windows_fit(py, px, (rows, cols), subset)
+    lost, axes = _window_knots(py, px, (rows, cols), subset)
+    served = _knots_fit(lost, axes)
     if tiles is not None:
         block, tile_top, tile_left = tiles
-        lost, ((_, _, top), (_, _, left)) = _window_knots(py, px, (rows, cols), subset)
+        (_, _, top), (_, _, left) = axes
         rooms = (block.shape[2] - height, block.shape[3] - width)
         for start, corner, room in ((top, tile_top, rooms[0]), (left, tile_left, rooms[1])):
             served = served & (lost | ((start >= corner) & (start - corner <= room)))
@@ -279,7 +280,11 @@ def _windows_fit(py: jax.Array, px: jax.Array, shape: tuple[int, int], subset: t
     """Whether each point's pixels of :func:`_interpolate_windows` lie in its window ``(n,)``: their knots spread
     over at most ``2 SPLINE_MARGIN`` more rows (columns) than the subset's own, and the window starts in the
     image (it ends in the padded coefficients then). True for a point with a NaN position."""
-    lost, axes = _window_knots(py, px, shape, subset)
+    return _knots_fit(*_window_knots(py, px, shape, subset))
+
+
+def _knots_fit(lost: jax.Array, axes: tuple[tuple[jax.Array, jax.Array, jax.Array], ...]) -> jax.Array:
+    """:func:`_windows_fit` from :func:`_window_knots`' outputs."""
     fit = jnp.ones_like(lost)
     for _, offset, start in axes:
         fit = fit & (start >= 0) & (jnp.max(offset, axis=(0, 1)) <= 2 * SPLINE_MARGIN)
@@ -742,9 +747,6 @@ def _band_options(band: int, *, window: tuple[int, int], subset: tuple[int, int]
     return dict(subset=subset, band=band, windows=windows, together=_backend.ic_gn_rows_together(), grid=grid)
 
 
-_AHEAD: set[Any] = set()  # the IC-GN programs compiled ahead in this process (compile_ahead)
-
-
 def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, window: tuple[int, int],
                   subset: tuple[int, int], step: int, prefilter: float,
                   coefficients: Callable[[jax.Array], jax.Array]) -> threading.Thread | None:  # fmt: skip
@@ -765,36 +767,24 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
     (items, k), dtype = tuple(x1.shape[:2]), np.dtype(dtype)
     band = affine_plan(out_shape, subset, k)[0]
     options = _band_options(band, window=window, subset=subset, step=step)
-    device = jax.config.jax_default_device
-    key = (tuple(x1.shape), tuple(x2.shape), out_shape, dtype, window, subset, step, prefilter > 0, coefficients,
-           tuple(sorted(options.items())), device)  # fmt: skip
-    if key in _AHEAD:
-        return None
-    _AHEAD.add(key)
+    key = ("affine", tuple(x1.shape), tuple(x2.shape), out_shape, dtype, window, subset, step, prefilter > 0,
+           coefficients, tuple(sorted(options.items())))  # fmt: skip
 
     def struct(shape, kind=dtype):
         return jax.ShapeDtypeStruct(shape, kind)
 
     def compile_programs() -> None:
-        try:
-            with jax.default_device(device):
-                grid = struct((items, *out_shape))
-                images_args = (struct(x1.shape, x1.dtype), struct(x2.shape, x2.dtype), grid, grid,
-                               struct((), np.int32))  # fmt: skip
-                images_options = dict(coefficients=coefficients, step=step, curvature=prefilter > 0)
-                _item_images.lower(*images_args, **images_options).compile()
-                *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)
-                centres = struct((band * out_shape[1],), np.int32)
-                previous = (struct((1, band, out_shape[1])),) * 7
-                scalar, index = struct(()), struct((), np.int32)
-                _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar,
-                            **options).compile()  # fmt: skip
-        except Exception:  # noqa: BLE001 - the calls compile their programs, and report what fails
-            logging.getLogger(__name__).debug("the IC-GN programs' compile ahead failed", exc_info=True)
+        grid = struct((items, *out_shape))
+        images_args = (struct(x1.shape, x1.dtype), struct(x2.shape, x2.dtype), grid, grid, struct((), np.int32))
+        images_options = dict(coefficients=coefficients, step=step, curvature=prefilter > 0)
+        _item_images.lower(*images_args, **images_options).compile()
+        *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)
+        centres = struct((band * out_shape[1],), np.int32)
+        previous = (struct((1, band, out_shape[1])),) * 7
+        scalar, index = struct(()), struct((), np.int32)
+        _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar, **options).compile()
 
-    thread = threading.Thread(target=compile_programs, name="napari-gridmip IC-GN compile", daemon=True)
-    thread.start()
-    return thread
+    return compile_ahead_once(key, compile_programs, name="napari-gridmip IC-GN compile")
 
 
 def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,

@@ -55,7 +55,6 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Sequence
@@ -72,7 +71,7 @@ from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
-from napari_gridmip.core.correlation._bands import join_bands, kept_rows
+from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation._subset_newton import (
     GRAM_COLS,
@@ -1003,9 +1002,6 @@ def _finish(x1, x2, *, pad1, pad2, bad):
     return tuple(out)
 
 
-_BANDS_AHEAD: set[Any] = set()  # the band programs compiled ahead in this process (_compile_band_ahead)
-
-
 def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: Plan, rows: int, dtype: Any
                         ) -> threading.Thread | None:  # fmt: skip
     """Compile the band program (:func:`_band`) for the inputs ``prepare`` (:func:`_prepared`, its options
@@ -1017,25 +1013,15 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     if is_wide(dtype) or any(_is_traced(a) for a in (x1, x2, centres)):
         return None
     # the inputs and options decide the band program: known before any tracing (a next call traces nothing)
-    device = jax.config.jax_default_device
     inputs = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in (x1, x2))
-    key = (plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres), device)
-    if key in _BANDS_AHEAD:
-        return None
-    _BANDS_AHEAD.add(key)
-    _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
-    start = jax.ShapeDtypeStruct((), np.int32)
+    key = ("subsets", plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres))
 
     def compile_band() -> None:
-        try:
-            with jax.default_device(device):
-                _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile()
-        except Exception:  # noqa: BLE001 - the band's own call compiles it, and reports what fails
-            logging.getLogger(__name__).debug("the band program's compile ahead failed", exc_info=True)
+        _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
+        start = jax.ShapeDtypeStruct((), np.int32)
+        _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile()
 
-    thread = threading.Thread(target=compile_band, name="napari-gridmip band program compile", daemon=True)
-    thread.start()
-    return thread
+    return compile_ahead_once(key, compile_band, name="napari-gridmip band program compile")
 
 
 def _has_nonfinite(img: Any) -> bool:

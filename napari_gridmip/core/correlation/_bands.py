@@ -20,16 +20,20 @@ import jax.numpy as jnp
 _COMPILED_AHEAD: set[Hashable] = set()  # what compile_ahead_once started in this process, by key and device
 
 
-def compile_ahead_once(key: Hashable, compile_programs: Callable[[], None], *, name: str) -> threading.Thread | None:
-    """Run ``compile_programs`` (JAX's ahead-of-time ``lower(...).compile()`` of a driver's programs, which fills
-    the cache its calls read) in a daemon thread named ``name``, on the caller's default device, once per
-    process, ``key`` and device: the thread, or None where it ran before. A failure is logged at debug level
-    only: the calls compile their programs themselves and report what fails. The caller joins the thread
-    before it calls those programs (a program compiling in the thread is not waited for by a call)."""
+def compile_ahead_once(key: Hashable, prepare: Callable[[], Callable[[], object]], *, name: str
+                       ) -> threading.Thread | None:  # fmt: skip
+    """Compile a driver's programs ahead of its calls, once per process, ``key`` and device: ``prepare()``, in
+    the calling thread (what must share the calls' trace cache, such as an ``eval_shape`` of a program they
+    call next), gives what a daemon thread named ``name`` then runs on the caller's default device (JAX's
+    ahead-of-time ``lower(...).compile()``, which fills the cache the calls read). The thread, or None where
+    it ran before. A failure is logged at debug level only: the calls compile their programs themselves and
+    report what fails. The caller joins the thread before it calls those programs (a program compiling in the
+    thread is not waited for by a call)."""
     device = jax.config.jax_default_device
     if (key, device) in _COMPILED_AHEAD:
         return None
     _COMPILED_AHEAD.add((key, device))
+    compile_programs = prepare()
 
     def run() -> None:
         try:

@@ -784,7 +784,7 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
         scalar, index = struct(()), struct((), np.int32)
         _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar, **options).compile()
 
-    return compile_ahead_once(key, compile_programs, name="napari-gridmip IC-GN compile")
+    return compile_ahead_once(key, lambda: compile_programs, name="napari-gridmip IC-GN compile")
 
 
 def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,

@@ -1016,12 +1016,12 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     inputs = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in (x1, x2))
     key = ("subsets", plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres))
 
-    def compile_band() -> None:
+    def shapes() -> Any:  # the band's inputs' shapes, in this thread; the band traced and compiled in the other
         _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
         start = jax.ShapeDtypeStruct((), np.int32)
-        _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile()
+        return lambda: _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile()
 
-    return compile_ahead_once(key, compile_band, name="napari-gridmip band program compile")
+    return compile_ahead_once(key, shapes, name="napari-gridmip band program compile")
 
 
 def _has_nonfinite(img: Any) -> bool:

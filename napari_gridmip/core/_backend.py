@@ -105,6 +105,19 @@ def ic_gn_rows_together() -> bool:
     return not on_cpu()
 
 
+def ic_gn_compile_ahead() -> bool:
+    """Whether the affine IC-GN's programs compile in a thread beside the translation search's
+    (:func:`.correlation.affine.compile_ahead`).
+
+    Not on the CPU: on this 2-core machine three compiles side by side made the 1024^2 pair's first call 5.52 s
+    against 5.08 and 5.14 s (docs/benchmarks.md section 12). Elsewhere, whose compiles run on the host's cores
+    beside a device that waits: on a TPU v5e with its 13-core host, the 1024^2 affine DIC's first call took
+    40.6 s with it against 48.6 s without (``benchmarks/bench_accelerator.py --cases dic_affine``,
+    2026-12-06, docs/accelerator.md).
+    """
+    return not on_cpu()
+
+
 def render_on_host() -> bool:
     """Whether :func:`.occupancy.raycast.render_view` (the live view's full-resolution render) runs on the host
     CPU rather than on the default device: on a TPU only.

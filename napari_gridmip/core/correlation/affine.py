@@ -103,11 +103,11 @@ GRID_SUBSETS = False
 # columns (:func:`_tile_windows`), reaching the translation search's reach plus TILE_SLACK px past a point's grid
 # position (a point that goes further takes the gathers' band); the reference subsets then by the grid too. Off
 # until measured on a TPU
-TILE_WINDOWS = False
+TILE_WINDOWS = True
 TILE_SLACK = 2
-# compile the IC-GN's programs in a thread beside the translation search's (compile_ahead): off until measured
-# on a host with more than 2 cores
-COMPILE_AHEAD = False
+# compile the IC-GN's programs in a thread beside the translation search's (compile_ahead): None, where the
+# backend decides (:func:`.core._backend.ic_gn_compile_ahead`: not on the CPU); True or False forces it
+COMPILE_AHEAD: bool | None = None
 
 
 def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int]) -> jax.Array:
@@ -120,26 +120,37 @@ def _subset_windows(img: jax.Array, top: jax.Array, left: jax.Array, subset: tup
     return one(top, left).reshape(k, top.shape[0], subset[0] * subset[1])
 
 
-def _grid_subsets(img: jax.Array, top: jax.Array, left: jax.Array, subset: tuple[int, int], *,
-                  grid: tuple[int, int, int]) -> jax.Array:  # fmt: skip
-    """:func:`_subset_windows` for the points of a grid, ``grid = (rows, cols, step)``: ``rows`` x ``cols`` points
-    (rows first) ``step`` px apart, the first one's subset from ``(top, left)`` (int32 scalars; every subset in
-    the image): ``(K, rows cols, sh sw)``. One slice of the grid's rows and columns, then ``sh`` strided slices
-    of its rows and ``sw`` slices of its columns by phase (each point's column offset as a contiguous slice of
-    one phase): no read per point, where XLA on a TPU makes a loop of one slice per point of
-    :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC,
-    ``tools/accelerator_affine_compile.py --profile``, 2026-12-06)."""
-    k = img.shape[0]
+def _grid_subsets(images: tuple[jax.Array, ...], top: jax.Array, left: jax.Array, subset: tuple[int, int], *,
+                  grid: tuple[int, int, int]) -> tuple[jax.Array, ...]:  # fmt: skip
+    """:func:`_subset_windows` of each of ``images`` (each ``(K, M, N)``, the same shape) for the points of a grid,
+    ``grid = (rows, cols, step)``: ``rows`` x ``cols`` points (rows first) ``step`` px apart, the first one's
+    subset from ``(top, left)`` (int32 scalars; every subset in the image): each ``(K, rows cols, sh sw)``.
+
+    One slice of the grid's region of each image, the regions read together; then each axis unfolded by
+    blocks: the region's rows cut into blocks of ``step``, and ``ceil(sh / step)`` slices of ``rows`` blocks,
+    one per block a subset's rows span (row ``a`` of point row ``r`` is block ``r + a // step``, phase
+    ``a % step``); the columns the same. No read per point, where XLA on a TPU makes a loop of one slice per
+    point of :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC,
+    ``tools/accelerator_affine_compile.py --profile``, 2026-12-06). Why blocks and one read for all images:
+    with a slice per subset row and column (62 at subset 31) for each of 6 images, the TPU v5e compiled the
+    band program in 33 s against 11 s for the windows' form (the same probe)."""
+    k = images[0].shape[0]
     (sh, sw), (rows, cols, step) = subset, grid
     height, width = (rows - 1) * step + sh, (cols - 1) * step + sw
-    region = lax.dynamic_slice(img, (jnp.zeros_like(top), top, left), (k, height, width))
-    by_rows = jnp.stack([lax.slice_in_dim(region, a, a + (rows - 1) * step + 1, step, axis=1) for a in range(sh)],
-                        1)  # (K, sh, rows, width)  # fmt: skip
-    padded = -(-width // step) * step
-    by_rows = jnp.pad(by_rows, ((0, 0), (0, 0), (0, 0), (0, padded - width)))
-    phases = jnp.swapaxes(by_rows.reshape(k, sh, rows, padded // step, step), -1, -2)  # (K, sh, rows, step, .)
-    out = jnp.stack([phases[:, :, :, b % step, b // step : b // step + cols] for b in range(sw)], 2)
-    return out.transpose(0, 3, 4, 1, 2).reshape(k, rows * cols, sh * sw)  # (K, sh, sw, rows, cols) -> (K, P, S)
+    corner = (jnp.zeros_like(top), top, left)
+    region = jnp.concatenate([lax.dynamic_slice(img, corner, (k, height, width)) for img in images])
+    n = region.shape[0]
+    by_rows, by_cols = -(-sh // step), -(-sw // step)  # the blocks a subset's rows (columns) span
+    region = jnp.pad(region, ((0, 0), (0, (rows - 1 + by_rows) * step - height),
+                              (0, (cols - 1 + by_cols) * step - width)))  # fmt: skip
+    blocks = region.reshape(n, rows - 1 + by_rows, step, -1)
+    out = jnp.stack([blocks[:, q : q + rows] for q in range(by_rows)], 2)  # (n, rows, by_rows, step, W)
+    out = out.reshape(n, rows, by_rows * step, -1)[:, :, :sh]  # (n, rows, sh, W)
+    blocks = out.reshape(n, rows, sh, cols - 1 + by_cols, step)
+    out = jnp.stack([blocks[:, :, :, q : q + cols] for q in range(by_cols)], 4)  # (n, rows, sh, cols, by, step)
+    out = out.reshape(n, rows, sh, cols, by_cols * step)[..., :sw]  # (n, rows, sh, cols, sw)
+    out = out.transpose(0, 1, 3, 2, 4).reshape(n, rows * cols, sh * sw)
+    return tuple(out[i * k : (i + 1) * k] for i in range(len(images)))
 
 
 def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, *, subset: tuple[int, int],
@@ -436,8 +447,6 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     eta, zeta = eta.ravel(), zeta.ravel()  # (S,)
 
     def gather(img):  # (K, P, S)
-        if windows and grid:
-            return _grid_subsets(img, centres_y[0] - hs, centres_x[0] - hw, subset, grid=grid[:3])
         if windows:
             return _subset_windows(img, centres_y - hs, centres_x - hw, subset)
         iy = centres_y[:, None] + eta.astype(jnp.int32)[None, :]  # (P, S)
@@ -445,8 +454,12 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         index = (iy * cols + ix).ravel()
         return jnp.take(img.reshape(k, rows * cols), index, axis=1, mode="clip").reshape(k, *iy.shape)
 
-    f, fy, fx = gather(f_img), gather(fy_img), gather(fx_img)
-    curves = None if curvature is None else tuple(gather(c) for c in curvature)
+    sources = (f_img, fy_img, fx_img, *(curvature or ()))
+    if windows and grid:  # one read of the grid for every image
+        f, fy, fx, *curves = _grid_subsets(sources, centres_y[0] - hs, centres_x[0] - hw, subset, grid=grid[:3])
+    else:
+        f, fy, fx, *curves = (gather(img) for img in sources)
+    curves = tuple(curves) if curvature is not None else None
     f = f - f.mean(axis=(0, 2), keepdims=True)
     norm_f = jnp.sqrt(jnp.sum(f * f, axis=(0, 2)))  # (P,)
     # the steepest-descent images are (f_y, f_x) times (1, eta, zeta): the Hessian's 36 sums are the moments
@@ -471,7 +484,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         after = room - margin + 2 * SPLINE_MARGIN
         wide = jnp.pad(c1, ((0, 0), (margin, after), (margin, after)))
         # a window's start at the grid (no warp) is the padded coefficients' row of tap -1: centre - hs + 1
-        block = _grid_subsets(wide, centres_y[0] - hs + 1, centres_x[0] - hw + 1, side, grid=grid[:3])
+        (block,) = _grid_subsets((wide,), centres_y[0] - hs + 1, centres_x[0] - hw + 1, side, grid=grid[:3])
         points.update(block=block.reshape(k, -1, *side), tile_top=centres_y - hs + 1 - margin,
                       tile_left=centres_x - hw + 1 - margin)  # fmt: skip
         axis.update(block=1, tile_top=0, tile_left=0)
@@ -754,13 +767,14 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
     thread, for stacks shaped as ``x1``, ``x2`` (arrays or ``jax.ShapeDtypeStruct``, ``(B, K, M, N)``) and a
     translation grid ``out_shape`` of ``dtype``, while the caller compiles and runs the translation search: a
     first call then waits for the longer, not the sum (JAX's ahead-of-time compile fills the cache the calls
-    read; the caller joins the thread before the IC-GN). Where ``COMPILE_AHEAD`` is on (off: on this 2-core
-    CPU three compiles side by side made the 1024^2 pair's first call 5.52 s against 5.08 and 5.14 s,
-    docs/benchmarks.md section 12; a TPU host's 13 cores are where it could pay, not measured yet). Once per
-    process and program; None where nothing is started: off, traced or 64-bit stacks, or stacks placed on a
-    device by the caller (committed: their calls would key on that placement, not the compile's). The thread
-    lowers on the caller's default device."""
-    if not COMPILE_AHEAD or np.dtype(dtype).itemsize > 4:
+    read; the caller joins the thread before the IC-GN). Where ``COMPILE_AHEAD`` is on, or None and the backend
+    is not the CPU (:func:`.core._backend.ic_gn_compile_ahead`: 40.6 s against 48.6 s for the 1024^2 pair's
+    first call on a TPU v5e; nothing gained on this 2-core CPU). Once per process and program; None where
+    nothing is started: off, traced or 64-bit stacks, or stacks placed on a device by the caller (committed:
+    their calls would key on that placement, not the compile's). The thread lowers on the caller's default
+    device."""
+    ahead = _backend.ic_gn_compile_ahead() if COMPILE_AHEAD is None else COMPILE_AHEAD
+    if not ahead or np.dtype(dtype).itemsize > 4:
         return None
     if any(isinstance(a, jax.core.Tracer) or (isinstance(a, jax.Array) and a.committed) for a in (x1, x2)):
         return None

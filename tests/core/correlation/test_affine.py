@@ -172,26 +172,29 @@ def test_windows_ignore_what_is_not_a_tap():
 
 @settings(max_examples=examples(30), deadline=None)
 @given(rows=st.integers(1, 4), cols=st.integers(1, 5), step=st.integers(1, 6), sh=st.integers(1, 9),
-       sw=st.integers(1, 9), frames=st.integers(1, 2),
+       sw=st.integers(1, 9), frames=st.integers(1, 2), images=st.integers(1, 3),
        corner=st.tuples(st.integers(0, 3), st.integers(0, 3)))  # fmt: skip
-def test_grid_subsets_are_the_windows_subsets(rows, cols, step, sh, sw, frames, corner):
-    """The reference subsets of a grid of points read by rows and columns (``affine._grid_subsets``) are those of
-    one window per point (``_subset_windows``), bit for bit: any spacing against the subset (step 1, steps
-    larger than the subset), odd and even sides, the grid at the image's last row and column."""
+def test_grid_subsets_are_the_windows_subsets(rows, cols, step, sh, sw, frames, images, corner):
+    """The reference subsets of a grid of points read by blocks of rows and columns (``affine._grid_subsets``),
+    several images at once, are those of one window per point (``_subset_windows``) of each, bit for bit: any
+    spacing against the subset (step 1, steps larger than the subset, subsets not a multiple of the step), odd
+    and even sides, the grid at the image's last row and column."""
     import jax
 
     rng = np.random.default_rng(rows * 1000 + cols * 100 + step * 10 + sh)
     extra = corner[0] + corner[1]
-    image = rng.normal(size=(frames, corner[0] + (rows - 1) * step + sh + extra % 2,
-                             corner[1] + (cols - 1) * step + sw + extra % 3)).astype(np.float32)  # fmt: skip
+    shape = (frames, corner[0] + (rows - 1) * step + sh + extra % 2, corner[1] + (cols - 1) * step + sw + extra % 3)
+    stack = tuple(rng.normal(size=shape).astype(np.float32) for _ in range(images))
     top = corner[0] + np.arange(rows)[:, None] * step + np.zeros(cols, int)[None, :]
     left = corner[1] + np.zeros(rows, int)[:, None] + np.arange(cols)[None, :] * step
-    windows = affine_module._subset_windows(image, top.ravel().astype(np.int32), left.ravel().astype(np.int32),
-                                            (sh, sw))  # fmt: skip
     grid = jax.jit(partial(affine_module._grid_subsets, subset=(sh, sw), grid=(rows, cols, step)))(
-        image, np.int32(corner[0]), np.int32(corner[1])
+        stack, np.int32(corner[0]), np.int32(corner[1])
     )
-    np.testing.assert_array_equal(np.asarray(grid), np.asarray(windows))
+    assert len(grid) == images
+    for image, read in zip(stack, grid, strict=True):
+        windows = affine_module._subset_windows(image, top.ravel().astype(np.int32),
+                                                left.ravel().astype(np.int32), (sh, sw))  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(read), np.asarray(windows))
 
 
 @pytest.mark.parametrize("read", ["grid subsets", "tiles"])
@@ -210,7 +213,8 @@ def test_the_grid_reads_give_the_windows_field(stretched, monkeypatch, read):
     band = affine_module._band
     for together in (True, False):
         monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda together=together: together)
-        monkeypatch.setattr(affine_module, flag, False)
+        monkeypatch.setattr(affine_module, "GRID_SUBSETS", False)  # one window per point
+        monkeypatch.setattr(affine_module, "TILE_WINDOWS", False)
         windows = find_displacement(img1, img2, (15, 15), **args)
         monkeypatch.setattr(affine_module, flag, True)
         calls = []
@@ -349,6 +353,7 @@ def test_points_the_windows_do_not_serve_take_the_gathers_band(stretched, monkey
     monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda: True)
     cols = find_displacement(img1, img2, (15, 15), **args).dy.shape[1]
     monkeypatch.setattr(affine_module, "TOGETHER_BAND_VALUES", 3 * cols * 31 * 31)
+    monkeypatch.setattr(_backend, "spline_windows", lambda: False)  # an accelerator's default is on
     gathered = find_displacement(img1, img2, (15, 15), **args)  # the gathers' IC-GN (windows off)
     monkeypatch.setattr(_backend, "spline_windows", lambda: True)
     band = affine_module._band
@@ -419,8 +424,10 @@ def test_only_accelerators_take_windows_and_rows_together():
 
     assert _backend.spline_windows() is (jax.default_backend() == "tpu")
     assert _backend.ic_gn_rows_together() is (jax.default_backend() != "cpu")
+    assert _backend.ic_gn_compile_ahead() is (jax.default_backend() != "cpu")
     with _backend.on_host():
         assert not _backend.spline_windows() and not _backend.ic_gn_rows_together()
+        assert not _backend.ic_gn_compile_ahead()
 
 
 GRADIENTS = ("dy_y", "dy_x", "dx_y", "dx_x")
@@ -628,7 +635,7 @@ def test_one_ic_gn_program_serves_every_prefilter_width():
 
 @pytest.mark.parametrize("accelerator", [False, True])
 def test_the_ic_gn_programs_compile_ahead_and_once(monkeypatch, caplog, accelerator):
-    """With ``affine.COMPILE_AHEAD``, the IC-GN's programs compile in a thread beside the translation search
+    """With ``affine.COMPILE_AHEAD`` on, the IC-GN's programs compile in a thread beside the translation search
     (``affine.compile_ahead``) for exactly the shapes and options the calls then use: the calls compile neither
     (JAX's compile log, on in the calling thread only), the fields are right, and nothing starts ahead on the
     next call; also with an accelerator's options (windows, rows together, the grid's reads)."""
@@ -658,6 +665,7 @@ def test_the_ic_gn_programs_compile_ahead_and_once(monkeypatch, caplog, accelera
         messages = [r.getMessage() for r in caplog.records]
         return sum(("Compiling jit(_item_images)" in m) or ("Compiling jit(_band)" in m) for m in messages), out
 
+    monkeypatch.setattr(affine_module, "COMPILE_AHEAD", False)  # None: on wherever the backend is not the CPU
     plain, plain_fields = ic_gn_compiles()
     assert not started[-1] and plain == 2  # off: nothing ahead; the calls compile the IC-GN's two programs
     img, moved = img[:, :-2], moved[:, :-2]  # new shapes: every program new again

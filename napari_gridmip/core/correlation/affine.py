@@ -34,6 +34,7 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -763,8 +764,8 @@ def _band_options(band: int, *, window: tuple[int, int], subset: tuple[int, int]
 def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, window: tuple[int, int],
                   subset: tuple[int, int], step: int, prefilter: float,
                   coefficients: Callable[[jax.Array], jax.Array]) -> threading.Thread | None:  # fmt: skip
-    """Compile :func:`affine_refine`'s programs (:func:`_item_images`, then :func:`_band` for its bands) in a
-    thread, for stacks shaped as ``x1``, ``x2`` (arrays or ``jax.ShapeDtypeStruct``, ``(B, K, M, N)``) and a
+    """Compile :func:`affine_refine`'s programs (:func:`_item_images` and, beside it, :func:`_band` for its bands)
+    in a thread, for stacks shaped as ``x1``, ``x2`` (arrays or ``jax.ShapeDtypeStruct``, ``(B, K, M, N)``) and a
     translation grid ``out_shape`` of ``dtype``, while the caller compiles and runs the translation search: a
     first call then waits for the longer, not the sum (JAX's ahead-of-time compile fills the cache the calls
     read; the caller joins the thread before the IC-GN). Where ``COMPILE_AHEAD`` is on, or None and the backend
@@ -791,14 +792,35 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
         grid = struct((items, *out_shape))
         images_args = (struct(x1.shape, x1.dtype), struct(x2.shape, x2.dtype), grid, grid, struct((), np.int32))
         images_options = dict(coefficients=coefficients, step=step, curvature=prefilter > 0)
-        _item_images.lower(*images_args, **images_options).compile()
         *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)
+        # the two programs side by side (XLA's compile releases the GIL): on a TPU v5e the band program's
+        # compile (28.5 s at 1024^2) is the first call's longest, and _item_images' (5.8 s) need not precede it
+        # (side by side not measured on the chip yet)
+        device = jax.config.jax_default_device
+        other = threading.Thread(target=_compiled_quietly, args=(_item_images, images_args, images_options, device),
+                                 name="napari-gridmip IC-GN images compile", daemon=True)  # fmt: skip
+        other.start()
         centres = struct((band * out_shape[1],), np.int32)
         previous = (struct((1, band, out_shape[1])),) * 7
         scalar, index = struct(()), struct((), np.int32)
-        _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar, **options).compile()
+        try:
+            _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar,
+                        **options).compile()  # fmt: skip
+        finally:
+            other.join()
 
     return compile_ahead_once(key, lambda: compile_programs, name="napari-gridmip IC-GN compile")
+
+
+def _compiled_quietly(program: Any, args: tuple, options: dict[str, Any], device: Any) -> None:
+    """``program`` lowered for ``args`` and compiled on ``device`` (JAX's ahead-of-time compile, which fills the
+    cache its calls read); a failure logged at debug level only, as :func:`.compile_ahead_once` does (the call
+    compiles it itself and reports what fails)."""
+    try:
+        with jax.default_device(device):
+            program.lower(*args, **options).compile()
+    except Exception:  # noqa: BLE001 - see the docstring
+        logging.getLogger(__name__).debug("compiling %s ahead failed", program, exc_info=True)
 
 
 def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,

@@ -2,7 +2,7 @@
 XLA compile from JAX's own log, then the IC-GN band program (``affine._band``) compiled again in variants, each
 from a fresh trace (issue 34: the 1024^2 affine DIC's first call on a TPU v5e took 64 s, 62 s of it compiling).
 
-    python tools/accelerator_affine_compile.py [--size 1024] [--variants current,grid-subsets,tiles,cond,gathers]
+    python tools/accelerator_affine_compile.py [--size 1024] [--variants current,windows,tiles-barrier,...]
 
 Variants of the band program (the same arguments as the first call's first band):
 
@@ -13,14 +13,21 @@ Variants of the band program (the same arguments as the first call's first band)
 - ``grid-subsets``: the reference subsets read by the grid's rows and columns (``affine._grid_subsets``, off
   in the library until measured here: ``affine.GRID_SUBSETS``);
 - ``tiles``: those, and each step's windows picked by selects out of tiles read once per band
-  (``affine._tile_windows``, ``affine.TILE_WINDOWS``).
+  (``affine._tile_windows``, ``affine.TILE_WINDOWS``; the library's on a TPU since 2026-12-06);
+- ``windows``: one window per point for the reference subsets and each step (the library's form before);
+- ``tiles-barrier``: ``tiles`` with the grid's reads kept whole (an optimization barrier: fused into none of
+  their consumers);
+- ``tiles-per-image``: ``tiles`` with the grid read once per image rather than all six at once.
 
 Each variant's outputs are compared with the first one's (largest difference, NaN left out).
 
 On a TPU v5e, 1024^2 (2026-12-06, docs/accelerator.md), the band program compiled in 40 s with the gathers
 inside (``cond``), 19 s with no ``lax.cond`` at all and 11 s with the zeros as the other branch (now the
 library's), and a band ran 0.175, 0.241 and 0.178 s; the no-cond and barrier variants of those runs were
-this probe at 062081a and 4c4698f.
+this probe at 062081a and 4c4698f. Then (eleventh session): the grid's subsets 33.5 s (a slice per subset row
+and column), the tiles 33.8 s and 0.037 s a band; with the grid read by blocks, the tiles 26.8 to 28.5 s, the
+per-point windows 10.9 s. The tiles' compile is the grid's reads' (the tiles themselves added 0.3 s): the
+``tiles-barrier`` and ``tiles-per-image`` variants ask why.
 """
 
 from __future__ import annotations
@@ -124,7 +131,7 @@ def main() -> None:
             print(f"  {seconds:7.2f} s  {what[:150]}")
     a, k = captured[0]
     statics = ("subset", "band", "windows", "together", "grid")
-    original = {"_interpolate_windows": affine._interpolate_windows}
+    original = {"_interpolate_windows": affine._interpolate_windows, "_grid_subsets": affine._grid_subsets}
 
     def cond(coefficients, py, px, *, subset, tiles=None, active=None):  # the gathers as the other branch (0120811)
         fit = jnp.all(affine._windows_fit(py, px, coefficients.shape[1:], subset))
@@ -133,12 +140,22 @@ def main() -> None:
                             lambda c, y, x: (affine._interpolate(c, y, x), jnp.ones(y.shape[0], bool)),
                             coefficients, py, px)  # fmt: skip
 
+    def barrier(images, top, left, subset, *, grid):  # the grid's reads kept whole, fused into no consumer
+        return jax.lax.optimization_barrier(original["_grid_subsets"](images, top, left, subset, grid=grid))
+
+    def per_image(images, top, left, subset, *, grid):  # one read of the grid per image
+        return tuple(original["_grid_subsets"]((img,), top, left, subset, grid=grid)[0] for img in images)
+
+    tiles = {"grid": (STEP, 11 // 2 + affine.TILE_SLACK)}  # the call's search window: 11
     variants = {
         "current": ({}, {}),
+        "windows": ({}, {"grid": None}),
         "cond": ({"_interpolate_windows": cond}, {}),
         "gathers": ({}, {"windows": False, "grid": None}),
         "grid-subsets": ({}, {"grid": (STEP, 0)}),
-        "tiles": ({}, {"grid": (STEP, 11 // 2 + affine.TILE_SLACK)}),  # the call's search window: 11
+        "tiles": ({}, tiles),
+        "tiles-barrier": ({"_grid_subsets": barrier}, tiles),
+        "tiles-per-image": ({"_grid_subsets": per_image}, tiles),
     }
     reference = None
     unknown = set(args.variants.split(",")) - set(variants)

@@ -10,7 +10,8 @@
 #
 # The wheels the core needs beyond the machine's own JAX, NumPy and SciPy come from
 # ../shared/tools/offline-wheels.sh into .wheels-offline (git-ignored), which the call must carry.
-# A test log and a JUnit file go to $OUT (or ./accelerator-out) as PART.log and PART.xml.
+# A test log and a JUnit file go to $OUT (or ./accelerator-out) as PART.log and PART.xml, each failure as it
+# happens to PART.failures.log.
 set -u
 part=${1:?usage: tools/accelerator_tests.sh PART [pytest arguments]}
 shift
@@ -40,7 +41,11 @@ python3 -c 'import jax; print("JAX", jax.__version__, jax.devices())'
 timeout_args=()
 if python3 -c 'import pytest_timeout' 2>/dev/null; then timeout_args=(--timeout 120)
 else echo "pytest-timeout not installed: no per-test timeout" >&2; fi
+# each failure written to $out/PART.failures.log as it happens (tools/pytest_failures_now.py): a run that the
+# outer timeout stops keeps them, where pytest's own summary comes only at the end
+export PYTEST_FAILURES_NOW="$out/$part.failures.log"
+case ":$PYTHONPATH:" in *:$PWD/tools:*) ;; *) export PYTHONPATH=$PYTHONPATH:$PWD/tools ;; esac
 # exec, into a file rather than a pipe: a `timeout` around this script then stops pytest itself, which would
 # otherwise keep the chip from the next program
-exec python3 -m pytest -o addopts="" -p no:cacheprovider -m 'not slow' --strict-markers -q -rfE \
-  "${timeout_args[@]}" --junitxml "$out/$part.xml" "${paths[@]}" "$@" >"$out/$part.log" 2>&1
+exec python3 -m pytest -o addopts="" -p no:cacheprovider -p pytest_failures_now -m 'not slow' --strict-markers \
+  -q -rfE "${timeout_args[@]}" --junitxml "$out/$part.xml" "${paths[@]}" "$@" >"$out/$part.log" 2>&1

@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--variants", default="current,grid-subsets,tiles,cond")
     parser.add_argument("--force-accelerator", action="store_true")
+    parser.add_argument("--compile-ahead", action="store_true",
+                        help="keep the library's compile-ahead threads (off: each program's compile alone)")
     parser.add_argument("--profile", type=Path, help="a folder: each variant of --profile-variants profiled there")
     parser.add_argument("--profile-variants", default="current")
     args = parser.parse_args()
@@ -97,6 +99,8 @@ def main() -> None:
     print("JAX", jax.__version__, jax.devices(), flush=True)
     if args.force_accelerator:  # the accelerators' strategies on this backend (a check of the probe on a CPU)
         _backend.spline_windows = _backend.ic_gn_rows_together = lambda: True
+    if not args.compile_ahead:  # each compile timed alone, not beside the others (on by default off the CPU)
+        affine.COMPILE_AHEAD = False
     handler = _Compiles()
     logging.getLogger("jax").addHandler(handler)  # its modules' records propagate to it
     logging.getLogger("jax").setLevel(logging.DEBUG)

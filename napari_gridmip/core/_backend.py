@@ -113,7 +113,8 @@ def ic_gn_compile_ahead() -> bool:
     against 5.08 and 5.14 s (docs/benchmarks.md section 12). Elsewhere, whose compiles run on the host's cores
     beside a device that waits: on a TPU v5e with its 13-core host, the 1024^2 affine DIC's first call took
     40.6 s with it against 48.6 s without (``benchmarks/bench_accelerator.py --cases dic_affine``,
-    2026-12-06, docs/accelerator.md).
+    2026-12-06, docs/accelerator.md; the two compiles one after the other in that thread then). On a GPU by
+    the same reasoning, not measured (no GPU was available).
     """
     return not on_cpu()
 

@@ -81,8 +81,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--variants", default="current,grid-subsets,tiles,cond")
     parser.add_argument("--force-accelerator", action="store_true")
-    parser.add_argument("--compile-ahead", action="store_true",
-                        help="keep the library's compile-ahead threads (off: each program's compile alone)")
+    parser.add_argument(
+        "--compile-ahead",
+        action="store_true",
+        help="keep the library's compile-ahead threads (off: each program's compile alone)",
+    )
     parser.add_argument("--profile", type=Path, help="a folder: each variant of --profile-variants profiled there")
     parser.add_argument("--profile-variants", default="current")
     args = parser.parse_args()

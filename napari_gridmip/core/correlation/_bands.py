@@ -20,27 +20,37 @@ import jax.numpy as jnp
 _COMPILED_AHEAD: set[Hashable] = set()  # what compile_ahead_once started in this process, by key and device
 
 
-def compile_ahead_once(key: Hashable, prepare: Callable[[], Callable[[], object]], *, name: str
+def compile_ahead_once(key: Hashable, prepare: Callable[[], Sequence[Callable[[], object]]], *, name: str
                        ) -> threading.Thread | None:  # fmt: skip
     """Compile a driver's programs ahead of its calls, once per process, ``key`` and device: ``prepare()``, in
     the calling thread (what must share the calls' trace cache, such as an ``eval_shape`` of a program they
-    call next), gives what a daemon thread named ``name`` then runs on the caller's default device (JAX's
-    ahead-of-time ``lower(...).compile()``, which fills the cache the calls read). The thread, or None where
-    it ran before. A failure is logged at debug level only: the calls compile their programs themselves and
-    report what fails. The caller joins the thread before it calls those programs (a program compiling in the
-    thread is not waited for by a call)."""
+    call next), gives the compiles that a daemon thread named ``name`` then runs on the caller's default device
+    (JAX's ahead-of-time ``lower(...).compile()``, which fills the cache the calls read), each after the first
+    in a thread of its own beside it (XLA's compile releases the GIL). The thread, which ends after all of
+    them, or None where it ran before. A failure is logged at debug level only: the calls compile their
+    programs themselves and report what fails. The caller joins the thread before it calls those programs (a
+    program compiling in the thread is not waited for by a call)."""
     device = jax.config.jax_default_device
     if (key, device) in _COMPILED_AHEAD:
         return None
     _COMPILED_AHEAD.add((key, device))
-    compile_programs = prepare()
+    first, *others = prepare()
 
-    def run() -> None:
+    def quietly(compile_program: Callable[[], object]) -> None:
         try:
-            with jax.default_device(device):
-                compile_programs()
+            with jax.default_device(device):  # the default device is per thread: the caller's, named
+                compile_program()
         except Exception:  # noqa: BLE001 - see the docstring
             logging.getLogger(__name__).debug("%s failed", name, exc_info=True)
+
+    def run() -> None:
+        beside = [threading.Thread(target=quietly, args=(c,), name=f"{name} {i}", daemon=True)
+                  for i, c in enumerate(others, 2)]  # fmt: skip
+        for thread in beside:
+            thread.start()
+        quietly(first)
+        for thread in beside:
+            thread.join()
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()

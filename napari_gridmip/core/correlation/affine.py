@@ -34,7 +34,6 @@ M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal 
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -788,39 +787,25 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
     def struct(shape, kind=dtype):
         return jax.ShapeDtypeStruct(shape, kind)
 
-    def compile_programs() -> None:
+    def programs() -> tuple[Callable[[], object], Callable[[], object]]:
+        """The two compiles, run side by side: on a TPU v5e the band program's (28.5 s at 1024^2) is the first
+        call's longest, and _item_images' (5.8 s) need not precede it (side by side not measured on the chip
+        yet). The band's input shapes are found in its own thread."""
         grid = struct((items, *out_shape))
         images_args = (struct(x1.shape, x1.dtype), struct(x2.shape, x2.dtype), grid, grid, struct((), np.int32))
         images_options = dict(coefficients=coefficients, step=step, curvature=prefilter > 0)
-        *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)
-        # the two programs side by side (XLA's compile releases the GIL): on a TPU v5e the band program's
-        # compile (28.5 s at 1024^2) is the first call's longest, and _item_images' (5.8 s) need not precede it
-        # (side by side not measured on the chip yet)
-        device = jax.config.jax_default_device
-        other = threading.Thread(target=_compiled_quietly, args=(_item_images, images_args, images_options, device),
-                                 name="napari-gridmip IC-GN images compile", daemon=True)  # fmt: skip
-        other.start()
-        centres = struct((band * out_shape[1],), np.int32)
-        previous = (struct((1, band, out_shape[1])),) * 7
-        scalar, index = struct(()), struct((), np.int32)
-        try:
+
+        def compile_band() -> None:
+            *images, initial = jax.eval_shape(partial(_item_images, **images_options), *images_args)
+            centres = struct((band * out_shape[1],), np.int32)
+            previous = (struct((1, band, out_shape[1])),) * 7
+            scalar, index = struct(()), struct((), np.int32)
             _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar,
                         **options).compile()  # fmt: skip
-        finally:
-            other.join()
 
-    return compile_ahead_once(key, lambda: compile_programs, name="napari-gridmip IC-GN compile")
+        return compile_band, lambda: _item_images.lower(*images_args, **images_options).compile()
 
-
-def _compiled_quietly(program: Any, args: tuple, options: dict[str, Any], device: Any) -> None:
-    """``program`` lowered for ``args`` and compiled on ``device`` (JAX's ahead-of-time compile, which fills the
-    cache its calls read); a failure logged at debug level only, as :func:`.compile_ahead_once` does (the call
-    compiles it itself and reports what fails)."""
-    try:
-        with jax.default_device(device):
-            program.lower(*args, **options).compile()
-    except Exception:  # noqa: BLE001 - see the docstring
-        logging.getLogger(__name__).debug("compiling %s ahead failed", program, exc_info=True)
+    return compile_ahead_once(key, programs, name="napari-gridmip IC-GN compile")
 
 
 def _gathers_where_unserved(out: tuple[jax.Array, ...], unserved: jax.Array,

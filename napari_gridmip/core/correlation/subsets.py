@@ -1019,7 +1019,7 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     def shapes() -> Any:  # the band's inputs' shapes, in this thread; the band traced and compiled in the other
         _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
         start = jax.ShapeDtypeStruct((), np.int32)
-        return lambda: _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile()
+        return (lambda: _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile(),)
 
     return compile_ahead_once(key, shapes, name="napari-gridmip band program compile")
 

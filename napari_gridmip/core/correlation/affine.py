@@ -97,12 +97,15 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
 # the subset's own extent, a gradient part of the warp up to about 2 / (subset - 1) (6.7% at subset 31)
 SPLINE_MARGIN = 2
 # with the windows (a TPU), read the reference subsets of a band's grid of points by rows and columns
-# (:func:`_grid_subsets`) rather than one window per point: off until measured on a TPU (docs/accelerator.md)
+# (:func:`_grid_subsets`) rather than one window per point; TILE_WINDOWS implies it. Alone it took a band of the
+# 1024^2 affine DIC on a TPU v5e from 0.180 to 0.072 s, the tiles too to 0.037 s
+# (tools/accelerator_affine_compile.py, 2026-12-06, docs/accelerator.md)
 GRID_SUBSETS = False
 # with the windows, pick each step's windows out of tiles of img1's coefficients read once per band by rows and
 # columns (:func:`_tile_windows`), reaching the translation search's reach plus TILE_SLACK px past a point's grid
-# position (a point that goes further takes the gathers' band); the reference subsets then by the grid too. Off
-# until measured on a TPU
+# position (a point that goes further takes the gathers' band); the reference subsets then by the grid too. On:
+# the 1024^2 affine DIC 0.315 s warm on a TPU v5e against 1.44 s without, its host CPU 1.92 s
+# (benchmarks/bench_accelerator.py --cases dic_affine, 2026-12-06)
 TILE_WINDOWS = True
 TILE_SLACK = 2
 # compile the IC-GN's programs in a thread beside the translation search's (compile_ahead): None, where the

@@ -6,8 +6,8 @@
     python benchmarks/bench_accelerator.py --list                  # the cases and their full sizes
     python benchmarks/bench_accelerator.py --workdir DIR --cases A,B   # a run in parts: the same DIR, other cases
     python benchmarks/bench_accelerator.py --table-only --workdir DIR  # then the table of every case in DIR
-    python benchmarks/bench_accelerator.py --cases dic_affine --set core.correlation.affine.TILE_WINDOWS=True
-                                                                   # a variant on the accelerator, not yet the library's
+    python benchmarks/bench_accelerator.py --cases dic_affine --set core.correlation.affine.TILE_WINDOWS=False
+                                                                   # a variant on the accelerator, not the library's
 
 Why: the kernels are written once for XLA, and a backend may be fast and wrong (issue 34: on a TPU the subset
 sweep's running sums came out 80% off). Each case is run on the default backend and on the CPU, each backend in

@@ -10,8 +10,8 @@ Variants of the band program (the same arguments as the first call's first band)
 - ``cond``: the gathers inside the program, as the other branch of each step's ``lax.cond`` (the form before
   the points the windows do not serve took a band of gathers of their own);
 - ``gathers``: the gathers of every pixel (``windows=False``);
-- ``grid-subsets``: the reference subsets read by the grid's rows and columns (``affine._grid_subsets``, off
-  in the library until measured here: ``affine.GRID_SUBSETS``);
+- ``grid-subsets``: the reference subsets read by the grid's rows and columns alone (``affine._grid_subsets``,
+  ``affine.GRID_SUBSETS``; the tiles imply it);
 - ``tiles``: those, and each step's windows picked by selects out of tiles read once per band
   (``affine._tile_windows``, ``affine.TILE_WINDOWS``; the library's on a TPU since 2026-12-06);
 - ``windows``: one window per point for the reference subsets and each step (the library's form before);

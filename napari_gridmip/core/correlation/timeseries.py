@@ -2,9 +2,12 @@
 
 For a movie ``(..., T, Y, X)``, each pixel's value is the mean, over its
 in-image neighbours (8 or 4), of the Pearson correlation over time between
-the pixel and the neighbour, as CaImAn's ``local_correlations`` defines it:
-a pixel inside a cell flickers with its neighbours and scores near 1, a
-pixel of noise near 0.
+the pixel and the neighbour, as CaImAn defines it: a pixel inside a cell
+flickers with its neighbours and scores near 1, a pixel of noise near 0.
+The values are those of CaImAn's ``local_correlations_fft`` (and of its
+``local_correlations`` with 4 neighbours); with 8, CaImAn's
+``local_correlations`` adds two of its four diagonal pairs to a pixel that is
+not in the pair (``tools/caiman_check.py``, docs/timeseries.md).
 
 The movie is read once, in chunks of frames. Each chunk's moments (per pixel,
 and per pixel and neighbour offset: sums of squares and products, centred on
@@ -330,7 +333,7 @@ def local_correlation_image(
     chunk_frames: int | None = None,
     progress: ProgressCallback | None = None,
 ) -> Any:
-    """The local correlation image of a movie (CaImAn's ``local_correlations``).
+    """The local correlation image of a movie (CaImAn's ``Cn``, as its ``local_correlations_fft`` gives it).
 
     Parameters
     ----------

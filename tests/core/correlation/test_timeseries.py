@@ -58,6 +58,23 @@ def test_equals_caiman_fft_formula_and_constant_pixels_count_as_zero():
     assert out[4, 4] > 0.7  # the flickering patch
 
 
+@pytest.mark.parametrize("pair", [((2, 3), (3, 2)), ((2, 2), (3, 3))], ids=["anti-diagonal", "diagonal"])
+def test_a_diagonal_pair_counts_for_its_own_two_pixels(pair):
+    """Two diagonal neighbours sharing a signal (correlation 0.9 between them, noise elsewhere): each of the two,
+    and no other pixel, gains 0.9 / 8. CaImAn's ``local_correlations`` credits two of its four diagonal pairs to
+    a pixel outside the pair (tools/caiman_check.py, docs/timeseries.md)."""
+    rng = np.random.default_rng(1)
+    movie = rng.standard_normal((4000, 6, 6))
+    shared = 3 * rng.standard_normal(4000)
+    for y, x in pair:
+        movie[:, y, x] += shared
+    out = host(local_correlation_image(movie, dtype=np.float64))
+    np.testing.assert_allclose(out, ref.local_correlation_image(movie, 8), rtol=0, atol=1e-12)
+    credited = {tuple(map(int, p)) for p in zip(*np.nonzero(out > 0.06))}
+    assert credited == set(pair)
+    assert all(0.9 / 8 - 0.01 < out[p] < 0.9 / 8 + 0.02 for p in pair)
+
+
 @pytest.mark.parametrize(
     ("shape", "neighbours"),
     [((1, 1, 1), 8), ((1, 3, 4), 8), ((2, 1, 7), 8), ((5, 6, 1), 4)],

@@ -26,8 +26,10 @@ inside (``cond``), 19 s with no ``lax.cond`` at all and 11 s with the zeros as t
 library's), and a band ran 0.175, 0.241 and 0.178 s; the no-cond and barrier variants of those runs were
 this probe at 062081a and 4c4698f. Then (eleventh session): the grid's subsets 33.5 s (a slice per subset row
 and column), the tiles 33.8 s and 0.037 s a band; with the grid read by blocks, the tiles 26.8 to 28.5 s, the
-per-point windows 10.9 s. The tiles' compile is the grid's reads' (the tiles themselves added 0.3 s): the
-``tiles-barrier`` and ``tiles-per-image`` variants ask why.
+per-point windows 10.9 s. The tiles' compile is the grid's reads' (the tiles themselves added 0.3 s). The
+twelfth session's answer (6ad5623, each program alone): the library's form 27.6 s, ``tiles-per-image`` 27.9 s,
+``tiles-barrier`` 50.2 s, ``windows`` 10.7 s: neither the reads of all images at once nor their fusion into
+the steps is the cost; the block unfolds themselves compile long there.
 """
 
 from __future__ import annotations

@@ -31,9 +31,16 @@ import numpy as np
 
 
 def caiman_summary_images(checkout: Path) -> types.ModuleType:
-    """CaImAn's ``caiman/summary_images.py`` from ``checkout``, its package imports stubbed."""
+    """CaImAn's ``caiman/summary_images.py`` from ``checkout``, its package imports stubbed (and OpenCV's, where
+    it is not installed: ``local_correlations_fft(..., opencv=True)`` then needs it)."""
+    try:
+        import cv2  # noqa: F401 - the real one, for local_correlations_fft's OpenCV branch
+    except ImportError:
+        cv2_stub = {"cv2": types.ModuleType("cv2")}
+    else:
+        cv2_stub = {}
     stubs = {
-        "cv2": types.ModuleType("cv2"),
+        **cv2_stub,
         "caiman": types.ModuleType("caiman"),
         "caiman.base": types.ModuleType("caiman.base"),
         "caiman.base.movies": types.ModuleType("caiman.base.movies"),

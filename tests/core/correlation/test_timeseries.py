@@ -175,6 +175,34 @@ def test_progress_per_chunk_and_cancel():
         local_correlation_image(da.from_array(movie, chunks=(10, 9, 11)), progress=stop).compute()
 
 
+def test_at_most_two_chunks_are_in_flight(monkeypatch):
+    """The loop over chunks waits for each merge before it reads the next chunk: when chunk i is read, chunk
+    i - 2 has been computed. Without the wait it ran ahead of the (asynchronous) computation, each queued
+    chunk's buffer alive until its turn (898 MiB for a 2000 x 512^2 movie; a Zarr movie could queue all of
+    itself). Here each chunk's computation is slowed by a host callback, so that running ahead would show."""
+    import time
+
+    from napari_gridmip.core.correlation import timeseries
+
+    real = timeseries.chunk_moments_of_host
+    slow = jax.jit(lambda m: jax.pure_callback(lambda x: (time.sleep(0.05), x)[1], m, m))
+    dispatched, late = [], []
+
+    def counted(*args, **kwargs):
+        i = len(dispatched)
+        late.extend(j for j in range(i - 1) if not all(leaf.is_ready() for leaf in dispatched[j]))
+        moments = real(*args, **kwargs)
+        moments = (slow(moments[0]), *moments[1:])  # the merge needs the slowed centre
+        dispatched.append(moments)
+        return moments
+
+    monkeypatch.setattr(timeseries, "chunk_moments_of_host", counted)
+    movie = flickering(frames=64)
+    out = local_correlation_image(movie.astype(np.float32), chunk_frames=8)
+    assert len(dispatched) == 8 and late == []
+    np.testing.assert_allclose(host(out), ref.local_correlation_image(movie, 8), rtol=0, atol=2e-6)
+
+
 @given(st.sampled_from([8, 4]), st.integers(0, 2**16))
 @settings(max_examples=examples(10), deadline=None)
 def test_transposing_the_frames_transposes_the_image(neighbours, seed):

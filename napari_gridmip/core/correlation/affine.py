@@ -45,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _backend
-from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
+from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows, wait_for
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
@@ -686,13 +686,6 @@ def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int
     return band, sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
 
 
-def _wait(result: Any) -> None:
-    """Wait for a band's result (not for a traced one): progress then means something, and a stop between
-    bands stops the work."""
-    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
-        jax.block_until_ready(result)
-
-
 def affine_refine(
     x1: jax.Array,
     x2: jax.Array,
@@ -750,7 +743,7 @@ def affine_refine(
             if windows:
                 out = _gathers_where_unserved(out, unserved, partial(_band, *images, *where, sigma, **gathers))
             pieces.append(out)
-            _wait(pieces[-1])
+            wait_for(pieces[-1])
     return join_bands(pieces, keep=kept_rows(starts, band), batch=batch)
 
 

@@ -42,7 +42,7 @@ from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
-from napari_gridmip.core.correlation._bands import join_bands, kept_rows
+from napari_gridmip.core.correlation._bands import join_bands, kept_rows, wait_for
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
@@ -601,12 +601,6 @@ def _reshape_in_place(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return array.reshape(shape)
 
 
-def _wait(result: Any) -> None:
-    """Block until a band is computed, unless we are being traced by a caller's jit."""
-    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
-        jax.block_until_ready(result)
-
-
 def _report(progress: ProgressCallback | None, done: int, total: int) -> None:
     if progress is not None:
         progress(done, total)
@@ -726,7 +720,7 @@ def _pearson(img1, img2, *, window, dtype, offsets_first, progress=None) -> jax.
         if not offsets_first:  # one program: no cancel point inside it
             _report(progress, 0, 1)
             out = _pixels_first_map(z1, z2, window=window)
-            _wait(out)
+            wait_for(out)
             _report(progress, 1, 1)
             return _reshape_in_place(out, batch + out.shape[1:])
         sweeps = _backend.offset_sweeps()
@@ -741,7 +735,7 @@ def _pearson(img1, img2, *, window, dtype, offsets_first, progress=None) -> jax.
                 out = _swept_planes_band(out, z1, z2, np.int32(row0), window=window, band=band)
             else:
                 out = _planes_band(out, z1, z2, np.int32(row0), window=window, tile=tile, band=band)
-            _wait(out)  # so that progress means something, and cancel can stop between bands
+            wait_for(out)  # so that progress means something, and cancel can stop between bands
         _report(progress, len(starts), len(starts))
         return _reshape_in_place(out, batch + out.shape[1:])
 
@@ -895,7 +889,7 @@ def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) 
                     _displacement_band, z1, z1k[0], z2, window=window, tile=tile, band=band, method=subpixel
                 )
             pieces.append(band_of(np.int32(row0)))
-            _wait(pieces[-1])
+            wait_for(pieces[-1])
         keep = kept_rows(starts, band)
         if subpixel != "refine":
             dy, dx, peak = join_bands(pieces, keep=keep, batch=batch)

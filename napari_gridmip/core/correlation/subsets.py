@@ -71,7 +71,7 @@ from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
-from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
+from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows, wait_for
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation._subset_newton import (
     GRAM_COLS,
@@ -1119,7 +1119,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
             pieces.append(
                 _band(x1, x2, bad1, bad2, device_centres, np.int32(start), coefficients, plan=plan, rows=band)
             )
-            _wait(pieces[-1])
+            wait_for(pieces[-1])
         keep = kept_rows(starts, band)
         if subset_shape != "affine":
             if progress is not None:
@@ -1140,8 +1140,3 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         if progress is not None:
             progress(total, total)
         return parts
-
-
-def _wait(result: Any) -> None:
-    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
-        jax.block_until_ready(result)

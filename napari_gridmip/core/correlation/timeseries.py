@@ -35,6 +35,7 @@ from jax import lax
 from napari_gridmip.core import _validate
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core.correlation._bands import wait_for
 
 __all__ = ["local_correlation_image"]
 
@@ -455,7 +456,7 @@ def local_correlation_image(
             result = (min(chunk_frames, frames_total - start), dispatch(start))
             if pending is not None:
                 moments.add(*pending)
-                jax.block_until_ready(moments.totals)
+                wait_for(moments.totals)
                 _report(progress, done, len(starts))
             pending = result
         moments.add(*pending)

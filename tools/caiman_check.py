@@ -11,8 +11,9 @@ vignetted baseline, the neurons' fluorescence, Poisson noise and 16-bit quantisa
 movie:
 
 - ``napari_gridmip.local_correlation_image`` against CaImAn's own ``local_correlations`` and
-  ``local_correlations_fft`` (its ``opencv=False`` branch: no OpenCV here), run from the checkout's
-  ``caiman/summary_images.py`` itself (its CaImAn and OpenCV imports stubbed: neither function calls them);
+  ``local_correlations_fft`` (its ``opencv=False`` branch, the same sums without OpenCV), run from the
+  checkout's ``caiman/summary_images.py`` itself (its CaImAn imports stubbed, and OpenCV's where it is not
+  installed: neither function calls them on this branch);
 - how well each image tells the neurons' pixels (footprint over 20% of its peak) from the rest: the area under
   the ROC curve, and the median correlation inside and outside;
 - the same with 4 neighbours, and where the images put one pair of diagonal neighbours that share a signal.

@@ -1,6 +1,6 @@
 """What a cache of executables of our own would take off DIC's first call in a next process: tracing and lowering.
 
-    rm -rf /tmp/xc && for mode in save jax load jax load; do python tools/executable_cache_probe.py $mode /tmp/xc; done
+    rm -rf /tmp/xc && for mode in save kept jax load kept jax load kept; do python tools/executable_cache_probe.py $mode /tmp/xc; done
 
 JAX's persistent cache (what the library uses) stores XLA's executables, but a next process still traces and
 lowers each program to find its key: 0.4 s of DIC 2048^2's 2.5 s on this 2-core host, 2.1 s of 3.8 s on the TPU
@@ -15,6 +15,9 @@ real key must carry every static option, aval, device and scope):
 - ``load``: a new process that loads both executables from DIR, calls them in place of the jitted programs
   (their static options dropped, as an executable takes only the arrays), with the band's compile-ahead
   thread off (it would trace), and the persistent cache on for the small programs.
+
+- ``kept``: a new process's first call with the library's own kept executables (``core/_executables.py``, built
+  after this probe's figures), which the other modes switch off.
 
 One JSON line: the mode, the first call, a warm call, and the largest difference from the ``save`` run's output.
 """
@@ -36,12 +39,14 @@ PROGRAMS = ("_band", "_prepared")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("save", "jax", "load"))
+    parser.add_argument("mode", choices=("save", "jax", "load", "kept"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--quick", action="store_true", help="DIC 256^2 instead of 2048^2")
     args = parser.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
     os.environ["NAPARI_GRIDMIP_CACHE_DIR"] = str(args.folder)
+    if args.mode != "kept":
+        os.environ["NAPARI_GRIDMIP_EXECUTABLE_CACHE"] = "0"
     import bench_accelerator as bench
     import jax
     import numpy as np
@@ -54,16 +59,22 @@ def main() -> None:
     case = bench.BY_NAME["dic"]
     inputs, _ = case.make(bench.Options(args.quick, 2048, None))
     seen: dict[str, tuple] = {}
-    jitted_of = {name: getattr(subsets, name) for name in PROGRAMS}
+    jitted_of = {name: getattr(subsets, name).jitted for name in PROGRAMS}  # the kept programs' jax.jit
     if args.mode == "save":
-        for name in PROGRAMS:
-            jitted = getattr(subsets, name)
+        for name in PROGRAMS:  # the kept programs' jit replaced by one that records its first call's arguments
 
-            def recording(*a, _jitted=jitted, _name=name, **k):
-                seen.setdefault(_name, (a, k))
-                return _jitted(*a, **k)
+            class Recording:
+                def __init__(self, jitted, name):
+                    self.jitted, self.name = jitted, name
 
-            setattr(subsets, name, recording)
+                def __call__(self, *a, **k):
+                    seen.setdefault(self.name, (a, k))
+                    return self.jitted(*a, **k)
+
+                def lower(self, *a, **k):
+                    return self.jitted.lower(*a, **k)
+
+            getattr(subsets, name).jitted = Recording(jitted_of[name], name)
     elif args.mode == "load":
         for name in PROGRAMS:
             payload, in_tree, out_tree = pickle.loads((args.folder / f"{name}.pickle").read_bytes())
@@ -74,7 +85,7 @@ def main() -> None:
             def loaded(*a, _compiled=compiled, **_static):
                 return _compiled(*a)
 
-            setattr(subsets, name, loaded)
+            getattr(subsets, name).jitted = loaded
         subsets._compile_band_ahead = lambda *a, **k: None
     started = time.perf_counter()
     _, out = bench.timed(case.call, inputs)  # (seconds, the outputs as NumPy by name)

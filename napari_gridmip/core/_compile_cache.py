@@ -58,3 +58,9 @@ def enable() -> Path | None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
         _state["done"] = True
         return folder
+
+
+def is_ours() -> bool:
+    """Whether :func:`enable` switched JAX's persistent cache on in :func:`cache_dir` in this process (not the
+    user's own folder, and not off)."""
+    return _state["done"]

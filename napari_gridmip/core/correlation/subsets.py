@@ -67,6 +67,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _backend, _validate
+from napari_gridmip.core._executables import kept
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
@@ -758,7 +759,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
     return row, views
 
 
-@partial(jax.jit, static_argnames=("plan", "rows"))
+@kept(static_argnames=("plan", "rows"))
 def _band(x1, x2, bad1, bad2, centres, start, c1=None, *, plan: Plan, rows: int):
     """Output rows ``[start, start + rows)`` (compact) of every item: a tuple of ``(B, rows, Ns, ...)`` arrays.
 
@@ -973,7 +974,7 @@ def _spline_coefficients(x: jax.Array) -> jax.Array:
     return _spline_filter_axis(_spline_filter_axis(x, x.ndim - 2), x.ndim - 1)
 
 
-@partial(jax.jit, static_argnames=("sigma", "pad1", "pad2", "bad", "spline", "unpadded"))
+@kept(static_argnames=("sigma", "pad1", "pad2", "bad", "spline", "unpadded"))
 def _prepared(x1, x2, *, sigma, pad1, pad2, bad, spline, unpadded):
     """The band program's inputs from both centred stacks, in one program (one compile on a first call where
     the prefilter, the padding and the spline coefficients were three, about 0.1 s each: bench_first_run.py):
@@ -1017,9 +1018,17 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
     key = ("subsets", plan, rows, tuple(sorted(prepare.keywords.items())), inputs, jax.typeof(centres))
 
     def shapes() -> Any:  # the band's inputs' shapes, in this thread; the band traced and compiled in the other
-        _, (a1, b1, a2, b2), coefficients = jax.eval_shape(prepare, x1, x2)
+        # from _prepared's kept executable where there is one (a later process: nothing traced), else traced
+        kept_shapes = _prepared.out_info(x1, x2, **prepare.keywords)
+        _, (a1, b1, a2, b2), coefficients = kept_shapes or jax.eval_shape(prepare, x1, x2)
         start = jax.ShapeDtypeStruct((), np.int32)
-        return (lambda: _band.lower(a1, a2, b1, b2, centres, start, coefficients, plan=plan, rows=rows).compile(),)
+        band = (a1, a2, b1, b2, centres, start, coefficients)
+
+        def compile_band() -> None:  # the kept executable loaded, or compiled and kept; else JAX's AOT compile
+            if _band.executable(*band, plan=plan, rows=rows) is None:
+                _band.lower(*band, plan=plan, rows=rows).compile()
+
+        return (compile_band,)
 
     return compile_ahead_once(key, shapes, name="napari-gridmip band program compile")
 

@@ -1,0 +1,262 @@
+"""The largest programs' executables kept on disk and loaded in a later process without tracing them.
+
+JAX's persistent cache (:mod:`._compile_cache`) stores XLA's executables, but finds one only after tracing and
+lowering the program to get its key: 0.4 s of DIC 2048^2's 2.5 s first call in a next process on a 2-core CPU,
+2.1 s of its 3.8 s on a TPU v5e (``tools/first_call_split.py --keep-compile-cache dic``, docs/accelerator.md).
+A :class:`KeptProgram` keys its executables by what decides the program without tracing it (below), writes each
+one it compiles with ``jax.experimental.serialize_executable``, and in a later process loads it and calls it
+directly (``tools/executable_cache_probe.py``: 2.1-2.45 s against 2.5-2.84 s, identical outputs).
+
+The key, a SHA-256 of: the program's module and name; its static options' ``repr``; the tree, shapes, dtypes and
+weak types of its array arguments; the device it runs on (its platform and kind); the float64 and matmul
+precision scopes; JAX's and jaxlib's versions and ``XLA_FLAGS``/``LIBTPU_INIT_ARGS``; and the library's own
+sources under ``core/``. The core reads no environment option while it traces (a test holds it to that). What a
+program reads at trace time beyond those (a module constant changed in place, a strategy function replaced) is
+not in it, as it is not in JAX's own in-memory cache: the test suite, which replaces strategies, turns this cache
+off (``tests/conftest.py``) and tests it on its own.
+
+Each executable is compiled by XLA for keeping, not read from JAX's persistent cache (:func:`_fresh_compile`),
+and a kept one that fails its first run in a later process is deleted and the call goes through ``jax.jit``.
+
+On only where the library's persistent cache is on in its own folder (:func:`._compile_cache.enable`; not with
+the user's ``JAX_COMPILATION_CACHE_DIR``, nor ``NAPARI_GRIDMIP_COMPILE_CACHE=0``), and not with
+``NAPARI_GRIDMIP_EXECUTABLE_CACHE=0``. A call with traced arguments, arrays on another device than the one the
+call runs on, or anything that fails here goes through ``jax.jit`` as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from napari_gridmip.core import _compile_cache
+from napari_gridmip.core._options import switched_off
+
+_LOG = logging.getLogger(__name__)
+_SOURCES: dict[str, str] = {}  # the library's sources' hash, once per process
+
+
+def folder() -> Path | None:
+    """Where executables are kept, or None when this cache is off (see the module's docstring)."""
+    if switched_off("NAPARI_GRIDMIP_EXECUTABLE_CACHE") or not _compile_cache.is_ours():
+        return None
+    return _compile_cache.cache_dir().parent / "executables"
+
+
+def _sources_hash() -> str:
+    """SHA-256 of every Python source of ``napari_gridmip/core``: an edited kernel is another program."""
+    if "core" not in _SOURCES:
+        digest = hashlib.sha256()
+        root = Path(__file__).resolve().parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+        _SOURCES["core"] = digest.hexdigest()
+    return _SOURCES["core"]
+
+
+def _target_device() -> Any:
+    """The device a call made now runs on: JAX's default device where one is set, else the default backend's."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.devices()[0]
+    if isinstance(device, str):
+        return jax.devices(device)[0]
+    return device
+
+
+def _leaf_type(leaf: Any, device: Any) -> tuple | None:
+    """``(shape, dtype, weak type)`` of one argument, or None where the call must go through ``jax.jit``
+    (traced; an array or a shape placed elsewhere than ``device`` or on several devices)."""
+    if isinstance(leaf, jax.core.Tracer):
+        return None
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None:
+        devices = sharding.device_set
+        if len(devices) != 1 or next(iter(devices)) != device:
+            return None
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return tuple(leaf.shape), str(leaf.dtype), bool(leaf.weak_type)
+    aval = jax.typeof(leaf)
+    return tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False))
+
+
+def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str | None:
+    """The executable's key (module docstring), or None where the call must go through ``jax.jit``."""
+    leaves, tree = jax.tree_util.tree_flatten(dynamic)
+    types = []
+    for leaf in leaves:
+        found = _leaf_type(leaf, device)
+        if found is None:
+            return None
+        types.append(found)
+    import jaxlib
+
+    parts = (
+        name,
+        sorted((k, repr(v)) for k, v in static.items()),
+        str(tree),
+        types,
+        (device.platform, device.device_kind, device.id),
+        (bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision)),
+        (jax.__version__, jaxlib.__version__, sys.version_info[:2]),
+        (os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")),
+        _sources_hash(),
+    )
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _load(path: Path, device: Any) -> Any:
+    """The executable stored at ``path`` loaded onto ``device``, or None (missing, or unreadable: then removed)."""
+    if not path.is_file():
+        return None
+    from jax.experimental import serialize_executable
+
+    try:
+        payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+        return serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, backend=device.platform, execution_devices=[device]
+        )
+    except Exception:  # noqa: BLE001 - a damaged or foreign file: compiled again and rewritten
+        _LOG.debug("could not load %s", path, exc_info=True)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _save(path: Path, compiled: Any) -> None:
+    """Write ``compiled`` to ``path`` in a daemon thread (a first call does not wait for it); a file appears whole
+    or not at all (written aside, then renamed)."""
+    from jax.experimental import serialize_executable
+
+    def write() -> None:
+        try:
+            data = pickle.dumps(serialize_executable.serialize(compiled))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            aside = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+            aside.write_bytes(data)
+            os.replace(aside, path)
+        except Exception:  # noqa: BLE001 - not kept: the next process compiles it again
+            _LOG.debug("could not keep %s", path, exc_info=True)
+
+    threading.Thread(target=write, name="napari-gridmip executable write", daemon=True).start()
+
+
+def _fresh_compile(jitted: Any, args: tuple, kwargs: dict) -> Any:
+    """``jitted.lower(*args, **kwargs).compile()`` by XLA itself, not read from JAX's persistent cache: an XLA CPU
+    executable read from that cache and serialized again failed in the next process ("Function
+    reverse_concatenate_fusion.2 not found", DIC 2048^2, ``tools/executable_cache_probe.py``). The cost is one
+    compile where that cache held the program but this one did not (a new version of the library)."""
+    from jax._src import config
+
+    with config.enable_compilation_cache(False):  # this thread's compile only
+        return jitted.lower(*args, **kwargs).compile()
+
+
+class KeptProgram:
+    """A jitted program whose executables are kept on disk by a key made without tracing (module docstring).
+
+    Called as the ``jax.jit`` of ``fun`` is, with the same results; ``lower`` is the jitted program's.
+
+    Parameters
+    ----------
+    fun : callable
+        The program.
+    static_argnames : sequence of str
+        Its static options, all passed by keyword.
+    donate_argnums : sequence of int
+        Its donated positional arguments, as for ``jax.jit``.
+    """
+
+    def __init__(self, fun: Callable, *, static_argnames: Sequence[str], donate_argnums: Sequence[int] = ()):
+        self.jitted = jax.jit(fun, static_argnames=tuple(static_argnames), donate_argnums=tuple(donate_argnums))
+        self.name = f"{fun.__module__}.{fun.__qualname__}"
+        self._static = frozenset(static_argnames)
+        self._executables: dict[str, Any] = {}  # this process's, by key
+        self._unproven: set[str] = set()  # keys read from disk and not yet run (__call__ checks their first run)
+        functools.update_wrapper(self, fun)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The jitted program's ``lower``."""
+        return self.jitted.lower(*args, **kwargs)
+
+    def _find(self, args: tuple, kwargs: dict, compile_missing: bool) -> tuple[str, Any] | None:
+        """``(key, executable)``: this process's, else the disk's, else (``compile_missing``) compiled now and
+        written; None where the call must go through ``jax.jit`` or none is found."""
+        where = folder()
+        if where is None:
+            return None
+        device = _target_device()
+        static = {k: v for k, v in kwargs.items() if k in self._static}
+        dynamic = (args, {k: v for k, v in kwargs.items() if k not in self._static})
+        try:
+            key = _key(self.name, dynamic, static, device)
+        except Exception:  # noqa: BLE001 - an argument this key cannot describe: jax.jit's own path
+            _LOG.debug("no key for %s", self.name, exc_info=True)
+            return None
+        if key is None:
+            return None
+        found = self._executables.get(key)
+        if found is None:
+            found = _load(where / f"{key}.pickle", device)
+            if found is not None:
+                self._unproven.add(key)
+            elif compile_missing:
+                try:
+                    found = _fresh_compile(self.jitted, args, kwargs)
+                except Exception:  # noqa: BLE001 - the call through jax.jit raises it where it belongs
+                    return None
+                _save(where / f"{key}.pickle", found)
+            if found is None:
+                return None
+            self._executables[key] = found
+        return key, found
+
+    def executable(self, *args: Any, **kwargs: Any) -> Any:
+        """The executable for these arguments (arrays, or ``jax.ShapeDtypeStruct``), kept or compiled now; None
+        where the call must go through ``jax.jit``. A compile ahead of the call uses it."""
+        found = self._find(args, kwargs, compile_missing=True)
+        return None if found is None else found[1]
+
+    def out_info(self, *args: Any, **kwargs: Any) -> Any:
+        """The outputs' ``jax.ShapeDtypeStruct`` tree for these arguments from a kept executable, with no
+        tracing, or None where there is none yet (then ``jax.eval_shape`` answers)."""
+        found = self._find(args, kwargs, compile_missing=False)
+        return None if found is None else found[1].out_info
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        found = self._find(args, kwargs, compile_missing=True)
+        if found is None:
+            return self.jitted(*args, **kwargs)
+        key, executable = found
+        dynamic = {k: v for k, v in kwargs.items() if k not in self._static}
+        if key not in self._unproven:
+            return executable(*args, **dynamic)
+        try:  # read from disk: one that XLA cannot run (see _fresh_compile) is dropped for jax.jit's own path
+            out = executable(*args, **dynamic)
+        except jax.errors.JaxRuntimeError:
+            _LOG.debug("kept executable %s of %s failed; dropped", key, self.name, exc_info=True)
+            self._executables.pop(key, None)
+            where = folder()
+            if where is not None:
+                (where / f"{key}.pickle").unlink(missing_ok=True)
+            return self.jitted(*args, **kwargs)
+        finally:
+            self._unproven.discard(key)
+        return out
+
+
+def kept(
+    *, static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = ()
+) -> Callable[[Callable], KeptProgram]:
+    """A decorator: ``@kept(static_argnames=...)`` in place of ``@partial(jax.jit, static_argnames=...)``."""
+    return functools.partial(KeptProgram, static_argnames=static_argnames, donate_argnums=donate_argnums)

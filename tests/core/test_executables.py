@@ -1,0 +1,243 @@
+"""Kept executables (core/_executables.py): the same results as jax.jit, loaded in a later process with no
+tracing, a key for everything that changes the program, and jax.jit's own path wherever the key cannot hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from napari_gridmip.core import _compile_cache, _executables
+from napari_gridmip.core._executables import KeptProgram
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def kept_on(tmp_path, monkeypatch):
+    """This cache on, in a folder of its own (the suite turns it off: tests/conftest.py)."""
+    monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE")
+    monkeypatch.setattr(_compile_cache, "is_ours", lambda: True)
+    folder = _executables.folder()
+    assert folder == tmp_path / "executables"
+    return folder
+
+
+def _scaled(x, y, *, k, flip):
+    out = x * k + y
+    return (out[::-1] if flip else out), {"total": jnp.sum(y)}
+
+
+def _written(folder: Path, count: int) -> list[Path]:
+    """The kept files once ``count`` are written (each in a thread of its own)."""
+    import time
+
+    for _ in range(200):
+        files = sorted(folder.glob("*.pickle")) if folder.is_dir() else []
+        if len(files) >= count:
+            return files
+        time.sleep(0.05)
+    raise AssertionError(f"{count} executables not written to {folder}")
+
+
+def test_the_results_are_jits_and_a_new_program_loads_them_from_disk(kept_on, monkeypatch):
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    program = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    expected = jax.jit(_scaled, static_argnames=("k", "flip"))(x, y, k=3.0, flip=True)
+    got = program(x, y, k=3.0, flip=True)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, got, expected)
+    (path,) = _written(kept_on, 1)
+    # a later process: a program object with nothing in memory, and nothing it may trace
+    later = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    monkeypatch.setattr(later, "jitted", None)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, later(x, y, k=3.0, flip=True), expected)
+    shapes = later.out_info(x, y, k=3.0, flip=True)
+    assert shapes[0].shape == (6,) and shapes[0].dtype == np.float32 and shapes[1]["total"].shape == ()
+    assert path.stat().st_size > 0 and not list(kept_on.glob("*.part"))
+
+
+def test_each_change_of_the_program_is_another_key(kept_on):
+    program = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    calls = [
+        ((x, y), {"k": 3.0, "flip": True}),
+        ((x, y), {"k": 2.0, "flip": True}),  # a static option
+        ((x, y), {"k": 3.0, "flip": False}),
+        ((x[:5], y[:5]), {"k": 3.0, "flip": True}),  # a shape
+        ((x.astype(np.int32), y), {"k": 3.0, "flip": True}),  # a dtype
+        ((x, 1.0), {"k": 3.0, "flip": True}),  # a weak-typed scalar
+        ((x, np.float32(1.0)), {"k": 3.0, "flip": True}),  # the same, not weak
+    ]
+    for args, kwargs in calls:
+        program(*args, **kwargs)
+    with jax.enable_x64(True):  # the float64 scope
+        program(x, y, k=3.0, flip=True)
+    assert len(_written(kept_on, len(calls) + 1)) == len(calls) + 1
+    assert len(program._executables) == len(calls) + 1
+
+
+def test_another_source_is_another_key_and_an_option_of_ours_is_not(kept_on, monkeypatch):
+    device = jax.devices()[0]
+    dynamic = ((np.ones(3, np.float32),), {})
+    key = _executables._key("p", dynamic, {"k": 1}, device)
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")  # read by no kernel: the programs stay
+    assert _executables._key("p", dynamic, {"k": 1}, device) == key
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert _executables._key("p", dynamic, {"k": 1}, device) != key
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setitem(_executables._SOURCES, "core", "an edited kernel")
+    assert _executables._key("p", dynamic, {"k": 1}, device) != key
+
+
+def test_traced_arguments_go_through_jit(kept_on):
+    program = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    outer = jax.jit(lambda a, b: program(a, b, k=3.0, flip=False)[0] + 1)
+    np.testing.assert_array_equal(outer(x, y), x * 3 + y + 1)
+    assert program._executables == {} and not list(kept_on.glob("*.pickle"))
+    assert program.out_info(x, y, k=3.0, flip=False) is None  # nothing kept: eval_shape answers
+
+
+def test_donation_is_kept(kept_on):
+    program = KeptProgram(lambda a, b: a + b, static_argnames=(), donate_argnums=(0,))
+    a, through_jit = jnp.ones(4), jnp.ones(4)
+    np.testing.assert_array_equal(program(a, jnp.ones(4)), 2 * np.ones(4))
+    jax.jit(lambda a, b: a + b, donate_argnums=(0,))(through_jit, jnp.ones(4))
+    assert program._executables and a.is_deleted() == through_jit.is_deleted()
+
+
+def test_a_damaged_file_is_compiled_again(kept_on):
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    KeptProgram(_scaled, static_argnames=("k", "flip"))(x, y, k=3.0, flip=True)
+    (path,) = _written(kept_on, 1)
+    path.write_bytes(b"not an executable")
+    got = KeptProgram(_scaled, static_argnames=("k", "flip"))(x, y, k=3.0, flip=True)
+    np.testing.assert_array_equal(got[0], (x * 3 + y)[::-1])
+    (again,) = _written(kept_on, 1)
+    assert again == path and again.read_bytes() != b"not an executable"
+
+
+def test_a_kept_file_that_xla_cannot_run_is_dropped_for_jit(kept_on, monkeypatch):
+    """As an XLA CPU executable read from JAX's persistent cache and serialized again did in a later process
+    ("Function reverse_concatenate_fusion.2 not found"): the call goes through jax.jit and the file is deleted."""
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    KeptProgram(_scaled, static_argnames=("k", "flip"))(x, y, k=3.0, flip=True)
+    (path,) = _written(kept_on, 1)
+
+    class Broken:
+        out_info = None
+
+        def __call__(self, *args, **kwargs):
+            raise jax.errors.JaxRuntimeError("INTERNAL: Error dispatching computation: Function f not found")
+
+    monkeypatch.setattr(_executables, "_load", lambda path, device: Broken())
+    later = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    got = later(x, y, k=3.0, flip=True)
+    np.testing.assert_array_equal(got[0], (x * 3 + y)[::-1])
+    assert not path.exists()
+    assert not any(isinstance(v, Broken) for v in later._executables.values()) and not later._unproven
+
+
+def test_the_core_reads_no_environment_option_while_it_traces():
+    """The key holds no environment option of ours: the core may read them only where no program is traced
+    (the caches' switches). A new option read by a kernel must go into _executables._key."""
+    core = ROOT / "napari_gridmip" / "core"
+    allowed = {"_compile_cache.py", "_executables.py", "_options.py", "__init__.py"}
+    readers = [
+        str(path.relative_to(core))
+        for path in core.rglob("*.py")
+        if path.name not in allowed and ("environ" in path.read_text() or "switched_off(" in path.read_text())
+    ]
+    assert readers == []
+
+
+@pytest.mark.parametrize(
+    "setting", [{"NAPARI_GRIDMIP_EXECUTABLE_CACHE": "0"}, {"ours": False}], ids=["switched off", "not our cache"]
+)
+def test_off_means_jit_and_no_files(kept_on, monkeypatch, setting):
+    if "ours" in setting:
+        monkeypatch.setattr(_compile_cache, "is_ours", lambda: False)
+    else:
+        monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
+    assert _executables.folder() is None
+    program = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    np.testing.assert_array_equal(program(x, y, k=3.0, flip=False)[0], x * 3 + y)
+    assert program._executables == {} and not kept_on.exists()
+
+
+def test_dic_and_tracking_give_jits_fields(kept_on, monkeypatch):
+    """The subsets' kept programs (their band and input programs) against the same calls through jax.jit."""
+    from napari_gridmip import find_displacement, track_speckles
+
+    rng = np.random.default_rng(5)
+    img = rng.random((48, 56), dtype=np.float32)
+    moved = np.roll(img, (1, 2), axis=(0, 1))
+    stack = rng.random((6, 40, 40), dtype=np.float32)
+
+    def both():
+        dic = find_displacement(img[None], moved[None], window=(7, 7), subset=(9, 9), step=2, subpixel="refine")
+        tracked = track_speckles(stack, np.roll(stack, 1, axis=-1), window=(5, 5), subset=(5, 5))
+        fields = [*dic, *(v for v in vars(tracked).values() if v is not None)]
+        return [np.asarray(a) for a in fields]
+
+    through_kept = both()
+    assert _written(kept_on, 2)
+    monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
+    through_jit = both()
+    for a, b in zip(through_kept, through_jit, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from napari_gridmip import find_displacement
+    from napari_gridmip.core.correlation import subsets
+
+    traced = []
+    for program in (subsets._band, subsets._prepared):
+        jitted = program.jitted
+        program.jitted = type("Counted", (), {
+            "lower": lambda self, *a, _j=jitted, **k: traced.append(1) or _j.lower(*a, **k),
+            "__call__": lambda self, *a, _j=jitted, **k: traced.append(1) or _j(*a, **k),
+        })()
+    rng = np.random.default_rng(3)
+    img = rng.random((64, 64), dtype=np.float32)
+    out = find_displacement(img[None], np.roll(img, 1, axis=0)[None], window=(7, 7), subset=(11, 11), step=4,
+                            subpixel="refine")
+    np.save(sys.argv[1], np.stack([np.asarray(a) for a in out]))
+    print(json.dumps({"traced": len(traced)}))
+    """
+)
+
+
+def test_a_later_process_loads_both_programs_and_traces_neither(tmp_path):
+    """Three processes on one cache folder: JAX's persistent cache alone (as before this cache), then the kept
+    programs compiled and written (by XLA itself: an executable read from JAX's cache and written again failed
+    in the next process), then a process that loads both (no lower, no jit call of either): one field."""
+    env = {k: v for k, v in os.environ.items() if k != "NAPARI_GRIDMIP_EXECUTABLE_CACHE"}
+    env.update(NAPARI_GRIDMIP_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    runs = {}
+    for name in ("jax cache only", "first", "later"):
+        extra = {"NAPARI_GRIDMIP_EXECUTABLE_CACHE": "0"} if name == "jax cache only" else {}
+        done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / f"{name}.npy")], env={**env, **extra},
+                              check=True, capture_output=True, text=True, timeout=300)  # fmt: skip
+        runs[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        if name == "first":
+            _written(tmp_path / "executables", 2)
+    assert runs["first"]["traced"] >= 2 and runs["later"]["traced"] == 0
+    first = np.load(tmp_path / "jax cache only.npy")
+    for name in ("first", "later"):
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), first)

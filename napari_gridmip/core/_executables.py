@@ -15,8 +15,9 @@ program reads at trace time beyond those (a module constant changed in place, a 
 not in it, as it is not in JAX's own in-memory cache: the test suite, which replaces strategies, turns this cache
 off (``tests/conftest.py``) and tests it on its own.
 
-Each executable is compiled by XLA for keeping, not read from JAX's persistent cache (:func:`_fresh_compile`),
-and a kept one that fails its first run in a later process is deleted and the call goes through ``jax.jit``.
+Only executables that XLA compiled in this process are kept, never one read from JAX's persistent cache
+(:func:`_compiled_for_keeping`: those failed in the next process); a kept one that fails at its first dispatch in
+a later process is deleted and the call goes through ``jax.jit``.
 
 On only where the library's persistent cache is on in its own folder (:func:`._compile_cache.enable`; not with
 the user's ``JAX_COMPILATION_CACHE_DIR``, nor ``NAPARI_GRIDMIP_COMPILE_CACHE=0``), and not with
@@ -38,19 +39,26 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from napari_gridmip.core import _compile_cache
 from napari_gridmip.core._options import switched_off
 
 _LOG = logging.getLogger(__name__)
 _SOURCES: dict[str, str] = {}  # the library's sources' hash, once per process
+_FOLDERS: dict[tuple, Path | None] = {}  # folder()'s answer by the settings it reads
+_KEYS: dict[tuple, str] = {}  # each key's hash by the facts it is made of (_key)
 
 
 def folder() -> Path | None:
     """Where executables are kept, or None when this cache is off (see the module's docstring)."""
-    if switched_off("NAPARI_GRIDMIP_EXECUTABLE_CACHE") or not _compile_cache.is_ours():
+    if not _compile_cache.is_ours():
         return None
-    return _compile_cache.cache_dir().parent / "executables"
+    settings = (os.environ.get("NAPARI_GRIDMIP_EXECUTABLE_CACHE"), os.environ.get("NAPARI_GRIDMIP_CACHE_DIR"))
+    if settings not in _FOLDERS:  # once per setting: a band program asks at each band
+        off = switched_off("NAPARI_GRIDMIP_EXECUTABLE_CACHE")
+        _FOLDERS[settings] = None if off else _compile_cache.cache_dir().parent / "executables"
+    return _FOLDERS[settings]
 
 
 def _sources_hash() -> str:
@@ -78,6 +86,8 @@ def _target_device() -> Any:
 def _leaf_type(leaf: Any, device: Any) -> tuple | None:
     """``(shape, dtype, weak type)`` of one argument, or None where the call must go through ``jax.jit``
     (traced; an array or a shape placed elsewhere than ``device`` or on several devices)."""
+    if isinstance(leaf, np.ndarray | np.generic):  # NumPy's arrays and scalars are never weakly typed
+        return leaf.shape, leaf.dtype, False
     if isinstance(leaf, jax.core.Tracer):
         return None
     sharding = getattr(leaf, "sharding", None)
@@ -85,14 +95,16 @@ def _leaf_type(leaf: Any, device: Any) -> tuple | None:
         devices = sharding.device_set
         if len(devices) != 1 or next(iter(devices)) != device:
             return None
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return tuple(leaf.shape), str(leaf.dtype), bool(leaf.weak_type)
+    if isinstance(leaf, jax.ShapeDtypeStruct | jax.Array):
+        return tuple(leaf.shape), np.dtype(leaf.dtype), bool(leaf.weak_type)
     aval = jax.typeof(leaf)
-    return tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", False))
+    return tuple(aval.shape), np.dtype(aval.dtype), bool(getattr(aval, "weak_type", False))
 
 
 def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str | None:
-    """The executable's key (module docstring), or None where the call must go through ``jax.jit``."""
+    """The executable's key (module docstring), or None where the call must go through ``jax.jit``. Its hash is
+    made once per process for each cheap tuple of the same facts (a band program is called per band: the hash
+    and the options' ``repr`` were 0.5 ms a call, 6% of find_displacement refine 1024^2's warm 0.81 s)."""
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
     types = []
     for leaf in leaves:
@@ -100,6 +112,15 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
         if found is None:
             return None
         types.append(found)
+    scope = (bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision))
+    flags = (os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""))
+    facts = (name, tuple(sorted(static.items())), tree, tuple(types), device, scope, flags, _sources_hash())
+    try:
+        return _KEYS[facts]
+    except KeyError:
+        pass
+    except TypeError:  # an option that cannot be hashed: jax.jit rejects it too
+        return None
     import jaxlib
 
     parts = (
@@ -108,12 +129,13 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
         str(tree),
         types,
         (device.platform, device.device_kind, device.id),
-        (bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision)),
+        scope,
         (jax.__version__, jaxlib.__version__, sys.version_info[:2]),
-        (os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")),
+        flags,
         _sources_hash(),
     )
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
+    _KEYS[facts] = key = hashlib.sha256(repr(parts).encode()).hexdigest()
+    return key
 
 
 def _load(path: Path, device: Any) -> Any:
@@ -151,15 +173,35 @@ def _save(path: Path, compiled: Any) -> None:
     threading.Thread(target=write, name="napari-gridmip executable write", daemon=True).start()
 
 
-def _fresh_compile(jitted: Any, args: tuple, kwargs: dict) -> Any:
-    """``jitted.lower(*args, **kwargs).compile()`` by XLA itself, not read from JAX's persistent cache: an XLA CPU
-    executable read from that cache and serialized again failed in the next process ("Function
-    reverse_concatenate_fusion.2 not found", DIC 2048^2, ``tools/executable_cache_probe.py``). The cost is one
-    compile where that cache held the program but this one did not (a new version of the library)."""
-    from jax._src import config
+_WATCH = threading.local()  # the JAX events of this thread's compile, while _compiled_for_keeping runs
+_LISTENING: list[bool] = []
+_COMPILED = "/jax/core/compile/backend_compile_duration"  # XLA was asked (it may answer from JAX's cache)
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"  # JAX's persistent cache answered
 
-    with config.enable_compilation_cache(False):  # this thread's compile only
-        return jitted.lower(*args, **kwargs).compile()
+
+def _heard(event: str, *_: Any, **__: Any) -> None:
+    seen = getattr(_WATCH, "events", None)
+    if seen is not None:
+        seen.add(event)
+
+
+def _compiled_for_keeping(jitted: Any, args: tuple, kwargs: dict) -> tuple[Any, bool]:
+    """``jitted.lower(*args, **kwargs).compile()``, and whether that executable may be kept: only one XLA compiled
+    here. One read from JAX's persistent cache, or reused from JAX's memory after such a read, and serialized again
+    failed in the next process, at its first run ("Function reverse_concatenate_fusion.2 not found" at dispatch,
+    "Function wrapped_broadcast not found" when waited for; XLA CPU, JAX 0.10.2, ``tools/executable_cache_probe.py``).
+    Those are not kept: the calls then trace as before."""
+    if not _LISTENING:
+        jax.monitoring.register_event_listener(_heard)
+        jax.monitoring.register_event_duration_secs_listener(_heard)
+        _LISTENING.append(True)
+    _WATCH.events = set()
+    try:
+        compiled = jitted.lower(*args, **kwargs).compile()
+        events = _WATCH.events
+    finally:
+        _WATCH.events = None
+    return compiled, _COMPILED in events and _CACHE_HIT not in events
 
 
 class KeptProgram:
@@ -212,10 +254,11 @@ class KeptProgram:
                 self._unproven.add(key)
             elif compile_missing:
                 try:
-                    found = _fresh_compile(self.jitted, args, kwargs)
+                    found, fresh = _compiled_for_keeping(self.jitted, args, kwargs)
                 except Exception:  # noqa: BLE001 - the call through jax.jit raises it where it belongs
                     return None
-                _save(where / f"{key}.pickle", found)
+                if fresh:
+                    _save(where / f"{key}.pickle", found)
             if found is None:
                 return None
             self._executables[key] = found
@@ -241,7 +284,7 @@ class KeptProgram:
         dynamic = {k: v for k, v in kwargs.items() if k not in self._static}
         if key not in self._unproven:
             return executable(*args, **dynamic)
-        try:  # read from disk: one that XLA cannot run (see _fresh_compile) is dropped for jax.jit's own path
+        try:  # read from disk: one XLA cannot run (see _compiled_for_keeping) is dropped for jax.jit's own path
             out = executable(*args, **dynamic)
         except jax.errors.JaxRuntimeError:
             _LOG.debug("kept executable %s of %s failed; dropped", key, self.name, exc_info=True)

@@ -37,6 +37,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _backend, _validate
+from napari_gridmip.core._executables import kept
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
@@ -440,7 +441,7 @@ def _planes_band(out, z1, z2, row0, *, window, tile, band):
     return lax.fori_loop(0, batch * tiles, body, out)
 
 
-@partial(jax.jit, static_argnames=("window", "tile", "band", "method"))
+@kept(static_argnames=("window", "tile", "band", "method"))
 def _displacement_band(z1, z1k, z2, row0, *, window, tile, band, method):
     """(dy, dx, peak) ``(B, band, N - 2n)`` for output rows ``[row0, row0 + band)``, tile by tile."""
     batch, cols = z1.shape[0], z2.shape[-1] - 2 * (window[1] // 2)
@@ -497,7 +498,7 @@ def _sweep(z1, z2, row0, *, window, band, visit, carry):
     return lax.fori_loop(0, wm, one_row_offset, carry)
 
 
-@partial(jax.jit, static_argnames=("window", "band", "method"))
+@kept(static_argnames=("window", "band", "method"))
 def _swept_displacement_band(z1, z2, row0, *, window, band, method):
     """:func:`_displacement_band` by two sweeps: the peak (first maximum in C order, as the tiles find it), then
     its 3x3 neighbourhood, each plane selected where it is one of the peak's neighbours."""

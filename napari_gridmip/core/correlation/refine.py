@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _backend
+from napari_gridmip.core._executables import kept
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import int32_indices
 from napari_gridmip.core._precision import HIGHEST
@@ -145,7 +146,7 @@ def _block_table(
     return take
 
 
-@partial(jax.jit, static_argnames=("window", "block", "table"))
+@kept(static_argnames=("window", "block", "table"))
 def _refine_band(img1k, z2, dy, dx, row0, *, window, block, table):
     """Refined ``(dy, dx)`` for output rows ``[row0, row0 + block)`` of every batch item: ``(B, block, No)``.
 

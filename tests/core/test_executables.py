@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def kept_on(tmp_path, monkeypatch):
     """This cache on, in a folder of its own (the suite turns it off: tests/conftest.py)."""
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE")
+    monkeypatch.delenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", raising=False)
     monkeypatch.setattr(_compile_cache, "is_ours", lambda: True)
     folder = _executables.folder()
     assert folder == tmp_path / "executables"

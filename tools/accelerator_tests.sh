@@ -31,7 +31,7 @@ case $part in
   affine) paths=(tests/core/correlation/test_affine.py) ;;
   correlation) paths=(tests/core/correlation --ignore=tests/core/correlation/test_subsets.py
                       --ignore=tests/core/correlation/test_maps.py --ignore=tests/core/correlation/test_affine.py) ;;
-  rest) paths=(tests/core/test_chunked.py tests/core/test_dtypes.py tests/test_api.py) ;;
+  rest) paths=(tests/core/test_chunked.py tests/core/test_dtypes.py tests/core/test_executables.py tests/test_api.py) ;;
   all) paths=(tests/core tests/test_api.py) ;;
   *) if [ -e "$part" ]; then paths=("$part"); part=$(basename "$part" .py)  # one file or folder of tests
      else echo "unknown part: $part" >&2; exit 2; fi ;;

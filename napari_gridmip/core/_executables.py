@@ -19,7 +19,8 @@ Only executables that XLA compiled in this process are kept, never one read from
 (:func:`_compiled_for_keeping`: those failed in the next process); a kept one that fails at its first dispatch in
 a later process is deleted and the call goes through ``jax.jit``.
 
-On only where the library's persistent cache is on in its own folder (:func:`._compile_cache.enable`; not with
+On the CPU (elsewhere with ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=1``, see :data:`_PLATFORMS`), and only where the
+library's persistent cache is on in its own folder (:func:`._compile_cache.enable`; not with
 the user's ``JAX_COMPILATION_CACHE_DIR``, nor ``NAPARI_GRIDMIP_COMPILE_CACHE=0``), and not with
 ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=0``. A call with traced arguments, arrays on another device than the one the
 call runs on, or anything that fails here goes through ``jax.jit`` as before.
@@ -46,6 +47,10 @@ from napari_gridmip.core._options import switched_off
 
 _LOG = logging.getLogger(__name__)
 _SOURCES: dict[str, str] = {}  # the library's sources' hash, once per process
+#: Where kept executables are used by default: the CPU, where they are tested and measured. Elsewhere (a TPU or
+#: GPU) only with ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=1`` until a run there shows they load and run right: an
+#: executable that fails in a later process fails when waited for, past the first dispatch's check.
+_PLATFORMS = frozenset({"cpu"})
 _FOLDERS: dict[tuple, Path | None] = {}  # folder()'s answer by the settings it reads
 _KEYS: dict[tuple, str] = {}  # each key's hash by the facts it is made of (_key)
 
@@ -238,6 +243,8 @@ class KeptProgram:
         if where is None:
             return None
         device = _target_device()
+        if device.platform not in _PLATFORMS and os.environ.get("NAPARI_GRIDMIP_EXECUTABLE_CACHE") != "1":
+            return None
         static = {k: v for k, v in kwargs.items() if k in self._static}
         dynamic = (args, {k: v for k, v in kwargs.items() if k not in self._static})
         try:

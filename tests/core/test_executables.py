@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def kept_on(tmp_path, monkeypatch):
     """This cache on, in a folder of its own (the suite turns it off: tests/conftest.py)."""
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", raising=False)
+    monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "1")  # on every platform (by default the CPU only)
     monkeypatch.setattr(_compile_cache, "is_ours", lambda: True)
     folder = _executables.folder()
     assert folder == tmp_path / "executables"
@@ -177,15 +177,16 @@ def test_the_core_reads_no_environment_option_while_it_traces():
     assert readers == []
 
 
-@pytest.mark.parametrize(
-    "setting", [{"NAPARI_GRIDMIP_EXECUTABLE_CACHE": "0"}, {"ours": False}], ids=["switched off", "not our cache"]
-)
+@pytest.mark.parametrize("setting", ["switched off", "not our cache", "a platform not yet checked"])
 def test_off_means_jit_and_no_files(kept_on, monkeypatch, setting, k):
-    if "ours" in setting:
+    if setting == "not our cache":
         monkeypatch.setattr(_compile_cache, "is_ours", lambda: False)
-    else:
+    elif setting == "switched off":
         monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
-    assert _executables.folder() is None
+    else:  # unset: the CPU only, as if this platform were not it
+        monkeypatch.delenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE")
+        monkeypatch.setattr(_executables, "_PLATFORMS", frozenset())
+    assert (_executables.folder() is None) == (setting != "a platform not yet checked")
     program = KeptProgram(_scaled, static_argnames=("k", "flip"))
     x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
     np.testing.assert_allclose(program(x, y, k=k, flip=False)[0], x * np.float32(k) + y, rtol=1e-6)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import logging
 import os
 import pickle
@@ -67,15 +68,35 @@ def folder() -> Path | None:
 
 
 def _sources_hash() -> str:
-    """SHA-256 of every Python source of ``napari_gridmip/core``: an edited kernel is another program."""
+    """SHA-256 of the package's version and every Python source of ``napari_gridmip/core``: an edited kernel is
+    another program."""
     if "core" not in _SOURCES:
-        digest = hashlib.sha256()
+        from napari_gridmip import __version__
+
+        digest = hashlib.sha256(__version__.encode())  # also where the sources are not files (a frozen app)
         root = Path(__file__).resolve().parent
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
         _SOURCES["core"] = digest.hexdigest()
     return _SOURCES["core"]
+
+
+def _host() -> str:
+    """The machine's processor and its instruction-set flags: an XLA CPU executable is built for them, and a cache
+    folder may be shared between machines (a network home)."""
+    if "host" not in _SOURCES:
+        import platform
+
+        flags = ""
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+                flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+        except OSError:
+            pass
+        identity = f"{platform.machine()} {platform.processor()} {flags}"
+        _SOURCES["host"] = hashlib.sha256(identity.encode()).hexdigest()
+    return _SOURCES["host"]
 
 
 def _target_device() -> Any:
@@ -117,9 +138,16 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
         if found is None:
             return None
         types.append(found)
-    scope = (bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision))
+    config = jax.config
+    scope = (
+        bool(config.jax_enable_x64),
+        str(config.jax_default_matmul_precision),
+        str(config.jax_numpy_dtype_promotion),
+        str(config.jax_numpy_rank_promotion),
+    )
     flags = (os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""))
-    facts = (name, tuple(sorted(static.items())), tree, tuple(types), device, scope, flags, _sources_hash())
+    options = tuple(sorted((k, type(v).__qualname__, v) for k, v in static.items()))  # 2 and 2.0 are two programs
+    facts = (name, options, tree, tuple(types), device, scope, flags, _sources_hash())
     try:
         return _KEYS[facts]
     except KeyError:
@@ -130,10 +158,10 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
 
     parts = (
         name,
-        sorted((k, repr(v)) for k, v in static.items()),
+        sorted((k, type(v).__qualname__, repr(v)) for k, v in static.items()),
         str(tree),
         types,
-        (device.platform, device.device_kind, device.id),
+        (device.platform, device.device_kind, device.id, device.client.platform_version, _host()),
         scope,
         (jax.__version__, jaxlib.__version__, sys.version_info[:2]),
         flags,
@@ -145,19 +173,27 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
 
 def _load(path: Path, device: Any) -> Any:
     """The executable stored at ``path`` loaded onto ``device``, or None (missing, or unreadable: then removed)."""
-    if not path.is_file():
-        return None
     from jax.experimental import serialize_executable
 
     try:
+        if not path.is_file():
+            return None
         payload, in_tree, out_tree = pickle.loads(path.read_bytes())
         return serialize_executable.deserialize_and_load(
             payload, in_tree, out_tree, backend=device.platform, execution_devices=[device]
         )
     except Exception:  # noqa: BLE001 - a damaged or foreign file: compiled again and rewritten
         _LOG.debug("could not load %s", path, exc_info=True)
-        path.unlink(missing_ok=True)
+        _remove(path)
         return None
+
+
+def _remove(path: Path) -> None:
+    """Delete a kept file, if this process may."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        _LOG.debug("could not remove %s", path, exc_info=True)
 
 
 def _save(path: Path, compiled: Any) -> None:
@@ -209,6 +245,20 @@ def _compiled_for_keeping(jitted: Any, args: tuple, kwargs: dict) -> tuple[Any, 
     return compiled, _COMPILED in events and _CACHE_HIT not in events
 
 
+def _file_hash(fun: Callable) -> str | None:
+    """SHA-256 of the file that defines ``fun``, or None where it cannot be read."""
+    try:
+        return hashlib.sha256(Path(inspect.getsourcefile(fun) or "").read_bytes()).hexdigest()
+    except (OSError, TypeError):
+        return None
+
+
+def _debugging() -> bool:
+    """Whether JAX runs programs op by op or checks them for NaN or infinity: jax.jit's own path does that."""
+    config = jax.config
+    return bool(config.jax_disable_jit or config.jax_debug_nans or config.jax_debug_infs)
+
+
 class KeptProgram:
     """A jitted program whose executables are kept on disk by a key made without tracing (module docstring).
 
@@ -228,6 +278,17 @@ class KeptProgram:
         self.jitted = jax.jit(fun, static_argnames=tuple(static_argnames), donate_argnums=tuple(donate_argnums))
         self.name = f"{fun.__module__}.{fun.__qualname__}"
         self._static = frozenset(static_argnames)
+        # what a name does not tell apart, a closure's values and a lambda's or local function's code, goes through
+        # jax.jit alone; a program defined outside the core has its own file's source in the key
+        self._keyable = fun.__closure__ is None and "<" not in fun.__qualname__
+        self._source = "" if fun.__module__.startswith("napari_gridmip.core") else _file_hash(fun)
+        self._keyable = self._keyable and self._source is not None
+        # the statics that could come by position: a call that passes that many positions goes through jax.jit
+        parameters = list(inspect.signature(fun).parameters.values())
+        by_position = [
+            i for i, p in enumerate(parameters) if p.name in self._static and p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
+        self._positions = min(by_position, default=len(parameters) + 1)
         self._executables: dict[str, Any] = {}  # this process's, by key
         self._unproven: set[str] = set()  # keys read from disk and not yet run (__call__ checks their first run)
         functools.update_wrapper(self, fun)
@@ -240,7 +301,7 @@ class KeptProgram:
         """``(key, executable)``: this process's, else the disk's, else (``compile_missing``) compiled now and
         written; None where the call must go through ``jax.jit`` or none is found."""
         where = folder()
-        if where is None:
+        if where is None or not self._keyable or len(args) > self._positions or _debugging():
             return None
         device = _target_device()
         if device.platform not in _PLATFORMS and os.environ.get("NAPARI_GRIDMIP_EXECUTABLE_CACHE") != "1":
@@ -248,7 +309,7 @@ class KeptProgram:
         static = {k: v for k, v in kwargs.items() if k in self._static}
         dynamic = (args, {k: v for k, v in kwargs.items() if k not in self._static})
         try:
-            key = _key(self.name, dynamic, static, device)
+            key = _key(self.name + self._source, dynamic, static, device)
         except Exception:  # noqa: BLE001 - an argument this key cannot describe: jax.jit's own path
             _LOG.debug("no key for %s", self.name, exc_info=True)
             return None
@@ -298,7 +359,7 @@ class KeptProgram:
             self._executables.pop(key, None)
             where = folder()
             if where is not None:
-                (where / f"{key}.pickle").unlink(missing_ok=True)
+                _remove(where / f"{key}.pickle")
             return self.jitted(*args, **kwargs)
         finally:
             self._unproven.discard(key)

@@ -1,4 +1,24 @@
+import os
+import shutil
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    """Compiled programs go to a temporary folder from the start, before any fixture: the library switches JAX's
+    persistent cache on in its folder at its first use, once per process, and a test module that uses a kernel
+    at import would otherwise point it at the user's own cache (~/.cache/napari-gridmip) for the whole run."""
+    if "NAPARI_GRIDMIP_CACHE_DIR" not in os.environ:
+        config._napari_gridmip_cache = os.environ["NAPARI_GRIDMIP_CACHE_DIR"] = tempfile.mkdtemp(
+            prefix="napari-gridmip-tests-"
+        )
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_napari_gridmip_cache", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

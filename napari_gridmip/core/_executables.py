@@ -7,13 +7,16 @@ A :class:`KeptProgram` keys its executables by what decides the program without 
 one it compiles with ``jax.experimental.serialize_executable``, and in a later process loads it and calls it
 directly (``tools/executable_cache_probe.py``: 2.1-2.45 s against 2.5-2.84 s, identical outputs).
 
-The key, a SHA-256 of: the program's module and name; its static options' ``repr``; the tree, shapes, dtypes and
-weak types of its array arguments; the device it runs on (its platform and kind); the float64 and matmul
-precision scopes; JAX's and jaxlib's versions and ``XLA_FLAGS``/``LIBTPU_INIT_ARGS``; and the library's own
-sources under ``core/``. The core reads no environment option while it traces (a test holds it to that). What a
-program reads at trace time beyond those (a module constant changed in place, a strategy function replaced) is
-not in it, as it is not in JAX's own in-memory cache: the test suite, which replaces strategies, turns this cache
-off (``tests/conftest.py``) and tests it on its own.
+The key, a SHA-256 of: the program's module and name (and its file's source outside the core); its static
+options' types and ``repr``; the tree, shapes, dtypes and weak types of its array arguments; the device it runs
+on (platform, kind, XLA's platform version, and the host's processor flags: a cache folder may be shared between
+machines); the float64, matmul precision and NumPy promotion scopes; JAX's and jaxlib's versions and
+``XLA_FLAGS``/``LIBTPU_INIT_ARGS``; and the package's version and its sources under ``core/``. Closures, lambdas
+and local functions, static options passed by position, and calls under ``jax.disable_jit`` or JAX's NaN and
+infinity checks are left to ``jax.jit``. The core reads no environment option while it traces (a test holds
+it to that). What a program reads at trace time beyond those (a module constant changed in place, a strategy
+function replaced) is not in it, as it is not in JAX's own in-memory cache: the test suite, which replaces
+strategies, turns this cache off (``tests/conftest.py``) and tests it on its own.
 
 Only executables that XLA compiled in this process are kept, never one read from JAX's persistent cache
 (:func:`_compiled_for_keeping`: those failed in the next process); a kept one that fails at its first dispatch in

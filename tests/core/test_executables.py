@@ -20,6 +20,7 @@ from napari_gridmip.core import _compile_cache, _executables
 from napari_gridmip.core._executables import KeptProgram
 
 ROOT = Path(__file__).resolve().parents[2]
+RUN = int(np.random.default_rng().integers(1, 2**16))  # this run's, in each test's scale (the k fixture)
 
 
 @pytest.fixture
@@ -37,7 +38,8 @@ def kept_on(tmp_path, monkeypatch):
 def k(request):
     """A scale no other test compiles: each program here is new to JAX's caches (its persistent one is shared by
     the session's tests), so XLA compiles it and it is kept."""
-    return 3.0 + (zlib.crc32(request.node.nodeid.encode()) % 4096) / 8192
+    # and no earlier run's: JAX's persistent cache may be a folder that outlives the run
+    return 3.0 + (zlib.crc32(request.node.nodeid.encode()) % 4096) / 8192 + RUN / 2**20
 
 
 def _scaled(x, y, *, k, flip):

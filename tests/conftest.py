@@ -1,24 +1,16 @@
 import os
-import shutil
-import tempfile
+from pathlib import Path
 
 import pytest
 
 
 def pytest_configure(config):
-    """Compiled programs go to a temporary folder from the start, before any fixture: the library switches JAX's
-    persistent cache on in its folder at its first use, once per process, and a test module that uses a kernel
-    at import would otherwise point it at the user's own cache (~/.cache/napari-gridmip) for the whole run."""
-    if "NAPARI_GRIDMIP_CACHE_DIR" not in os.environ:
-        config._napari_gridmip_cache = os.environ["NAPARI_GRIDMIP_CACHE_DIR"] = tempfile.mkdtemp(
-            prefix="napari-gridmip-tests-"
-        )
-
-
-def pytest_unconfigure(config):
-    folder = getattr(config, "_napari_gridmip_cache", None)
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
+    """Compiled programs go to the checkout's own ``.test-cache`` (git-ignored) from the start, before any
+    fixture: the library switches JAX's persistent cache on in its folder at its first use, once per process, and
+    a test module that uses a kernel at import pointed it at the user's own ~/.cache/napari-gridmip for the whole
+    run. Kept across runs, as that folder was (the README's command: 7.9 to 8.7 min with it warm, 16 min cold)."""
+    folder = Path(config.rootpath) / ".test-cache"
+    os.environ.setdefault("NAPARI_GRIDMIP_CACHE_DIR", str(folder))
 
 
 @pytest.fixture(autouse=True)

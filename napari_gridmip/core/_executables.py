@@ -50,7 +50,7 @@ from napari_gridmip.core import _compile_cache
 from napari_gridmip.core._options import switched_off
 
 _LOG = logging.getLogger(__name__)
-_SOURCES: dict[str, str] = {}  # the library's sources' hash, once per process
+_SOURCES: dict[str, str] = {}  # the key's per-process parts, made once: the sources' hash ("core"), the host's
 #: Where kept executables are used by default: the CPU, where they are tested and measured. Elsewhere (a TPU or
 #: GPU) only with ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=1`` until a run there shows they load and run right: an
 #: executable that fails in a later process fails when waited for, past the first dispatch's check.
@@ -283,9 +283,8 @@ class KeptProgram:
         self._static = frozenset(static_argnames)
         # what a name does not tell apart, a closure's values and a lambda's or local function's code, goes through
         # jax.jit alone; a program defined outside the core has its own file's source in the key
-        self._keyable = fun.__closure__ is None and "<" not in fun.__qualname__
         self._source = "" if fun.__module__.startswith("napari_gridmip.core") else _file_hash(fun)
-        self._keyable = self._keyable and self._source is not None
+        self._keyable = fun.__closure__ is None and "<" not in fun.__qualname__ and self._source is not None
         # the statics that could come by position: a call that passes that many positions goes through jax.jit
         parameters = list(inspect.signature(fun).parameters.values())
         by_position = [

@@ -254,7 +254,10 @@ def _processes(folder: Path, names: list[str]) -> dict[str, dict]:
     """CHILD run in a new process per name on one cache folder (this cache on but where the name says "off"):
     each one's count of the two programs' jit calls and lowerings, and its field saved as NAME.npy."""
     env = {k: v for k, v in os.environ.items() if k != "NAPARI_GRIDMIP_EXECUTABLE_CACHE"}
-    env.update(NAPARI_GRIDMIP_CACHE_DIR=str(folder), JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+    # the CPU: the parent may hold an accelerator, which one process at a time can; ROOT before what the machine
+    # itself puts on the path (an accelerator host's own JAX comes from there)
+    env.update(NAPARI_GRIDMIP_CACHE_DIR=str(folder), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     runs = {}
     for name in names:

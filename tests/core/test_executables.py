@@ -256,8 +256,11 @@ def _processes(folder: Path, names: list[str]) -> dict[str, dict]:
     env = {k: v for k, v in os.environ.items() if k != "NAPARI_GRIDMIP_EXECUTABLE_CACHE"}
     # the CPU: the parent may hold an accelerator, which one process at a time can; ROOT before what the machine
     # itself puts on the path (an accelerator host's own JAX comes from there)
-    env.update(NAPARI_GRIDMIP_CACHE_DIR=str(folder), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.update(
+        NAPARI_GRIDMIP_CACHE_DIR=str(folder),
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     runs = {}
     for name in names:

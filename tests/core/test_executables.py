@@ -27,7 +27,7 @@ RUN = int(np.random.default_rng().integers(1, 2**16))  # this run's, in each tes
 def kept_on(tmp_path, monkeypatch):
     """This cache on, in a folder of its own (the suite turns it off: tests/conftest.py)."""
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "1")  # on every platform (by default the CPU only)
+    monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "1")  # on every platform (by default the CPU and a TPU)
     monkeypatch.setattr(_compile_cache, "is_ours", lambda: True)
     folder = _executables.folder()
     assert folder == tmp_path / "executables"
@@ -190,7 +190,7 @@ def test_off_means_jit_and_no_files(kept_on, monkeypatch, setting, k):
         monkeypatch.setattr(_compile_cache, "is_ours", lambda: False)
     elif setting == "switched off":
         monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
-    else:  # unset: the CPU only, as if this platform were not it
+    else:  # unset: the default platforms, as if this one were not among them
         monkeypatch.delenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE")
         monkeypatch.setattr(_executables, "_PLATFORMS", frozenset())
     assert (_executables.folder() is None) == (setting != "a platform not yet checked")

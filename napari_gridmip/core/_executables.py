@@ -51,6 +51,7 @@ from napari_gridmip.core._options import switched_off
 
 _LOG = logging.getLogger(__name__)
 _SOURCES: dict[str, str] = {}  # the key's per-process parts, made once: the sources' hash ("core"), the host's
+# processor and flags ("host")
 #: Where kept executables are used by default: the CPU, where they are tested and measured, and a TPU, where a
 #: later process loaded and ran them (DIC 2048^2's next process 3.78 -> 1.97 s) and executables serialized and
 #: loaded in a new process gave outputs identical to a fresh compile's (docs/accelerator.md, fourteenth session).

@@ -1,0 +1,653 @@
+"""DIC of a whole experiment: a reference frame and a sequence of frames, large motion, a region of interest,
+and points that say why they were lost.
+
+Each point of a grid on the reference is followed through the frames (DIC's Lagrangian description): its
+subset is matched in every frame by the inverse-compositional Gauss-Newton (IC-GN) of a first-order (affine)
+warp, the criterion a zero-normalised sum of squared differences over the subset's pixels inside the region of
+interest only (masked ZNSSD: a pixel outside the ROI never enters a sum). No search window is needed; each
+point starts from a guess:
+
+1. the point's own warp in the previous frame, carried over the whole image's motion between the two frames
+   (:func:`._global_motion.estimate_motion`: rotation and scale by Fourier-Mellin, translation by the masked
+   NCC over every shift), so that a frame may turn by any angle or move by half the image;
+2. for a point lost in the previous frame, the affine map fitted to the points found there, carried the same
+   way: a point that comes back into view is found again;
+3. for a point still not found, the converged warp of a neighbour, carried over the grid step by that
+   neighbour's own gradients (ncorr's seed propagation), repeated while it finds new points.
+
+A point's result is kept only if the warp converged, the subset stayed in view, the ZNCC reaches ``min_zncc``
+and the point agrees with its found neighbours (each predicts it through its own gradients); otherwise it is
+NaN with its :class:`Status`.
+
+The reference of each point (its *key frame*) follows ``reference``: ``"accumulated"`` keeps frame 0 (no drift,
+but large strain lowers the match), ``"incremental"`` moves it to every frame the point is found in (any
+deformation, with errors that add up), ``"auto"`` moves it when the ZNCC against the current key falls under
+``refresh_zncc``. A key frame's subset is sampled around the point's position there, axis-aligned in that
+frame, and its pixels are those inside the ROI carried by the point's own warp; the displacements are composed
+through the points themselves, with no interpolation of a field.
+
+References
+----------
+B. Pan, K. Li, W. Tong, "Fast, robust and accurate digital image correlation calculation without redundant
+computations", Exp. Mech. 53, 1277-1289 (2013) (IC-GN).
+J. Blaber, B. Adair, A. Antoniou, "Ncorr: open-source 2D digital image correlation Matlab software", Exp. Mech.
+55, 1105-1122 (2015) (seeds, propagation, reference updates).
+D. Z. Turner, "Digital Image Correlation Engine (DICe)", Sandia National Laboratories (2015) (sequences, status
+flags).
+J. Westerweel, F. Scarano, "Universal outlier detection for PIV data", Exp. Fluids 39, 1096-1100 (2005).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from napari_gridmip.core import _validate
+from napari_gridmip.core._precision import HIGHEST
+from napari_gridmip.core.correlation._checks import check_subset
+from napari_gridmip.core.correlation._global_motion import estimate_motion
+from napari_gridmip.core.correlation.affine import _cholesky, _cholesky_solve, _compose
+from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, smooth_frames
+from napari_gridmip.core.correlation.subsets import _spline_coefficients
+
+REFERENCES = ("accumulated", "incremental", "auto")
+MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 10 are typical
+TOLERANCE = 1e-3  # px: an increment that moves no corner of the subset by more than this has converged
+MIN_BUCKET = 64  # the points of one IC-GN call are padded to a power of two from here: a few programs in all
+PROPAGATION_ROUNDS = 8  # neighbour-propagation passes per frame at most (each one reaches one grid step further)
+MIN_GLOBAL_SCORE = 0.2  # a whole-image motion whose masked NCC is below this is no guess
+MIN_FIT_POINTS = 6  # points found in a frame for an affine fit of the whole field
+
+
+class Status(enum.IntEnum):
+    """Why a point of a series has no value in a frame (``ok``: it has one)."""
+
+    ok = 0
+    out_of_view = 1
+    """Its subset, carried by its warp, leaves the frame (or its key frame)."""
+    not_significant = 2
+    """The match is not good enough: the warp did not converge, or its ZNCC is under ``min_zncc``."""
+    ambiguous = 3
+    """It converged, but disagrees with its found neighbours by more than ``max_disagreement`` px: a second
+    position matched as well."""
+    no_guess = 4
+    """There was nothing to start it from: lost in the previous frame, no neighbour found, and no whole-image
+    motion."""
+    outside_roi = 5
+    """Its centre is outside the region of interest, or too little of its subset is inside."""
+
+
+class Series(NamedTuple):
+    """What :func:`correlate_series` returns. ``T`` frames, a grid of ``R`` x ``C`` points on the reference."""
+
+    dy: np.ndarray
+    """``(T, R, C)`` float32: each point's row displacement (px) in each frame from its reference position,
+    ``frames[t][y + dy, x + dx]`` matches ``frames[0][y, x]``; 0 in frame 0, NaN where ``status`` is not ok."""
+    dx: np.ndarray
+    """``(T, R, C)`` float32: the column displacement (px)."""
+    y: np.ndarray
+    """``(R,)`` float64: the reference row of each grid row."""
+    x: np.ndarray
+    """``(C,)`` float64: the reference column of each grid column."""
+    zncc: np.ndarray
+    """``(T, R, C)`` float32: the ZNCC of the subset with its key frame at the converged warp (1 in frame 0);
+    NaN where the warp was not run or did not converge."""
+    sigma_dy: np.ndarray
+    """``(T, R, C)`` float32: the predicted standard deviation of ``dy`` (px): the residual's variance times
+    the inverse Gauss-Newton Hessian (so it grows with noise and with what the affine warp cannot follow);
+    NaN where ``dy`` is."""
+    sigma_dx: np.ndarray
+    """``(T, R, C)`` float32: the same for ``dx``."""
+    status: np.ndarray
+    """``(T, R, C)`` uint8: a :class:`Status` per point and frame."""
+    dy_y: np.ndarray
+    """``(T, R, C)`` float32: ``d dy / dy`` in reference coordinates (the warp's own gradient), NaN as ``dy``."""
+    dy_x: np.ndarray
+    """``(T, R, C)`` float32: ``d dy / dx``."""
+    dx_y: np.ndarray
+    """``(T, R, C)`` float32: ``d dx / dy``."""
+    dx_x: np.ndarray
+    """``(T, R, C)`` float32: ``d dx / dx``."""
+    key_frame: np.ndarray
+    """``(T, R, C)`` int32: the frame each point was matched against (-1 where it was not run)."""
+    motion: np.ndarray
+    """``(T, 2, 3)`` float64: the whole-image affine map from the reference to each frame (fitted to the points
+    found, else carried by the frame-to-frame estimate), ``(y, x, 1)`` -> ``(y', x')``."""
+
+
+# -- the IC-GN kernel ------------------------------------------------------------------------------------------
+
+
+def _bspline(t: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """The cubic B-spline's weights of taps -1, 0, 1, 2 at fraction ``t``, and their derivatives."""
+    t2, u = t * t, 1 - t
+    t3 = t2 * t
+    weights = (u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6)
+    slopes = (-u * u / 2, (3 * t2 - 4 * t) / 2, (-3 * t2 + 2 * t + 1) / 2, t2 / 2)
+    return weights, slopes
+
+
+def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
+    """The spline through ``padded`` (coefficients edge-padded by 2, ``(M + 4, N + 4)``) at ``(py, px)`` (any
+    shape; clipped to the frame): the values, and with ``gradient`` the derivatives along y and x."""
+    rows, cols = padded.shape
+    py = jnp.clip(py, 0, rows - 5)
+    px = jnp.clip(px, 0, cols - 5)
+    y0, x0 = jnp.floor(py), jnp.floor(px)
+    (wy, dwy), (wx, dwx) = _bspline(py - y0), _bspline(px - x0)
+    base = (y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
+    flat = padded.ravel()
+    value = gy = gx = 0
+    for a in range(4):
+        row = drow = 0
+        for b in range(4):
+            taps = jnp.take(flat, base + (a * cols + b), mode="clip")
+            row = row + wx[b] * taps
+            if gradient:
+                drow = drow + dwx[b] * taps
+        value = value + wy[a] * row
+        if gradient:
+            gy = gy + dwy[a] * row
+            gx = gx + wy[a] * drow
+    return (value, gy, gx) if gradient else value
+
+
+@partial(jax.jit, static_argnames=("subset",))
+def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subset):
+    """IC-GN of ``P`` points from ``start``.
+
+    ``key``, ``target``: the key frame's and the frame's spline coefficients, edge-padded by 2; ``roi``
+    ``(M, N)`` float (1 inside) on the reference; ``centre`` ``(P, 2)``: each point's position in the key frame;
+    ``origin`` ``(P, 2)``: its reference position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key
+    frame back to the reference (the inverse of the point's gradient there); ``start`` ``(P, 6)``: the warp
+    ``(v, v_y, v_x, u, u_y, u_x)`` from the key frame's subset to the frame.
+
+    Returns the warp ``(P, 6)``, the ZNCC, ``sigma`` ``(P, 2)``, whether it converged, whether the warped subset
+    lies in the frame, and whether enough of the subset is inside the ROI and the key frame.
+    """
+    hs, hw = subset[0] // 2, subset[1] // 2
+    dtype = key.dtype
+    eta, zeta = (a.ravel().astype(dtype) for a in jnp.meshgrid(jnp.arange(-hs, hs + 1), jnp.arange(-hw, hw + 1),
+                                                                 indexing="ij"))  # fmt: skip
+    key_shape = (key.shape[0] - 4, key.shape[1] - 4)
+    frame_shape = (target.shape[0] - 4, target.shape[1] - 4)
+    ky = centre[:, :1] + eta  # (P, S): the key frame's subset pixels
+    kx = centre[:, 1:] + zeta
+    in_key = (ky >= 0) & (ky <= key_shape[0] - 1) & (kx >= 0) & (kx <= key_shape[1] - 1)
+    # the same pixels on the reference, through the point's inverse gradient: which of them the ROI holds
+    ry = origin[:, :1] + inverse[:, 0, :1] * eta + inverse[:, 0, 1:] * zeta
+    rx = origin[:, 1:] + inverse[:, 1, :1] * eta + inverse[:, 1, 1:] * zeta
+    iy, ix = jnp.round(ry).astype(jnp.int32), jnp.round(rx).astype(jnp.int32)
+    on_roi = (iy >= 0) & (iy < roi.shape[0]) & (ix >= 0) & (ix < roi.shape[1])
+    inside = jnp.where(on_roi, roi[jnp.clip(iy, 0, roi.shape[0] - 1), jnp.clip(ix, 0, roi.shape[1] - 1)], 0)
+    m = jnp.where(in_key, inside, 0).astype(dtype)
+    count = jnp.sum(m, axis=1)
+    enough = count >= min_inside * eta.shape[0]
+    n = jnp.maximum(count, 7)
+
+    f, fy, fx = _sample(key, ky, kx, gradient=True)
+    fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
+    df = jnp.sqrt(jnp.sum(fc * fc, 1))
+    steepest = jnp.stack([fy, fy * eta, fy * zeta, fx, fx * eta, fx * zeta], -1) * m[..., None]  # (P, S, 6)
+    hessian = jnp.einsum("psi,psj->pij", steepest, steepest, precision=HIGHEST)
+    factor = _cholesky(hessian)
+    corner = jnp.asarray(max(hs, hw), dtype)
+
+    def warped(p):
+        v, vy, vx, u, uy, ux = (p[:, i : i + 1] for i in range(6))
+        return centre[:, :1] + eta + v + vy * eta + vx * zeta, centre[:, 1:] + zeta + u + uy * eta + ux * zeta
+
+    def residual(p):
+        py, px = warped(p)
+        g = _sample(target, py, px, gradient=False)
+        gc = (g - jnp.sum(m * g, 1, keepdims=True) / n[:, None]) * m
+        dg = jnp.sqrt(jnp.sum(gc * gc, 1))
+        scale = df / jnp.where(dg > 0, dg, 1)
+        return fc - scale[:, None] * gc, gc, dg
+
+    def step(state):
+        i, p, active = state
+        r, _, _ = residual(p)
+        b = jnp.einsum("psi,ps->pi", steepest, r, precision=HIGHEST)
+        dp = -_cholesky_solve(factor, b)
+        moved = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 3]) + corner * jnp.sum(jnp.abs(dp[:, (1, 2, 4, 5)]), 1)
+        new = _compose(p, dp)
+        good = jnp.all(jnp.isfinite(new), 1)
+        p = jnp.where((active & good)[:, None], new, p)
+        active = active & good & (moved > TOLERANCE)
+        return i + 1, p, active
+
+    def going(state):
+        i, _, active = state
+        return (i < MAX_ITERATIONS) & jnp.any(active)
+
+    start = start.astype(dtype)
+    live = enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(factor), 1)
+    _, p, active = lax.while_loop(going, step, (0, start, live))
+    r, gc, dg = residual(p)
+    zncc = jnp.sum(fc * gc, 1) / (df * dg)
+    variance = jnp.sum(r * r, 1) / jnp.maximum(n - 6, 1)
+    # the covariance's diagonal of v and u: variance times (H^-1)_00 and (H^-1)_33
+    unit = jnp.eye(6, dtype=dtype)
+    inv_v = _cholesky_solve(factor, jnp.broadcast_to(unit[0], p.shape))[:, 0]
+    inv_u = _cholesky_solve(factor, jnp.broadcast_to(unit[3], p.shape))[:, 3]
+    sigma = jnp.sqrt(jnp.stack([variance * inv_v, variance * inv_u], -1))
+    py, px = warped(p)
+    view = (py >= 0) & (py <= frame_shape[0] - 1) & (px >= 0) & (px <= frame_shape[1] - 1)
+    in_view = jnp.all(view | (m == 0), 1)
+    converged = live & ~active & jnp.all(jnp.isfinite(p), 1) & (dg > 0)
+    return p, zncc, sigma, converged, in_view, enough
+
+
+@partial(jax.jit, static_argnames=("sigma",))
+def _prepared_frame(frame: jax.Array, *, sigma: float) -> jax.Array:
+    """A frame's spline coefficients, after the prefilter, edge-padded by 2 (one program per frame shape)."""
+    smoothed = smooth_frames(frame[None], sigma=sigma) if sigma > 0 else frame[None]
+    return jnp.pad(_spline_coefficients(smoothed)[0], 2, mode="edge")
+
+
+# -- the host side: guesses, statuses, the frames' loop ---------------------------------------------------------
+
+
+class _Points(NamedTuple):
+    """Every grid point's state after a frame, flat ``(P, ...)``, float64."""
+
+    position: np.ndarray  # (P, 2) in the frame
+    gradient: np.ndarray  # (P, 2, 2): d position / d reference position
+    found: np.ndarray  # (P,) bool
+
+
+def _bucket(count: int) -> int:
+    return max(MIN_BUCKET, 1 << int(np.ceil(np.log2(max(count, 1)))))
+
+
+def _local_start(guess_position, guess_gradient, key_position, key_gradient) -> np.ndarray:
+    """The IC-GN start ``(P, 6)`` in a key frame's local coordinates for a guess of the point's position and
+    gradient in the frame."""
+    v, u = (guess_position - key_position).T
+    local = guess_gradient @ np.linalg.inv(key_gradient) - np.eye(2)
+    return np.stack([v, local[:, 0, 0], local[:, 0, 1], u, local[:, 1, 0], local[:, 1, 1]], -1)
+
+
+def _affine_fit(origin: np.ndarray, position: np.ndarray) -> np.ndarray | None:
+    """The least-squares ``(2, 3)`` affine map ``origin`` -> ``position`` (``(n, 2)`` each), None if too few."""
+    if len(origin) < MIN_FIT_POINTS:
+        return None
+    design = np.concatenate([origin, np.ones((len(origin), 1))], 1)
+    solution, *_ = np.linalg.lstsq(design, position, rcond=None)
+    return solution.T
+
+
+def _compose_affine(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """``outer o inner`` of two ``(2, 3)`` maps."""
+    return np.concatenate([outer[:, :2] @ inner[:, :2], (outer[:, :2] @ inner[:, 2] + outer[:, 2])[:, None]], 1)
+
+
+def _neighbour_guesses(grid: tuple[int, int], origin, position, gradient, found, zncc):
+    """For every point, the guess carried from its best found 8-neighbour (highest ZNCC) through that
+    neighbour's gradient: ``(position (P, 2), gradient (P, 2, 2), has (P,))``."""
+    rows, cols = grid
+    best = np.full(rows * cols, -np.inf)
+    out_position = np.full((rows * cols, 2), np.nan)
+    out_gradient = np.full((rows * cols, 2, 2), np.nan)
+    index = np.arange(rows * cols).reshape(rows, cols)
+    score = np.where(found, np.nan_to_num(zncc, nan=-1.0), -np.inf)
+    for dr in (-1, 0, 1):
+        for dc in (-1, 0, 1):
+            if dr == dc == 0:
+                continue
+            here = index[max(0, -dr) : rows - max(0, dr), max(0, -dc) : cols - max(0, dc)].ravel()
+            there = index[max(0, dr) : rows - max(0, -dr), max(0, dc) : cols - max(0, -dc)].ravel()
+            better = score[there] > best[here]
+            h, t = here[better], there[better]
+            best[h] = score[t]
+            offset = origin[h] - origin[t]
+            out_position[h] = position[t] + np.einsum("pij,pj->pi", gradient[t], offset)
+            out_gradient[h] = gradient[t]
+    return out_position, out_gradient, np.isfinite(best)
+
+
+def _disagreement(grid, origin, position, gradient, found) -> np.ndarray:
+    """Each found point's median distance (px) from the positions its found 8-neighbours predict for it through
+    their own gradients; NaN with fewer than 3 found neighbours."""
+    rows, cols = grid
+    index = np.arange(rows * cols).reshape(rows, cols)
+    distances = np.full((8, rows * cols), np.nan)
+    k = 0
+    for dr in (-1, 0, 1):
+        for dc in (-1, 0, 1):
+            if dr == dc == 0:
+                continue
+            here = index[max(0, -dr) : rows - max(0, dr), max(0, -dc) : cols - max(0, dc)].ravel()
+            there = index[max(0, dr) : rows - max(0, -dr), max(0, dc) : cols - max(0, -dc)].ravel()
+            both = found[here] & found[there]
+            h, t = here[both], there[both]
+            predicted = position[t] + np.einsum("pij,pj->pi", gradient[t], origin[h] - origin[t])
+            distances[k, h] = np.linalg.norm(position[h] - predicted, axis=1)
+            k += 1
+    enough = np.sum(np.isfinite(distances), 0) >= 3
+    median = np.full(rows * cols, np.nan)
+    median[enough] = np.nanmedian(distances[:, enough], 0)
+    return median
+
+
+def _check_frames(frames: Any) -> tuple[Any, tuple[int, int, int]]:
+    frames = _validate.as_array("frames", frames)
+    _validate.check_real("frames", frames)
+    shape = _validate.check_ndim("frames", frames, ndim=3)
+    _validate.check_nonempty("frames", shape)
+    return frames, shape
+
+
+def _check_roi(roi: Any, shape: tuple[int, int]) -> np.ndarray:
+    if roi is None:
+        return np.ones(shape, np.float32)
+    roi = np.asarray(roi)
+    if roi.shape != shape:
+        raise ValueError(f"roi must be a mask of the reference's shape {shape}; got shape {roi.shape}")
+    if roi.dtype != bool and not np.issubdtype(roi.dtype, np.integer):
+        raise TypeError(f"roi must be a bool (or integer label) mask; got dtype {roi.dtype}")
+    return (roi != 0).astype(np.float32)
+
+
+def _unit_interval(name: str, value: Any) -> float:
+    value = _validate.check_finite_scalar(name, value)
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be in [0, 1]; got {value}")
+    return value
+
+
+def correlate_series(
+    frames: Any,
+    *,
+    subset: int | tuple[int, int] = 31,
+    step: int = 8,
+    roi: Any = None,
+    reference: str = "accumulated",
+    min_zncc: float = 0.9,
+    refresh_zncc: float = 0.95,
+    min_inside: float = 0.5,
+    max_disagreement: float = 1.0,
+    prefilter: float | str | None = "auto",
+    rotation: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> Series:
+    """Follow a grid of reference points through a sequence of frames (DIC of a whole experiment).
+
+    Parameters
+    ----------
+    frames
+        ``(T, M, N)``, any real dtype; NumPy, dask or Zarr (read one frame at a time). Frame 0 is the reference.
+        Non-finite pixels are not allowed.
+    subset
+        The subset's odd sizes ``(sh, sw)`` (one number for both); default 31.
+    step
+        The grid's spacing in px; default 8. The grid's first point is ``(sh // 2, sw // 2)`` from the corner, so
+        every reference subset is inside the frame.
+    roi
+        ``(M, N)`` bool (or integer labels, nonzero inside) mask of the reference: the region of interest. A
+        subset uses only its pixels inside it; a point whose centre is outside, or with less than
+        ``min_inside`` of its subset inside, is ``outside_roi``. Default: the whole frame.
+    reference
+        ``"accumulated"`` (default): every frame is matched against frame 0, each started from the previous
+        frame's field. ``"incremental"``: each point against the last frame it was found in, the displacements
+        composed through the point. ``"auto"``: a point's reference moves to the current frame when its ZNCC
+        against the old one falls under ``refresh_zncc``.
+    min_zncc
+        The least ZNCC of a kept match; default 0.9.
+    refresh_zncc
+        ``reference="auto"``'s threshold; default 0.95.
+    min_inside
+        The least share of a subset inside the ROI (and, for a later key frame, inside that frame); default 0.5.
+    max_disagreement
+        px: a found point farther than this from where its found neighbours put it (the median of their
+        predictions, each through its own gradient; 3 neighbours at least) is ``ambiguous``; default 1.
+    prefilter
+        The Gaussian both frames are smoothed by before the match, as in
+        :func:`~napari_gridmip.find_displacement`: ``"auto"`` (0.8 px, the default), None, or a standard
+        deviation in px.
+    rotation
+        Look for a whole-image rotation and scale between frames (Fourier-Mellin); False: translation only.
+    progress
+        Called as ``progress(done, total)`` after each frame; it may raise to stop the run.
+
+    Returns
+    -------
+    Series
+        ``dy``, ``dx``, ``zncc``, ``sigma_dy``, ``sigma_dx``, ``dy_y``, ``dy_x``, ``dx_y``, ``dx_x`` ``(T, R, C)``
+        float32 (NaN where ``status`` is not ok), ``status`` ``(T, R, C)`` uint8, ``key_frame`` ``(T, R, C)``
+        int32, ``y`` ``(R,)`` and ``x`` ``(C,)`` float64 (the grid in reference pixels) and ``motion``
+        ``(T, 2, 3)``.
+
+    Raises
+    ------
+    ValueError
+        If ``frames`` is not 3D or empty, ``roi`` has another shape, the subset does not fit the frames, or an
+        option is out of its range.
+    TypeError
+        If ``frames`` is not real, or ``roi`` not a mask.
+
+    References
+    ----------
+    B. Pan, K. Li, W. Tong, Exp. Mech. 53, 1277-1289 (2013); J. Blaber, B. Adair, A. Antoniou, Exp. Mech. 55,
+    1105-1122 (2015); D. Z. Turner, DICe (2015); D. Padfield, IEEE Trans. Image Process. 21, 2706-2718 (2012).
+    """
+    frames, (count, rows, cols) = _check_frames(frames)
+    subset = _validate.int_tuple("subset", subset, 2)
+    subset, step = check_subset(subset, step)
+    if subset[0] > rows or subset[1] > cols:
+        raise ValueError(f"subset {subset} is larger than the frames' (M, N) = ({rows}, {cols})")
+    reference = _validate.check_choice("reference", reference, REFERENCES)
+    mask = _check_roi(roi, (rows, cols))
+    min_zncc = _unit_interval("min_zncc", min_zncc)
+    refresh_zncc = _unit_interval("refresh_zncc", refresh_zncc)
+    min_inside = _unit_interval("min_inside", min_inside)
+    max_disagreement = _validate.check_finite_scalar("max_disagreement", max_disagreement)
+    if max_disagreement <= 0:
+        raise ValueError(f"max_disagreement must be positive (px); got {max_disagreement}")
+    sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA)
+    rotation = _validate.check_bool("rotation", rotation)
+
+    hs, hw = subset[0] // 2, subset[1] // 2
+    grid_y = np.arange(hs, rows - hs, step, dtype=np.float64)
+    grid_x = np.arange(hw, cols - hw, step, dtype=np.float64)
+    grid = (len(grid_y), len(grid_x))
+    origin = np.stack(np.meshgrid(grid_y, grid_x, indexing="ij"), -1).reshape(-1, 2)
+    points = len(origin)
+
+    def read(t: int) -> np.ndarray:
+        frame = np.asarray(frames[t])
+        if frame.dtype.kind == "f" and not np.all(np.isfinite(frame)):
+            raise ValueError(f"frames[{t}] has non-finite pixels; fill them (and leave them out with roi)")
+        return frame
+
+    def coefficients(frame: np.ndarray) -> jax.Array:
+        return _prepared_frame(np.asarray(frame, np.float32), sigma=sigma)
+
+    shape3 = (count, *grid)
+    out = {name: np.full(shape3, np.nan, np.float32) for name in
+           ("dy", "dx", "zncc", "sigma_dy", "sigma_dx", "dy_y", "dy_x", "dx_y", "dx_x")}  # fmt: skip
+    status = np.zeros(shape3, np.uint8)
+    key_frame = np.full(shape3, -1, np.int32)
+    motion = np.zeros((count, 2, 3))
+    motion[0] = np.eye(2, 3)
+
+    roi_centre = mask[origin[:, 0].astype(int), origin[:, 1].astype(int)] > 0
+    inside_share = _inside_share(mask, origin, subset)
+    usable = roi_centre & (inside_share >= min_inside)
+    flat = {name: out[name].reshape(count, -1) for name in out}
+    flat_status = status.reshape(count, -1)
+    flat_key = key_frame.reshape(count, -1)
+    flat_status[:, ~usable] = Status.outside_roi
+    for name in ("dy", "dx", "dy_y", "dy_x", "dx_y", "dx_x", "sigma_dy", "sigma_dx"):
+        flat[name][0, usable] = 0.0
+    flat["zncc"][0, usable] = 1.0
+    flat_key[0, usable] = 0
+
+    # each point's key frame: its index, position and gradient there
+    key_index = np.zeros(points, np.int64)
+    key_position, key_gradient = origin.copy(), np.broadcast_to(np.eye(2), (points, 2, 2)).copy()
+    state = _Points(origin.copy(), key_gradient.copy(), usable.copy())
+    roi_device = jnp.asarray(mask)
+    kept: dict[int, jax.Array] = {}  # spline coefficients of the frames that are someone's key frame
+    previous = read(0)
+    kept[0] = coefficients(previous)
+    whole = np.eye(2, 3)  # reference -> previous frame
+    if progress is not None:
+        progress(1, count)
+    for t in range(1, count):
+        current = read(t)
+        target = coefficients(current)
+        estimate = estimate_motion(previous, current, rotation=rotation)
+        trusted = estimate.score >= MIN_GLOBAL_SCORE
+        step_map = estimate.matrix if trusted else np.eye(2, 3)
+        carried = np.einsum("ij,pj->pi", step_map[:, :2], state.position) + step_map[:, 2]
+        guess_position = np.where(state.found[:, None], carried, np.nan)
+        guess_gradient = np.einsum("ij,pjk->pik", step_map[:, :2], state.gradient)
+        whole_guess = _compose_affine(step_map, whole)
+        lost = ~state.found
+        guess_position[lost] = origin[lost] @ whole_guess[:, :2].T + whole_guess[:, 2]
+        guess_gradient[lost] = whole_guess[:, :2]
+        has_guess = usable & np.all(np.isfinite(guess_position), 1)
+        if not trusted:
+            has_guess &= state.found  # a lost point's only guess was the whole-image motion
+
+        result = _Frame(points)
+        pending = has_guess.copy()
+        _run(pending, guess_position, guess_gradient, result, key_index, key_position, key_gradient, origin,
+             kept, target, roi_device, subset, min_inside)  # fmt: skip
+        accepted = result.accepted(min_zncc)
+        for _ in range(PROPAGATION_ROUNDS):
+            position, gradient = result.positions(key_position, key_gradient)
+            nb_position, nb_gradient, has = _neighbour_guesses(grid, origin, position, gradient, accepted,
+                                                               result.zncc)  # fmt: skip
+            retry = usable & ~accepted & has & ~result.tried_from_neighbours & ~result.out_of_view_only()
+            if not retry.any():
+                break
+            result.tried_from_neighbours |= retry
+            _run(retry, nb_position, nb_gradient, result, key_index, key_position, key_gradient, origin, kept,
+                 target, roi_device, subset, min_inside)  # fmt: skip
+            has_guess |= retry
+            accepted = result.accepted(min_zncc)
+
+        position, gradient = result.positions(key_position, key_gradient)
+        disagreement = _disagreement(grid, origin, position, gradient, accepted)
+        ambiguous = accepted & (disagreement > max_disagreement)
+        found = accepted & ~ambiguous
+
+        codes = np.full(points, Status.not_significant, np.uint8)
+        codes[~has_guess] = Status.no_guess
+        codes[result.ran & ~result.in_view] = Status.out_of_view
+        codes[result.ran & result.in_view & ~result.enough] = Status.outside_roi
+        codes[ambiguous] = Status.ambiguous
+        codes[found] = Status.ok
+        codes[~usable] = Status.outside_roi
+        flat_status[t] = codes
+        flat_key[t] = np.where(result.ran, key_index, -1)
+        displacement = position - origin
+        jacobian = gradient - np.eye(2)
+        values = {
+            "dy": displacement[:, 0], "dx": displacement[:, 1], "zncc": result.zncc,
+            "sigma_dy": result.sigma[:, 0], "sigma_dx": result.sigma[:, 1],
+            "dy_y": jacobian[:, 0, 0], "dy_x": jacobian[:, 0, 1], "dx_y": jacobian[:, 1, 0], "dx_x": jacobian[:, 1, 1],
+        }  # fmt: skip
+        for name, value in values.items():
+            flat[name][t] = np.where(found, value, np.nan)
+        flat["zncc"][t] = np.where(result.ran & result.converged, result.zncc, np.nan)
+
+        fitted = _affine_fit(origin[found], position[found])
+        whole = fitted if fitted is not None else whole_guess
+        motion[t] = whole
+        state = _Points(np.where(found[:, None], position, np.nan), np.where(found[:, None, None], gradient, np.nan),
+                        found)  # fmt: skip
+        # key frames for the next frame
+        if reference != "accumulated":
+            move = found & ((reference == "incremental") | (result.zncc < refresh_zncc))
+            if move.any():
+                key_index[move] = t
+                key_position[move] = position[move]
+                key_gradient[move] = gradient[move]
+                kept[t] = target
+        for k in [k for k in kept if k not in set(key_index.tolist())]:
+            del kept[k]
+        previous = current
+        if progress is not None:
+            progress(t + 1, count)
+    return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
+
+
+def _inside_share(mask: np.ndarray, origin: np.ndarray, subset: tuple[int, int]) -> np.ndarray:
+    """The share of each reference subset's pixels inside the ROI (box sums of the mask)."""
+    hs, hw = subset[0] // 2, subset[1] // 2
+    table = np.pad(np.cumsum(np.cumsum(mask, 0, dtype=np.float64), 1), ((1, 0), (1, 0)))
+    y, x = origin[:, 0].astype(int), origin[:, 1].astype(int)
+    total = table[y + hs + 1, x + hw + 1] - table[y - hs, x + hw + 1] - table[y + hs + 1, x - hw] + table[y - hs, x - hw]
+    return total / (subset[0] * subset[1])
+
+
+class _Frame:
+    """One frame's IC-GN results for every point, filled by passes over some of them."""
+
+    def __init__(self, points: int):
+        self.warp = np.full((points, 6), np.nan)
+        self.zncc = np.full(points, np.nan)
+        self.sigma = np.full((points, 2), np.nan)
+        self.converged = np.zeros(points, bool)
+        self.in_view = np.ones(points, bool)
+        self.enough = np.ones(points, bool)
+        self.ran = np.zeros(points, bool)
+        self.tried_from_neighbours = np.zeros(points, bool)
+
+    def accepted(self, min_zncc: float) -> np.ndarray:
+        return self.ran & self.converged & self.in_view & self.enough & (np.nan_to_num(self.zncc) >= min_zncc)
+
+    def out_of_view_only(self) -> np.ndarray:
+        """Points whose last try converged but left the frame: a neighbour's guess will not bring them back."""
+        return self.ran & self.converged & ~self.in_view
+
+    def positions(self, key_position, key_gradient) -> tuple[np.ndarray, np.ndarray]:
+        """Each point's position ``(P, 2)`` and gradient ``(P, 2, 2)`` in the frame, from its warp."""
+        w = self.warp
+        position = key_position + w[:, (0, 3)]
+        local = np.stack([np.stack([1 + w[:, 1], w[:, 2]], -1), np.stack([w[:, 4], 1 + w[:, 5]], -1)], 1)
+        return position, local @ key_gradient
+
+
+def _run(which, guess_position, guess_gradient, result: _Frame, key_index, key_position, key_gradient, origin,
+         kept, target, roi, subset, min_inside) -> None:  # fmt: skip
+    """IC-GN of the points ``which`` from their guesses, by key frame, each group padded to a bucket; the results
+    written into ``result`` where they are better than what it holds (a first try, or a higher ZNCC)."""
+    for key in np.unique(key_index[which]):
+        chosen = np.flatnonzero(which & (key_index == key))
+        size = _bucket(len(chosen))
+        padded = np.concatenate([chosen, np.full(size - len(chosen), chosen[0])])
+        start = _local_start(guess_position[padded], guess_gradient[padded], key_position[padded],
+                             key_gradient[padded])  # fmt: skip
+        inverse = np.linalg.inv(key_gradient[padded])
+        dtype = np.float32
+        p, zncc, sigma, converged, in_view, enough = jax.device_get(
+            _icgn(kept[int(key)], target, roi, key_position[padded].astype(dtype), origin[padded].astype(dtype),
+                  inverse.astype(dtype), start.astype(dtype), np.float32(min_inside), subset=subset)
+        )  # fmt: skip
+        n = len(chosen)
+        p, zncc, sigma = np.asarray(p[:n], np.float64), np.asarray(zncc[:n], np.float64), sigma[:n]
+        converged, in_view, enough = converged[:n], in_view[:n], enough[:n]
+        score = np.where(converged & in_view, np.nan_to_num(zncc, nan=-2.0), -3.0)
+        old = np.where(result.converged[chosen] & result.in_view[chosen], np.nan_to_num(result.zncc[chosen], nan=-2),
+                       np.where(result.ran[chosen], -3.0, -4.0))  # fmt: skip
+        better = score > old
+        where = chosen[better]
+        result.warp[where] = p[better]
+        result.zncc[where] = zncc[better]
+        result.sigma[where] = sigma[better]
+        result.converged[where] = converged[better]
+        result.in_view[where] = in_view[better]
+        result.enough[where] = enough[better]
+        result.ran[where] = True

@@ -19,7 +19,8 @@ except ImportError:  # pragma: no cover - running from a source tree without a b
 
 from napari_gridmip import core as _core  # noqa: E402 - lazy itself: JAX loads on first use
 
-_IO = ("read_array", "read_tiles", "write_mipmap")  # napari_gridmip.io: lazy readers and the OME-Zarr pyramid writer
+# napari_gridmip.io: lazy readers (mosaics with their stage positions too) and the OME-Zarr and Fiji writers
+_IO = ("read_array", "read_tiles", "read_mosaic", "write_mipmap", "write_ome_zarr", "write_tile_configuration")
 
 __all__ = ["__version__", *_core.__all__, *_IO]
 

@@ -51,6 +51,9 @@ DATA_ARGUMENTS = {
     "read_array": ("path",),
     "read_tiles": ("folder", "pattern"),
     "write_mipmap": ("volume", "path"),
+    "read_mosaic": ("path",),
+    "write_ome_zarr": ("image", "path"),
+    "write_tile_configuration": ("names", "positions", "path"),
 }
 
 FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name != "__version__")
@@ -58,7 +61,7 @@ FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name != "__version
 
 def test_the_api_is_exactly_these_functions():
     assert FUNCTIONS == sorted(DATA_ARGUMENTS)
-    assert sorted(core.__all__) == [f for f in FUNCTIONS if f not in ("read_array", "read_tiles", "write_mipmap")]
+    assert sorted(core.__all__) == [f for f in FUNCTIONS if f not in napari_gridmip._IO]
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)

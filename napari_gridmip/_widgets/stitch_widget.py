@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 FROM_LAYER = "a tile stack layer"
 FROM_FOLDER = "a folder of TIFF tiles"
-MOSAIC_KEY = "gridmip_mosaic"  # layer.metadata entry of a tile stack (the mosaic sample sets it)
+# layer.metadata entry of a tile stack: the mosaic sample sets it, and so do the mosaic readers (io/_napari.py:
+# Fiji's TileConfiguration, OME-TIFF series, OME-Zarr collections), with stage_positions but no grid
+MOSAIC_KEY = "gridmip_mosaic"
 
 
 class StitchWidget(JobWidget):
@@ -107,8 +109,9 @@ class StitchWidget(JobWidget):
         """Take the grid and overlap of a layer that describes its tiles (as the mosaic sample does)."""
         layer = self.layer.value if self.source.value == FROM_LAYER else None
         mosaic = getattr(layer, "metadata", {}).get(MOSAIC_KEY) if layer is not None else None
-        if mosaic:
+        if mosaic and "grid_shape" in mosaic:
             self.grid_shape.value = ", ".join(map(str, mosaic["grid_shape"]))
+        if mosaic and "overlap" in mosaic:
             self.overlap.value = float(mosaic["overlap"])
         known = self._stage_positions() is not None
         self.stage_note.value = "positions from the layer's metadata" if known else "positions from the grid"
@@ -118,9 +121,12 @@ class StitchWidget(JobWidget):
             layer = require_layer(self.layer, "an Image layer holding a stack of tiles")
             tiles, name, frame = layer.data, layer.name, Frame.of(layer)
             source = Source("tiles", layer=layer.name)
-            grid = parse_ints("grid", self.grid_shape.value)
             positions = self._stage_positions()
             code = f"viewer.layers[{layer.name!r}].metadata[{MOSAIC_KEY!r}]['stage_positions']"
+            grid = parse_ints("grid", self.grid_shape.value)
+            if positions is not None and len(grid) != positions.shape[-1]:
+                # placed by its positions: the grid only says how many spatial axes (a reader's layer has none)
+                grid = (len(positions),) + (1,) * (positions.shape[-1] - 1)
         else:
             from napari_gridmip.io import read_tiles
 

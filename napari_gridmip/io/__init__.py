@@ -5,13 +5,27 @@
   ome-zarr's reader) as a dask array: nothing is loaded until computed.
 - :func:`read_tiles`: a folder of TIFF tiles named by a pattern
   (``tile_{row}_{col}.tif``, ``img_{index:03}.tif``) as one lazy tile stack.
+- :func:`read_mosaic`: a microscope mosaic with its stage positions in pixels (OME-TIFF series, an
+  OME-Zarr collection, Fiji's TileConfiguration, or a folder pattern on a grid), lazily;
+  :func:`write_tile_configuration` writes positions back in Fiji's format.
+- :func:`write_ome_zarr`: an image (a fused mosaic) as OME-Zarr with its pixel size and origin.
 - :func:`write_mipmap`: the occupancy pyramid of a volume as an OME-Zarr
   multiscale image, written with ome-zarr-py (NGFF metadata from the library),
   block by block, under a temporary name and renamed into place when complete.
 """
 
+from napari_gridmip.io._mosaic import TileMosaic, read_mosaic, write_tile_configuration
 from napari_gridmip.io._read import read_array
 from napari_gridmip.io._tiles import read_tiles
-from napari_gridmip.io._write import write_array, write_mipmap
+from napari_gridmip.io._write import write_array, write_mipmap, write_ome_zarr
 
-__all__ = ["read_array", "read_tiles", "write_mipmap", "write_array"]
+__all__ = [
+    "read_array",
+    "read_tiles",
+    "read_mosaic",
+    "TileMosaic",
+    "write_mipmap",
+    "write_array",
+    "write_ome_zarr",
+    "write_tile_configuration",
+]

@@ -1,4 +1,5 @@
-"""napari's reader and writer contributions for OME-Zarr occupancy pyramids (see napari.yaml)."""
+"""napari's reader and writer contributions (see napari.yaml): OME-Zarr occupancy pyramids, and mosaics (Fiji's
+TileConfiguration, OME-TIFF series, OME-Zarr collections) as tile stacks carrying their stage positions."""
 
 from __future__ import annotations
 
@@ -8,15 +9,75 @@ from typing import Any
 
 
 def get_reader(path: str | list[str]) -> Callable | None:
-    """A reader for an OME-Zarr multiscale image folder (as :func:`write_mipmap` writes), else None."""
+    """A reader for an OME-Zarr multiscale image folder (as :func:`write_mipmap` writes), or a collection of them
+    (tiles placed by their translations, read as :func:`read_mosaic_layer`), else None."""
     if isinstance(path, list) or not Path(path).is_dir():
         return None
     from ome_zarr.io import parse_url
 
     location = parse_url(str(path))
-    if location is None or "multiscales" not in location.root_attrs:
+    if location is None:
         return None
+    if "multiscales" not in location.root_attrs:
+        from napari_gridmip.io._mosaic import collection_images
+
+        return read_mosaic_layer if collection_images(path) else None
     return read_ome_zarr
+
+
+MOSAIC_KEY = "gridmip_mosaic"  # the layer.metadata entry the Stitch tiles widget reads (stage_positions, in pixels)
+
+
+def get_mosaic_reader(path: str | list[str]) -> Callable | None:
+    """A reader for Fiji's ``TileConfiguration*.txt`` and for OME-TIFF files of several series (the tiles), else None.
+
+    An OME-TIFF of one series is left to napari's other readers (one image, not a mosaic).
+    """
+    if isinstance(path, list):
+        return None
+    file = Path(path)
+    name = file.name.lower()
+    if not file.is_file():
+        return None
+    if name.endswith(".txt"):
+        return read_mosaic_layer if "tileconfiguration" in name else None
+    if not name.endswith((".ome.tif", ".ome.tiff")):
+        return None
+    try:
+        import tifffile
+
+        with tifffile.TiffFile(file) as tif:
+            several = tif.is_ome and len(tif.series) > 1
+    except Exception:  # noqa: BLE001 - not a TIFF tifffile can read: another reader's file
+        return None
+    return read_mosaic_layer if several else None
+
+
+def read_mosaic_layer(path: str) -> list[tuple]:
+    """The mosaic as one tile stack layer ``(n, [C,] *tile)``, lazily, placed by nothing yet.
+
+    ``metadata["gridmip_mosaic"]`` holds ``stage_positions`` (``(n, d)`` pixels, ``(y, x)`` or ``(z, y, x)``), the
+    tiles' ``names``, ``pixel_size`` (micrometres or None) and the ``source`` path: the Stitch tiles widget takes
+    the positions from there. The layer's scale is the pixel size where the file states one.
+    """
+    from napari_gridmip.io._mosaic import read_mosaic
+
+    mosaic = read_mosaic(path)
+    d = mosaic.positions.shape[1]
+    meta: dict[str, Any] = {
+        "name": Path(path).stem if Path(path).is_file() else Path(path).name,
+        "metadata": {
+            MOSAIC_KEY: {
+                "stage_positions": mosaic.positions,
+                "names": list(mosaic.names),
+                "pixel_size": mosaic.pixel_size,
+                "source": str(path),
+            }
+        },
+    }
+    if mosaic.pixel_size is not None:  # tiles and channel keep a unit step
+        meta["scale"] = [1.0] * (mosaic.tiles.ndim - d) + list(mosaic.pixel_size)
+    return [(mosaic.tiles, meta, "image")]
 
 
 # napari shows a multiscale layer's coarsest level in 3D: the layer's levels stop at the first whose longest side is

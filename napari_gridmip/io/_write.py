@@ -331,3 +331,116 @@ def write_array(
             description = json.dumps(dict(attributes)) if attributes else None
             tifffile.imwrite(temporary, data, description=description, metadata=None if description else {})
     return path
+
+
+def write_ome_zarr(
+    image: Any,
+    path: str | os.PathLike,
+    *,
+    pixel_size: float | Sequence[float] | None = None,
+    origin: Sequence[float] | None = None,
+    axes: str | None = None,
+    name: str = "image",
+    chunk: int = 512,
+    overwrite: bool = False,
+    compute: Callable[[Any], Any] | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write an image (e.g. a fused mosaic) as an OME-Zarr image with its pixel size and place, one level.
+
+    Parameters
+    ----------
+    image
+        ``([T,] [C,] [Z,] Y, X)`` NumPy, JAX or dask array (a dask array is written chunk by chunk, never whole in
+        memory), e.g. ``fuse_tiles(...).image``.
+    path
+        The OME-Zarr folder to create (written under a temporary name, renamed when complete).
+    pixel_size
+        Micrometres per pixel along the spatial axes, ``(y, x)``, ``(z, y, x)`` or one number for all: level 0's
+        ``scale``, with the axes' unit ``"micrometer"``. Default None: scale 1, no unit.
+    origin
+        The scene coordinate of pixel 0 along the spatial axes, in pixels (``fuse_tiles(...).origin``): written as
+        the ``translation`` (times ``pixel_size``), so that viewers place the mosaic where the stage put it.
+    axes
+        The axes' NGFF names, e.g. ``"cyx"`` or ``"czyx"``; default by the number of axes: ``yx``, ``zyx``,
+        ``czyx``, ``tczyx``.
+    name
+        The multiscale's name.
+    chunk
+        The stored chunk's side along the spatial axes (one time point and channel per chunk).
+    overwrite
+        Replace an existing ``path``.
+    compute
+        How to run a dask graph (given a list of dask collections); default ``dask.compute``.
+    attributes
+        Extra JSON-able attributes for the image group, beside the NGFF metadata (e.g. a provenance record).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    ValueError
+        If ``image`` has fewer than 2 or more than 5 axes, ``axes`` does not name them (NGFF order: ``t``, ``c``,
+        then spatial axes ending in ``y, x``), ``pixel_size`` or ``origin`` does not fit the spatial axes, or
+        ``path`` exists and ``overwrite`` is false.
+
+    References
+    ----------
+    .. [1] OME-NGFF, ``multiscales``, https://ngff.openmicroscopy.org (the metadata is ome-zarr-py's).
+    """
+    import dask
+    import zarr
+    from ome_zarr.writer import write_multiscales_metadata
+
+    from napari_gridmip.core import _validate
+
+    image = _validate.as_array("image", image)
+    shape = tuple(int(n) for n in _validate.shape_of(image))
+    default_axes = {2: "yx", 3: "zyx", 4: "czyx", 5: "tczyx"}
+    axes = (axes or default_axes.get(len(shape), "")).lower()
+    spatial = axes.lstrip("tc")
+    if (
+        len(axes) != len(shape)
+        or not 2 <= len(shape) <= 5
+        or spatial not in ("yx", "zyx")
+        or axes[: len(axes) - len(spatial)] not in ("", "t", "c", "tc")
+    ):
+        raise ValueError(f"image of shape {shape} with axes {axes!r}: expected 2 to 5 axes named like 'yx', 'zyx', "
+                         "'cyx', 'czyx' or 'tczyx'")  # fmt: skip
+    d = len(spatial)
+    size = np.ones(d) if pixel_size is None else np.broadcast_to(np.asarray(pixel_size, dtype=float), (d,))
+    if not (np.isfinite(size) & (size > 0)).all():
+        raise ValueError(f"pixel_size must be positive, one number or one per spatial axis; got {pixel_size!r}")
+    start = np.zeros(d) if origin is None else np.asarray(origin, dtype=float)
+    if start.shape != (d,) or not np.isfinite(start).all():
+        raise ValueError(f"origin must give the {d} spatial axes' pixel 0; got {origin!r}")
+    lead = len(axes) - d
+    scale = [1.0] * lead + [float(s) for s in size]
+    translation = [0.0] * lead + [float(t) for t in start * size]
+    axis_meta = []
+    for letter in axes:
+        kind = {"t": "time", "c": "channel"}.get(letter, "space")
+        entry = {"name": letter, "type": kind}
+        if kind == "space" and pixel_size is not None:
+            entry["unit"] = "micrometer"
+        axis_meta.append(entry)
+    chunks = (1,) * lead + tuple(min(int(chunk), n) for n in shape[lead:])
+    with atomic_path(path, overwrite=overwrite) as temporary:
+        group = zarr.open_group(str(temporary), mode="w")
+        dtype = np.dtype(image.dtype)
+        array = group.create_array("s0", shape=shape, chunks=chunks, dtype=dtype, fill_value=0)
+        if _validate.is_dask(image):
+            # each task writes whole stored chunks: no two touch one
+            (compute or dask.compute)([image.rechunk(chunks).store(array, lock=False, compute=False)])
+        else:
+            array[...] = np.asarray(image)
+        transforms = [{"type": "scale", "scale": scale}, {"type": "translation", "translation": translation}]
+        write_multiscales_metadata(
+            group, [{"path": "s0", "coordinateTransformations": transforms}], axes=axis_meta, name=name
+        )
+        if attributes:
+            group.attrs.update(dict(attributes))
+    return Path(path)

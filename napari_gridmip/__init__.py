@@ -20,7 +20,8 @@ except ImportError:  # pragma: no cover - running from a source tree without a b
 from napari_gridmip import core as _core  # noqa: E402 - lazy itself: JAX loads on first use
 
 # napari_gridmip.io: lazy readers (mosaics with their stage positions too) and the OME-Zarr and Fiji writers
-_IO = ("read_array", "read_tiles", "read_mosaic", "write_mipmap", "write_ome_zarr", "write_tile_configuration")
+_IO = ("read_array", "read_tiles", "read_mosaic", "write_mipmap", "write_ome_zarr", "write_tile_configuration",
+       "write_series_csv")  # fmt: skip
 
 __all__ = ["__version__", *_core.__all__, *_IO]
 

@@ -38,6 +38,7 @@ DATA_ARGUMENTS = {
     "apply_tiled": ("fn", "image", "tile"),
     "windowed_pearson": ("img1", "img2", "window"),
     "find_displacement": ("img1", "img2", "window"),
+    "correlate_series": ("frames",),
     "displacement_vectors": ("dy", "dx"),
     "filter_tiled": ("image", "tile"),
     "grid_positions": ("grid_shape", "tile_shape", "overlap"),
@@ -54,6 +55,7 @@ DATA_ARGUMENTS = {
     "read_mosaic": ("path",),
     "write_ome_zarr": ("image", "path"),
     "write_tile_configuration": ("names", "positions", "path"),
+    "write_series_csv": ("series", "folder"),
 }
 
 FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name != "__version__")

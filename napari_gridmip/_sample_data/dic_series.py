@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from napari_gridmip._sample_data._cache import on_disk
 from napari_gridmip._sample_data.dic import _dots, camera, render_speckle
 
 KINDS = ("translation", "rotation", "hole", "strain")
@@ -38,7 +39,8 @@ def _translation_path(frames: int, shape: tuple[int, int]) -> list[tuple[float, 
     """A drift out of view and back: up to 0.45 of the frame from the reference, steps up to half the frame."""
     rows, cols = shape
     path = [(0.0, 0.0), (0.1 * rows, 0.45 * cols), (-0.2 * rows, 0.3 * cols), (0.05 * rows, -0.4 * cols),
-            (0.3 * rows, 0.1 * cols), (-0.1 * rows, 0.05 * cols), (0.02 * rows + 0.37, -0.03 * cols + 0.61)]
+            (0.3 * rows, 0.1 * cols), (-0.1 * rows, 0.05 * cols),
+            (0.02 * rows + 0.37, -0.03 * cols + 0.61)]  # fmt: skip
     return [(dy + 0.13 * i, dx - 0.29 * i) for i, (dy, dx) in enumerate(path[:frames])]  # fmt: skip
 
 
@@ -156,3 +158,40 @@ def true_displacement(maps: list[Map], y: np.ndarray, x: np.ndarray) -> tuple[np
     gy, gx = np.meshgrid(y, x, indexing="ij")
     moved = [phi(gy, gx) for phi in maps]
     return np.stack([m[0] - gy for m in moved]), np.stack([m[1] - gx for m in moved])
+
+
+# the Correlation widget's mode and options for the rotation series (napari_gridmip._widgets.correlation_widget's
+# SERIES mode): the subset and step of the truth below, an arrow every 4th point
+SERIES_SETTINGS = {"mode": "DIC series (image sequence)", "subset": [31, 31], "step": 8, "reference": "accumulated",
+                   "spacing": 32}  # fmt: skip
+
+
+@on_disk
+def dic_series_sample() -> list[tuple]:
+    """File > Open Sample > DIC series (rotation): a speckled disk turning a full turn in 20 degree steps, the
+    frames ``(T, Y, X)`` uint8 and the disk as a Labels layer (the region of interest).
+
+    The truth on the grid of the suggested subset and step (``correlate_series``' grid) is in the frames' metadata:
+    ``true_dy``, ``true_dx`` ``(T, R, C)`` at the reference points ``true_y`` ``(R,)``, ``true_x`` ``(C,)``, and
+    each frame's angle ``true_angle_deg``.
+    """
+    frames, truth = make_dic_series("rotation")
+    half, step = SERIES_SETTINGS["subset"][0] // 2, SERIES_SETTINGS["step"]
+    rows, cols = frames.shape[1:]
+    y = np.arange(half, rows - half, step, dtype=np.float64)
+    x = np.arange(half, cols - half, step, dtype=np.float64)
+    dy, dx = true_displacement(truth["maps"], y, x)
+    metadata = {
+        "gridmip_role": "frames",
+        "gridmip_correlation": SERIES_SETTINGS,
+        "true_dy": dy.astype(np.float32),
+        "true_dx": dx.astype(np.float32),
+        "true_y": y,
+        "true_x": x,
+        "true_angle_deg": 20.0 * np.arange(len(frames)),
+    }
+    roi = {"name": "DIC series ROI", "opacity": 0.2, "metadata": {"gridmip_role": "roi"}}
+    return [
+        (frames, {"name": "DIC series (rotation)", "colormap": "gray", "metadata": metadata}, "image"),
+        (truth["roi"].astype(np.uint8), roi, "labels"),
+    ]

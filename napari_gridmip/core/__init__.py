@@ -40,6 +40,7 @@ _API = {
     "fuse_tiles": "patches.fuse",
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",
+    "correlate_series": "correlation.series",
     "displacement_vectors": "correlation.vectors",
     "integrate_gradient": "correlation.fields",
     "phase_from_displacement": "correlation.fields",

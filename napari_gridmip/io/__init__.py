@@ -9,11 +9,14 @@
   OME-Zarr collection, Fiji's TileConfiguration, or a folder pattern on a grid), lazily;
   :func:`write_tile_configuration` writes positions back in Fiji's format.
 - :func:`write_ome_zarr`: an image (a fused mosaic) as OME-Zarr with its pixel size and origin.
+- :func:`write_series_csv`: a DIC series (:func:`~napari_gridmip.correlate_series`) as one CSV per frame,
+  DICe's columns.
 - :func:`write_mipmap`: the occupancy pyramid of a volume as an OME-Zarr
   multiscale image, written with ome-zarr-py (NGFF metadata from the library),
   block by block, under a temporary name and renamed into place when complete.
 """
 
+from napari_gridmip.io._dic_csv import write_series_csv
 from napari_gridmip.io._mosaic import TileMosaic, read_mosaic, write_tile_configuration
 from napari_gridmip.io._read import read_array
 from napari_gridmip.io._tiles import read_tiles
@@ -28,4 +31,5 @@ __all__ = [
     "write_array",
     "write_ome_zarr",
     "write_tile_configuration",
+    "write_series_csv",
 ]

@@ -39,7 +39,6 @@ J. Westerweel, F. Scarano, "Universal outlier detection for PIV data", Exp. Flui
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -48,13 +47,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from scipy import ndimage
 
 from napari_gridmip.core import _validate
 from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.correlation._checks import check_subset
 from napari_gridmip.core.correlation._global_motion import estimate_motion
+from napari_gridmip.core.correlation._status import Status
 from napari_gridmip.core.correlation.affine import _cholesky, _cholesky_solve, _compose
-from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, smooth_frames
+from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius, smooth_frames
 from napari_gridmip.core.correlation.subsets import _spline_coefficients
 
 REFERENCES = ("accumulated", "incremental", "auto")
@@ -64,24 +65,7 @@ MIN_BUCKET = 64  # the points of one IC-GN call are padded to a power of two fro
 PROPAGATION_ROUNDS = 8  # neighbour-propagation passes per frame at most (each one reaches one grid step further)
 MIN_GLOBAL_SCORE = 0.2  # a whole-image motion whose masked NCC is below this is no guess
 MIN_FIT_POINTS = 6  # points found in a frame for an affine fit of the whole field
-
-
-class Status(enum.IntEnum):
-    """Why a point of a series has no value in a frame (``ok``: it has one)."""
-
-    ok = 0
-    out_of_view = 1
-    """Its subset, carried by its warp, leaves the frame (or its key frame)."""
-    not_significant = 2
-    """The match is not good enough: the warp did not converge, or its ZNCC is under ``min_zncc``."""
-    ambiguous = 3
-    """It converged, but disagrees with its found neighbours by more than ``max_disagreement`` px: a second
-    position matched as well."""
-    no_guess = 4
-    """There was nothing to start it from: lost in the previous frame, no neighbour found, and no whole-image
-    motion."""
-    outside_roi = 5
-    """Its centre is outside the region of interest, or too little of its subset is inside."""
+SPLINE_TAPS = 2  # px: a cubic spline's value at a position reads the coefficients up to 2 px away
 
 
 class Series(NamedTuple):
@@ -119,7 +103,7 @@ class Series(NamedTuple):
     """``(T, R, C)`` int32: the frame each point was matched against (-1 where it was not run)."""
     motion: np.ndarray
     """``(T, 2, 3)`` float64: the whole-image affine map from the reference to each frame (fitted to the points
-    found, else carried by the frame-to-frame estimate), ``(y, x, 1)`` -> ``(y', x')``."""
+    found, else carried by the frame-to-frame estimate; NaN where neither), ``(y, x, 1)`` -> ``(y', x')``."""
 
 
 # -- the IC-GN kernel ------------------------------------------------------------------------------------------
@@ -170,7 +154,8 @@ def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subse
     ``(v, v_y, v_x, u, u_y, u_x)`` from the key frame's subset to the frame.
 
     Returns the warp ``(P, 6)``, the ZNCC, ``sigma`` ``(P, 2)``, whether it converged, whether the warped subset
-    lies in the frame, and whether enough of the subset is inside the ROI and the key frame.
+    lies in the frame at the end and at the start, and whether enough of the subset is inside the ROI and the key
+    frame.
     """
     hs, hw = subset[0] // 2, subset[1] // 2
     dtype = key.dtype
@@ -204,6 +189,11 @@ def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subse
         v, vy, vx, u, uy, ux = (p[:, i : i + 1] for i in range(6))
         return centre[:, :1] + eta + v + vy * eta + vx * zeta, centre[:, 1:] + zeta + u + uy * eta + ux * zeta
 
+    def in_view(p):  # every used pixel within the frame's pixels' own footprint (the spline's edge padding)
+        py, px = warped(p)
+        view = (py >= -0.5) & (py <= frame_shape[0] - 0.5) & (px >= -0.5) & (px <= frame_shape[1] - 0.5)
+        return jnp.all(view | (m == 0), 1)
+
     def residual(p):
         py, px = warped(p)
         g = _sample(target, py, px, gradient=False)
@@ -229,6 +219,7 @@ def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subse
         return (i < MAX_ITERATIONS) & jnp.any(active)
 
     start = start.astype(dtype)
+    started_in_view = in_view(start)
     live = enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(factor), 1)
     _, p, active = lax.while_loop(going, step, (0, start, live))
     r, gc, dg = residual(p)
@@ -239,18 +230,18 @@ def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subse
     inv_v = _cholesky_solve(factor, jnp.broadcast_to(unit[0], p.shape))[:, 0]
     inv_u = _cholesky_solve(factor, jnp.broadcast_to(unit[3], p.shape))[:, 3]
     sigma = jnp.sqrt(jnp.stack([variance * inv_v, variance * inv_u], -1))
-    py, px = warped(p)
-    view = (py >= 0) & (py <= frame_shape[0] - 1) & (px >= 0) & (px <= frame_shape[1] - 1)
-    in_view = jnp.all(view | (m == 0), 1)
+
     converged = live & ~active & jnp.all(jnp.isfinite(p), 1) & (dg > 0)
-    return p, zncc, sigma, converged, in_view, enough
+    return p, zncc, sigma, converged, in_view(p), started_in_view, enough
 
 
 @partial(jax.jit, static_argnames=("sigma",))
 def _prepared_frame(frame: jax.Array, *, sigma: float) -> jax.Array:
-    """A frame's spline coefficients, after the prefilter, edge-padded by 2 (one program per frame shape)."""
+    """The spline coefficients of a frame, after the prefilter, extended by 2 px each side ``(M + 4, N + 4)``: those
+    of the frame edge-padded by 2 (so that the spline still interpolates the border pixels; padding the
+    coefficients instead misses the corner pixel by 3 grey levels). One program per frame shape."""
     smoothed = smooth_frames(frame[None], sigma=sigma) if sigma > 0 else frame[None]
-    return jnp.pad(_spline_coefficients(smoothed)[0], 2, mode="edge")
+    return _spline_coefficients(jnp.pad(smoothed[0], 2, mode="edge"))
 
 
 # -- the host side: guesses, statuses, the frames' loop ---------------------------------------------------------
@@ -393,8 +384,10 @@ def correlate_series(
         every reference subset is inside the frame.
     roi
         ``(M, N)`` bool (or integer labels, nonzero inside) mask of the reference: the region of interest. A
-        subset uses only its pixels inside it; a point whose centre is outside, or with less than
-        ``min_inside`` of its subset inside, is ``outside_roi``. Default: the whole frame.
+        subset uses only its pixels inside it, less a band along the ROI's edge as wide as the prefilter's and
+        the spline's reach (``4 sigma + 2`` px, 6 px by default), so that no value from outside enters a match; a
+        point whose centre is outside, or with less than ``min_inside`` of its subset usable, is
+        ``outside_roi``. Default: the whole frame.
     reference
         ``"accumulated"`` (default): every frame is matched against frame 0, each started from the previous
         frame's field. ``"incremental"``: each point against the last frame it was found in, the displacements
@@ -455,6 +448,11 @@ def correlate_series(
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA)
     rotation = _validate.check_bool("rotation", rotation)
 
+    # the pixels a subset may use: the ROI less the reach of the prefilter and of the spline's taps around its
+    # edge, so that no value outside the ROI enters a match (the frame's own border is no edge: it is edge-padded)
+    reach = radius(sigma) + SPLINE_TAPS
+    usable_mask = ndimage.binary_erosion(mask > 0, iterations=reach, border_value=1) if roi is not None else mask > 0
+    weights = usable_mask.astype(np.float32)
     hs, hw = subset[0] // 2, subset[1] // 2
     grid_y = np.arange(hs, rows - hs, step, dtype=np.float64)
     grid_x = np.arange(hw, cols - hw, step, dtype=np.float64)
@@ -480,7 +478,7 @@ def correlate_series(
     motion[0] = np.eye(2, 3)
 
     roi_centre = mask[origin[:, 0].astype(int), origin[:, 1].astype(int)] > 0
-    inside_share = _inside_share(mask, origin, subset)
+    inside_share = _inside_share(weights, origin, subset)
     usable = roi_centre & (inside_share >= min_inside)
     flat = {name: out[name].reshape(count, -1) for name in out}
     flat_status = status.reshape(count, -1)
@@ -495,11 +493,11 @@ def correlate_series(
     key_index = np.zeros(points, np.int64)
     key_position, key_gradient = origin.copy(), np.broadcast_to(np.eye(2), (points, 2, 2)).copy()
     state = _Points(origin.copy(), key_gradient.copy(), usable.copy())
-    roi_device = jnp.asarray(mask)
+    roi_device = jnp.asarray(weights)
     kept: dict[int, jax.Array] = {}  # spline coefficients of the frames that are someone's key frame
     previous = read(0)
     kept[0] = coefficients(previous)
-    whole = np.eye(2, 3)  # reference -> previous frame
+    whole = np.eye(2, 3)  # reference -> previous frame (the last one in which points were found)
     if progress is not None:
         progress(1, count)
     for t in range(1, count):
@@ -522,7 +520,7 @@ def correlate_series(
         result = _Frame(points)
         pending = has_guess.copy()
         _run(pending, guess_position, guess_gradient, result, key_index, key_position, key_gradient, origin,
-             kept, target, roi_device, subset, min_inside)  # fmt: skip
+             kept, target, roi_device, subset, min_inside, min_zncc)  # fmt: skip
         accepted = result.accepted(min_zncc)
         for _ in range(PROPAGATION_ROUNDS):
             position, gradient = result.positions(key_position, key_gradient)
@@ -533,7 +531,7 @@ def correlate_series(
                 break
             result.tried_from_neighbours |= retry
             _run(retry, nb_position, nb_gradient, result, key_index, key_position, key_gradient, origin, kept,
-                 target, roi_device, subset, min_inside)  # fmt: skip
+                 target, roi_device, subset, min_inside, min_zncc)  # fmt: skip
             has_guess |= retry
             accepted = result.accepted(min_zncc)
 
@@ -563,10 +561,12 @@ def correlate_series(
         flat["zncc"][t] = np.where(result.ran & result.converged, result.zncc, np.nan)
 
         fitted = _affine_fit(origin[found], position[found])
-        whole = fitted if fitted is not None else whole_guess
-        motion[t] = whole
-        state = _Points(np.where(found[:, None], position, np.nan), np.where(found[:, None, None], gradient, np.nan),
-                        found)  # fmt: skip
+        motion[t] = fitted if fitted is not None else (whole_guess if trusted else np.nan)
+        if found.any():  # the next frame starts from this one; a frame where nothing was found is passed over
+            whole = motion[t] if fitted is not None else whole_guess
+            state = _Points(np.where(found[:, None], position, np.nan),
+                            np.where(found[:, None, None], gradient, np.nan), found)  # fmt: skip
+            previous = current
         # key frames for the next frame
         if reference != "accumulated":
             move = found & ((reference == "incremental") | (result.zncc < refresh_zncc))
@@ -577,7 +577,6 @@ def correlate_series(
                 kept[t] = target
         for k in [k for k in kept if k not in set(key_index.tolist())]:
             del kept[k]
-        previous = current
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
@@ -588,7 +587,9 @@ def _inside_share(mask: np.ndarray, origin: np.ndarray, subset: tuple[int, int])
     hs, hw = subset[0] // 2, subset[1] // 2
     table = np.pad(np.cumsum(np.cumsum(mask, 0, dtype=np.float64), 1), ((1, 0), (1, 0)))
     y, x = origin[:, 0].astype(int), origin[:, 1].astype(int)
-    total = table[y + hs + 1, x + hw + 1] - table[y - hs, x + hw + 1] - table[y + hs + 1, x - hw] + table[y - hs, x - hw]
+    total = (
+        table[y + hs + 1, x + hw + 1] - table[y - hs, x + hw + 1] - table[y + hs + 1, x - hw] + table[y - hs, x - hw]
+    )
     return total / (subset[0] * subset[1])
 
 
@@ -621,7 +622,7 @@ class _Frame:
 
 
 def _run(which, guess_position, guess_gradient, result: _Frame, key_index, key_position, key_gradient, origin,
-         kept, target, roi, subset, min_inside) -> None:  # fmt: skip
+         kept, target, roi, subset, min_inside, min_zncc) -> None:  # fmt: skip
     """IC-GN of the points ``which`` from their guesses, by key frame, each group padded to a bucket; the results
     written into ``result`` where they are better than what it holds (a first try, or a higher ZNCC)."""
     for key in np.unique(key_index[which]):
@@ -632,13 +633,17 @@ def _run(which, guess_position, guess_gradient, result: _Frame, key_index, key_p
                              key_gradient[padded])  # fmt: skip
         inverse = np.linalg.inv(key_gradient[padded])
         dtype = np.float32
-        p, zncc, sigma, converged, in_view, enough = jax.device_get(
+        p, zncc, sigma, converged, in_view, started_in_view, enough = jax.device_get(
             _icgn(kept[int(key)], target, roi, key_position[padded].astype(dtype), origin[padded].astype(dtype),
                   inverse.astype(dtype), start.astype(dtype), np.float32(min_inside), subset=subset)
         )  # fmt: skip
         n = len(chosen)
         p, zncc, sigma = np.asarray(p[:n], np.float64), np.asarray(zncc[:n], np.float64), sigma[:n]
         converged, in_view, enough = converged[:n], in_view[:n], enough[:n]
+        # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off
+        # from a guess in view found nothing: not significant)
+        leaves = ~started_in_view[:n] | (~in_view & converged & (np.nan_to_num(zncc) >= min_zncc))
+        in_view = in_view | ~leaves
         score = np.where(converged & in_view, np.nan_to_num(zncc, nan=-2.0), -3.0)
         old = np.where(result.converged[chosen] & result.in_view[chosen], np.nan_to_num(result.zncc[chosen], nan=-2),
                        np.where(result.ran[chosen], -3.0, -4.0))  # fmt: skip

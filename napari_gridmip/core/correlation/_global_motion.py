@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import fft, ndimage
 
-MAX_SIZE = 384  # px a side of the reduced frames the estimate works on
+MAX_SIZE = 160  # px a side of the reduced frames the estimate works on (the guess needs a few px: 0.5 px here)
 MIN_OVERLAP = 0.2  # shifts whose overlap holds fewer than this share of the smaller frame's valid pixels: none
 ANGLES = 360  # log-polar samples over 180 degrees (0.5 degree apart; the peak's fit goes below)
 

@@ -61,7 +61,7 @@ from napari_gridmip.core.correlation.subsets import _spline_coefficients
 REFERENCES = ("accumulated", "incremental", "auto")
 MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 10 are typical
 TOLERANCE = 1e-3  # px: an increment that moves no corner of the subset by more than this has converged
-MIN_BUCKET = 64  # the points of one IC-GN call are padded to a power of two from here: a few programs in all
+MIN_BUCKET = 64  # the points of one IC-GN call are padded to one of a few sizes from here (:func:`_bucket`)
 PROPAGATION_ROUNDS = 8  # neighbour-propagation passes per frame at most (each one reaches one grid step further)
 MIN_GLOBAL_SCORE = 0.2  # a whole-image motion whose masked NCC is below this is no guess
 MIN_FIT_POINTS = 6  # points found in a frame for an affine fit of the whole field
@@ -256,7 +256,13 @@ class _Points(NamedTuple):
 
 
 def _bucket(count: int) -> int:
-    return max(MIN_BUCKET, 1 << int(np.ceil(np.log2(max(count, 1)))))
+    """The padded size of an IC-GN call of ``count`` points: 4 sizes per octave from ``MIN_BUCKET`` (at most 25%
+    of padding; a power of two wasted up to half of a frame's work, 529 points padded to 1024)."""
+    if count <= MIN_BUCKET:
+        return MIN_BUCKET
+    octave = 1 << (int(count - 1).bit_length() - 1)
+    quarter = max(octave // 4, 1)
+    return int(-(-count // quarter) * quarter)
 
 
 def _local_start(guess_position, guess_gradient, key_position, key_gradient) -> np.ndarray:

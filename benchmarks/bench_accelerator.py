@@ -175,6 +175,19 @@ def _dic_affine(o: Options) -> tuple[dict[str, Any], str]:
     return _dic_pair(n), f"{n}^2 8-bit pair as float32, window 11x11, subset 31, step 4, refine, affine"
 
 
+def _dic_series(o: Options) -> tuple[dict[str, Any], str]:
+    from napari_gridmip._sample_data.dic_series import make_dic_series
+
+    n, count = (128, 4) if o.quick else (512, 8)
+    frames, truth = make_dic_series("rotation", frames=count, shape=(n, n))  # 20 degrees a frame, a disk's mask
+    return {"frames": frames, "roi": truth["roi"]}, f"{count} x {n}^2 uint8 rotation sequence, subset 31, step 8, ROI"
+
+
+def _dic_series_call(i: dict[str, Any]) -> Any:
+    # the whole Series (NumPy on the host: the loop's guesses and statuses are host work between frames)
+    return _gm().correlate_series(i["frames"], subset=31, step=8, roi=i["roi"])
+
+
 def _tracking(o: Options) -> tuple[dict[str, Any], str]:
     n = 64 if o.quick else 512
     inputs = _speckles(20, n)
@@ -306,6 +319,8 @@ CASES = [
                                            subpixel="refine")),
     Case("dic_affine", "DIC shape='affine' 1024^2, window 11, subset 31, step 4, refine", _dic_affine,
          _dic_affine_call),
+    Case("dic_series", "correlate_series 8 x 512^2 rotation sequence, subset 31, step 8, ROI", _dic_series,
+         _dic_series_call, lambda i: None),
     Case("track_speckles", "track_speckles K=20 512^2, window 11, subset 5", _tracking,
          lambda i: _gm().track_speckles(i["sample"], i["reference"], (11, 11), subset=(5, 5))),
     Case("local_correlation_image", "local_correlation_image 2000 x 512^2", _movie,

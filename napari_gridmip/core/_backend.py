@@ -133,6 +133,20 @@ def render_on_host() -> bool:
     return _on_tpu()
 
 
+def series_on_host() -> bool:
+    """Whether :func:`.correlation.series.correlate_series` runs its IC-GN on the host CPU rather than on the
+    default device: on a TPU only.
+
+    Each of its steps interpolates every subset pixel at its own warped position: 16 element gathers a pixel, a
+    TPU's slow path (0.3 GB/s, docs/accelerator.md). On a TPU v5e the 8 x 512^2 rotation sequence took 20 s warm
+    against 2.07 s on the same machine's 13-core host, with the same answers (2.6e-7 px apart), and its first call
+    39.5 s against 5.3 s (``benchmarks/bench_accelerator.py``, case dic_series, 2026-12-06). The series' frames
+    arrive from the host one at a time and its guesses are host work between frames, so the host run moves
+    nothing over the link.
+    """
+    return _on_tpu()
+
+
 def host_pool_aliased() -> bool:
     """Whether the render's pool of bricks (:class:`.occupancy.raycast.ChunkCache`) is handed to JAX as the host
     array itself, or kept as a copy on the device that only the newly written bricks update.

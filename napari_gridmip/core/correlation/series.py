@@ -39,6 +39,7 @@ J. Westerweel, F. Scarano, "Universal outlier detection for PIV data", Exp. Flui
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -49,7 +50,7 @@ import numpy as np
 from jax import lax
 from scipy import ndimage
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.correlation._checks import check_subset
 from napari_gridmip.core.correlation._global_motion import estimate_motion
@@ -438,6 +439,15 @@ def correlate_series(
     B. Pan, K. Li, W. Tong, Exp. Mech. 53, 1277-1289 (2013); J. Blaber, B. Adair, A. Antoniou, Exp. Mech. 55,
     1105-1122 (2015); D. Z. Turner, DICe (2015); D. Padfield, IEEE Trans. Image Process. 21, 2706-2718 (2012).
     """
+    place = _backend.on_host() if _backend.series_on_host() else contextlib.nullcontext()
+    with place:
+        return _correlate_series(frames, subset=subset, step=step, roi=roi, reference=reference, min_zncc=min_zncc,
+                                 refresh_zncc=refresh_zncc, min_inside=min_inside, max_disagreement=max_disagreement,
+                                 prefilter=prefilter, rotation=rotation, progress=progress)  # fmt: skip
+
+
+def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh_zncc, min_inside, max_disagreement,
+                      prefilter, rotation, progress) -> Series:  # fmt: skip
     frames, (count, rows, cols) = _check_frames(frames)
     subset = _validate.int_tuple("subset", subset, 2)
     subset, step = check_subset(subset, step)

@@ -119,15 +119,18 @@ def _bspline(t: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]
     return weights, slopes
 
 
-def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
-    """The spline through ``padded`` (coefficients edge-padded by 2, ``(M + 4, N + 4)``) at ``(py, px)`` (any
-    shape; clipped to the frame): the values, and with ``gradient`` the derivatives along y and x."""
-    rows, cols = padded.shape
+def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool, layer: jax.Array | None = None):
+    """The spline through ``padded`` (coefficients extended by 2, ``(M + 4, N + 4)``, or a stack of them
+    ``(K, M + 4, N + 4)`` with ``layer``, the stack index of each row of positions ``(P, 1)``) at ``(py, px)``
+    (any shape; clipped to the frame): the values, and with ``gradient`` the derivatives along y and x."""
+    rows, cols = padded.shape[-2:]
     py = jnp.clip(py, 0, rows - 5)
     px = jnp.clip(px, 0, cols - 5)
     y0, x0 = jnp.floor(py), jnp.floor(px)
     (wy, dwy), (wx, dwx) = _bspline(py - y0), _bspline(px - x0)
     base = (y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
+    if layer is not None:
+        base = base + layer * (rows * cols)
     flat = padded.ravel()
     value = gy = gx = 0
     for a in range(4):
@@ -145,10 +148,11 @@ def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
 
 
 @partial(jax.jit, static_argnames=("subset",))
-def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subset):
+def _icgn(keys, slot, target, roi, centre, origin, inverse, start, min_inside, *, subset):
     """IC-GN of ``P`` points from ``start``.
 
-    ``key``, ``target``: the key frame's and the frame's spline coefficients, edge-padded by 2; ``roi``
+    ``keys`` ``(K, M + 4, N + 4)``: the key frames' spline coefficients, ``slot`` ``(P,)`` int32 each point's
+    among them; ``target`` ``(M + 4, N + 4)``: the frame's (each as :func:`_prepared_frame` makes them); ``roi``
     ``(M, N)`` float (1 inside) on the reference; ``centre`` ``(P, 2)``: each point's position in the key frame;
     ``origin`` ``(P, 2)``: its reference position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key
     frame back to the reference (the inverse of the point's gradient there); ``start`` ``(P, 6)``: the warp
@@ -159,10 +163,10 @@ def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subse
     frame.
     """
     hs, hw = subset[0] // 2, subset[1] // 2
-    dtype = key.dtype
+    dtype = keys.dtype
     eta, zeta = (a.ravel().astype(dtype) for a in jnp.meshgrid(jnp.arange(-hs, hs + 1), jnp.arange(-hw, hw + 1),
                                                                  indexing="ij"))  # fmt: skip
-    key_shape = (key.shape[0] - 4, key.shape[1] - 4)
+    key_shape = (keys.shape[1] - 4, keys.shape[2] - 4)
     frame_shape = (target.shape[0] - 4, target.shape[1] - 4)
     ky = centre[:, :1] + eta  # (P, S): the key frame's subset pixels
     kx = centre[:, 1:] + zeta
@@ -178,7 +182,7 @@ def _icgn(key, target, roi, centre, origin, inverse, start, min_inside, *, subse
     enough = count >= min_inside * eta.shape[0]
     n = jnp.maximum(count, 7)
 
-    f, fy, fx = _sample(key, ky, kx, gradient=True)
+    f, fy, fx = _sample(keys, ky, kx, gradient=True, layer=slot[:, None])
     fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
     df = jnp.sqrt(jnp.sum(fc * fc, 1))
     steepest = jnp.stack([fy, fy * eta, fy * zeta, fx, fx * eta, fx * zeta], -1) * m[..., None]  # (P, S, 6)
@@ -639,36 +643,44 @@ class _Frame:
 
 def _run(which, guess_position, guess_gradient, result: _Frame, key_index, key_position, key_gradient, origin,
          kept, target, roi, subset, min_inside, min_zncc) -> None:  # fmt: skip
-    """IC-GN of the points ``which`` from their guesses, by key frame, each group padded to a bucket; the results
-    written into ``result`` where they are better than what it holds (a first try, or a higher ZNCC)."""
-    for key in np.unique(key_index[which]):
-        chosen = np.flatnonzero(which & (key_index == key))
-        size = _bucket(len(chosen))
-        padded = np.concatenate([chosen, np.full(size - len(chosen), chosen[0])])
-        start = _local_start(guess_position[padded], guess_gradient[padded], key_position[padded],
-                             key_gradient[padded])  # fmt: skip
-        inverse = np.linalg.inv(key_gradient[padded])
-        dtype = np.float32
-        p, zncc, sigma, converged, in_view, started_in_view, enough = jax.device_get(
-            _icgn(kept[int(key)], target, roi, key_position[padded].astype(dtype), origin[padded].astype(dtype),
-                  inverse.astype(dtype), start.astype(dtype), np.float32(min_inside), subset=subset)
-        )  # fmt: skip
-        n = len(chosen)
-        p, zncc, sigma = np.asarray(p[:n], np.float64), np.asarray(zncc[:n], np.float64), sigma[:n]
-        converged, in_view, enough = converged[:n], in_view[:n], enough[:n]
-        # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off
-        # from a guess in view found nothing: not significant)
-        leaves = ~started_in_view[:n] | (~in_view & converged & (np.nan_to_num(zncc) >= min_zncc))
-        in_view = in_view | ~leaves
-        score = np.where(converged & in_view, np.nan_to_num(zncc, nan=-2.0), -3.0)
-        old = np.where(result.converged[chosen] & result.in_view[chosen], np.nan_to_num(result.zncc[chosen], nan=-2),
-                       np.where(result.ran[chosen], -3.0, -4.0))  # fmt: skip
-        better = score > old
-        where = chosen[better]
-        result.warp[where] = p[better]
-        result.zncc[where] = zncc[better]
-        result.sigma[where] = sigma[better]
-        result.converged[where] = converged[better]
-        result.in_view[where] = in_view[better]
-        result.enough[where] = enough[better]
-        result.ran[where] = True
+    """IC-GN of the points ``which`` from their guesses, in one call over their key frames (stacked, their count
+    padded to a power of two, the points to a bucket: a few programs for a whole series, where a call per key frame
+    compiled one for each group's size); the results written into ``result`` where they are better than what it
+    holds (a first try, or a higher ZNCC)."""
+    chosen = np.flatnonzero(which)
+    if not len(chosen):
+        return
+    size = _bucket(len(chosen))
+    padded = np.concatenate([chosen, np.full(size - len(chosen), chosen[0])])
+    used = sorted(set(key_index[chosen].tolist()))
+    stack = [kept[k] for k in used]
+    stack += [stack[0]] * ((1 << (len(stack) - 1).bit_length()) - len(stack))
+    slot = np.searchsorted(used, key_index[padded]).astype(np.int32)
+    start = _local_start(guess_position[padded], guess_gradient[padded], key_position[padded],
+                         key_gradient[padded])  # fmt: skip
+    inverse = np.linalg.inv(key_gradient[padded])
+    dtype = np.float32
+    keys = jnp.stack(stack) if len(stack) > 1 else stack[0][None]
+    p, zncc, sigma, converged, in_view, started_in_view, enough = jax.device_get(
+        _icgn(keys, slot, target, roi, key_position[padded].astype(dtype), origin[padded].astype(dtype),
+              inverse.astype(dtype), start.astype(dtype), np.float32(min_inside), subset=subset)
+    )  # fmt: skip
+    n = len(chosen)
+    p, zncc, sigma = np.asarray(p[:n], np.float64), np.asarray(zncc[:n], np.float64), sigma[:n]
+    converged, in_view, enough = converged[:n], in_view[:n], enough[:n]
+    # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off
+    # from a guess in view found nothing: not significant)
+    leaves = ~started_in_view[:n] | (~in_view & converged & (np.nan_to_num(zncc) >= min_zncc))
+    in_view = in_view | ~leaves
+    score = np.where(converged & in_view, np.nan_to_num(zncc, nan=-2.0), -3.0)
+    old = np.where(result.converged[chosen] & result.in_view[chosen], np.nan_to_num(result.zncc[chosen], nan=-2),
+                   np.where(result.ran[chosen], -3.0, -4.0))  # fmt: skip
+    better = score > old
+    where = chosen[better]
+    result.warp[where] = p[better]
+    result.zncc[where] = zncc[better]
+    result.sigma[where] = sigma[better]
+    result.converged[where] = converged[better]
+    result.in_view[where] = in_view[better]
+    result.enough[where] = enough[better]
+    result.ran[where] = True

@@ -3,6 +3,7 @@
     python benchmarks/bench_series.py                 # every sequence and policy (256 x 256), a few minutes
     python benchmarks/bench_series.py --quick         # 128 x 128, fewer frames
     python benchmarks/bench_series.py --only speed    # the time per frame against one pair of the same size
+    python benchmarks/bench_series.py --only real --real-dir .bench-data/ohtcfrp   # a real sequence, 2 peers
 
 1. Accuracy (``--only accuracy``): the four synthetic sequences of ``napari_gridmip._sample_data.dic_series``
    (8-bit camera noise; a drift out of view and back, a speckled disk turning a full turn in 20 degree steps
@@ -13,6 +14,14 @@
 2. Speed (``--only speed``): warm time per frame of a 256^2 (and 512^2) sequence against the warm time of one
    affine pair of the same size (``find_displacement(..., subset=(31, 31), step=8, subpixel="refine",
    shape="affine")``, window 11), in one process, best of several; and the first call (compiles) beside it.
+3. A real sequence (``--only real --real-dir FOLDER``; skipped without a folder; nothing is downloaded): Ncorr's
+   open-hole tension CFRP sample (DIC Challenge 2D sample 12), ``ohtcfrp_00`` ... ``ohtcfrp_11`` (.png/.tif) and
+   ``roi.png``/``roi.tif`` in FOLDER. Ours (subset 31, step 8, the ROI, accumulated) against pyvale run here with
+   the same subset, step, ROI and reference frame (its points fall on our grid: compared point by point), per
+   frame: the RMS of the difference, at whole subsets and at subsets reaching into the hole, the share of our
+   ROI points valid, the time per frame of each. Where FOLDER also holds DICe's stored solution
+   (``DICe_solution_NN.txt``, DICe's regression case dic_challenge_12), ours is run at DICe's subset on DICe's
+   points (the frames cropped so our grid falls on them) and compared there, and pyvale's field beside it.
 """
 
 from __future__ import annotations
@@ -46,9 +55,11 @@ def _frame_rows(result, truth, frames_shape, subset) -> list[dict]:
     roi_points = truth["roi"][gy.astype(int), gx.astype(int)]
     for t in range(len(error)):
         ok = result.status[t] == Status.ok
-        py, px = gy + tdy[t], gx + tdx[t]
-        in_view = (py >= half) & (py <= frames_shape[1] - 1 - half) & (px >= half) & (px <= frames_shape[2] - 1 - half)
-        in_view &= usable
+        # in view: the subset's four corners, carried by the true motion, inside the frame
+        in_view = usable.copy()
+        for cy, cx in ((-half, -half), (-half, half), (half, -half), (half, half)):
+            qy, qx = truth["maps"][t](gy + cy, gx + cx)
+            in_view &= (qy >= 0) & (qy <= frames_shape[1] - 1) & (qx >= 0) & (qx <= frames_shape[2] - 1)
         e = error[t][ok]
         rows.append(
             dict(
@@ -147,16 +158,259 @@ def speed(args) -> str:
     return "\n".join(lines)
 
 
+# -- 3. a real sequence against another DIC code ------------------------------------------------------------
+
+
+def _read_image(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image)
+
+
+def _read_real(folder: Path) -> tuple[np.ndarray, np.ndarray, list[str], dict[int, np.ndarray], dict]:
+    """The frames ``ohtcfrp_NN`` (or DICe's ``oht_cfrp_NN``; .png, .tif, .tiff) in their order, the ROI
+    (``roi.png``/``roi.tif``: nonzero in its first channel), the file names, and DICe's solutions
+    ``DICe_solution_NN.txt`` where the folder has them (frame -> rows of x, y, u, v) with their header's settings."""
+    import re
+
+    files = {}
+    for path in folder.iterdir():
+        match = re.fullmatch(r"oht_?cfrp_(\d+)\.(png|tiff?)", path.name, flags=re.IGNORECASE)
+        if match:
+            files.setdefault(int(match.group(1)), path)
+    if len(files) < 2 or sorted(files) != list(range(len(files))):
+        raise SystemExit(f"--real-dir {folder}: ohtcfrp_00 ... ohtcfrp_NN (.png/.tif) not found there")
+    frames = np.stack([_read_image(files[t]) for t in sorted(files)])
+    if frames.ndim == 4:  # a colour file: its first channel
+        frames = frames[..., 0]
+    roi_path = next((folder / n for n in ("roi.png", "roi.tif", "roi.tiff") if (folder / n).exists()), None)
+    if roi_path is None:
+        raise SystemExit(f"--real-dir {folder}: no roi.png / roi.tif")
+    roi = _read_image(roi_path)
+    roi = (roi[..., 0] if roi.ndim == 3 else roi) > 0
+    dice, header = {}, {}
+    for path in sorted(folder.glob("DICe_solution_*.txt")):
+        lines = path.read_text().splitlines()
+        for line in lines:
+            if line.startswith("***") and ":" in line:
+                key, _, value = line[3:].partition(":")
+                header[key.strip()] = value.strip()
+        columns = next(line.split(",") for line in lines if line.startswith("COORDINATE_X"))
+        rows = np.array([[float(v) for v in line.split(",")] for line in lines if line[:1] not in ("*", "C", "")])
+        pick = [columns.index(c) for c in ("COORDINATE_X", "COORDINATE_Y", "DISPLACEMENT_X", "DISPLACEMENT_Y")]
+        dice[int(path.stem.rsplit("_", 1)[1])] = rows[:, pick]
+    return frames, roi, [files[t].name for t in sorted(files)], dice, header
+
+
+def _pyvale_frame(reference, frame, roi, seed, folder, subset, step, partial):
+    """pyvale's 2D DIC of one frame against the reference: ``(x, y, dx, dy)`` of its converged points, and the
+    seconds of the call (its results are files, as its API writes them)."""
+    import pyvale.dic
+
+    start = time.perf_counter()
+    # its defaults otherwise: multi-window FFT start and reliability-guided scan, bicubic B-spline, ZNSSD,
+    # 5 x 5 Gaussian prefilter (sigma 1), correlation threshold 0.9; reference frame 0 (no incremental update)
+    pyvale.dic.calculate_2d(reference, frame[None], roi, seed=list(seed), subset_size=subset, subset_step=step,
+                            shape_function="AFFINE", max_displacement=32, partial_subset=partial,
+                            output_basepath=folder, output_prefix="real_", print_level=0)  # fmt: skip
+    seconds = time.perf_counter() - start
+    table = np.loadtxt(Path(folder) / "real_def_img_0000.csv", delimiter=",", skiprows=1, usecols=range(7), ndmin=2)
+    table = table[table[:, 5] > 0]
+    return table[:, :4], seconds
+
+
+def _at(result, x, y, t, offset=(0, 0)):
+    """Our ``(dx, dy)`` in frame ``t`` at reference points ``(x, y)`` that lie on the grid (NaN where not)."""
+    gy, gx = result.y + offset[0], result.x + offset[1]
+    i = np.clip(np.searchsorted(gy, y), 0, len(gy) - 1)
+    j = np.clip(np.searchsorted(gx, x), 0, len(gx) - 1)
+    on = (gy[i] == y) & (gx[j] == x)
+    dx = np.where(on, result.dx[t][i, j], np.nan)
+    dy = np.where(on, result.dy[t][i, j], np.nan)
+    return dx, dy, on
+
+
+def real(args) -> str:
+    """Ncorr's open-hole tension CFRP sequence (DIC Challenge sample 12), read from ``--real-dir``: ours
+    (subset 31, step 8, its ROI, accumulated) against pyvale run here with the same settings, point by point,
+    and against DICe's stored solution at DICe's own points and subset."""
+    import importlib.util
+    import tempfile
+
+    from scipy import interpolate, ndimage
+
+    if not args.real_dir:
+        return "Real sequence: not run (give --real-dir FOLDER with ohtcfrp_00 ... and roi.png/roi.tif)."
+    folder = Path(args.real_dir)
+    frames, roi, names, dice, header = _read_real(folder)
+    count = len(frames)
+    repeats = max(1, args.repeats)
+    # the hole: the part outside the ROI that does not touch the frame's border
+    labels, _ = ndimage.label(~roi)
+    border = np.unique(np.r_[labels[0], labels[-1], labels[:, 0], labels[:, -1]])
+    hole = (labels > 0) & ~np.isin(labels, border)
+    to_hole = ndimage.distance_transform_edt(~hole) if hole.any() else np.full(roi.shape, np.inf)
+    to_edge = ndimage.distance_transform_edt(roi)  # from a ROI pixel to the nearest pixel outside it
+
+    # ours: a first call (compiles), then warm calls; per frame the least time between two progress calls
+    start = time.perf_counter()
+    ours = gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=roi)
+    first = time.perf_counter() - start
+    per_frame = np.full(count, np.inf)
+    for _ in range(repeats):
+        stamps = [time.perf_counter()]
+
+        def stamp(done, total, stamps=stamps):
+            stamps.append(time.perf_counter())
+
+        ours = gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=roi, progress=stamp)
+        per_frame = np.minimum(per_frame, np.diff(stamps))
+    gy, gx = np.meshgrid(ours.y.astype(int), ours.x.astype(int), indexing="ij")
+    in_roi = roi[gy, gx]
+
+    # pyvale, one call per frame against frame 0 (its time per frame), the same subset, step and ROI; subsets
+    # down to half inside the ROI (partial_subset 0.5, as our min_inside) so that it reports the hole's edge too
+    have_pyvale = importlib.util.find_spec("pyvale") is not None
+    peer, peer_s = {}, np.full(count, np.nan)
+    if have_pyvale:
+        seed = np.unravel_index(np.argmax(to_edge * (to_hole > SUBSET)), roi.shape)[::-1]  # (x, y) deep inside
+        with tempfile.TemporaryDirectory(prefix="pyvale_") as tmp:
+            for t in range(1, count):
+                best = np.inf
+                for _ in range(repeats):
+                    peer[t], seconds = _pyvale_frame(frames[0], frames[t], roi, seed, tmp, SUBSET, STEP, 0.5)
+                    best = min(best, seconds)
+                peer_s[t] = best
+
+    # ours at DICe's settings: its subset, its points (a regular grid: the frames cropped so ours falls on it)
+    dice_ours, dice_s, dsub, dstep, oy, ox = None, np.nan, 0, 0, 0, 0
+    if dice:
+        dsub = int(header.get("Subset size", 27))
+        px, py = dice[min(dice)][:, 0], dice[min(dice)][:, 1]
+        dstep = int(np.diff(np.unique(px)).min())
+        half = dsub // 2
+        oy, ox = int(py.min() - half) % dstep, int(px.min() - half) % dstep
+        start = time.perf_counter()
+        dice_ours = gm.correlate_series(frames[:, oy:, ox:], subset=dsub, step=dstep, roi=roi[oy:, ox:])
+        dice_s = time.perf_counter() - start
+
+    # the same with subsets down to 30% inside the (eroded) ROI: does a lower min_inside bring the ROI's edge in?
+    edge = gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=roi, min_inside=0.3)
+    edge_valid = [int(((edge.status[t] == Status.ok) & in_roi).sum()) for t in range(count)]
+    edge_rms, edge_n = [], []
+    for t in peer:
+        x, y, u, v = peer[t].T
+        dx, dy, _ = _at(edge, x, y, t)
+        e = np.hypot(dx - u, dy - v)
+        edge_rms.append(float(np.sqrt(np.nanmean(e**2))))
+        edge_n.append(int(np.isfinite(e).sum()))
+
+    rows = []
+    for t in range(count):
+        ok = ours.status[t] == Status.ok
+        r = dict(frame=t, disp=float(np.nanmax(np.hypot(ours.dy[t], ours.dx[t]))), valid=int((ok & in_roi).sum()),
+                 roi=int(in_roi.sum()), ours_s=per_frame[t], peer_s=peer_s[t])  # fmt: skip
+        if t in peer:
+            x, y, u, v = peer[t].T
+            dx, dy, on = _at(ours, x, y, t)
+            assert on.all(), "pyvale's points are off our grid"
+            e = np.hypot(dx - u, dy - v)
+            both = np.isfinite(e)
+            xi, yi = x.astype(int), y.astype(int)
+            full = both & (to_edge[yi, xi] > SUBSET // 2)  # subsets wholly inside the ROI
+            near = both & (to_hole[yi, xi] <= SUBSET // 2)  # subsets that reach into the hole
+            r.update(peer_points=len(x), both=int(both.sum()), rms=float(np.sqrt(np.mean(e[both] ** 2))),
+                     rms_full=float(np.sqrt(np.mean(e[full] ** 2))), rms_hole=float(np.sqrt(np.mean(e[near] ** 2))),
+                     n_hole=int(near.sum()), max=float(e[both].max()),
+                     worst_hole=float(to_hole[yi[both], xi[both]][np.argmax(e[both])]))  # fmt: skip
+        if t in dice:
+            x, y, u, v = dice[t].T
+            dx, dy, on = _at(dice_ours, x, y, t, offset=(oy, ox))
+            e = np.hypot(dx - u, dy - v)
+            both = np.isfinite(e)
+            r.update(dice_points=len(x), dice_both=int(both.sum()), dice_rms=float(np.sqrt(np.mean(e[both] ** 2))),
+                     dice_mean=(float(np.mean((dx - u)[both])), float(np.mean((dy - v)[both]))))  # fmt: skip
+            if t in peer:  # pyvale's field at DICe's points: Clough-Tocher cubic over its points' triangles
+                pts = peer[t][:, [1, 0]]
+                pu = interpolate.griddata(pts, peer[t][:, 2], np.c_[y, x], method="cubic")
+                pv = interpolate.griddata(pts, peer[t][:, 3], np.c_[y, x], method="cubic")
+                pe = np.hypot(pu - u, pv - v)
+                r.update(pv_dice_rms=float(np.sqrt(np.nanmean(pe**2))), pv_dice_n=int(np.isfinite(pe).sum()))
+        rows.append(r)
+
+    shape = f"{frames.shape[1]}x{frames.shape[2]}"
+    lines = [
+        f"Real sequence: {count} frames {shape} {frames.dtype} ({names[0]} ... {names[-1]}, {folder}), ROI with a "
+        f"hole; ours: correlate_series(frames, subset={SUBSET}, step={STEP}, roi=roi) (accumulated), "
+        f"{ours.dy.shape[1]}x{ours.dy.shape[2]} points, {int(in_roi.sum())} with their centre in the ROI; {machine()}",
+        "",
+    ]
+    if not have_pyvale:
+        lines += ["pyvale is not installed (pip install pyvale): no peer run.", ""]
+    lines += [
+        "| frame | max disp px | ours valid / ROI points | pyvale points (both) | RMS diff px | RMS, whole subsets "
+        "| RMS, subsets into the hole (n) | max diff px (px from the hole) | ours s/frame | pyvale s/frame "
+        "| DICe points (both) | RMS ours - DICe px | RMS pyvale - DICe px |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def f(r, key, fmt=".4f"):
+        return format(r[key], fmt) if key in r else "-"
+
+    for r in rows:
+        lines.append(
+            f"| {r['frame']} | {r['disp']:.2f} | {r['valid']} / {r['roi']} ({100 * r['valid'] / r['roi']:.1f}%) "
+            f"| {r.get('peer_points', '-')} ({r.get('both', '-')}) | {f(r, 'rms')} | {f(r, 'rms_full')} "
+            f"| {f(r, 'rms_hole')} ({r.get('n_hole', '-')}) | {f(r, 'max', '.3f')} ({f(r, 'worst_hole', '.0f')}) "
+            f"| {r['ours_s']:.2f} "
+            f"| {'-' if np.isnan(r['peer_s']) else format(r['peer_s'], '.2f')} "
+            f"| {r.get('dice_points', '-')} ({r.get('dice_both', '-')}) | {f(r, 'dice_rms')} | {f(r, 'pv_dice_rms')} |"
+        )
+    later = rows[1:]
+    lost = np.unique(ours.status[:, in_roi][:, ~(ours.status[0][in_roi] == Status.ok)])
+    never = in_roi & (ours.status[0] != Status.ok)
+    lines += [
+        "",
+        f"Ours: first call {first:.1f} s (compiles); warm {np.sum(per_frame):.1f} s for the {count} frames "
+        f"(frame 0 is the reference's set-up), best of {repeats}. pyvale: one call per frame, best of {repeats}.",
+        f"Worst RMS against pyvale {max((r.get('rms', np.nan) for r in later), default=np.nan):.4f} px "
+        f"(target <= 0.02 in every frame); lowest valid share "
+        f"{min(r['valid'] / r['roi'] for r in rows):.3f} (target >= 0.95).",
+        f"ROI points never started (status {', '.join(Status(s).name for s in lost)}): {int(never.sum())}, their "
+        f"centres at most {to_edge[gy, gx][never].max() if never.any() else 0:.1f} px inside the ROI's edge; "
+        f"a point found in frame 0 and lost later: "
+        f"{int(np.sum((ours.status[0] == Status.ok) & (ours.status != Status.ok).any(0)))}.",
+    ]
+    if edge_rms:
+        lines.append(
+            f"With min_inside=0.3 (a subset may have 30% of its pixels in the ROI less its edge band): lowest "
+            f"valid share {min(edge_valid) / int(in_roi.sum()):.3f}; RMS against pyvale worst {max(edge_rms):.4f} "
+            f"px over {min(edge_n)} to {max(edge_n)} common points."
+        )
+    if dice:
+        lines.append(
+            f"DICe's stored solution: subset {dsub}, step {dstep}, shape functions "
+            f"{header.get('Shape functions', '?')}, interpolation {header.get('Interpolation method', '?')}, "
+            f"{header.get('Correlation method', '?')}; ours run at its subset on its points ({dice_s:.1f} s with "
+            f"compiles); pyvale's step-{STEP} field interpolated onto its points (cubic, Clough-Tocher)."
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["accuracy", "speed"])
+    parser.add_argument("--only", choices=["accuracy", "speed", "real"])
+    parser.add_argument("--real-dir", help="a folder with ohtcfrp_00 ... ohtcfrp_NN and roi.png/.tif (section real)")
     args = parser.parse_args()
     if args.only in (None, "accuracy"):
         print(accuracy(args), end="\n\n", flush=True)
     if args.only in (None, "speed"):
-        print(speed(args), flush=True)
+        print(speed(args), end="\n\n", flush=True)
+    if args.only in (None, "real"):
+        print(real(args), flush=True)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ clicked, and the window grabbed once the result is in. The occupancy mipmap is
 shown in 3D; the correlation once more with its full 4D map (offsets first), on
 its own, at the offset nearest the median displacement; then in each of its modes on
 its samples (DIC with strain, the speckle pair with transmission, dark-field and phase,
-the calcium movie's correlation image, shown side by side in napari's grid) and a
-clicked pixel's correlation surface. Prints each image's size and how much of the window's width the
+the calcium movie's correlation image, shown side by side in napari's grid), a
+clicked pixel's correlation surface, and the DIC series mode on the rotation series (its time slider on frame 3).
+Prints each image's size and how much of the window's width the
 canvas kept; each PNG must stay under 300 KB.
 """
 
@@ -298,6 +299,17 @@ def click_a_pixel(viewer, widget, app) -> None:
     viewer.layers.selection.active = dy
 
 
+def at_frame(t: int):
+    """The time slider on frame ``t`` (60 degrees into the rotation series: each arrow's head on its point there),
+    the dy layer's controls shown."""
+
+    def prepare(viewer, widget, app) -> None:
+        viewer.dims.set_current_step(0, t)
+        viewer.layers.selection.active = next(layer for layer in viewer.layers if layer.name.endswith(" dy"))
+
+    return prepare
+
+
 def main() -> None:
     import os
     import tempfile
@@ -333,6 +345,7 @@ def main() -> None:
         ("correlation_speckle", CorrelationWidget, "Correlation map", "speckle-contrast", {}, 2),
         ("correlation_calcium", CorrelationWidget, "Correlation map", "calcium", {}, 2),
         ("correlation_surface", CorrelationWidget, "Correlation map", "dic", {}, 2),
+        ("dic_series", CorrelationWidget, "Correlation map", "dic-series", {}, 2),
     ]
     prepare = {
         "stitch": only_layers("mosaic", "tile placement", "pairs"),
@@ -341,6 +354,7 @@ def main() -> None:
         "correlation_speckle": side_by_side("speckle sample", " transmission", " dark-field", " phase"),
         "correlation_calcium": side_by_side("calcium movie", "correlation image"),
         "correlation_surface": click_a_pixel,
+        "dic_series": at_frame(3),
     }
     only = set(sys.argv[1:])  # e.g. `python docs/screenshots.py correlation_dic`: those only
     for name, widget_class, title, sample, fields, ndisplay in cases:
@@ -369,8 +383,9 @@ def main() -> None:
             app.processEvents()
         shoot(viewer, name)
         viewer.close()
-    mipmap_tools(app)
-    flat_field_shots(app)
+    if not only:  # named pictures only: the others stay as they are
+        mipmap_tools(app)
+        flat_field_shots(app)
 
 
 if __name__ == "__main__":

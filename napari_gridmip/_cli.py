@@ -7,14 +7,16 @@
         [--subset SH SW] [--step S] [--outputs transmission,dark-field,...]
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
     napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
+    napari-gridmip correlate-series FRAMES --out FOLDER [--subset 31] [--step 8] [--roi MASK]
+        [--reference accumulated|incremental|auto]   DIC of a sequence -> one DICe CSV per frame
 
 A thin reader and writer around the widgets' own plans (:mod:`napari_gridmip._jobs`): each subcommand reads its
 files as the plan's sources, executes the same plan as the widget's job with the same options (``merge_plan``,
-``correlation_plan``, ``stitch_plan``, ``timeseries_plan``), and writes the outputs with ``plan.record()``, the
-calls, inputs, versions and a script that reproduces them. Every subcommand reads lazily (dask), computes block
-by block with a progress bar, writes under a temporary name that is renamed when complete, and on bad input
-prints one line and exits with status 2 (1 for a failure while running). ``--scheduler ADDRESS`` runs the work
-on an existing dask.distributed cluster.
+``correlation_plan``, ``stitch_plan``, ``timeseries_plan``, ``series_plan``), and writes the outputs with
+``plan.record()``, the calls, inputs, versions and a script that reproduces them. Every subcommand reads lazily
+(dask), computes block by block (``correlate-series``: frame by frame) with a progress bar, writes under a
+temporary name that is renamed when complete, and on bad input prints one line and exits with status 2 (1 for a
+failure while running). ``--scheduler ADDRESS`` runs the work on an existing dask.distributed cluster.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SAMPLE_WIDGETS = {
     "speckle": "Correlation map",
     "speckle-contrast": "Correlation map",
     "dic": "Correlation map",
+    "dic-series": "Correlation map",
     "calcium": "Correlation map",
 }
 SAMPLE_KEYS = list(SAMPLE_WIDGETS)
@@ -50,6 +53,7 @@ EXAMPLES = {
     "--subpixel refine --outputs uncertainty",
     "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1",
     "corrimage": "napari-gridmip corrimage movie.tif correlation.tif --neighbours 8",
+    "correlate-series": "napari-gridmip correlate-series frames.tif --subset 31 --step 8 --roi mask.tif --out dic/",
 }
 
 # --outputs of `correlate`: the correlation plan's outputs (napari_gridmip._jobs.correlation.PARTS), spelled with
@@ -78,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", choices=SAMPLE_KEYS, default="occupancy", help="sample to open (default: %(default)s)"
     )
     parser.add_argument("--no-sample", action="store_true", help="open no sample")
-    commands = parser.add_subparsers(dest="command", metavar="{mipmap,merge,correlate,stitch,corrimage}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{mipmap,merge,correlate,stitch,corrimage,correlate-series}"
+    )
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(
@@ -182,8 +188,36 @@ def build_parser() -> argparse.ArgumentParser:
     corrimage.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     corrimage.add_argument("--chunk-frames", type=int, help="frames per task (default: the movie's chunks)")
 
+    series = add(
+        "correlate-series",
+        "DIC of a whole experiment: a grid of points on frame 0 followed through every frame (correlate_series), "
+        "with the strain of each frame; one CSV file per frame, DICe's columns, into a folder.",
+    )
+    series.add_argument(
+        "frames", metavar="FRAMES", help="the sequence (T, Y, X): .npy, .tif/.tiff or Zarr; frame 0 is the reference"
+    )
+    series.add_argument("--out", required=True, metavar="FOLDER", help="the folder to create, DICe_solution_<t>.txt")
+    series.add_argument(
+        "--subset", type=int, nargs="+", default=[31], metavar="S", help="odd subset size SH [SW] (default: 31)"
+    )
+    series.add_argument("--step", type=int, default=8, help="the grid's spacing in px (default: 8)")
+    series.add_argument(
+        "--roi", metavar="MASK", help="the region of interest on frame 0: a (Y, X) bool or integer mask, nonzero inside"
+    )
+    series.add_argument(
+        "--reference", default="accumulated", choices=["accumulated", "incremental", "auto"],
+        help="each point matched against frame 0 (accumulated), the last frame it was found in (incremental), or "
+        "frame 0 until its match weakens (auto) (default: %(default)s)",
+    )  # fmt: skip
+    series.add_argument(
+        "--strain", default="green-lagrange", choices=["green-lagrange", "small"],
+        help="the strain from each point's own gradients (default: %(default)s, which a rotation leaves at 0)",
+    )  # fmt: skip
+    series.set_defaults(scheduler=None)  # one frame at a time, in this process
+
     for sub in (mipmap, merge, correlate, stitch, corrimage):
         sub.add_argument("--scheduler", metavar="ADDRESS", help="a dask.distributed scheduler, e.g. tcp://host:8786")
+    for sub in (mipmap, merge, correlate, stitch, corrimage, series):
         sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
         sub.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -548,10 +582,63 @@ def run_corrimage(args: argparse.Namespace, compute: Any) -> None:
     write_array(image, args.output, overwrite=args.overwrite, compute=compute, attributes=plan.record())
 
 
+def run_correlate_series(args: argparse.Namespace, compute: Any) -> None:
+    """``correlate-series``: the widget's DIC series plan on a file's frames, one CSV file per frame with the run's
+    provenance in each header; nothing written unless every frame was followed."""
+    import json
+    from pathlib import Path
+
+    from napari_gridmip._jobs.correlation import SeriesRequest, series_plan
+    from napari_gridmip._provenance import KEY, Source
+    from napari_gridmip.io import read_array
+    from napari_gridmip.io._dic_csv import write_series_csv
+    from napari_gridmip.io._write import atomic_path
+
+    out = Path(args.out).absolute()
+    if out.exists() and not args.overwrite:  # before any work
+        raise UsageError(f"{str(out)!r} already exists (pass --overwrite to replace it)")
+    if not out.parent.exists():
+        raise UsageError(f"the folder {str(out.parent)!r} does not exist")
+    if len(args.subset) > 2:
+        raise UsageError(f"--subset takes one or two sizes (SH [SW]); got {len(args.subset)}")
+    frames = read_array(args.frames)
+    if frames.ndim != 3:
+        raise UsageError(f"FRAMES must be a sequence (T, Y, X); {args.frames!r} has shape {frames.shape}")
+    subset = (args.subset[0], args.subset[-1])
+    sources = [Source("frames", path=_absolute(args.frames))]
+    inputs = {"frames": frames}  # read one frame at a time
+    if args.roi is not None:
+        sources.append(Source("roi", path=_absolute(args.roi)))
+        inputs["roi"] = read_array(args.roi).compute()
+    request = SeriesRequest(args.frames, frames, None, subset=subset, step=args.step, reference=args.reference,
+                            strain_kind=args.strain)  # fmt: skip
+    plan = series_plan(request, sources=sources, display=False)
+    from napari_gridmip._jobs import prepare_jax
+
+    prepare_jax()  # compiled programs kept in the per-user cache, as the widgets do
+
+    def report(done: int, total: int) -> None:
+        if not args.quiet:
+            print(f"\rfollowing the grid: frame {done}/{total}", end="\n" if done == total else "", file=sys.stderr)
+
+    def extras(i: int, call: Any) -> dict[str, Any]:
+        return {"progress": report} if call.function == "correlate_series" else {}
+
+    values = plan.execute(inputs, extras=extras)
+    arrays = plan.outputs_of(values)
+    strain = [np.asarray(arrays[name]) for name in ("exx", "eyy", "exy")]
+    provenance = {KEY: json.dumps(plan.record()[KEY])}  # one header line: the calls, inputs, versions and script
+    with atomic_path(out, overwrite=args.overwrite) as temporary:
+        files = write_series_csv(values["series"], temporary, strain=strain, provenance=provenance)
+    if not args.quiet:
+        print(f"wrote {len(files)} files into {str(out)!r}", file=sys.stderr)
+
+
 RUNS = {
     "mipmap": run_mipmap,
     "merge": run_merge,
     "correlate": run_correlate,
     "stitch": run_stitch,
     "corrimage": run_corrimage,
+    "correlate-series": run_correlate_series,
 }

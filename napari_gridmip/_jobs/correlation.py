@@ -28,6 +28,7 @@ from napari_gridmip._jobs import (
 )
 from napari_gridmip._placement import Frame, derived_placement
 from napari_gridmip._provenance import Call, Plan, Ref, Source
+from napari_gridmip.core.correlation._status import Status  # a leaf: no JAX
 
 WIDGET = "correlation"
 
@@ -439,3 +440,158 @@ def _temporary_folder() -> str:
     folder = tempfile.mkdtemp(prefix="napari-gridmip-map-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
+
+
+# -- the DIC series: a grid of reference points followed through a sequence of frames --------------------------
+
+SERIES_REFERENCES = ("accumulated", "incremental", "auto")  # correlate_series' reference policies
+STRAIN_KINDS = ("green-lagrange", "small")  # strain_field's kinds; Green-Lagrange ignores rigid rotation
+# the plan's outputs, each (T, R, C): the field, why a point was lost, the match, the uncertainty, the strain
+SERIES_OUTPUTS = ("dy", "dx", "status", "zncc", "sigma_dy", "sigma_dx", "exx", "eyy", "exy")
+# the status layer's colours by code (Status: ok, out_of_view, not_significant, ambiguous, no_guess, outside_roi):
+# a lost point says why; a found one, and one never asked for (outside the ROI), is transparent
+STATUS_COLOURS = {None: "transparent", 0: "transparent", 1: "deepskyblue", 2: "orange", 3: "magenta", 4: "red",
+                  5: "transparent"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SeriesRequest:
+    """A sequence of frames (frame 0 the reference), its region of interest and :func:`~napari_gridmip.
+    correlate_series`' options, captured on the GUI thread."""
+
+    name: str  # the frames layer (T, Y, X); with ``reference_name``, the frames that follow the reference
+    data: Any
+    frame: Frame  # the frames layer's transform: the results are placed on its pixels
+    subset: tuple[int, int] = (31, 31)
+    step: int = 8
+    reference: str = "accumulated"  # the policy, of SERIES_REFERENCES
+    reference_name: str | None = None  # a reference image layer (Y, X), put before the frames
+    reference_data: Any = None
+    roi: Source | None = None  # how the script binds the region of interest (variable "roi")
+    roi_data: Any = None  # its value, captured with the request (a Labels layer's mask, a Shapes layer rasterised)
+    spacing: int = 8  # px between the arrows
+    vector_scale: float = 0.0  # drawn length = displacement x this; 0: automatic, never shorter than the displacement
+    strain_kind: str = "green-lagrange"
+
+    @property
+    def count(self) -> int:
+        """The number of frames, the reference included."""
+        return int(self.data.shape[0]) + (self.reference_name is not None)
+
+
+def series_plan(request: SeriesRequest, *, sources: list[Source] | None = None, display: bool = True) -> Plan:
+    """``correlate_series`` over the frames and ``strain_field`` of its field with the points' own gradients, frame
+    by frame; outputs :data:`SERIES_OUTPUTS` (``(T, R, C)`` each), and with ``display`` the arrows of every frame
+    (napari's vectors ``(n, 2, 3)``, ``t`` first, on the grid's own pixels).
+
+    ``sources`` bind ``frames`` (and ``roi`` if there is one); by default the request's layers: the frames layer, or
+    a reference image layer and the frames after it, concatenated.
+    """
+    if sources is None:
+        if request.reference_name is None:
+            sources = [Source("frames", layer=request.name)]
+        else:
+            sources = [Source("reference", layer=request.reference_name), Source("stack", layer=request.name),
+                       Source("frames", expression="np.concatenate([reference[None], stack])")]  # fmt: skip
+        if request.roi is not None:
+            sources.append(request.roi)
+    subset = tuple(int(s) for s in request.subset)
+    options: dict[str, Any] = {"subset": subset[0] if subset[0] == subset[1] else subset, "step": int(request.step)}
+    if any(source.variable == "roi" for source in sources):
+        options["roi"] = Ref("roi")
+    options["reference"] = request.reference
+    gradients = Ref("(series.dy_y, series.dy_x, series.dx_y, series.dx_x)")
+    calls = [
+        Call("correlate_series", ("frames",), (), options, result="series"),
+        Call("strain_field", ("series.dy", "series.dx"), (), {"kind": request.strain_kind, "gradients": gradients},
+             result="strain"),
+    ]  # fmt: skip
+    outputs = {name: f"{'strain' if name in ('exx', 'eyy', 'exy') else 'series'}.{name}" for name in SERIES_OUTPUTS}
+    if display:
+        every = _series_every(request)
+        outputs["vectors"] = (
+            f"np.concatenate([np.insert(gm.displacement_vectors(series.dy[t], series.dx[t], spacing={every}), 0, "
+            "(t, 0), axis=2) for t in range(len(series.dy))])"
+        )
+    return Plan(sources, calls, outputs)
+
+
+def _series_every(request: SeriesRequest) -> int:
+    """The arrows' spacing in grid points (``spacing`` px over a grid ``step`` px apart)."""
+    return max(1, round(request.spacing / request.step))
+
+
+def make_series_job(request: SeriesRequest) -> Job:
+    plan = series_plan(request)
+
+    def run(progress: ProgressCallback) -> JobResult:
+        if request.reference_name is not None:
+            inputs = {"reference": np.asarray(request.reference_data), "stack": request.data}
+        else:
+            inputs = {"frames": request.data}  # read frame by frame where it is lazy
+        if request.roi is not None:
+            inputs["roi"] = request.roi_data
+        # one progress step per frame (correlate_series reports each), one for the strain
+        steps = staged(plan, progress, {"series": request.count, "strain": 1})
+        values = plan.run(inputs, **steps)
+        return JobResult(_series_layers(request, values, plan), series_summary(values["status"]))
+
+    return Job(f"Following {request.name!r} (DIC series, {request.count} frames)", run)
+
+
+def series_summary(status: np.ndarray) -> str:
+    """E.g. ``'19 frames, 487 points in the ROI: 100% found in the last frame (worst 97%); lost point-frames: 3
+    not_significant'``."""
+    status = np.asarray(status)
+    inside = status[0] != Status.outside_roi
+    points = int(inside.sum())
+    if not points:
+        return f"{len(status)} frames: no point of the grid is inside the ROI"
+    found = [(status[t][inside] == Status.ok).mean() for t in range(len(status))]
+    lost = {s.name: int((status[:, inside] == s).sum()) for s in Status if s != Status.ok}  # of the points inside
+    why = ", ".join(f"{n} {name}" for name, n in lost.items() if n) or "none"
+    return (
+        f"{len(status)} frames, {points} points in the ROI: {100 * found[-1]:.0f}% found in the last frame "
+        f"(worst {100 * min(found):.0f}%); lost point-frames: {why}"
+    )
+
+
+def _series_layers(request: SeriesRequest, values: dict[str, Any], plan: Plan) -> list[LayerDataTuple]:
+    """Bottom to top: the strains (hidden), dx (hidden), dy, the status (lost points by why), the arrows; each
+    ``(T, R, C)`` on the frames' pixels (scale ``(1, step, step)``, the grid's first point as translate), so
+    that napari's time slider steps through the frames' fields."""
+    name, step = request.name, request.step
+    offset = [0.0, request.subset[0] // 2, request.subset[1] // 2]
+    placement = derived_placement(request.frame, step=[1.0, step, step], offset=offset)
+    dy, dx = (np.asarray(values[part]) for part in ("dy", "dx"))
+    translucent = {"opacity": 0.7}  # the frame shows through
+    limits = symmetric_limits(np.concatenate([dy.ravel(), dx.ravel()]))
+    diverging = {"colormap": "coolwarm", "contrast_limits": limits, **translucent}
+    outputs = []
+    for role in ("exy", "eyy", "exx"):
+        data = np.asarray(values[role])
+        meta = {"name": f"{name} {role}", "colormap": "coolwarm", "contrast_limits": symmetric_limits(data)}
+        outputs.append(Output(data, {**meta, "visible": False, **translucent, **placement}, "image", role))
+    outputs.append(Output(dx, {"name": f"{name} dx", "visible": False, **diverging, **placement}, "image", "dx"))
+    outputs.append(Output(dy, {"name": f"{name} dy", **diverging, **placement}, "image", "dy"))
+    features = {"index": np.arange(len(Status)), "status": [s.name for s in Status]}
+    status_meta = {"name": f"{name} status", "colormap": STATUS_COLOURS, "features": features, **placement}
+    outputs.append(Output(np.asarray(values["status"]), status_meta, "labels", "status"))
+    if "vectors" in values:
+        every = _series_every(request)
+        # from the frames after the reference (whose field is 0), and at least the true length: the arrows' tips on
+        # the points' positions in the frame
+        moved = slice(1, None) if len(dy) > 1 else slice(None)
+        auto = max(auto_vector_length(dy[moved], dx[moved], every), 1.0 / step)
+        length = request.vector_scale / step if request.vector_scale else auto
+        meta = {
+            "name": f"{name} displacement",
+            "edge_color": "black",
+            "edge_width": max(0.25, 1.0 / step),  # 2 px on an 8 px grid
+            "vector_style": "arrow",  # the head on the point's position in the frame
+            "length": length,
+            "metadata": {"gridmip_auto_length": auto, "gridmip_step": step},
+            **placement,
+        }
+        outputs.append(Output(np.asarray(values["vectors"], np.float32), meta, "vectors", "vectors"))
+    return layer_tuples(outputs, widget=WIDGET, plan=plan)

@@ -1,4 +1,5 @@
-"""The "Correlation map" dock widget: stacks, a single pair with a subset, or a movie's time series."""
+"""The "Correlation map" dock widget: stacks, a single pair with a subset, a movie's time series, or a DIC
+series (a grid of points followed through a sequence of frames)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from magicgui.widgets import CheckBox, ComboBox, Container, FloatSpinBox, SpinBox
-from napari.layers import Image, Vectors
+from napari.layers import Image, Labels, Shapes, Vectors
 
 from napari_gridmip._jobs import Job, JobResult
-from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
+from napari_gridmip._jobs.correlation import (
+    SERIES_REFERENCES,
+    CorrelationRequest,
+    SeriesRequest,
+    make_correlation_job,
+    make_series_job,
+)
 from napari_gridmip._jobs.surface import SurfaceRequest, crop_index, make_surface_job
 from napari_gridmip._jobs.timeseries import TimeSeriesRequest, make_timeseries_job
 from napari_gridmip._placement import Frame, derived_placement
@@ -22,10 +29,10 @@ from napari_gridmip.core._options import PRECISIONS, SUBPIXEL_METHODS
 if TYPE_CHECKING:
     import napari
 
-ROLE_KEY = "gridmip_role"  # layer.metadata entry ("img1"/"img2", "sample"/"reference", "movie") the samples set
+ROLE_KEY = "gridmip_role"  # layer.metadata entry ("img1"/"img2", "sample"/"reference", "movie", "frames"/"roi")
 SUGGESTION_KEY = "gridmip_correlation"  # a sample's suggested mode and parameters, applied when it is opened
-STACKS, PAIR, TIME_SERIES = "stacks", "single pair, subset", "time series"
-MODES = (STACKS, PAIR, TIME_SERIES)
+STACKS, PAIR, TIME_SERIES, SERIES = "stacks", "single pair, subset", "time series", "DIC series (image sequence)"
+MODES = (STACKS, PAIR, TIME_SERIES, SERIES)
 FIRST_ROLES, SECOND_ROLES = ("img1", "sample"), ("img2", "reference")
 PHASE_TOOLTIP = (
     "Phase: the displacement integrated (integrate_gradient, least squares), in px^2 units (displacement in px "
@@ -49,7 +56,7 @@ class CorrelationWidget(JobWidget):
         "precision",
         "neighbours", "out_transmission", "out_dark_field", "out_phase", "out_strain", "out_uncertainty",
         "strain_window", "pixel_size", "distance", "wavelength", "spacing", "vector_scale", "full_map",
-        "show_surface",
+        "show_surface", "reference_policy",
     )  # fmt: skip
 
     def __init__(self, napari_viewer: napari.viewer.Viewer) -> None:
@@ -61,11 +68,30 @@ class CorrelationWidget(JobWidget):
             value=STACKS,
             tooltip="stacks: two K-frame stacks, each pixel's K values compared. single pair, subset: two images "
             "(DIC) or two stacks (speckle tracking), each pixel's subset around it compared, on every step-th "
-            "pixel. time series: one movie (T, Y, X), each pixel's trace against its neighbours'.",
+            "pixel. time series: one movie (T, Y, X), each pixel's trace against its neighbours'. DIC series (image "
+            "sequence): a grid of points on frame 0 followed through every frame of a (T, Y, X) layer.",
         )
         self.img1 = self.layer_combo("img1", "img1 (K, M, N)", (Image,))
         self.img2 = self.layer_combo("img2", "img2 (K, M, N)", (Image,))
         self.movie = self.layer_combo("movie", "Movie (T, Y, X)", (Image,))
+        self.frames = self.layer_combo("frames", "Frames (T, Y, X)", (Image,))
+        self.frames.tooltip = "The image sequence; its frame 0 is the reference unless a reference image is chosen"
+        self.first_frame = self.layer_combo("first_frame", "Reference image (optional)", (Image,), nullable=True)
+        self.first_frame.tooltip = "A 2D image (Y, X) taken before the frames: the reference, put before them"
+        self.roi = self.layer_combo("roi", "Region of interest (optional)", (Labels, Shapes), nullable=True)
+        self.roi.tooltip = (
+            "A Labels layer (nonzero inside; a (T, Y, X) one counts what is painted on any frame) or a Shapes layer "
+            "(its shapes filled), on the reference: subsets use only the pixels inside it"
+        )
+        self.reference_policy = ComboBox(
+            name="reference_policy",
+            label="Reference",
+            choices=list(SERIES_REFERENCES),
+            value="accumulated",
+            tooltip="accumulated: every frame against frame 0 (no drift). incremental: each point against the last "
+            "frame it was found in (large deformation, errors add up). auto: a point's reference moves on when its "
+            "match with the old one weakens",
+        )
         self.window_rows = _odd_spin("window_rows", "Window rows (odd)", 9)
         self.window_cols = _odd_spin("window_cols", "Window cols (odd)", 9)
         subset_tip = "Odd: each pixel's vector spans its K frames over this many pixels around it (DIC: 21 to 41)"
@@ -168,11 +194,15 @@ class CorrelationWidget(JobWidget):
                 self.img1,
                 self.img2,
                 self.movie,
+                self.frames,
+                self.first_frame,
+                self.roi,
                 self.window_rows,
                 self.window_cols,
                 self.subset_rows,
                 self.subset_cols,
                 self.step,
+                self.reference_policy,
                 self.neighbours,
                 self.outputs,
                 self.strain_window,
@@ -217,15 +247,20 @@ class CorrelationWidget(JobWidget):
     def _show_mode(self, *_: Any) -> None:
         mode = self.mode.value
         pair = mode in (STACKS, PAIR)
+        series = mode == SERIES
         shown = {
             self.img1: pair,
             self.img2: pair,
             self.movie: mode == TIME_SERIES,
+            self.frames: series,
+            self.first_frame: series,
+            self.roi: series,
+            self.reference_policy: series,
             self.window_rows: pair,
             self.window_cols: pair,
-            self.subset_rows: mode == PAIR,
-            self.subset_cols: mode == PAIR,
-            self.step: mode == PAIR,
+            self.subset_rows: mode == PAIR or series,
+            self.subset_cols: mode == PAIR or series,
+            self.step: mode == PAIR or series,
             self.subpixel: pair,
             self.subset_shape: mode == PAIR,
             self.neighbours: mode == TIME_SERIES,
@@ -234,8 +269,8 @@ class CorrelationWidget(JobWidget):
             self.pixel_size: pair and self.out_phase.value,
             self.distance: pair and self.out_phase.value,
             self.wavelength: pair and self.out_phase.value,
-            self.spacing: pair,
-            self.vector_scale: pair,
+            self.spacing: pair or series,
+            self.vector_scale: pair or series,
             self.full_map: mode == STACKS,
             self.show_surface: pair,
             self.surface_info: pair,
@@ -276,6 +311,9 @@ class CorrelationWidget(JobWidget):
                 self._apply(suggestion)
         mode = self.mode.value
         layers = self._candidates(mode)
+        if mode == SERIES:
+            self._follow_series(layers)
+            return
         if mode == TIME_SERIES:
             by_role = {layer.metadata.get(ROLE_KEY): layer for layer in layers}
             if "movie" in by_role and (self._prefer_roles or self.movie.value is None):
@@ -301,6 +339,22 @@ class CorrelationWidget(JobWidget):
                 self.img1.value, self.img2.value = older, newer
                 return
 
+    def _follow_series(self, layers: list[Any]) -> None:
+        """The DIC series' inputs: the frames (by role, else the newest (T, Y, X) image) and, once a sample was
+        opened, its frames and ROI as they arrive (one layer at a time)."""
+        layers = [layer for layer in layers if layer.ndim == 3]
+        by_role = {layer.metadata.get(ROLE_KEY): layer for layer in layers}
+        if "frames" in by_role and (self._prefer_roles or self.frames.value is None):
+            self.frames.value = by_role["frames"]
+        elif self.frames.value is None and layers:
+            self.frames.value = layers[0]
+        if self._prefer_roles:
+            rois = [layer for layer in self._viewer.layers
+                    if isinstance(layer, (Labels, Shapes)) and layer.metadata.get(ROLE_KEY) == "roi"]  # fmt: skip
+            if rois:
+                self.roi.value = rois[-1]
+            self._prefer_roles = not ("frames" in by_role and rois)  # until both of the sample's are in
+
     def _apply(self, suggestion: dict[str, Any]) -> None:
         """A sample's mode and parameters (``{"mode": ..., "window": [wm, wn], "subset": ..., "step": ...,
         "outputs": [...], "spacing": ..., "neighbours": ...}``)."""
@@ -313,6 +367,8 @@ class CorrelationWidget(JobWidget):
         for key in ("step", "spacing", "neighbours", "subpixel", "strain_window"):
             if key in suggestion:
                 getattr(self, key).value = suggestion[key]
+        if "reference" in suggestion:
+            self.reference_policy.value = suggestion["reference"]
         if "outputs" in suggestion:
             for name in ("transmission", "dark_field", "phase", "strain", "uncertainty"):
                 getattr(self, f"out_{name}").value = name in suggestion["outputs"]
@@ -336,6 +392,9 @@ class CorrelationWidget(JobWidget):
 
     def make_job(self) -> Job:
         mode = self.mode.value
+        if mode == SERIES:
+            self._pending = None
+            return make_series_job(self.series_request())
         if mode == TIME_SERIES:
             layer = require_layer(self.movie, "a movie, an Image layer (T, Y, X)")
             if layer.multiscale or layer.rgb or layer.ndim < 3:
@@ -414,6 +473,72 @@ class CorrelationWidget(JobWidget):
         }
         return make_correlation_job(request)
 
+    def series_request(self) -> SeriesRequest:
+        """The DIC series mode's request: the frames (a reference image before them), the ROI, the options."""
+        layer = require_layer(self.frames, "the frames, an Image layer (T, Y, X)")
+        if layer.multiscale or layer.rgb or layer.ndim != 3:
+            raise ValueError(
+                f"the DIC series mode needs frames (T, Y, X); layer {layer.name!r} has shape {layer.data.shape}"
+            )
+        subset = (int(self.subset_rows.value), int(self.subset_cols.value))
+        if any(s % 2 == 0 for s in subset):
+            raise ValueError(f"the subset must be odd (sh x sw); got {subset[0]} x {subset[1]}")
+        shape = tuple(int(n) for n in layer.data.shape[-2:])
+        reference = self.first_frame.value
+        if reference is not None:
+            if reference is layer:
+                raise ValueError(f"the reference image and the frames are the same layer ({layer.name!r})")
+            if reference.multiscale or reference.rgb or reference.ndim != 2 or reference.data.shape != shape:
+                raise ValueError(
+                    f"the reference image must be one frame {shape} of the frames {layer.name!r}; layer "
+                    f"{reference.name!r} has shape {reference.data.shape}"
+                )
+        roi, roi_data = self._roi_source(shape, layer)
+        return SeriesRequest(
+            name=layer.name,
+            data=layer.data,
+            frame=Frame.of(layer),
+            subset=subset,
+            step=int(self.step.value),
+            reference=self.reference_policy.value,
+            reference_name=None if reference is None else reference.name,
+            reference_data=None if reference is None else reference.data,
+            roi=roi,
+            roi_data=roi_data,
+            spacing=int(self.spacing.value),
+            vector_scale=float(self.vector_scale.value),
+        )
+
+    def _roi_source(self, shape: tuple[int, int], frames: Any) -> tuple[Source | None, Any]:
+        """The ROI's source (how the script binds it) and its mask, read here on the GUI thread: a Labels layer
+        (Y, X) as it is, a (T, Y, X) one as what is painted on any frame, a Shapes layer filled (``to_labels``)."""
+        layer = self.roi.value
+        if layer is None:
+            return None, None
+        placed = (np.asarray(layer.scale)[-2:], np.asarray(layer.translate)[-2:])
+        if not all(np.allclose(a, b) for a, b in zip(placed, (frames.scale[-2:], frames.translate[-2:]))):
+            raise ValueError(
+                f"the ROI {layer.name!r} must lie on the frames' pixels (the same scale and translate as "
+                f"{frames.name!r} along Y and X)"
+            )
+        if isinstance(layer, Shapes):
+            if not len(layer.data):
+                raise ValueError(f"the ROI {layer.name!r} has no shape: draw the region of interest, or choose none")
+            code = f"viewer.layers[{layer.name!r}].to_labels(labels_shape={shape})"
+            source = Source("roi", expression=code)
+            mask = layer.to_labels(labels_shape=shape)
+        else:
+            if layer.data.shape[-2:] != shape or layer.ndim not in (2, 3):
+                raise ValueError(
+                    f"the ROI must be a Labels layer of the frames' (Y, X) = {shape} (or (T, Y, X)); layer "
+                    f"{layer.name!r} has shape {layer.data.shape}"
+                )
+            source = Source("roi", layer=layer.name, index=".any(axis=0)" if layer.ndim == 3 else "")
+            mask = np.asarray(source.take(np.asarray(layer.data)))
+        if not np.any(mask):
+            raise ValueError(f"the ROI {layer.name!r} is empty: paint or draw the region of interest, or choose none")
+        return source, np.array(mask, copy=True)  # a copy: painting on goes on while the run reads it
+
     def show_result(self, result: JobResult, added: list) -> None:
         vectors = [layer for layer in added if isinstance(layer, Vectors)]
         self._vectors = weakref.ref(vectors[-1]) if vectors else None
@@ -439,7 +564,7 @@ class CorrelationWidget(JobWidget):
     def surface_at(self, position: Any) -> bool:
         """Show the correlation surface of the last result's pixel at world ``position`` (a click); False
         when there is nothing to show there (no result, outside it, another tool in use, busy)."""
-        if not self.show_surface.value or self.mode.value == TIME_SERIES or self._run is None:
+        if not self.show_surface.value or self.mode.value in (TIME_SERIES, SERIES) or self._run is None:
             return False
         active = self._viewer.layers.selection.active
         if active is not None and str(getattr(active, "mode", "pan_zoom")) != "pan_zoom":

@@ -161,7 +161,7 @@ def _dic_pair(n: int) -> dict[str, Any]:
     from napari_gridmip._sample_data.dic import make_dic_pair
 
     reference, deformed, _ = make_dic_pair((n, n))  # the sample's field: up to 4.6 px, strains up to 0.6%
-    # float32 as bench_dic.py and tools/accelerator_probe.py pass them; img1 = deformed (DIC's convention)
+    # float32 as bench_dic.py passes them; img1 = deformed (DIC's convention)
     return {"img1": deformed[None].astype(np.float32), "img2": reference[None].astype(np.float32)}
 
 

@@ -143,8 +143,8 @@ def main() -> None:
         measure("CaImAn formula, NumPy + shifted adds", lambda: caiman_formula(movie, shifted_adds=True),
                 repeats=args.repeats, note="the faster NumPy formula"),
     ]  # fmt: skip
-    if args.caiman is not None:  # CaImAn's own code, read from the checkout (tools/caiman_check.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    if args.caiman is not None:  # CaImAn's own code, read from the checkout (benchmarks/caiman_check.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
         from caiman_check import caiman_summary_images
 
         caiman = caiman_summary_images(args.caiman)

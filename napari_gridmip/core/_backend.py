@@ -43,13 +43,13 @@ def subset_row_sums(subset_rows: int) -> str:
 
     Running sums on the CPU: O(s) instead of O(sh) work a row; the 1024^2 DIC pair (subset 31, step 4) runs
     2.2x faster warm with them, 0.342 against 0.748 s with fresh sums (docs/benchmarks.md, section 12).
-    Never on a TPU v5e (JAX 0.10.2): the running sums' program returns sums up to 80% off there
-    (``tools/accelerator_bisect.py``, "raw sweep step=4": 8e-1 against the CPU, while every primitive it uses,
-    a plain running sum among them, agrees within 2e-7); the speckle-tracking and DIC fields were wrong there
-    for this alone. There, the row-at-a-time loop is ``rows sh`` small iterations, each a wait for the chip:
-    tall subsets are summed at once (DIC 2048^2, subset 31: 1.93 s with fresh sums, 0.86 s at once), short
-    ones afresh (track_speckles K=20 512^2, subset 5: 0.52 s fresh, 0.73 s at once). The threshold lies
-    between the two measured heights (``benchmarks/bench_accelerator.py``, docs/accelerator.md).
+    Never on a TPU v5e (JAX 0.10.2): the running sums' program returns sums up to 80% off there (probe
+    ``tools/accelerator_bisect.py``, since removed, "raw sweep step=4": 8e-1 against the CPU, while every primitive
+    it uses, a plain running sum among them, agrees within 2e-7); the speckle-tracking and DIC fields were wrong
+    there for this alone. There, the row-at-a-time loop is ``rows sh`` small iterations, each a wait for the chip:
+    tall subsets are summed at once (DIC 2048^2, subset 31: 1.93 s with fresh sums, 0.86 s at once), short ones
+    afresh (track_speckles K=20 512^2, subset 5: 0.52 s fresh, 0.73 s at once). The threshold lies between the two
+    measured heights (``benchmarks/bench_accelerator.py``, docs/accelerator.md).
     """
     if on_cpu():
         return "running"
@@ -64,7 +64,7 @@ def per_pixel_gathers() -> bool:
 
     On a TPU v5e the gathers were 90% of the warm time of DIC 2048^2 (0.75 of 0.84 s) and of track_speckles
     K=20 512^2 (0.45 of 0.50 s): 20 small gathers per output row, each 24 to 120 us, where the sums themselves
-    took milliseconds (``tools/accelerator_profile.py``, 2026-12-05, docs/accelerator.md); with the selects,
+    took milliseconds (``benchmarks/accelerator_profile.py``, 2026-12-05, docs/accelerator.md); with the selects,
     0.33 and 0.11 s. A CPU gathers from its caches, and the selects' extra work is its cost there: forced on this
     2-core CPU, the 1024^2 DIC pair (subset 31, step 4, refine) ran 11.3 s warm against 0.89 s, and
     track_speckles K=20 256^2 3.0 against 1.2 s, each compiling 2 to 2.5x longer.
@@ -82,11 +82,11 @@ def spline_windows() -> bool:
     no GPU was available). Windows on a TPU: on a TPU v5e one IC-GN interpolation
     of the 1024^2 pair (60,025 points x 961 pixels) took 6.69 s as element gathers against 0.222 s on the
     host CPU, and gathers of rows run 0.3 GB/s one element wide against 40 GB/s 128 wide
-    (``tools/accelerator_gather_probe.py``, 2026-12-06, docs/accelerator.md). 8000 points' interpolation there:
-    0.80 s as gathers, 0.015 s from windows (``tools/accelerator_window_probe.py``); with it and
-    :func:`ic_gn_rows_together`, the 1024^2 affine DIC ran 1.52 s warm on the chip against 1.95 s on the host's
-    13 cores (``benchmarks/bench_accelerator.py``, 2026-12-06), where it had taken 33.8 s and then ran on the
-    host.
+    (probe ``tools/accelerator_gather_probe.py``, 2026-12-06, since removed; docs/accelerator.md). 8000 points'
+    interpolation there: 0.80 s as gathers, 0.015 s from windows (probe ``tools/accelerator_window_probe.py``,
+    since removed); with it and :func:`ic_gn_rows_together`, the 1024^2 affine DIC ran 1.52 s warm on the chip
+    against 1.95 s on the host's 13 cores (``benchmarks/bench_accelerator.py``, 2026-12-06), where it had taken
+    33.8 s and then ran on the host.
     """
     return _on_tpu()
 
@@ -155,7 +155,7 @@ def host_pool_aliased() -> bool:
     the whole pool, 512 MiB by default, once per band of every render: over a TPU host's link, about 2.5 GB/s
     (``benchmarks/bench_accelerator.py``, the offsets-first map's 236 MB in 0.094 s), 0.2 s a band for bricks
     mostly on the device already. Measured since: a render on a TPU v5e spent 7 ms updating the pool
-    (``tools/accelerator_profile.py``, case render_view_on_chip, 2026-12-06), its element gathers being what
+    (``benchmarks/accelerator_profile.py``, case render_view_on_chip, 2026-12-06), its element gathers being what
     holds it there (:func:`render_on_host`).
     """
     return on_cpu()
@@ -188,7 +188,7 @@ def step_record_ring() -> int:
 
     Scatters on the CPU: each is a few thousand stores into memory the cores cache. A ring elsewhere: on a TPU
     v5e the scatters were 3.4 of the 4.4 s of device time of traverse_occupied 512^3 with 1M rays, which ran at
-    0.7x the same machine's CPU (``tools/accelerator_profile.py``, case traverse_occupied, 2026-12-06,
+    0.7x the same machine's CPU (``benchmarks/accelerator_profile.py``, case traverse_occupied, 2026-12-06,
     docs/accelerator.md).
     """
     return 0 if on_cpu() else RECORD_RING_STEPS

@@ -2,10 +2,11 @@
 
 JAX's persistent cache (:mod:`._compile_cache`) stores XLA's executables, but finds one only after tracing and
 lowering the program to get its key: 0.4 s of DIC 2048^2's 2.5 s first call in a next process on a 2-core CPU,
-2.1 s of its 3.8 s on a TPU v5e (``tools/first_call_split.py --keep-compile-cache dic``, docs/accelerator.md).
+2.1 s of its 3.8 s on a TPU v5e (``benchmarks/first_call_split.py --keep-compile-cache dic``, docs/accelerator.md).
 A :class:`KeptProgram` keys its executables by what decides the program without tracing it (below), writes each
 one it compiles with ``jax.experimental.serialize_executable``, and in a later process loads it and calls it
-directly (``tools/executable_cache_probe.py``: 2.1-2.45 s against 2.5-2.84 s, identical outputs).
+directly (probe ``tools/executable_cache_probe.py``, since removed, git e770f92: 2.1-2.45 s against 2.5-2.84 s,
+identical outputs).
 
 The key, a SHA-256 of: the program's module and name (and its file's source outside the core); its static
 options' types and ``repr``; the tree, shapes, dtypes and weak types of its array arguments; the device it runs
@@ -236,7 +237,8 @@ def _compiled_for_keeping(jitted: Any, args: tuple, kwargs: dict) -> tuple[Any, 
     """``jitted.lower(*args, **kwargs).compile()``, and whether that executable may be kept: only one XLA compiled
     here. One read from JAX's persistent cache, or reused from JAX's memory after such a read, and serialized again
     failed in the next process, at its first run ("Function reverse_concatenate_fusion.2 not found" at dispatch,
-    "Function wrapped_broadcast not found" when waited for; XLA CPU, JAX 0.10.2, ``tools/executable_cache_probe.py``).
+    "Function wrapped_broadcast not found" when waited for; XLA CPU, JAX 0.10.2, the probe
+    ``tools/executable_cache_probe.py``, since removed).
     Those are not kept: the calls then trace as before."""
     if not _LISTENING:
         jax.monitoring.register_event_listener(_heard)

@@ -2,8 +2,9 @@
 
 A TPU has no float64 arithmetic: XLA emulates it, 8x slower than the host CPU on ``find_displacement`` at
 256^2 (issue 34's table), and refuses some operations outright (a complex128 FFT: "Unexpected operand type for
-FFT", ``tools/accelerator_probe.py``). A float64 call therefore runs on the host's CPU device there, with
-float64's precision, rather than slower or not at all. GPUs have float64 and keep it.
+FFT", the probe ``tools/accelerator_probe.py``, removed since; in git history at 8c6d32e). A float64 call therefore
+runs on the host's CPU device there, with float64's precision, rather than slower or not at all. GPUs have float64
+and keep it.
 """
 
 from __future__ import annotations

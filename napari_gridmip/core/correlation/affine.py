@@ -99,7 +99,7 @@ SPLINE_MARGIN = 2
 # with the windows (a TPU), read the reference subsets of a band's grid of points by rows and columns
 # (:func:`_grid_subsets`) rather than one window per point; TILE_WINDOWS implies it. Alone it took a band of the
 # 1024^2 affine DIC on a TPU v5e from 0.180 to 0.072 s, the tiles too to 0.037 s
-# (tools/accelerator_affine_compile.py, 2026-12-06, docs/accelerator.md)
+# (probe tools/accelerator_affine_compile.py, 2026-12-06, since removed: git d4d63c5; docs/accelerator.md)
 GRID_SUBSETS = False
 # with the windows, pick each step's windows out of tiles of img1's coefficients read once per band by rows and
 # columns (:func:`_tile_windows`), reaching the translation search's reach plus TILE_SLACK px past a point's grid
@@ -132,10 +132,10 @@ def _grid_subsets(images: tuple[jax.Array, ...], top: jax.Array, left: jax.Array
     One slice of the grid's region of each image, the regions read together; then each axis unfolded by
     blocks: the region's rows cut into blocks of ``step``, and ``ceil(sh / step)`` slices of ``rows`` blocks,
     one per block a subset's rows span (row ``a`` of point row ``r`` is block ``r + a // step``, phase
-    ``a % step``); the columns the same. No read per point, where XLA on a TPU makes a loop of one slice per
-    point of :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC,
-    ``tools/accelerator_affine_compile.py --profile``, 2026-12-06). Why blocks and one read for all images:
-    with a slice per subset row and column (62 at subset 31) for each of 6 images, the TPU v5e compiled the
+    ``a % step``); the columns the same. No read per point, where XLA on a TPU makes a loop of one slice per point
+    of :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC, probe
+    ``tools/accelerator_affine_compile.py --profile``, 2026-12-06, since removed). Why blocks and one read for all
+    images: with a slice per subset row and column (62 at subset 31) for each of 6 images, the TPU v5e compiled the
     band program in 33 s against 11 s for the windows' form (the same probe)."""
     k = images[0].shape[0]
     (sh, sw), (rows, cols, step) = subset, grid
@@ -175,12 +175,12 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
     position is NaN at every pixel (the gathers: at its NaN pixels; only a diverged warp has one) and does
     not count.
 
-    Why a ``lax.cond`` whose other branch is zeros: on a TPU v5e the 1024^2 affine DIC's band program
-    compiled in 40 s with the gathers as that branch, in 19 s with no branch, in 11 s with this one, and one
-    band ran 0.175, 0.241 and 0.178 s (``tools/accelerator_affine_compile.py``, variants cond, no-barrier
-    and cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): in the form
-    with no ``lax.cond``, XLA on the CPU recomputed the 64-slice sum in its consumers without it (0.78 s
-    against 1.29 s a band at 384^2); inside the ``cond`` its effect is not measured apart.
+    Why a ``lax.cond`` whose other branch is zeros: on a TPU v5e the 1024^2 affine DIC's band program compiled in 40
+    s with the gathers as that branch, in 19 s with no branch, in 11 s with this one, and one band ran 0.175, 0.241
+    and 0.178 s (probe ``tools/accelerator_affine_compile.py``, git d4d63c5: variants cond, no-barrier and
+    cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): in the form with no
+    ``lax.cond``, XLA on the CPU recomputed the 64-slice sum in its consumers without it (0.78 s against 1.29 s a
+    band at 384^2); inside the ``cond`` its effect is not measured apart.
 
     With ``tiles`` = ``(block, tile_top, tile_left)``, each point's window is picked out of its tile of the
     coefficients ``block`` ``(K, n, th, tw)`` (``th``, ``tw`` the window's sides plus ``2^m - 1``,

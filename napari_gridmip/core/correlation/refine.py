@@ -120,13 +120,13 @@ def _block_table(
     """The same blocks looked up in a table of every block the band's pixels can reach, one block a row of
     ``16 K`` values (padded to a multiple of 128 lanes), gathered as an embedding lookup.
 
-    A TPU gathers rows of a table fast and small slices slowly: on a TPU v5e (1024^2, K=10, bands of 256 rows)
-    a band's Newton steps took 1.77 s with the slices and 0.013 s with the table
-    (``tools/accelerator_refine_probe.py``, 2026-12-05). The band's pixels start at most ``m + 1`` rows from
-    their own (the integer peak within the window, the Hessian step within 1 px) and move at most
-    ``ITERATIONS * MAX_STEP`` = 1 row, so their blocks' top rows lie in ``[row0 - 1, row0 + block + 2m + 2]``
-    (padded rows): the table holds those, ``16`` times the band's slab of img1 (at most 544 MB for a 256-row
-    band of a 2048-wide K=10 image).
+    A TPU gathers rows of a table fast and small slices slowly: on a TPU v5e (1024^2, K=10, bands of 256 rows) a
+    band's Newton steps took 1.77 s with the slices and 0.013 s with the table (probe
+    ``tools/accelerator_refine_probe.py``, 2026-12-05, since removed; git 337b48f). The band's pixels start at most
+    ``m + 1`` rows from their own (the integer peak within the window, the Hessian step within 1 px) and move at
+    most ``ITERATIONS * MAX_STEP`` = 1 row, so their blocks' top rows lie in ``[row0 - 1, row0 + block + 2m + 2]``
+    (padded rows): the table holds those, ``16`` times the band's slab of img1 (at most 544 MB for a 256-row band of
+    a 2048-wide K=10 image).
     """
     _, padded_rows, padded_cols, k = img1k.shape
     slab_rows = min(block + 2 * m + 7, padded_rows)  # block top rows [row0 - 1, row0 + block + 2m + 2], 4 rows each

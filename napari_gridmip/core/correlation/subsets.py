@@ -404,7 +404,7 @@ def _by_phase(x: jax.Array, step: int, width: int, count: int) -> jax.Array:
 
     Made once a band, so that each pixel's column ``c + j step`` is then a contiguous slice (:func:`_at_phase`)
     rather than a strided one: a TPU's strided slice along its lanes (the last axis) ran at 5 GB/s, 0.75 of DIC
-    2048^2's 0.98 s at step 4 (tools/accelerator_profile.py). The phase and the rows lead, above the two axes a
+    2048^2's 0.98 s at step 4 (benchmarks/accelerator_profile.py). The phase and the rows lead, above the two axes a
     TPU tiles (its sublanes and lanes), so that the batches' windows (:func:`_windows`) and a phase are cut along
     untiled axes. Measured against the phase among the tiled axes, ``(k, R, s, Q)``: the same, 0.269 against
     0.268 s for DIC 2048^2, the fusion that picks the columns still 0.095 s of it (docs/accelerator.md)."""
@@ -425,7 +425,7 @@ def _windows(x: jax.Array, start: jax.Array, count: int, step: int, height: int,
     One dynamic slice, then static ones: the slice is padded to ``(count + u) step`` positions (``u`` the height in
     steps, rounded up) and split into ``(count + u, step)``, where window ``i``'s position ``r`` is ``[i + r // step,
     r % step]``. Under ``vmap``, a dynamic slice per window would be a gather, which a TPU runs slowly: the rows'
-    bands of Gram planes gathered so were 0.25 of DIC 2048^2's 0.33 s there (tools/accelerator_profile.py)."""
+    bands of Gram planes gathered so were 0.25 of DIC 2048^2's 0.33 s there (benchmarks/accelerator_profile.py)."""
     length = (count - 1) * step + height
     block = lax.dynamic_slice_in_dim(x, start, length, axis)
     if count == 1:
@@ -598,7 +598,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
     if not plan.gathers and plan.method != "map":  # made once a band: the planes the blocks come from
         # the image's columns last, everywhere below: a TPU lays an array's last axis along its 128 lanes, and a
         # last axis of 3 (the planes side by side) or 9 (the Gram planes' column offsets) left most of them
-        # empty: DIC 2048^2 took 0.98 s so, 0.86 s with the gathers (tools/accelerator_profile.py)
+        # empty: DIC 2048^2 took 0.98 s so, 0.86 s with the gathers (benchmarks/accelerator_profile.py)
         # edge-padded by the reach: a position off the plane reads its edge, as the gathers' clipped index does
         stacked = jnp.stack([stats.box1, stats.inv1] + ([stats.box_taps] if plan.gram else []))
         near = jnp.pad(stacked, ((0, 0), (reach, reach), (reach, reach)), mode="edge")  # (k, R + 2r, C + 2r)

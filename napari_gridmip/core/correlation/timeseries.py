@@ -7,7 +7,7 @@ flickers with its neighbours and scores near 1, a pixel of noise near 0.
 The values are those of CaImAn's ``local_correlations_fft`` (and of its
 ``local_correlations`` with 4 neighbours); with 8, CaImAn's
 ``local_correlations`` adds two of its four diagonal pairs to a pixel that is
-not in the pair (``tools/caiman_check.py``, docs/timeseries.md).
+not in the pair (``benchmarks/caiman_check.py``, docs/timeseries.md).
 
 The movie is read once, in chunks of frames. Each chunk's moments (per pixel,
 and per pixel and neighbour offset: sums of squares and products, centred on

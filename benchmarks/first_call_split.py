@@ -1,7 +1,7 @@
 """Where a first call's time goes: JAX's monitoring events of one benchmark case, in a new process.
 
-    python tools/first_call_split.py dic track_speckles              # compile cache off: everything compiles
-    NAPARI_GRIDMIP_CACHE_DIR=/tmp/c python tools/first_call_split.py --keep-compile-cache dic   # run it twice
+    python benchmarks/first_call_split.py dic track_speckles              # compile cache off: everything compiles
+    NAPARI_GRIDMIP_CACHE_DIR=/tmp/c python benchmarks/first_call_split.py --keep-compile-cache dic   # run it twice
 
 For each case of ``benchmarks/bench_accelerator.py`` named (same inputs), in this process: the first call, then
 a warm one, each with the sum and count of every duration event JAX reported during it (tracing, lowering to

@@ -1,6 +1,6 @@
 """Where a warm call's time goes on the device: JAX's profiler around one call of a benchmark case, op by op.
 
-    python tools/accelerator_profile.py track_speckles dic --out $OUT/profile
+    python benchmarks/accelerator_profile.py track_speckles dic --out $OUT/profile
 
 For each case of ``benchmarks/bench_accelerator.py`` named (same inputs, put on the device first), two warm-up
 calls, then one call under ``jax.profiler.trace`` with a Perfetto trace. From that trace, per device (the TPU's

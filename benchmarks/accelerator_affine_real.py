@@ -1,9 +1,11 @@
-"""The affine DIC on public real images: the host CPU's IC-GN against an accelerator's (one window per point, a
-band's rows together: ``core._backend.spline_windows`` and ``ic_gn_rows_together``), on the DIC Challenge 1.0
-sample 1 shift series (8-bit, 512 x 512, 0.1 px steps), as published by jaredvanblitterswyk/image_deformation
+"""The affine DIC on public real images (DIC Challenge 1.0 sample 1): the host CPU's IC-GN against an accelerator's.
+
+The accelerator's strategies: one window per point, a band's rows together (``core._backend.spline_windows`` and
+``ic_gn_rows_together``). The images: the DIC Challenge 1.0 sample 1 shift series (8-bit, 512 x 512, 0.1 px
+steps), as published by jaredvanblitterswyk/image_deformation
 (``rigid_body_translation/reu_sample1_00_upsample_10_rigid_pixel_shift``).
 
-    python tools/accelerator_affine_real.py DIR
+    python benchmarks/accelerator_affine_real.py DIR
 
 On a CPU-only machine the accelerator's strategies are forced on the CPU; on an accelerator they run on it as
 its defaults, against the same call inside ``_backend.on_host()``. Prints, per shift, the largest differences

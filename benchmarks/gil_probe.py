@@ -1,7 +1,7 @@
 """How long a kernel's call keeps every other Python thread from running: the GIL it holds, measured without Qt.
 
-    python tools/gil_probe.py dic track_speckles local_correlation_image      # the default backend
-    JAX_PLATFORMS=cpu python tools/gil_probe.py --quick dic                   # the host, small inputs
+    python benchmarks/gil_probe.py dic track_speckles local_correlation_image      # the default backend
+    JAX_PLATFORMS=cpu python benchmarks/gil_probe.py --quick dic                   # the host, small inputs
 
 The plugin runs JAX in a worker thread while napari's GUI thread draws: a call that holds the GIL while it waits
 (for a compile, a transfer, a device) stops the GUI for as long (issue 33: the event loop never blocked over

@@ -276,7 +276,7 @@ def _local_start(guess_position, guess_gradient, key_position, key_gradient) -> 
     """The IC-GN start ``(P, 6)`` in a key frame's local coordinates for a guess of the point's position and
     gradient in the frame."""
     v, u = (guess_position - key_position).T
-    local = guess_gradient @ np.linalg.inv(key_gradient) - np.eye(2)
+    local = np.matmul(guess_gradient, np.linalg.inv(key_gradient)) - np.eye(2)  # host NumPy, float64
     return np.stack([v, local[:, 0, 0], local[:, 0, 1], u, local[:, 1, 0], local[:, 1, 1]], -1)
 
 
@@ -291,7 +291,8 @@ def _affine_fit(origin: np.ndarray, position: np.ndarray) -> np.ndarray | None:
 
 def _compose_affine(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """``outer o inner`` of two ``(2, 3)`` maps."""
-    return np.concatenate([outer[:, :2] @ inner[:, :2], (outer[:, :2] @ inner[:, 2] + outer[:, 2])[:, None]], 1)
+    linear, shift = np.matmul(outer[:, :2], inner[:, :2]), np.matmul(outer[:, :2], inner[:, 2]) + outer[:, 2]
+    return np.concatenate([linear, shift[:, None]], 1)
 
 
 def _neighbour_guesses(grid: tuple[int, int], origin, position, gradient, found, zncc):
@@ -537,7 +538,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         guess_gradient = np.einsum("ij,pjk->pik", step_map[:, :2], state.gradient)
         whole_guess = _compose_affine(step_map, whole)
         lost = ~state.found
-        guess_position[lost] = origin[lost] @ whole_guess[:, :2].T + whole_guess[:, 2]
+        guess_position[lost] = np.matmul(origin[lost], whole_guess[:, :2].T) + whole_guess[:, 2]
         guess_gradient[lost] = whole_guess[:, :2]
         has_guess = usable & np.all(np.isfinite(guess_position), 1)
         if not trusted:
@@ -644,7 +645,7 @@ class _Frame:
         w = self.warp
         position = key_position + w[:, (0, 3)]
         local = np.stack([np.stack([1 + w[:, 1], w[:, 2]], -1), np.stack([w[:, 4], 1 + w[:, 5]], -1)], 1)
-        return position, local @ key_gradient
+        return position, np.matmul(local, key_gradient)
 
 
 def _run(which, guess_position, guess_gradient, result: _Frame, key_index, key_position, key_gradient, origin,

@@ -364,7 +364,7 @@ class Camera:
 
     @classmethod
     def of(cls, viewer: Any) -> Camera:
-        camera = viewer.camera
+        camera = viewer.scene.camera  # viewer.camera: deprecated since napari 0.9
         return cls(
             tuple(float(v) for v in camera.center[-3:]),
             tuple(float(v) for v in camera.view_direction),

@@ -22,19 +22,76 @@ from typing import Any
 import numpy as np
 from napari.utils import notifications
 from napari.utils import progress as napari_progress
-from qtpy.QtCore import QObject, QTimer, Signal
+from qtpy.QtCore import QEvent, QObject, Qt, QTimer, Signal
 
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._layer_changes import LayerChanges
 from napari_gridmip._widgets._workers import workers
 
 
+class _CloseWatch(QObject):
+    """Sees napari's main window of a viewer get its Close event: a child of that window (it goes with it) and
+    its event filter. napari has no public event for a viewer's closing (napari/napari#4623) and leaves nothing
+    public behind that tells; what told before, the private attribute of napari's ``Window`` that holds its Qt
+    window (dropped by ``Window.close``), warns through the viewer napari hands a plugin's widget (a FutureWarning
+    in napari 0.9, which announces its refusal from 0.10 on)."""
+
+    def __init__(self, window: Any) -> None:
+        super().__init__(window)
+        self.close_seen = False
+        window.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        kind = event.type()
+        if kind == QEvent.Type.Close:
+            self.close_seen = True  # accepted unless the window is still visible after it (a confirmation refused)
+        elif kind == QEvent.Type.Show:
+            self.close_seen = False
+        return False
+
+
+def _main_window(viewer: Any) -> Any:
+    """napari's Qt main window of ``viewer``, through the public ``Window.main_menu`` (its menu bar); None for a
+    viewer model without a window. Raises RuntimeError once Qt has deleted the window (and its menu bar)."""
+    menu = getattr(getattr(viewer, "window", None), "main_menu", None)
+    return None if menu is None else menu.window()
+
+
+def _watch_of(window: Any) -> _CloseWatch | None:
+    return window.findChild(_CloseWatch, "", Qt.FindChildOption.FindDirectChildrenOnly)
+
+
+def watch_viewer(viewer: Any) -> None:
+    """Start watching ``viewer``'s window for its closing, once per window (what :func:`viewer_closed` reads).
+
+    Called as a runner or a live view is made, while the window is open: a close before the watch is missed
+    until Qt deletes the window."""
+    with contextlib.suppress(RuntimeError):  # deleted already: viewer_closed knows without a watch
+        window = _main_window(viewer)
+        if window is not None and _watch_of(window) is None:
+            _CloseWatch(window)
+
+
 def viewer_closed(viewer: Any) -> bool:
-    """Whether napari's window of ``viewer`` was closed (``Window.close`` drops its Qt window): nothing may be added
-    to it any more, even before Qt has deleted the docked widgets (adding a layer then crashed in napari's
-    canvas: benchmarks/gui_soak.py, the viewer closed while a result was being shown)."""
-    window = getattr(viewer, "window", None)
-    return window is not None and not hasattr(window, "_qt_window")
+    """Whether napari's window of ``viewer`` was closed (``viewer.close()``, or the user's closing of the window):
+    nothing may be added to it any more, even before Qt has deleted the docked widgets (adding a layer then
+    crashed in napari's canvas: benchmarks/gui_soak.py, the viewer closed while a result was being shown).
+
+    Public API only: the window's Close event seen by our watch (:func:`watch_viewer`) and the window hidden
+    since (a viewer made with ``show=False`` is never visible, so the Close event is what tells), or the window
+    deleted by Qt.
+    """
+    try:
+        window = _main_window(viewer)
+    except RuntimeError:  # wrapped C/C++ object has been deleted: the window is gone
+        return True
+    if window is None:
+        return False
+    watch = _watch_of(window)
+    if watch is None:
+        _CloseWatch(window)
+        return False
+    return watch.close_seen and not window.isVisible()
 
 
 def notify_error(text: str) -> None:
@@ -70,6 +127,7 @@ class BackgroundRunner:
         self._cancel_button = cancel_button
         self._status = status
         self._viewer = viewer
+        watch_viewer(viewer)  # now, while the window is open: viewer_closed must see its closing
         self._relay = _Relay()
         self._relay.progressed.connect(self._on_progress)
         self.worker: Any = None

@@ -33,12 +33,11 @@ CAMERA_EVENTS = ("center", "zoom", "angles", "perspective")
 
 
 def canvas_size(viewer: Any) -> tuple[int, int]:
-    """``(height, width)`` of the vispy view napari's camera projects onto (what its zoom is relative to)."""
-    try:
-        width, height = viewer.window._qt_viewer.canvas.view.rect.size  # napari's canvas model lags while hidden
-        return int(round(height)), int(round(width))
-    except AttributeError:
-        return tuple(int(v) for v in viewer.canvas.size)
+    """``(height, width)`` of the view napari's camera projects onto (what its zoom is relative to): the public
+    canvas model, equal to the vispy view's rectangle in napari 0.9, shown or hidden (the model follows the
+    canvas's resizes, a hidden canvas the model); that rectangle was read before through napari's private Qt
+    viewer, a FutureWarning from a plugin's widget."""
+    return tuple(int(v) for v in viewer.canvas.size)
 
 
 class _Token:
@@ -143,7 +142,10 @@ class LiveRender:
     ) -> None:  # fmt: skip
         from qtpy.QtCore import QTimer
 
+        from napari_gridmip._widgets._runner import watch_viewer
+
         self._viewer = viewer
+        watch_viewer(viewer)  # while the window is open: the live view stops quietly once it closes
         self._layer = weakref.ref(layer)
         self.threshold = float(threshold)
         self._on_status = on_status or (lambda text: None)

@@ -408,7 +408,7 @@ class MipmapWidget(JobWidget):
         camera = Camera.of(self._viewer)
         threshold = float(self.threshold.value)
         mode = self.render_mode.value
-        view = self._viewer.camera
+        view = self._viewer.scene.camera  # viewer.camera: deprecated since napari 0.9
         self._camera_state = {"center": view.center, "zoom": view.zoom, "angles": view.angles}
         self._start(lambda: make_render_job(pyramid, threshold, camera, mode=mode, display=_display(layer)))
 
@@ -430,7 +430,7 @@ class MipmapWidget(JobWidget):
             from qtpy.QtCore import QTimer
 
             viewer = self._viewer
-            QTimer.singleShot(0, lambda: viewer.camera.update(state))
+            QTimer.singleShot(0, lambda: viewer.scene.camera.update(state))
         self._extra = [ref for ref in self._extra if ref() is not None and all(ref() is not a for a in added)]
         self._extra += [weakref.ref(layer) for layer in added]
         self._made(result.summary)

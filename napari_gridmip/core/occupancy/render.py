@@ -69,11 +69,11 @@ def orthographic_rays(center: Any, view: Any, up: Any, image_shape: Any, *, pixe
         centre is ``shape / 2``).
     view
         The viewing direction (where the rays go), ``(z, y, x)``; any length.
-        napari's ``viewer.camera.view_direction`` is one.
+        napari's ``viewer.scene.camera.view_direction`` is one.
     up
         The image's up direction, ``(z, y, x)``: rows run against it. Only its
         part perpendicular to ``view`` counts; it must not be parallel to
-        ``view``. napari's ``viewer.camera.up_direction`` is one.
+        ``view``. napari's ``viewer.scene.camera.up_direction`` is one.
     image_shape
         ``(rows, columns)`` of the image in pixels.
     pixel_size

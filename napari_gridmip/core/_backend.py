@@ -147,6 +147,25 @@ def series_on_host() -> bool:
     return _on_tpu()
 
 
+def memory_bound_place(*inputs: object) -> contextlib.AbstractContextManager:
+    """Where a memory-bound kernel (a few operations per input byte: the pyramids, the local correlation image)
+    runs: on the host CPU when the default device is a TPU and no input is on a device already (NumPy, dask or
+    Zarr, as a napari layer gives them); else where JAX would run it.
+
+    Such a kernel's work is one pass over its input, and the host's memory reads it faster than the link carries
+    it to the chip: on a TPU v5e machine (13-core host, link about 0.5-1.2 GB/s), with NumPy inputs,
+    occupancy_mipmap of 1024^3 float32 ran 0.4x the host's speed, max_mipmap of 512^3 0.8x and
+    local_correlation_image of 2000 x 512^2 0.8x, where with the inputs already on the chip they ran 10x to 110x
+    faster (``benchmarks/bench_accelerator.py``, 2026-12-06, issue 53's table). So the bytes that would cross
+    decide: all of them, here, for at best the link's time saved. Compute-bound kernels (DIC, tracking, the
+    maps) are not placed by this: their work per byte makes the chip worth the link. A device array input keeps
+    the work on its device.
+    """
+    if not _on_tpu() or any(isinstance(x, jax.Array) for x in inputs):
+        return contextlib.nullcontext()
+    return on_host()
+
+
 def host_pool_aliased() -> bool:
     """Whether the render's pool of bricks (:class:`.occupancy.raycast.ChunkCache`) is handed to JAX as the host
     array itself, or kept as a copy on the device that only the newly written bricks update.

@@ -30,3 +30,32 @@ def test_float64_work_on_a_tpu_takes_the_cpu_strategies(monkeypatch):
         assert _backend.on_cpu() and not _backend.spline_windows()
     with _precision.precision_scope(np.float32):  # float32 stays on the (pretended) accelerator
         assert not _backend.on_cpu()
+
+
+def test_memory_bound_kernels_stay_on_the_host_for_host_inputs_on_a_tpu(monkeypatch):
+    """The placement: NumPy (or dask) inputs on a (pretended) TPU run on the host; a device array stays put;
+    the CPU backend changes nothing. The answers are the same wherever it runs."""
+    import contextlib
+
+    import napari_gridmip as gm
+
+    volume = np.random.default_rng(0).random((8, 12, 6)).astype(np.float32)
+    expected = [np.asarray(level) for level in gm.occupancy_mipmap(volume, threshold=0.7)]
+    expected_max = [np.asarray(level) for level in gm.max_mipmap(volume)]
+    assert isinstance(_backend.memory_bound_place(volume), contextlib.nullcontext)  # the CPU backend
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    placed = _backend.memory_bound_place(volume)
+    assert not isinstance(placed, contextlib.nullcontext)
+    with placed:
+        assert _backend.on_cpu()
+    assert isinstance(_backend.memory_bound_place(volume, jax.numpy.asarray(volume)), contextlib.nullcontext)
+    assert isinstance(_backend.series_on_host(), bool) and _backend.series_on_host()
+    for got, want in zip(gm.occupancy_mipmap(volume, threshold=0.7), expected):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    for got, want in zip(gm.max_mipmap(volume), expected_max):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    movie = np.random.default_rng(1).random((20, 9, 7)).astype(np.float32)
+    monkeypatch.undo()
+    want = np.asarray(gm.local_correlation_image(movie))
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    np.testing.assert_allclose(np.asarray(gm.local_correlation_image(movie)), want, rtol=1e-6, atol=1e-6)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.correlation._bands import wait_for
@@ -407,6 +407,11 @@ def local_correlation_image(
     if chunk_frames is not None:
         (chunk_frames,) = _validate.int_tuple("chunk_frames", [chunk_frames])
     offsets = OFFSETS[int(neighbours)]
+    with _backend.memory_bound_place(movie):  # a TPU's link is slower than the host's pass over NumPy data
+        return _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress)
+
+
+def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress):
     lead, (frames_total, rows, cols) = shape[:-3], shape[-3:]
     if _validate.is_dask(movie):
         from napari_gridmip.core.correlation import _chunked

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.occupancy._shapes import mipmap_shapes
@@ -305,6 +305,11 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
     threshold = _validate.check_finite_scalar("threshold", threshold)
+    with _backend.memory_bound_place(volume):  # a TPU's link is slower than the host's pass over NumPy data
+        return _occupancy_mipmap(volume, shape, dtype, threshold)
+
+
+def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, threshold: float) -> list[Any]:
     if _validate.is_dask(volume):  # block by block, each block by the validated kernel
         import functools
 
@@ -426,6 +431,11 @@ def max_mipmap(volume: Any) -> list[Any]:
     dtype = _validate.check_real("volume", volume)
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
+    with _backend.memory_bound_place(volume):  # a TPU's link is slower than the host's pass over NumPy data
+        return _max_mipmap(volume, shape, dtype)
+
+
+def _max_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[Any]:
     if _validate.is_dask(volume):  # block by block, each block by the validated kernel
         from napari_gridmip.core.occupancy import _chunked
 

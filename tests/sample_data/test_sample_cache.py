@@ -8,6 +8,7 @@ import pytest
 from napari_gridmip._sample_data import _cache, speckle_sample, tiles_sample
 from napari_gridmip._sample_data.calcium import calcium_sample
 from napari_gridmip._sample_data.dic import dic_sample
+from napari_gridmip._sample_data.dic_series import dic_series_sample
 
 
 def _equal(a, b):
@@ -20,7 +21,7 @@ def _equal(a, b):
     return a == b
 
 
-@pytest.mark.parametrize("sample", [tiles_sample, speckle_sample, dic_sample, calcium_sample])
+@pytest.mark.parametrize("sample", [tiles_sample, speckle_sample, dic_sample, calcium_sample, dic_series_sample])
 def test_the_cached_sample_is_the_recipe_s(sample, tmp_path, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
     first = sample()  # made, and written

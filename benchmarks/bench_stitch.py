@@ -4,6 +4,7 @@
                                       [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
     python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax] [--peers 600]
     xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
+    python benchmarks/bench_stitch.py --only repetitive
 
 Cases (each tool gets the tiles and the regular grid the stage reports, the same information):
 
@@ -16,6 +17,10 @@ Cases (each tool gets the tiles and the regular grid the stage reports, the same
 - ``synthetic``: a 6x6 mosaic of 512x512 float32 tiles, 10% overlap, +-8 px stage errors, Gaussian noise.
 - ``large``: a 5x5 mosaic of 1024x1024 uint16 tiles (the textured mosaic with 1% noise, quantised), 10%
   overlap, +-8 px stage errors (issue 33's first-call case; not in ``all``).
+- ``--only repetitive``: accuracy only (no timing): large stage errors (a quarter of the tile between neighbours)
+  with ``max_shift="auto"`` against the former 16 px, and repetitive textures (a lattice of 18 px, alone or beside
+  texture) with the ambiguity rule on and off; per case the position error, the pairs used, ambiguous and rejected,
+  and the mean NCC of the placed tiles' overlaps (see ``bench_repetitive``).
 - ``--real FOLDER``: tiles ``img_r{row:03}_c{col:03}.tif`` (or any ``*.tif``, sorted, row-major) of a real
   acquisition, with ``--grid`` and ``--overlap`` (one fraction, or ``y x``); reference positions from MIST's
   stitching vector ``FOLDER/img-global-positions-1.txt`` or ``FOLDER/reference_positions.csv`` (``y,x`` per
@@ -307,6 +312,106 @@ def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep
               f"cold import + call: {by['m2stitch, cold'].median_s / by['ours, cold'].median_s:.1f}x")  # fmt: skip
 
 
+# -- large stage errors and repetitive texture (accuracy only) ---------------------------------------------------
+
+
+def repetitive_cases():
+    """``(title, sample, [(row label, register_tiles options, rule on)])``: the mosaics of ``--only repetitive``."""
+    from napari_gridmip._sample_data.mosaic import cut_mosaic, lattice_picture, texture
+
+    def errors(n, bound, seed):
+        return np.round(np.random.default_rng(seed).uniform(-bound, bound, (n, 2)))
+
+    corner = errors(9, 16, 5)
+    corner[0], corner[[1, 3, 4]] = -16, 16  # tile 0 moved away from its three neighbours by 32 px per axis
+    large = [("auto", {}, True), ("max_shift=16", {"max_shift": 16}, True)]
+    rule = [("auto", {}, True), ("auto, rule off", {}, False)]
+    yield ("texture 3x3 of 128 px, 40% (51 px), +-16 px, tile 0 32 px from all neighbours",
+           cut_mosaic(texture((360, 360), seed=3), grid_shape=(3, 3), tile_shape=(128, 128), overlap=0.4,
+                      errors=corner, seed=1), large)  # fmt: skip
+    yield ("texture 2x4 of 128 px, 40%, +-16 px",
+           cut_mosaic(texture((300, 420), seed=6), grid_shape=(2, 4), tile_shape=(128, 128), overlap=0.4,
+                      errors=errors(8, 16, 7), seed=2), large)  # fmt: skip
+    yield ("texture 3x3 of 256 px, 35% (90 px), +-30 px",
+           cut_mosaic(texture((660, 660), seed=8), grid_shape=(3, 3), tile_shape=(256, 256), overlap=0.35,
+                      errors=errors(9, 30, 9), seed=3), large)  # fmt: skip
+    picture = lattice_picture((400, 400), period=18, textured=0.45, seed=4)
+    yield ("lattice (18 px) in the lower right, texture elsewhere: 3x3 of 128 px, 30%, +-12 px",
+           cut_mosaic(picture, grid_shape=(3, 3), tile_shape=(128, 128), overlap=0.3, errors=errors(9, 12, 2),
+                      seed=1), rule)  # fmt: skip
+    picture = lattice_picture((400, 400), period=18, textured=0.0, seed=4)
+    yield ("lattice alone: 3x3 of 128 px, 30%, +-12 px",
+           cut_mosaic(picture, grid_shape=(3, 3), tile_shape=(128, 128), overlap=0.3, errors=errors(9, 12, 2),
+                      seed=1), rule)  # fmt: skip
+    for spots in (12, 60):
+        picture = lattice_picture((400, 400), period=18, textured=0.0, features=spots, seed=4)
+        yield (f"lattice with {spots} unique spots (400x400 px): 3x3 of 128 px, 30%, +-12 px",
+               cut_mosaic(picture, grid_shape=(3, 3), tile_shape=(128, 128), overlap=0.3, errors=errors(9, 12, 2),
+                          seed=1), rule)  # fmt: skip
+
+
+def overlap_ncc(tiles: np.ndarray, positions: np.ndarray, pairs: np.ndarray, least: int = 8) -> float:
+    """The mean NCC of the raw tiles over their overlaps at the rounded placed positions (pairs overlapping by at
+    least ``least`` px along every axis): how well the placement's neighbours agree, truth unknown."""
+    rounded = np.round(positions).astype(int)
+    shape = np.array(tiles.shape[1:])
+    values = []
+    for i, j in pairs:
+        delta = rounded[j] - rounded[i]
+        lo, hi = np.maximum(0, delta), np.minimum(shape, shape + delta)
+        if np.any(hi - lo < least):
+            continue
+        a = tiles[i][tuple(slice(x, y) for x, y in zip(lo, hi))].astype(np.float64).ravel()
+        b = tiles[j][tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, delta))].astype(np.float64).ravel()
+        a, b = a - a.mean(), b - b.mean()
+        values.append(float(a @ b / max(np.sqrt((a @ a) * (b @ b)), 1e-30)))
+    return float(np.mean(values)) if values else float("nan")
+
+
+def bench_repetitive() -> None:
+    """Accuracy only: each case registered with each option; errors against the truth (the common translation:
+    the mean over the tiles not placed from the stage), the worst error of a pair used (a repeat taken: about a
+    period), pairs used, ambiguous (resolved by the neighbours' consensus), rejected (of which left ambiguous),
+    and the overlaps' mean NCC at the placed positions."""
+    from napari_gridmip import register_tiles
+    from napari_gridmip.core.patches import stitch
+
+    print("| case | search | max_shift px | RMS / max error px, all tiles | worst pair used, px "
+          "| tiles from the stage | pairs used / ambiguous (resolved) / rejected (left ambiguous) "
+          "| mean overlap NCC |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---|---:|")
+    original = stitch._is_ambiguous
+    for title, sample, runs in repetitive_cases():
+        for label, options, rule in runs:
+            stitch._is_ambiguous = original if rule else (lambda peak, rival: False)
+            try:
+                r = register_tiles(sample.tiles, sample.stage_positions, **options)
+            finally:
+                stitch._is_ambiguous = original
+            placed = ~r.placed_from_stage
+            error = r.positions - sample.true_positions
+            error = error - error[placed if placed.any() else slice(None)].mean(axis=0)
+            norm = np.linalg.norm(error, axis=1)
+            left = np.array(r.reasons) == "ambiguous"
+            rejected = int((~r.accepted).sum())
+            pairs = (f"{int(r.accepted.sum())} / {int(r.ambiguous.sum())} ({int((r.ambiguous & r.accepted).sum())})"
+                     f" / {rejected} ({int(left.sum())}) of {len(r.pairs)}")  # fmt: skip
+            i, j = r.pairs[:, 0], r.pairs[:, 1]
+            truth = sample.true_positions[j] - sample.true_positions[i] - (r.stage_positions[j] - r.stage_positions[i])
+            pair_error = np.linalg.norm(r.shift - truth, axis=1)[r.accepted]
+            worst = f"{pair_error.max():.3f}" if len(pair_error) else "none used"
+            print(f"| {title} | {label} | {r.max_shift} | {np.sqrt((norm**2).mean()):.3f} / {norm.max():.3f} "
+                  f"| {worst} | {int(r.placed_from_stage.sum())} | {pairs} "
+                  f"| {overlap_ncc(sample.tiles, r.positions, r.pairs):.3f} |")  # fmt: skip
+        stage = sample.stage_positions - sample.true_positions
+        stage = np.linalg.norm(stage - stage.mean(axis=0), axis=1)
+        i, j = r.pairs[:, 0], r.pairs[:, 1]
+        offset = sample.true_positions[j] - sample.true_positions[i] - (r.stage_positions[j] - r.stage_positions[i])
+        print(f"| {title} | stage positions (offsets off by {np.abs(offset).max():.1f} px at most) | "
+              f"| {np.sqrt((stage**2).mean()):.3f} / {stage.max():.3f} | | | "
+              f"| {overlap_ncc(sample.tiles, sample.stage_positions, r.pairs):.3f} |")  # fmt: skip
+
+
 # -- scale: a large grid from a Zarr store, read lazily ----------------------------------------------------------
 
 
@@ -485,10 +590,15 @@ def main() -> None:
     parser.add_argument("--peers", type=int, metavar="SECONDS", help="--scale: m2stitch and ASHLAR too, each "
                         "stopped after SECONDS")  # fmt: skip
     parser.add_argument("--first-run", action="store_true", help="the widget's first Run, new process (xvfb-run)")
+    parser.add_argument("--only", choices=("repetitive",), help="repetitive: large stage errors and repetitive "
+                        "texture, accuracy only")  # fmt: skip
     args = parser.parse_args()
     from _harness import machine
 
     print(f"# {machine()}")
+    if args.only == "repetitive":
+        bench_repetitive()
+        return
     if args.first_run:
         bench_first_run(args.repeats)
         return

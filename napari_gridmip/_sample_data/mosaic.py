@@ -211,6 +211,86 @@ def flat_field(
     return np.cos(np.arctan(vignetting * r)) ** 4
 
 
+def lattice_picture(
+    shape: Sequence[int], *, period: float = 18.0, textured: float = 0.45, features: int = 0, seed: int = 0
+) -> np.ndarray:
+    """A repetitive picture (2D): "L" marks on a square lattice, as ruled paper, a counting grid or regular tissue.
+
+    Each cell of ``period`` px holds a vertical bar and a horizontal one from
+    its foot (an "L": no symmetry under a 180-degree turn, so that the
+    significance test's turned templates do not match it). The fluorescence
+    texture of :func:`texture` covers the picture up to ``textured`` of its
+    height or of its width (softened over 4 px); the lower right part beyond
+    both holds the lattice alone (``textured=0``: all of it). ``features``
+    bright spots (Gaussian, 2 px) at random places are its only unique marks
+    there. Values about ``[0, 1]``, float32.
+    """
+    from scipy import ndimage
+
+    shape = tuple(int(s) for s in shape)
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[: shape[0], : shape[1]].astype(np.float64)
+    u, v = y % period, x % period
+    bars = ((np.abs(v - period * 0.22) < 1.0) & (u > period * 0.17) & (u < period * 0.72)) | (
+        (np.abs(u - period * 0.67) < 1.0) & (v > period * 0.22) & (v < period * 0.61)
+    )
+    lattice = ndimage.gaussian_filter(bars.astype(np.float64), 0.7)
+    mask = np.ones(shape)
+    mask[int(shape[0] * textured) :, int(shape[1] * textured) :] = 0
+    mask = ndimage.gaussian_filter(mask, 4.0) if textured > 0 else np.zeros(shape)
+    out = texture(shape, seed=seed) * mask + lattice * (1 - mask)
+    for cy, cx in rng.uniform(0, 1, (int(features), 2)) * np.asarray(shape):
+        out += np.exp(-0.5 * ((y - cy) ** 2 + (x - cx) ** 2) / 2.0**2)
+    return out.astype(np.float32)
+
+
+def cut_mosaic(
+    picture: Any,
+    *,
+    grid_shape: Sequence[int],
+    tile_shape: Sequence[int],
+    overlap: float,
+    errors: Any,
+    noise: float = 0.01,
+    seed: int = 0,
+) -> MosaicSample:
+    """Tiles cut exactly from ``picture`` where the stage grid plus given ``errors`` puts them (integer truth).
+
+    :func:`make_mosaic` draws its stage errors; here they are chosen (a
+    worst case: a tile moved away from all its neighbours). The stage is
+    :func:`~napari_gridmip.grid_positions` shifted by ``ceil(max |errors|) + 1``;
+    the true origins are the stage's plus ``errors`` ``(n, d)``, rounded.
+    ``picture`` must hold the mosaic (a ``ValueError`` says so otherwise).
+    Gaussian ``noise`` (relative to the picture's range) is added per tile.
+    """
+    from napari_gridmip.core.patches.stitch import grid_positions
+
+    picture = np.asarray(picture, dtype=np.float32)
+    grid_shape = tuple(int(g) for g in grid_shape)
+    tile_shape = tuple(int(t) for t in tile_shape)
+    errors = np.asarray(errors, dtype=np.float64)
+    stage = grid_positions(grid_shape, tile_shape, overlap) + int(np.ceil(np.abs(errors).max(initial=0))) + 1
+    true = np.round(stage + errors)
+    if np.any(true.max(axis=0) + tile_shape > picture.shape):
+        raise ValueError(f"picture of shape {picture.shape} is smaller than the mosaic needs")
+    rng = np.random.default_rng(seed)
+    span = max(float(np.ptp(picture)), 1e-12)
+    tiles = [
+        picture[tuple(slice(int(o), int(o) + t) for o, t in zip(origin, tile_shape))]
+        + noise * span * rng.standard_normal(tile_shape)
+        for origin in true
+    ]
+    return MosaicSample(
+        tiles=np.stack(tiles).astype(np.float32),
+        true_positions=true,
+        stage_positions=stage,
+        grid_shape=grid_shape,
+        overlap=float(overlap),
+        image=picture,
+        blank=np.zeros(len(true), bool),
+    )
+
+
 def mosaic_sample() -> list[tuple]:
     """File > Open Sample > Mosaic tiles: a 3x4 mosaic with stage errors; the truth rides in the metadata."""
     sample = make_mosaic(blank_corner=True)

@@ -23,6 +23,8 @@ from napari_gridmip.core.patches._stitch_shared import (
     GN_ITERATIONS,
     MARGIN,
     MAX_REFINE_STEP,
+    MIN_FRACTION,
+    RIVAL_SEPARATION,
     _gaussian_spectrum,
     filter_halo,
 )
@@ -166,7 +168,9 @@ def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Arra
     return jnp.where(smooth[0, 1] > 1e-3, out, 0)
 
 
-def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma: float):
+def _pair_kernel(
+    search, template, mask, *, max_shift: int, subpixel: str, sigma: float, min_fraction: float = MIN_FRACTION
+):
     """Register one pair: the NCC map over integer shifts within ``max_shift``, its peak, and the refinement.
 
     ``search`` and ``template`` come with a halo of :func:`filter_halo` pixels
@@ -175,7 +179,12 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     MARGIN)``; the template's valid pixels (``mask``) at shift ``s`` meet
     ``search[x + max_shift + MARGIN + s]``, where ``search`` has data.
     Returns the shift (d,), the NCC at the integer peak, an inverse covariance
-    (d, d) and flags (featureless, on the edge, refinement failed).
+    (d, d), flags (featureless, on the edge, refinement failed), and the NCC
+    and integer shift (d,) of its best *rival*: the highest local maximum of
+    the NCC (over its 3^d neighbourhood) more than ``RIVAL_SEPARATION`` px
+    from the peak along some axis (NaN and 0 where there is none, and in the
+    refinement). A shift is a candidate while more than ``min_fraction`` of
+    the template's pixels meet the search's data.
     """
     low_only = subpixel == "refine"  # the refinement pass: low-pass only (see _band_pass)
     halo = filter_halo(sigma, low_only)
@@ -196,7 +205,8 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     if subpixel == "refine":  # the second pass: Gauss-Newton from the coarse offset, no map
         zero = jnp.zeros(d, f.dtype)
         shift, info, failed, ncc = _gauss_newton(f, t, mask, zero, zero, reach, t_shape)
-        return shift, jnp.where(featureless, jnp.nan, ncc), info, featureless, jnp.asarray(False), failed
+        none = (jnp.asarray(jnp.nan, f.dtype), jnp.zeros(d, f.dtype))
+        return shift, jnp.where(featureless, jnp.nan, ncc), info, featureless, jnp.asarray(False), failed, *none
     # NCC over the pixels that both regions hold at each shift (masked NCC, Padfield 2012): the template may
     # reach beyond tile i at some shifts, so that it can span the whole nominal overlap
     s_shape = f.shape
@@ -215,8 +225,8 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     var_t = jnp.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
     var_f = jnp.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
     denominator = jnp.sqrt(var_t * var_f)
-    # at least half the template must overlap; a variance at rounding level (1e-6) is as flat as none
-    ok = (n > 0.5 * count - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
+    # at least min_fraction of the template must overlap; a variance at rounding level (1e-6) is as flat as none
+    ok = (n > min_fraction * count - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
     ncc = jnp.where(ok, cov / jnp.where(denominator > 0, denominator, 1), jnp.nan)
     inner = tuple(slice(MARGIN, MARGIN + 2 * max_shift + 1) for _ in range(d))
     core = ncc[inner]
@@ -233,7 +243,19 @@ def _pair_kernel(search, template, mask, *, max_shift: int, subpixel: str, sigma
     hood = jnp.nan_to_num(raw_hood)
     quadratic = _quadratic_nd(hood)
     start = integer.astype(f.dtype) + (quadratic if subpixel != "none" else 0)
-    return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False)
+    # the best rival: a local maximum (NaN: lower than anything) away from the peak
+    filled = jnp.where(jnp.isnan(ncc), -jnp.inf, ncc)
+    hood_max = lax.reduce_window(filled, -jnp.inf, lax.max, (3,) * d, (1,) * d, "SAME")
+    local = ((filled >= hood_max) & jnp.isfinite(filled))[inner]
+    index = jnp.stack(jnp.meshgrid(*(jnp.arange(n) for n in core.shape), indexing="ij"))
+    far = jnp.max(jnp.abs(index - peak_index.reshape((d,) + (1,) * d)), axis=0) > RIVAL_SEPARATION
+    rivals = jnp.where(local & far, core, -jnp.inf)
+    flat2 = jnp.argmax(rivals)
+    second = rivals.reshape(-1)[flat2]
+    second = jnp.where(jnp.isfinite(second) & ~featureless, second, jnp.nan)
+    second_shift = (jnp.stack(jnp.unravel_index(flat2, core.shape)) - max_shift).astype(f.dtype)
+    second_shift = jnp.where(jnp.isnan(second), 0, second_shift)
+    return start, peak, jnp.eye(d, dtype=f.dtype), featureless, on_edge, jnp.asarray(False), second, second_shift
 
 
 def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
@@ -283,7 +305,7 @@ def _gauss_newton(f, t, mask, start, integer, reach, t_shape):
     return s, info, failed, ncc
 
 
-@partial(jax.jit, static_argnames=("max_shift", "subpixel", "sigma"))
-def _register_batch(search, template, mask, *, max_shift, subpixel, sigma):
-    kernel = partial(_pair_kernel, max_shift=max_shift, subpixel=subpixel, sigma=sigma)
+@partial(jax.jit, static_argnames=("max_shift", "subpixel", "sigma", "min_fraction"))
+def _register_batch(search, template, mask, *, max_shift, subpixel, sigma, min_fraction=MIN_FRACTION):
+    kernel = partial(_pair_kernel, max_shift=max_shift, subpixel=subpixel, sigma=sigma, min_fraction=min_fraction)
     return jax.vmap(kernel)(search, template, mask)

@@ -315,7 +315,7 @@ def _sliding_sums(values: np.ndarray, extent: list[np.ndarray], positions: int, 
     return out
 
 
-def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None):
+def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None, min_fraction=0.5):
     """The six maps of the masked NCC over the shifts ``0 .. 2 reach`` per axis, each ``(B, *(2 reach + 1,) * d)``.
 
     ``num`` (the template against the search) by FFTs; where the template's
@@ -326,7 +326,8 @@ def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None):
 
     ``si``, ``ti``: ``(B,)``, item ``b`` matches search ``f[si[b]]`` against template ``t[ti[b]]`` (each
     search's and template's transform, and each search's sums over one template box, computed once); None:
-    item ``b`` is ``f[b]`` against ``t[b]``.
+    item ``b`` is ``f[b]`` against ``t[b]``. ``min_fraction``: the candidates' least share of the template on
+    the data (what the transforms must reach, below).
     """
     window = (slice(None), slice(None), *(slice(0, 2 * reach + 1) for _ in range(d)))
     # FFT sizes padded to fast lengths (the search's padding holds no data: the masked NCC is unchanged)
@@ -340,13 +341,15 @@ def _masked_sums(f, t, have, mask, reach, d, si=None, ti=None):
     have_box = _boxes(have > 0, d)
     boxes = mask_box is not None and have_box is not None
     if boxes and all(np.all(lo == 0) for lo, _ in mask_box):
-        # a shift that keeps less than half the template on the data is no candidate (``ok`` is False there, from
-        # the exact counts), so the transforms need not reach beyond half a template past the data's end (a
-        # region cut past its tile's edge: its NaN part); the candidates' products never wrap
+        # a shift that keeps at most ``min_fraction`` of the template on the data is no candidate (``ok`` is False
+        # there, from the exact counts: along each axis it keeps at least floor(min_fraction e) px), so the
+        # transforms need not reach beyond the rest of a template past the data's end (a region cut past its
+        # tile's edge: its NaN part); the candidates' products never wrap
         fft_shape = []
         for a in range(d):
             data_end, e = have_box[a][1][si], mask_box[a][1][ti]
-            need = np.maximum(data_end, np.minimum(e + 2 * reach, data_end + (e + 1) // 2 + 1))
+            kept = np.floor(min_fraction * e).astype(np.int64)
+            need = np.maximum(data_end, np.minimum(e + 2 * reach, data_end + e - kept + 1))
             fft_shape.append(min(sfft.next_fast_len(max(int(need.max()), 2 * reach + 1), real=True), s_shape[a]))
         fft_shape = tuple(fft_shape)
         num = sfft.irfftn(
@@ -393,15 +396,17 @@ def register_batch(
     filtered: bool = False,
     items=None,
     margin: int | None = None,
+    min_fraction: float | None = None,
 ):
-    """``stitch._register_batch`` in NumPy: the same six outputs for the same ``(B, ...)`` float32 batches.
+    """``stitch._register_batch`` in NumPy: the same eight outputs for the same ``(B, ...)`` float32 batches.
 
     ``filtered``: the regions come band-passed already (from :class:`FilteredTiles`, without a halo).
     ``items``: ``(si, ti)``, each ``(B,)``: item ``b`` is ``search[si[b]]`` against ``template[ti[b]]`` (with
     ``mask[ti[b]]``), so that regions shared by several items (a pair and its null samples) are prepared and
     transformed once; None: item ``b`` is ``search[b]`` against ``template[b]``. ``margin``: how far the
     regions reach beyond ``max_shift`` (``MARGIN``, the JAX kernel's, unless given: the integer search needs 1,
-    its peak's neighbours; the refinement ``MARGIN``).
+    its peak's neighbours; the refinement ``MARGIN``). ``min_fraction``: a shift is a candidate while more than
+    this share of the template meets the data (``MIN_FRACTION``, a half, unless given).
     """
     from napari_gridmip.core.patches import _stitch_shared as stitch
 
@@ -432,19 +437,21 @@ def register_batch(
     t, f = t.astype(np.float32), f.astype(np.float32)
     featureless = (t_norm <= 1e-6 * np.sqrt(count))[ti]
     false = np.zeros(batch, bool)
+    min_fraction = stitch.MIN_FRACTION if min_fraction is None else float(min_fraction)
     if low_only:
         zero = np.zeros((batch, d), np.float32)
         shift, info, failed, ncc = gauss_newton(
             f, t, mask, zero, zero, reach, t_shape, stitch.GN_ITERATIONS, stitch.MAX_REFINE_STEP
         )
-        return shift, np.where(featureless, np.nan, ncc), info, featureless, false, failed
-    num, sum_t, sum_t2, n, sum_f, sum_f2 = _masked_sums(f, t, have, mask, reach, d, si, ti)
+        none = (np.full(batch, np.nan, np.float32), np.zeros((batch, d), np.float32))
+        return shift, np.where(featureless, np.nan, ncc), info, featureless, false, failed, *none
+    num, sum_t, sum_t2, n, sum_f, sum_f2 = _masked_sums(f, t, have, mask, reach, d, si, ti, min_fraction)
     n_safe = np.maximum(n, 1)
     cov = num - sum_t * sum_f / n_safe
     var_t = np.maximum(sum_t2 - sum_t * sum_t / n_safe, 0)
     var_f = np.maximum(sum_f2 - sum_f * sum_f / n_safe, 0)
     denominator = np.sqrt(var_t * var_f)
-    ok = (n > 0.5 * _expand(count[ti], d) - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
+    ok = (n > min_fraction * _expand(count[ti], d) - 0.5) & (var_t > 1e-6 * n_safe) & (var_f > 1e-6 * n_safe)
     with np.errstate(invalid="ignore", divide="ignore"):
         ncc = np.where(ok, cov / np.where(denominator > 0, denominator, 1), np.nan).astype(np.float32)
     core = ncc[(slice(None), *(slice(margin, margin + 2 * max_shift + 1) for _ in range(d)))]
@@ -462,7 +469,33 @@ def register_batch(
     hood = np.nan_to_num(raw_hood)
     start = integer + (quadratic_nd(hood) if subpixel != "none" else 0)
     info = np.broadcast_to(np.eye(d, dtype=np.float32), (batch, d, d)).copy()
-    return start.astype(np.float32), peak, info, featureless, on_edge, false
+    second, second_shift = rivals(ncc, peak_index, featureless, max_shift, margin, stitch.RIVAL_SEPARATION)
+    return start.astype(np.float32), peak, info, featureless, on_edge, false, second, second_shift
+
+
+def rivals(ncc, peak_index, featureless, max_shift: int, margin: int, separation: int):
+    """The best rival of each pair's peak: the NCC ``(B,)`` and integer shift ``(B, d)`` of the highest local
+    maximum (over its 3^d neighbourhood, NaN lower than anything) of ``ncc`` ``(B, *(2 reach + 1,) * d)`` within
+    ``max_shift`` and more than ``separation`` px from ``peak_index`` along some axis (NaN and 0 where none), as
+    the JAX kernel's."""
+    from scipy import ndimage
+
+    batch, d = peak_index.shape
+    filled = np.where(np.isnan(ncc), -np.inf, ncc)
+    hood_max = ndimage.maximum_filter(filled, size=(1,) + (3,) * d, mode="constant", cval=-np.inf)
+    inner = (slice(None), *(slice(margin, margin + 2 * max_shift + 1) for _ in range(d)))
+    local = ((filled >= hood_max) & np.isfinite(filled))[inner]
+    core = filled[inner]
+    distance = np.zeros(core.shape, np.int64)
+    for a in range(d):
+        along = np.arange(core.shape[1 + a]).reshape((1,) + tuple(-1 if k == a else 1 for k in range(d)))
+        distance = np.maximum(distance, np.abs(along - _expand(peak_index[:, a], d)))
+    candidates = np.where(local & (distance > separation), core, -np.inf).reshape(batch, -1)
+    flat = np.argmax(candidates, axis=1)
+    second = candidates[np.arange(batch), flat]
+    second = np.where(np.isfinite(second) & ~featureless, second, np.nan).astype(np.float32)
+    second_shift = (np.stack(np.unravel_index(flat, core.shape[1:]), axis=1) - max_shift).astype(np.float32)
+    return second, np.where(np.isnan(second)[:, None], np.float32(0), second_shift)
 
 
 def band_pass_tiles(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np.ndarray:

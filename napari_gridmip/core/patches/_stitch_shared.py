@@ -12,6 +12,8 @@ MARGIN = 3  # extra search beyond max_shift: the quadratic fit's neighbours, cub
 GN_ITERATIONS = 5  # Gauss-Newton steps of the refinement (converged to 1e-4 px after 3 on the tests' mosaics)
 MAX_REFINE_STEP = 1.5  # the refinement may move at most this far (px, per axis) from the integer peak
 CACHE_BYTES = 256 * 2**20  # tile regions (or band-passed tiles) kept in memory, at most, per pass
+MIN_FRACTION = 0.5  # a shift is a candidate while it keeps more than this fraction of the template on the data
+RIVAL_SEPARATION = 3  # a rival peak lies more than this many px (per axis, at least one) from the best one
 
 
 def filter_halo(sigma: float, low_only: bool = False) -> int:

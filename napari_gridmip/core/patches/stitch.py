@@ -14,7 +14,8 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    of the nominal overlap is matched against tile ``i`` by masked normalised
    cross-correlation (over the pixels both hold at each shift, so the whole
    overlap is used even when ``max_shift`` is close to its width; a shift
-   that keeps less than half of it is not a candidate) for every integer
+   that keeps less than half of it is not a candidate, less than a quarter
+   where ``max_shift="auto"`` searches beyond 16 px) for every integer
    shift within ``max_shift`` (FFTs; horizontal pairs transposed into
    vertical ones). Small mosaics on a CPU run a NumPy/SciPy kernel
    (``_stitch_numpy``: nothing to compile, each tile band-passed once);
@@ -27,6 +28,10 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    degrees against its own search region, and templates against the search
    regions of pairs far apart on the stage), per pair shape. Featureless
    overlaps (zero variance) and peaks on the edge of the search are rejected too.
+   A significant peak with a near-equal rival elsewhere in the search (a
+   repeat of a periodic texture: 0.9 of its NCC at least, and at most twice
+   its mismatch ``1 - NCC``) is *ambiguous*: not taken, but left to the
+   neighbours' consensus below.
    Then a second pass refines each significant pair on its whole overlap at
    the coarse offset (searched +-2 px, away from the tiles' borders where the
    overlap has room, up to them where it is narrow, low-passed only):
@@ -45,7 +50,9 @@ How :func:`register_tiles` works (and where it differs from ASHLAR, MIST and m2s
    against each pair's own threshold from null samples of its template's
    size. Narrowed edges (5 px of a nominal 19) and the corners of diagonal
    neighbours are found this way; a guided pair whose refinement runs away
-   goes back to pass 1's verdict.
+   goes back to pass 1's verdict. An ambiguous pair is searched there too,
+   and accepted where the placement predicts it if its peak there is one of
+   its repeats (0.9 of its best NCC); else it is left out.
 3. All accepted pairs are placed at once by weighted least squares (sparse normal equations, SciPy; each pair
    weighted by the inverse covariance of its shift: a pair whose overlap has
    structure along one direction only constrains that direction only), so
@@ -80,6 +87,8 @@ from napari_gridmip.core.patches._stitch_shared import (  # noqa: F401 - re-expo
     GN_ITERATIONS,
     MARGIN,
     MAX_REFINE_STEP,
+    MIN_FRACTION,
+    RIVAL_SEPARATION,
     _gaussian_spectrum,
     filter_halo,
 )
@@ -108,6 +117,7 @@ REASONS = (
     "refinement failed",
     "residual",
     "overlap too small",
+    "ambiguous",
 )
 """Why a pair was (not) used: ``TileRegistration.reason`` indexes this tuple."""
 
@@ -117,6 +127,12 @@ MIN_REFINE = 3  # the refinement's box must be at least this wide (px) along eve
 GUIDED_SHIFT = 3  # pairs pass 1 missed are searched again within this many px of their predicted offset
 GUIDED_NULLS = 24  # null samples per pair searched again (its own threshold)
 PEAK_FIT_WEIGHT = 0.25  # a peak-fit pair's weight relative to the median refined pair's (its error is about 2x)
+AMBIGUITY_RATIO = 0.9  # a rival peak with at least this fraction of the best's NCC ... (_is_ambiguous)
+AMBIGUITY_MISMATCH = 3.0  # ... and at most this many times its mismatch (1 - NCC) makes a pair ambiguous
+AUTO_SHIFT = 16  # max_shift="auto" searches at least this far (px) ...
+AUTO_REACH = 0.75  # ... and up to this fraction of the typical overlap width ...
+AUTO_FRACTION = 0.25  # ... keeping this fraction of the overlap's pixels at least, where it searches beyond AUTO_SHIFT
+AUTO_CAP = 64  # ... and at most max(AUTO_CAP, a quarter of the tile's smallest side) px
 
 
 # -- the stage grid ---------------------------------------------------------------------
@@ -240,6 +256,16 @@ class TileRegistration:
     """``(p,)`` int: index into :data:`REFINEMENTS`, how a significant pair's sub-pixel shift was found:
     ``"refined"`` (Gauss-Newton on the overlap), ``"peak-fit"`` (the quadratic fit of the NCC around its integer
     peak: the overlap left too little room for the refinement, or it did not converge) or ``"none"``."""
+    ambiguous: np.ndarray
+    """``(p,)`` bool: the pair's significant peak had a rival (one of several near-equal repeats: ruled or
+    periodic texture), so it was not taken as found. ``accepted`` too: the neighbours' consensus resolved it
+    (the repeat where the other pairs place the tile); reason ``"ambiguous"``: it was left out."""
+    second_ncc: np.ndarray
+    """``(p,)`` float64: the NCC of the best rival peak of the first search (NaN where none or not measured)."""
+    second_shift: np.ndarray
+    """``(p, d)`` float64: that rival's shift (measured offset minus stage offset; NaN where none)."""
+    max_shift: int
+    """The search used, px per axis (``max_shift="auto"`` resolved)."""
 
     @property
     def refinements(self) -> list[str]:
@@ -414,6 +440,54 @@ def _place(stage, i, j, offset, weight, prior):
     return spsolve(a, b.reshape(-1)).reshape(n, d)
 
 
+# -- the search's reach and ambiguous peaks -----------------------------------------------------
+
+
+def _auto_search(geometry: _Pairs, members: np.ndarray) -> tuple[int, float]:
+    """``max_shift="auto"``: the search and the candidates' least share of the template, from the overlaps.
+
+    ``w``: the median, over the pairs to register, of the nominal overlap's
+    narrowest width along the axes where the pair's tiles are offset. The
+    search reaches ``AUTO_REACH * w`` (three quarters of it: a stage error that
+    narrows the overlap still leaves a quarter, ``AUTO_FRACTION``, to match),
+    at least ``AUTO_SHIFT`` and at most ``max(AUTO_CAP, min(tile) // 4)`` px.
+    Where that is no more than ``AUTO_SHIFT`` (overlaps up to 22 px wide), it is
+    ``AUTO_SHIFT`` with candidates keeping half the template, as an integer
+    ``max_shift`` searches (``MIN_FRACTION``); else the candidates keep
+    ``AUTO_FRACTION`` of it.
+    """
+    widths = []
+    for k in members:
+        offset = np.abs(geometry.delta[k]) > 0.5
+        if offset.any():
+            widths.append(int(geometry.extent[k][offset].min()))
+    if not widths:
+        return AUTO_SHIFT, MIN_FRACTION
+    reach = int(AUTO_REACH * float(np.median(widths)))
+    if reach <= AUTO_SHIFT:
+        return AUTO_SHIFT, MIN_FRACTION
+    return min(reach, max(AUTO_CAP, min(geometry.shape) // 4)), AUTO_FRACTION
+
+
+def _is_ambiguous(peak: float, rival: float) -> bool:
+    """Whether a significant peak is one of several near-equal repeats.
+
+    ``rival`` is the best local maximum of the pair's NCC more than
+    ``RIVAL_SEPARATION`` (3) px from the peak along some axis. The peak is
+    ambiguous if the rival is near-equal on both scales: it reaches
+    ``AMBIGUITY_RATIO`` (0.9) of the peak's NCC, and its mismatch ``1 - NCC``
+    is at most ``AMBIGUITY_MISMATCH`` (2) times the peak's. The ratio alone
+    would call every lattice with a few unique marks ambiguous (a repeat at
+    0.95 against the truth at 0.99: a mismatch five times larger, which the
+    overlap's thousands of pixels tell apart); the mismatch alone, every weak
+    pair (0.3 against 0.35). A pair whose NCCs all sit near 1 and agree to
+    within the noise (0.995 against 0.997) is ambiguous, as is a weak one
+    with a near-equal rival (0.33 against 0.35).
+    """
+    near = rival >= AMBIGUITY_RATIO * peak and 1 - rival <= AMBIGUITY_MISMATCH * (1 - peak)
+    return bool(np.isfinite(rival) and near)
+
+
 # -- the public function --------------------------------------------------------------------
 
 
@@ -503,7 +577,7 @@ def register_tiles(
     tiles: Any,
     positions: Any,
     *,
-    max_shift: int = 16,
+    max_shift: int | str = "auto",
     channel: int | None = None,
     subpixel: str = "refine",
     false_positive_rate: float = 0.01,
@@ -526,9 +600,21 @@ def register_tiles(
         (the convention in this module's docstring), e.g. from
         :func:`grid_positions`. Fractional values are fine.
     max_shift
-        The largest stage error to search for, in pixels per axis (pairs are
-        searched within ``+-max_shift`` of their stage offset; a peak on that
-        boundary is rejected, since the truth may lie beyond).
+        The largest error of the stage's offset between two neighbours to
+        search for, in pixels per axis (pairs are searched within
+        ``+-max_shift`` of their stage offset; a peak on that boundary is
+        rejected, since the truth may lie beyond). An integer searches that far
+        and takes only shifts that keep more than half of the nominal overlap
+        in both tiles. ``"auto"`` (default) chooses from the overlaps: with
+        ``w`` the median over the pairs of the nominal overlap's width (its
+        narrowest side along the axes where the two tiles are offset), it
+        searches ``floor(0.75 w)`` px, keeping a quarter of the overlap at
+        least (so a stage error may eat three quarters of it), capped at
+        ``max(64, min(tile) // 4)`` px; where ``floor(0.75 w) <= 16`` (overlaps
+        narrower than 23 px) it searches 16 px with the half-overlap rule, as
+        ``max_shift=16`` does. E.g. tiles of 128 px with 40% overlap (51 px):
+        38 px; 512 px at 10%: 38 px; 192 px at 10%: 16 px. The value used is
+        ``TileRegistration.max_shift``.
     channel
         The channel registered when tiles have a channel axis; None (default)
         registers the channels' mean.
@@ -568,14 +654,32 @@ def register_tiles(
         ``positions`` (n, d) float64 refined origins; per pair (every pair
         whose stage footprints overlap): ``pairs``, ``shift`` (measured offset
         minus stage offset), ``ncc`` (confidence), ``threshold``, ``accepted``,
-        ``reason`` and ``residual``; per tile ``placed_from_stage`` and
-        ``tile_confidence``; and ``median_residual``.
+        ``reason`` and ``residual``, ``ambiguous``, ``second_ncc`` and
+        ``second_shift`` (the best rival peak); per tile ``placed_from_stage``
+        and ``tile_confidence``; ``median_residual`` and ``max_shift``.
+
+    Notes
+    -----
+    Ambiguous pairs (repetitive texture: ruled paper, grids, regular tissue).
+    Besides its best peak, each pair's first search reports its best *rival*:
+    the highest local maximum of the NCC (over its 3^d neighbours) more than
+    3 px from the peak along some axis. A significant pair is *ambiguous* if
+    the rival is near-equal: at least 0.9 of the peak's NCC, and at most twice
+    its mismatch ``1 - NCC`` (where NCCs approach 1, as on a lattice with a few
+    unique marks, the ratio alone cannot tell 0.95 from 0.99; the mismatch
+    can). It is not taken as found: once the unambiguous pairs
+    are placed (a first least-squares solve), an ambiguous pair between
+    two tiles they tie together is searched again within 3 px of the offset
+    that solve predicts, and accepted there if its NCC reaches 0.9 of its
+    best peak's (the repeat the neighbours agree on), or its own threshold;
+    otherwise it is left out (reason ``"ambiguous"``) and its tiles stay
+    where other pairs, or the stage, put them. ``ambiguous`` flags both.
 
     Raises
     ------
     ValueError
         If the shapes disagree (tiles and positions, 2 or 3 spatial axes), a
-        position is not finite, ``max_shift`` is not a positive integer,
+        position is not finite, ``max_shift`` is not a positive integer or ``"auto"``,
         ``channel`` is out of range, or an option is out of its range.
     TypeError
         If an argument has the wrong type.
@@ -583,7 +687,10 @@ def register_tiles(
     References
     ----------
     ASHLAR (Muhlich et al., Bioinformatics 2022): permutation test for the
-    alignment threshold. MIST (Chalfoun et al., Sci. Rep. 2017) and m2stitch:
+    alignment threshold. Lowe, "Distinctive image features from scale-invariant
+    keypoints", IJCV 2004: the ratio of the best match to the second best
+    (0.8 there) as the test of a distinctive match, which the rival's ratio
+    here follows. MIST (Chalfoun et al., Sci. Rep. 2017) and m2stitch:
     pairwise registration, then a maximum spanning tree, which this replaces
     by least squares over all pairs.
 
@@ -599,7 +706,11 @@ def register_tiles(
     tiles = _validate.as_array("tiles", tiles)
     stage, n, shape, has_channels = _check_tiles(tiles, positions)
     d = len(shape)
-    max_shift = _validate.int_tuple("max_shift", [max_shift])[0]
+    if isinstance(max_shift, str):
+        if max_shift != "auto":
+            raise ValueError(f'max_shift must be a positive integer or "auto"; got {max_shift!r}')
+    else:
+        max_shift = _validate.int_tuple("max_shift", [max_shift])[0]
     min_overlap = _validate.int_tuple("min_overlap", [min_overlap])[0]
     seed = _validate.int_tuple("seed", [seed], minimum=0)[0]
     subpixel = _validate.check_choice("subpixel", subpixel, STITCH_SUBPIXEL)
@@ -628,10 +739,17 @@ def register_tiles(
     threshold = np.full(p, np.nan)
     info = np.zeros((p, d, d))
     reason = np.full(p, REASONS.index("overlap too small"), np.int64)
+    second_ncc = np.full(p, np.nan)
+    second_shift = np.full((p, d), np.nan)
+    ambiguous = np.zeros(p, bool)
 
     # pass 1: the integer peak within max_shift of the stage offset, and its significance
     coarse = _geometry(pairs, delta, shape, 0, 0)  # the whole nominal overlap: masked NCC handles the edges
-    groups = _groups(np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1)), coarse)
+    registrable = np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1))
+    min_fraction = MIN_FRACTION
+    if max_shift == "auto":
+        max_shift, min_fraction = _auto_search(coarse, registrable)
+    groups = _groups(registrable, coarse)
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
     engine = _engine(plans, max_shift)
     if engine == "numpy":  # each tile band-passed once, its regions cut out (the same values, less work)
@@ -647,19 +765,24 @@ def register_tiles(
     first = "quadratic" if subpixel == "refine" else subpixel
     for members, plan in zip(groups, plans):
         out, nulls, done = _run_group(
-            plan, members, coarse, reader, max_shift, first, sigma, progress, done, total, engine
+            plan, members, coarse, reader, max_shift, first, sigma, progress, done, total, engine, min_fraction
         )
         group_threshold = _gumbel_quantile(nulls, 1 - alpha)
         for slot, k in enumerate(members):
-            s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
+            s, peak, _, featureless, on_edge, _, rival, rival_shift = (o[slot] for o in out)
             ncc[k], threshold[k] = peak, group_threshold
             shift[k] = s + coarse.rounded[k] - delta[k]
+            if np.isfinite(rival):
+                second_ncc[k], second_shift[k] = rival, rival_shift + coarse.rounded[k] - delta[k]
             if featureless:
                 reason[k] = REASONS.index("featureless")
             elif on_edge:
                 reason[k] = REASONS.index("peak at max_shift")
             elif not peak >= group_threshold:
                 reason[k] = REASONS.index("not significant")
+            elif _is_ambiguous(peak, rival):
+                reason[k] = REASONS.index("ambiguous")  # for the neighbours' consensus (_guided_pass) to decide
+                ambiguous[k] = True
             else:
                 reason[k] = REASONS.index("accepted")
     info[:] = np.eye(d)
@@ -689,7 +812,7 @@ def register_tiles(
                 plan, members, fine, fine_reader, FINE_SHIFT, "refine", sigma, progress, done, total, engine
             )
             for slot, k in enumerate(members):
-                s, _, inv_cov, featureless, on_edge, failed = (o[slot] for o in out)
+                s, _, inv_cov, featureless, on_edge, failed, *_ = (o[slot] for o in out)
                 if featureless or on_edge or failed or not np.all(np.isfinite(inv_cov)):
                     # the integer peak was significant: keep its peak fit (weighted down) rather than drop the
                     # pair; the placement's residual test still rejects it if it disagrees with the others. A
@@ -733,6 +856,10 @@ def register_tiles(
         tile_confidence=confidence,
         median_residual=float(np.median(residual[accepted])) if accepted.any() else float("nan"),
         refinement=refinement,
+        ambiguous=ambiguous,
+        second_ncc=np.where(measured, second_ncc, np.nan),
+        second_shift=np.where(measured[:, None], second_shift, np.nan),
+        max_shift=int(max_shift),
     )
 
 
@@ -772,7 +899,11 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
     peak and threshold replaced) and refined with the others; one that is not
     keeps pass 1's result and reason (one that pass 1 accepted but the first
     placement doubted is then refined and decided by the final placement, as
-    any accepted pair). Updates the arrays in place; returns pass 1's
+    any accepted pair). An ambiguous pair (:func:`_is_ambiguous`: significant,
+    but with a near-equal repeat) is searched the same way and accepted if its
+    peak there reaches its own threshold or ``AMBIGUITY_RATIO`` of its pass 1
+    peak: the repeat the other pairs' placement points to (the consensus).
+    Updates the arrays in place; returns pass 1's
     ``(shift, ncc, threshold, reason)`` of each pair the guided search
     accepted, by pair.
     """
@@ -787,7 +918,8 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
     component = _components(n, coarse.pairs[kept])
     i, j = coarse.pairs[:, 0], coarse.pairs[:, 1]
     tied = component[i] == component[j]  # (i != j: both tiles then hold kept pairs)
-    retry = np.isin(provisional, [REASONS.index(r) for r in ("not significant", "peak at max_shift", "residual")])
+    retry = np.isin(provisional, [REASONS.index(r) for r in ("not significant", "peak at max_shift", "residual",
+                                                             "ambiguous")])  # fmt: skip
     predicted = positions[j] - positions[i]
     guided = _geometry(coarse.pairs, predicted, coarse.shape, 0, 0)  # the actual overlap at the predicted offset
     room = np.all(guided.extent >= MIN_REFINE, axis=1)
@@ -803,8 +935,12 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
         )
         owner = np.array([a for a, _, _ in plan.nulls])
         for slot, k in enumerate(members):
-            s, peak, _, featureless, on_edge, _ = (o[slot] for o in out)
+            s, peak, _, featureless, on_edge, *_ = (o[slot] for o in out)
             pair_threshold = _gumbel_quantile(nulls[owner == k], 1 - alpha)
+            if reason[k] == REASONS.index("ambiguous"):
+                # pass 1 found the pair significant, but not where among its near-equal repeats: the one at the
+                # placement's prediction is taken if it is one of them (within AMBIGUITY_RATIO of the best)
+                pair_threshold = min(pair_threshold, AMBIGUITY_RATIO * float(ncc[k]))
             if featureless or on_edge or not peak >= pair_threshold:
                 # not found here: pass 1's verdict stands; a pair pass 1 accepted (that the provisional
                 # placement doubted) goes on to the refinement and the final placement, which decide it
@@ -927,11 +1063,14 @@ def _far_apart(a, b, geometry, stage, reach) -> bool:
     return bool(np.any((t_hi + margin <= s_lo) | (s_hi + margin <= t_lo)))
 
 
-def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total, engine="jax"):
+def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, progress, done, total, engine="jax",
+               min_fraction=MIN_FRACTION):  # fmt: skip
     """Register a group's pairs and its null samples in batches of one static shape (axes in canonical order).
 
-    Returns the pairs' results (shift and information in the tiles' axis
-    order), the null samples' peaks and the progress count.
+    Returns the pairs' results (the kernels' eight outputs: shift, information
+    and the rival's shift in the tiles' axis order), the null samples' peaks
+    and the progress count. ``min_fraction``: a shift is a candidate while
+    more than this share of the template meets the search's data.
     """
     # the NumPy engine's integer search cuts its regions 1 px beyond max_shift (its peak's neighbours: the NCC at
     # a shift does not depend on how far the region reaches past it), not MARGIN: smaller transforms and sums.
@@ -1016,7 +1155,7 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     def run(items):
         nonlocal done
         start, finished, calls = done, 0, 0
-        results: list = [None] * 6
+        results: list = [None] * 8
         for indices, t_b, s_b in batches(items):
             chunk = [items[i] for i in indices]
             shared = None
@@ -1051,6 +1190,7 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                 out = _stitch_numpy.register_batch(
                     searches, templates, masks, max_shift=max_shift, subpixel=subpixel, sigma=sigma,
                     filtered=isinstance(reader, _stitch_numpy.FilteredTiles), items=shared, margin=margin,
+                    min_fraction=min_fraction,
                 )  # fmt: skip
             else:
                 import jax.numpy as jnp
@@ -1064,6 +1204,7 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
                     max_shift=max_shift,
                     subpixel=subpixel,
                     sigma=sigma,
+                    min_fraction=min_fraction,
                 )
             for q, x in enumerate(out):
                 x = np.asarray(x)[: len(chunk)]
@@ -1087,9 +1228,10 @@ def _run_group(plan, members, geometry, reader, max_shift, subpixel, sigma, prog
     out, nulls = [r[: len(members)] for r in results], results[1][len(members) :]
     for slot, k in enumerate(members):  # back to the tiles' axis order
         order = list(order_of(k))
-        shift, info = out[0][slot].copy(), out[2][slot].copy()
+        shift, info, rival = out[0][slot].copy(), out[2][slot].copy(), out[7][slot].copy()
         out[0][slot][order] = shift
         out[2][slot][np.ix_(order, order)] = info
+        out[7][slot][order] = rival
     return out, nulls, done
 
 

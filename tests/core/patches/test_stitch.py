@@ -103,7 +103,7 @@ def test_pair_ncc_equals_the_loop(shape):
     kernel = partial(stitch._pair_kernel, max_shift=max_shift, subpixel="none", sigma=0.0)
     # without jit too in 2D (op by op is slow: the 3D kernel is checked jitted only)
     for run in (kernel, jax.jit(kernel)) if len(shape) == 2 else (jax.jit(kernel),):
-        shift, peak, _, featureless, on_edge, _ = run(jnp.asarray(search), jnp.asarray(template), jnp.asarray(mask))
+        shift, peak, _, featureless, on_edge, *_ = run(jnp.asarray(search), jnp.asarray(template), jnp.asarray(mask))
         np.testing.assert_array_equal(np.asarray(shift), np.array(best) - max_shift)
         assert tuple(np.asarray(shift).astype(int)) == true
         np.testing.assert_allclose(float(peak), core[best], atol=2e-5)

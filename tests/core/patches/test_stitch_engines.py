@@ -46,7 +46,7 @@ def test_numpy_kernel_equals_jax(shape, sigma, subpixel):
     expected = [np.asarray(x) for x in stitch._register_batch(jnp.asarray(search), jnp.asarray(template),
                                                                 jnp.asarray(mask), **options)]  # fmt: skip
     got = _stitch_numpy.register_batch(search, template, mask, **options)
-    names = ("shift", "peak", "information", "featureless", "on edge", "failed")
+    names = ("shift", "peak", "information", "featureless", "on edge", "failed", "rival", "rival shift")
     for name, a, b in zip(names, expected, got):
         if name == "information":  # the empty pair's is NaN or garbage in both; the rest agree to float32
             np.testing.assert_allclose(b[:4], a[:4], rtol=2e-3, atol=1e-3, err_msg=name)

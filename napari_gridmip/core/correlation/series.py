@@ -298,47 +298,46 @@ def _compose_affine(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
 def _neighbour_guesses(grid: tuple[int, int], origin, position, gradient, found, zncc):
     """For every point, the guess carried from its best found 8-neighbour (highest ZNCC) through that
     neighbour's gradient: ``(position (P, 2), gradient (P, 2, 2), has (P,))``."""
-    rows, cols = grid
-    best = np.full(rows * cols, -np.inf)
-    out_position = np.full((rows * cols, 2), np.nan)
-    out_gradient = np.full((rows * cols, 2, 2), np.nan)
-    index = np.arange(rows * cols).reshape(rows, cols)
+    points = grid[0] * grid[1]
+    best = np.full(points, -np.inf)
+    out_position = np.full((points, 2), np.nan)
+    out_gradient = np.full((points, 2, 2), np.nan)
     score = np.where(found, np.nan_to_num(zncc, nan=-1.0), -np.inf)
+    for here, there in _neighbour_pairs(grid):
+        better = score[there] > best[here]
+        h, t = here[better], there[better]
+        best[h] = score[t]
+        out_position[h] = position[t] + np.einsum("pij,pj->pi", gradient[t], origin[h] - origin[t])
+        out_gradient[h] = gradient[t]
+    return out_position, out_gradient, np.isfinite(best)
+
+
+def _neighbour_pairs(grid: tuple[int, int]):
+    """For each of the 8 directions, the flat indices ``(here, there)`` of every grid point with a neighbour that
+    way and of that neighbour."""
+    rows, cols = grid
+    index = np.arange(rows * cols).reshape(rows, cols)
     for dr in (-1, 0, 1):
         for dc in (-1, 0, 1):
             if dr == dc == 0:
                 continue
             here = index[max(0, -dr) : rows - max(0, dr), max(0, -dc) : cols - max(0, dc)].ravel()
             there = index[max(0, dr) : rows - max(0, -dr), max(0, dc) : cols - max(0, -dc)].ravel()
-            better = score[there] > best[here]
-            h, t = here[better], there[better]
-            best[h] = score[t]
-            offset = origin[h] - origin[t]
-            out_position[h] = position[t] + np.einsum("pij,pj->pi", gradient[t], offset)
-            out_gradient[h] = gradient[t]
-    return out_position, out_gradient, np.isfinite(best)
+            yield here, there
 
 
 def _disagreement(grid, origin, position, gradient, found) -> np.ndarray:
     """Each found point's median distance (px) from the positions its found 8-neighbours predict for it through
     their own gradients; NaN with fewer than 3 found neighbours."""
-    rows, cols = grid
-    index = np.arange(rows * cols).reshape(rows, cols)
-    distances = np.full((8, rows * cols), np.nan)
-    k = 0
-    for dr in (-1, 0, 1):
-        for dc in (-1, 0, 1):
-            if dr == dc == 0:
-                continue
-            here = index[max(0, -dr) : rows - max(0, dr), max(0, -dc) : cols - max(0, dc)].ravel()
-            there = index[max(0, dr) : rows - max(0, -dr), max(0, dc) : cols - max(0, -dc)].ravel()
-            both = found[here] & found[there]
-            h, t = here[both], there[both]
-            predicted = position[t] + np.einsum("pij,pj->pi", gradient[t], origin[h] - origin[t])
-            distances[k, h] = np.linalg.norm(position[h] - predicted, axis=1)
-            k += 1
+    points = grid[0] * grid[1]
+    distances = np.full((8, points), np.nan)
+    for k, (here, there) in enumerate(_neighbour_pairs(grid)):
+        both = found[here] & found[there]
+        h, t = here[both], there[both]
+        predicted = position[t] + np.einsum("pij,pj->pi", gradient[t], origin[h] - origin[t])
+        distances[k, h] = np.linalg.norm(position[h] - predicted, axis=1)
     enough = np.sum(np.isfinite(distances), 0) >= 3
-    median = np.full(rows * cols, np.nan)
+    median = np.full(points, np.nan)
     median[enough] = np.nanmedian(distances[:, enough], 0)
     return median
 

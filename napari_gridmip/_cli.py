@@ -73,6 +73,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _max_shift(text: str) -> int | str:
+    """``--max-shift``: a positive integer (px) or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto'; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto'; got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="napari-gridmip",
@@ -171,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     stitch.add_argument("--grid", type=int, nargs="+", metavar="N", help="tiles along each axis: R C (or Z R C)")
     stitch.add_argument("--overlap", type=float, required=True, help="nominal overlap, a fraction of the tile")
     stitch.add_argument("--order", default="row-major", help="row-major, column-major or snake (default: row-major)")
-    stitch.add_argument("--max-shift", type=int, default=16, help="largest stage error searched, px (default: 16)")
+    stitch.add_argument("--max-shift", type=_max_shift, default="auto",
+                        help="largest stage error searched, px, or 'auto' (from the overlap; the default)")  # fmt: skip
     stitch.add_argument("--pattern", help="tile file names, e.g. 'tile_{row}_{col}.tif' or 'img_{index:03}.tif'")
     stitch.add_argument("--blend", default="linear", help="linear, mean, max or overwrite (default: linear)")
     stitch.add_argument("--channel", type=int, help="the channel to register (default: the channels' mean)")

@@ -35,7 +35,7 @@ class StitchRequest:
     overlap: float
     order: str = "row-major"
     positions: Any = None
-    max_shift: int = 16
+    max_shift: int | str = "auto"  # register_tiles' search: px, or "auto" from the overlap
     blend: str = "linear"
     flat_field: bool = False  # divide out the illumination profile estimated from the tiles before fusing
     source: Source | None = None  # how the tiles are read, for the script (a layer by default)

@@ -62,10 +62,11 @@ class StitchWidget(JobWidget):
         self.max_shift = SpinBox(
             name="max_shift",
             label="Max shift (px)",
-            value=16,
-            min=1,
+            value=0,
+            min=0,
             max=4096,
-            tooltip="The largest stage error to search for, per axis",
+            tooltip="The largest stage error to search for, per axis; 0: auto, from the tiles' overlap (3/4 of its "
+            "width: register_tiles' max_shift='auto')",
         )
         self.blend = ComboBox(name="blend", label="Blend", choices=list(FUSE_BLENDS), value=FUSE_BLENDS[0])
         self.blend.tooltip = "linear: weights falling off towards each tile's edges (no seams)"
@@ -157,7 +158,7 @@ class StitchWidget(JobWidget):
             overlap=float(self.overlap.value),
             order=self.order.value,
             positions=positions,
-            max_shift=int(self.max_shift.value),
+            max_shift=int(self.max_shift.value) or "auto",
             blend=self.blend.value,
             flat_field=bool(self.flat_field.value),
             source=source,

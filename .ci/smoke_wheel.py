@@ -1,0 +1,100 @@
+"""Smoke test of an installed wheel (not a pytest module: .ci/run runs it with a fresh venv's python).
+
+    python -m build --outdir dist && python -m venv /tmp/wheelenv
+    /tmp/wheelenv/bin/pip install "dist/napari_gridmip-<version>-py3-none-any.whl[all]"
+    xvfb-run -a /tmp/wheelenv/bin/python .ci/smoke_wheel.py
+
+Checks that napari_gridmip is imported from the venv (not this checkout), that ``npe2 validate`` passes, that a
+napari viewer docks every widget of the installed manifest and opens every sample of it (each adding layers, made
+afresh in an empty cache folder), and that the JAX core runs. Exits 0, or 1 with one line saying what failed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+PLUGIN = "napari-gridmip"
+
+
+def log(message: str) -> None:
+    print(f"smoke_wheel: {message}", flush=True)
+
+
+def check(cache: Path) -> None:
+    os.environ["NAPARI_GRIDMIP_CACHE_DIR"] = str(cache)  # every sample made by the wheel's code, none read back
+    checkout = Path(__file__).resolve().parent.parent
+    import napari_gridmip
+
+    where = Path(napari_gridmip.__file__).resolve()
+    assert where.is_relative_to(Path(sys.prefix).resolve()), f"napari_gridmip imported from {where}, not {sys.prefix}"
+    assert not where.is_relative_to(checkout), f"napari_gridmip imported from the checkout: {where}"
+    log(f"napari_gridmip {napari_gridmip.__version__} from {where.parent}")
+
+    npe2_cli = Path(sys.executable).parent / "npe2"
+    done = subprocess.run([str(npe2_cli), "validate", PLUGIN], capture_output=True, text=True)
+    assert done.returncode == 0, f"npe2 validate {PLUGIN}: {(done.stdout + done.stderr).strip()[-300:]}"
+
+    import npe2
+
+    manifest = npe2.PluginManifest.from_distribution(PLUGIN)
+    assert manifest.package_metadata.name == PLUGIN, manifest.package_metadata.name
+    widgets = [w.display_name for w in manifest.contributions.widgets or []]
+    samples = [s.key for s in manifest.contributions.sample_data or []]
+    assert len(widgets) == 5, f"the manifest contributes {len(widgets)} widgets: {widgets}"
+    assert samples, "the manifest contributes no samples"
+
+    import napari
+    from qtpy.QtWidgets import QApplication
+
+    viewer = napari.Viewer(show=False)
+    try:
+        for name in widgets:
+            dock, widget = viewer.window.add_plugin_dock_widget(PLUGIN, name)
+            assert widget is not None, f"widget {name!r}: nothing docked"
+        docked = " ".join(viewer.window.dock_widgets.keys())
+        missing = [name for name in widgets if name not in docked]
+        assert not missing, f"widgets not docked: {missing} (docked: {docked})"
+        log(f"{len(widgets)} widgets docked: {', '.join(widgets)}")
+
+        for key in samples:
+            start, before = time.perf_counter(), len(viewer.layers)
+            viewer.open_sample(PLUGIN, key)
+            QApplication.processEvents()
+            added = [layer.name for layer in viewer.layers[before:]]
+            assert added, f"sample {key!r} added no layers"
+            log(f"sample {key}: {len(added)} layers in {time.perf_counter() - start:.1f} s ({', '.join(added)})")
+
+        import numpy as np
+
+        volume = np.asarray(viewer.layers["occupancy volume"].data)
+        levels = napari_gridmip.occupancy_mipmap(volume)
+        assert len(levels) > 1 and bool(np.asarray(levels[-1]).any()), "occupancy_mipmap gave an empty pyramid"
+        log(f"occupancy_mipmap (JAX): {len(levels)} levels")
+    finally:
+        viewer.close()
+        QApplication.processEvents()
+
+
+def main() -> int:
+    try:
+        with tempfile.TemporaryDirectory(prefix="smoke-wheel-cache-") as cache:
+            check(Path(cache))
+    except AssertionError as error:
+        log(f"FAILED: {error}")
+        return 1
+    except Exception as error:  # any other failure: its traceback, then the same one line
+        traceback.print_exc()
+        log(f"FAILED: {type(error).__name__}: {error}")
+        return 1
+    log("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,7 +55,7 @@ from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.correlation._checks import check_subset
 from napari_gridmip.core.correlation._global_motion import estimate_motion
 from napari_gridmip.core.correlation._status import Status
-from napari_gridmip.core.correlation.affine import _cholesky, _cholesky_solve, _compose
+from napari_gridmip.core.correlation.affine import _cholesky, _cholesky_solve, _compose, _weights
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius, smooth_frames
 from napari_gridmip.core.correlation.subsets import _spline_coefficients
 
@@ -115,10 +115,8 @@ class Series(NamedTuple):
 def _bspline(t: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
     """The cubic B-spline's weights of taps -1, 0, 1, 2 at fraction ``t``, and their derivatives."""
     t2, u = t * t, 1 - t
-    t3 = t2 * t
-    weights = (u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6)
     slopes = (-u * u / 2, (3 * t2 - 4 * t) / 2, (-3 * t2 + 2 * t + 1) / 2, t2 / 2)
-    return weights, slopes
+    return _weights(t), slopes
 
 
 def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool, layer: jax.Array | None = None):

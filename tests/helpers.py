@@ -89,3 +89,13 @@ def examples(count: int) -> int:
     import jax
 
     return count if jax.default_backend() == "cpu" else min(count, ACCELERATOR_EXAMPLES)
+
+
+def assert_one_line_error_and_nothing_written(done, message: str, folder) -> None:
+    """A CLI run that failed as the CLI promises: exit 2, one error line naming ``message``, no traceback, and
+    nothing left in ``folder`` (its working directory)."""
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert list(folder.iterdir()) == []

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip._sample_data.dic_series import make_dic_series
+from tests.helpers import assert_one_line_error_and_nothing_written
 
 
 def run(*args, cwd):
@@ -59,11 +60,7 @@ def test_one_csv_per_frame(inputs, tmp_path):
 )
 def test_bad_input_is_one_line_and_writes_nothing(inputs, tmp_path, args, message):
     done = run(*(a.format(inputs=inputs) for a in args), cwd=tmp_path)
-    assert done.returncode == 2
-    lines = [line for line in done.stderr.splitlines() if "error" in line]
-    assert len(lines) == 1 and message in lines[0], done.stderr
-    assert "Traceback" not in done.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert_one_line_error_and_nothing_written(done, message, tmp_path)
 
 
 def test_an_existing_folder_is_kept(inputs, tmp_path):

@@ -15,6 +15,7 @@ from napari_gridmip import (
     read_array,
     unpack_occupancy,
 )
+from tests.helpers import assert_one_line_error_and_nothing_written
 
 
 def run(*args, cwd):
@@ -109,11 +110,7 @@ def test_merge_and_correlate(inputs, tmp_path):
 )
 def test_bad_input_is_one_line_and_leaves_nothing(inputs, tmp_path, args, message):
     done = run(*(a.format(inputs=inputs) for a in args), cwd=tmp_path)
-    assert done.returncode == 2
-    lines = [line for line in done.stderr.splitlines() if "error" in line]
-    assert len(lines) == 1 and message in lines[0], done.stderr
-    assert "Traceback" not in done.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert_one_line_error_and_nothing_written(done, message, tmp_path)
 
 
 def test_existing_output_is_kept(inputs, tmp_path):

@@ -25,8 +25,11 @@ from napari_gridmip.core.patches._stitch_shared import (
     MAX_REFINE_STEP,
     MIN_FRACTION,
     RIVAL_SEPARATION,
+    Band,
     _gaussian_spectrum,
+    band_widths,
     filter_halo,
+    filters,
 )
 
 __all__: list[str] = []
@@ -135,7 +138,7 @@ def _quadratic_nd(hood: jax.Array) -> jax.Array:
     return jnp.where(ok, step, one_d)
 
 
-def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Array:
+def _band_pass(raw: jax.Array, sigma: Band, low_only: bool = False) -> jax.Array:
     """``G_sigma * f - G_2sigma * f`` by normalised convolution, 'valid' (the output is ``raw`` less its halo).
 
     ``low_only``: ``G_sigma * f`` alone (the refinement's filter: it keeps the
@@ -150,7 +153,7 @@ def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Arra
     """
     have = jnp.isfinite(raw)
     f = jnp.where(have, raw, 0)
-    if sigma <= 0:
+    if not filters(sigma):
         return f
     halo = filter_halo(sigma, low_only)
     w = have.astype(raw.dtype)
@@ -158,7 +161,7 @@ def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Arra
     spectra = jnp.fft.rfftn(jnp.stack([f, w]), axes=axes)
     crop = tuple(slice(halo, n - halo) for n in raw.shape)
 
-    widths = (sigma,) if low_only else (sigma, 2 * sigma)
+    widths = band_widths(sigma, low_only)
     kernels = np.stack([_gaussian_spectrum(raw.shape, width, halo) for width in widths])[:, None]
     # one inverse FFT for both Gaussians and both of f and w: (widths, 2, *raw)
     smooth = jnp.fft.irfftn(spectra[None] * kernels, s=raw.shape, axes=tuple(a + 1 for a in axes))
@@ -169,7 +172,7 @@ def _band_pass(raw: jax.Array, sigma: float, low_only: bool = False) -> jax.Arra
 
 
 def _pair_kernel(
-    search, template, mask, *, max_shift: int, subpixel: str, sigma: float, min_fraction: float = MIN_FRACTION
+    search, template, mask, *, max_shift: int, subpixel: str, sigma: Band, min_fraction: float = MIN_FRACTION
 ):
     """Register one pair: the NCC map over integer shifts within ``max_shift``, its peak, and the refinement.
 

@@ -28,6 +28,7 @@ from scipy import fft as sfft
 
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import quadratic_peak
+from napari_gridmip.core.patches._stitch_shared import Band, band_widths, filters
 
 __all__: list[str] = []
 
@@ -58,7 +59,7 @@ def _boxes(have: np.ndarray, d: int) -> list[tuple[np.ndarray, np.ndarray]] | No
     return out if np.array_equal(count, np.prod([hi - lo for lo, hi in out], axis=0)) else None
 
 
-def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool = False) -> np.ndarray:
+def band_pass(raw: np.ndarray, sigma: Band, low_only: bool, d: int, box: bool = False) -> np.ndarray:
     """``stitch._band_pass`` on a batch ``(B, *raw)``: the output is each region less its halo.
 
     The same truncated Gaussians (radius: the halo), applied separably in real
@@ -71,7 +72,7 @@ def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool =
 
     have = np.isfinite(raw)
     f = np.where(have, raw, np.float32(0)).astype(np.float32)
-    if sigma <= 0:
+    if not filters(sigma):
         return f
     halo = filter_halo(sigma, low_only)
     shape = raw.shape[-d:]
@@ -82,7 +83,7 @@ def band_pass(raw: np.ndarray, sigma: float, low_only: bool, d: int, box: bool =
     # 1D profiles: only f needs the separable passes
     boxes = _boxes(have, d) if box else None
     lows = []
-    for width in (sigma,) if low_only else (sigma, 2 * sigma):
+    for width in band_widths(sigma, low_only):
         taps = np.exp(-0.5 * (x / width) ** 2)
         taps /= taps.sum()
         if boxes is not None:
@@ -392,7 +393,7 @@ def register_batch(
     *,
     max_shift: int,
     subpixel: str,
-    sigma: float,
+    sigma: Band,
     filtered: bool = False,
     items=None,
     margin: int | None = None,
@@ -498,7 +499,7 @@ def rivals(ncc, peak_index, featureless, max_shift: int, margin: int, separation
     return second, np.where(np.isnan(second)[:, None], np.float32(0), second_shift)
 
 
-def band_pass_tiles(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np.ndarray:
+def band_pass_tiles(raw: np.ndarray, sigma: Band, low_only: bool, d: int) -> np.ndarray:
     """:func:`band_pass` ``(box=True)`` on a batch of whole tiles ``(B, *raw)`` (each a box of data, NaN around
     it), by FFTs: one forward transform per tile, one inverse per Gaussian.
 
@@ -513,7 +514,7 @@ def band_pass_tiles(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np
     from napari_gridmip.core.patches._stitch_shared import filter_halo
 
     have = np.isfinite(raw)
-    boxes = _boxes(have, d) if sigma > 0 else None
+    boxes = _boxes(have, d) if filters(sigma) else None
     if boxes is None:
         return band_pass(raw, sigma, low_only, d, box=True)
     halo = filter_halo(sigma, low_only)
@@ -528,7 +529,7 @@ def band_pass_tiles(raw: np.ndarray, sigma: float, low_only: bool, d: int) -> np
     crop = (Ellipsis, *(slice(halo, n - halo) for n in shape))
     x = np.arange(-halo, halo + 1, dtype=np.float64)
     lows = []
-    for width in (sigma,) if low_only else (sigma, 2 * sigma):
+    for width in band_widths(sigma, low_only):
         taps = np.exp(-0.5 * (x / width) ** 2)
         taps /= taps.sum()
         smooth_f = sfft.irfftn(spectrum * _real_gaussian_spectrum(fast, float(width), halo), s=fast, axes=axes,
@@ -560,7 +561,7 @@ def ndimage_correlate1d(lines: np.ndarray, taps: np.ndarray) -> np.ndarray:
     return ndimage.correlate1d(lines, taps, axis=-1, mode="constant", cval=0.0)
 
 
-def whole_tiles_transform(tiles: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+def whole_tiles_transform(tiles: np.ndarray, sigma: Band) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """Whole tiles ``(B, *S)`` (all finite) less their means, transformed: ``(spectrum, means, S)``, for
     :func:`whole_tiles_band_pass` (both filters: the transform is sized for the wider halo)."""
     from napari_gridmip.core.patches._stitch_shared import filter_halo
@@ -574,7 +575,7 @@ def whole_tiles_transform(tiles: np.ndarray, sigma: float) -> tuple[np.ndarray, 
     return spectrum, level, shape
 
 
-def whole_tiles_band_pass(transform, sigma: float, low_only: bool) -> np.ndarray:
+def whole_tiles_band_pass(transform, sigma: Band, low_only: bool) -> np.ndarray:
     """:func:`band_pass` ``(box=True)`` of whole tiles (no NaN) from their :func:`whole_tiles_transform`.
 
     The normalised convolution of a whole tile divides by the smoothed tile footprint, the same for every
@@ -588,7 +589,7 @@ def whole_tiles_band_pass(transform, sigma: float, low_only: bool) -> np.ndarray
     fast = tuple(sfft.next_fast_len(n + filter_halo(sigma), real=True) for n in shape)
     crop = (Ellipsis, *(slice(0, n) for n in shape))
     lows = []
-    for width in (sigma,) if low_only else (sigma, 2 * sigma):
+    for width in band_widths(sigma, low_only):
         smooth = sfft.irfftn(spectrum * _real_gaussian_spectrum(fast, float(width), halo), s=fast,
                              axes=tuple(range(-d, 0)), workers=WORKERS)[crop]  # fmt: skip
         lows.append(np.divide(smooth, _footprint(shape, float(width), halo), out=smooth))  # (in place: no new pages)
@@ -632,7 +633,7 @@ class FilteredTiles:
 
     halo = 0
 
-    def __init__(self, reader, sigma: float, low_only: bool, pad: int = 0, spectra: dict | None = None):
+    def __init__(self, reader, sigma: Band, low_only: bool, pad: int = 0, spectra: dict | None = None):
         self.reader, self.sigma, self.low_only = reader, sigma, low_only
         self.shape = reader.shape
         self.pad = int(pad)
@@ -649,10 +650,10 @@ class FilteredTiles:
 
         d = len(self.shape)
         key = tuple(indices)
-        if self.sigma > 0 and self.spectra is not None and key in self.spectra:  # (the last filter to need it)
+        if filters(self.sigma) and self.spectra is not None and key in self.spectra:  # (the last filter to need it)
             transform = self.spectra.pop(key) if self.low_only else self.spectra[key]
             return whole_tiles_band_pass(transform, self.sigma, self.low_only)
-        if self.sigma > 0:
+        if filters(self.sigma):
             data = np.stack([self.reader.read(i, (0,) * d, self.shape, halo=0) for i in indices])
             if np.isfinite(data).all():  # (tiles always are; NaN inside a tile takes the general filter)
                 transform = whole_tiles_transform(data, self.sigma)

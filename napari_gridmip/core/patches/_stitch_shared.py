@@ -16,9 +16,25 @@ MIN_FRACTION = 0.5  # a shift is a candidate while it keeps more than this fract
 RIVAL_SEPARATION = 3  # a rival peak lies more than this many px (per axis, at least one) from the best one
 
 
-def filter_halo(sigma: float, low_only: bool = False) -> int:
+Band = float | tuple[float, float]
+"""A band-pass filter: ``sigma`` (a float) is the octave band ``G_sigma - G_2sigma``; ``(lo, hi)`` is
+``G_lo - G_hi`` (the broad band of :func:`.stitch.register_tiles`' second search). 0: no filter."""
+
+
+def band_widths(sigma: Band, low_only: bool = False) -> tuple[float, ...]:
+    """The band's Gaussian widths: ``(lo, hi)``, or ``(lo,)`` for its low-pass alone (the refinement's)."""
+    lo, hi = (float(sigma[0]), float(sigma[1])) if isinstance(sigma, tuple) else (float(sigma), 2.0 * float(sigma))
+    return (lo,) if low_only else (lo, hi)
+
+
+def filters(sigma: Band) -> bool:
+    """Whether ``sigma`` filters at all (``0``: the raw intensities are matched)."""
+    return band_widths(sigma)[0] > 0
+
+
+def filter_halo(sigma: Band, low_only: bool = False) -> int:
     """The halo a region needs for the filter of ``sigma`` (4 standard deviations of its widest Gaussian; 0: none)."""
-    return int(math.ceil((4 if low_only else 8) * sigma)) if sigma > 0 else 0
+    return int(math.ceil(4 * max(band_widths(sigma, low_only)))) if filters(sigma) else 0
 
 
 def _gaussian_spectrum(shape: tuple[int, ...], sigma: float, radius: int) -> np.ndarray:

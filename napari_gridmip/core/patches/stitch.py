@@ -91,6 +91,7 @@ from napari_gridmip.core.patches._stitch_shared import (  # noqa: F401 - re-expo
     RIVAL_SEPARATION,
     _gaussian_spectrum,
     filter_halo,
+    filters,
 )
 
 __all__ = ["grid_positions", "register_tiles"]
@@ -133,6 +134,8 @@ AUTO_SHIFT = 16  # max_shift="auto" searches at least this far (px) ...
 AUTO_REACH = 0.75  # ... and up to this fraction of the typical overlap width ...
 AUTO_FRACTION = 0.25  # ... keeping this fraction of the overlap's pixels at least, where it searches beyond AUTO_SHIFT
 AUTO_CAP = 64  # ... and at most max(AUTO_CAP, a quarter of the tile's smallest side) px
+BROAD_BAND = (2.0, 32.0)  # the second search's band, G_2sigma - G_32sigma (_broad_pass) ...
+WEAK_MARGIN = 0.2  # ... for the pairs accepted with a margin (ncc - threshold) / (1 - threshold) under this, or not
 
 
 # -- the stage grid ---------------------------------------------------------------------
@@ -266,6 +269,10 @@ class TileRegistration:
     """``(p, d)`` float64: that rival's shift (measured offset minus stage offset; NaN where none)."""
     max_shift: int
     """The search used, px per axis (``max_shift="auto"`` resolved)."""
+    broad_band: np.ndarray
+    """``(p,)`` bool: the pair's peak (``shift``, ``ncc``, ``threshold``, the rival) is the broad band's
+    (``G_2sigma - G_32sigma``), which the pair was searched again in because the octave band found it weak
+    (see Notes of :func:`register_tiles`)."""
 
     @property
     def refinements(self) -> list[str]:
@@ -641,7 +648,9 @@ def register_tiles(
         of Gaussians, ``sigma`` and ``2 sigma`` px, by normalised convolution so
         that tile borders add nothing): the NCC then follows structure, not
         uneven illumination, and its peaks are sharp, so that the null peaks
-        stay low. 0: match the raw intensities.
+        stay low. A pair this band finds weak is searched again in a broad
+        band, ``2 sigma`` to ``32 sigma`` (see Notes). 0: match the raw
+        intensities (no second band).
     seed
         Seeds the choice of permuted null pairs (the result is deterministic).
     progress
@@ -674,6 +683,18 @@ def register_tiles(
     best peak's (the repeat the neighbours agree on), or its own threshold;
     otherwise it is left out (reason ``"ambiguous"``) and its tiles stay
     where other pairs, or the stage, put them. ``ambiguous`` flags both.
+
+    Noisy tiles with coarse structure (a camera at low magnification, 8-bit
+    images, handwriting on paper). The octave band then holds mostly the
+    pixels' noise: peaks are low and land on fine repeats. A pair it finds
+    weak (not significant, featureless, ambiguous, at ``max_shift``, or
+    accepted with a margin ``(ncc - threshold) / (1 - threshold)`` under 0.2)
+    is searched again in the broad band ``G_2sigma - G_32sigma``, against
+    null samples drawn the same way, and takes that peak if it is
+    significant and unambiguous there (and, for an accepted pair, has the
+    larger margin); ``broad_band`` says which pairs did. A pair that matches
+    nothing passes one of the two tests with a chance of at most twice
+    ``false_positive_rate``. Clean tiles never take the second search.
 
     Raises
     ------
@@ -785,6 +806,13 @@ def register_tiles(
                 ambiguous[k] = True
             else:
                 reason[k] = REASONS.index("accepted")
+    broad_band = np.zeros(p, bool)
+    if filters(sigma):
+        done = _broad_pass(
+            groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, first, (BROAD_BAND[0] * sigma,
+            BROAD_BAND[1] * sigma), alpha, seed, min_fraction, shift, ncc, threshold, reason, second_ncc,
+            second_shift, broad_band, progress, done, total,
+        )  # fmt: skip
     info[:] = np.eye(d)
     guided: dict[int, tuple] = {}
     if max_shift > GUIDED_SHIFT:
@@ -860,7 +888,67 @@ def register_tiles(
         second_ncc=np.where(measured, second_ncc, np.nan),
         second_shift=np.where(measured[:, None], second_shift, np.nan),
         max_shift=int(max_shift),
+        broad_band=broad_band,
     )
+
+
+def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, subpixel, band, alpha,
+                seed, min_fraction, shift, ncc, threshold, reason, second_ncc, second_shift, broad_band, progress,
+                done, total) -> int:  # fmt: skip
+    """Search the pairs the octave band found weak again in the broad ``band``; returns the progress count.
+
+    The octave band (``G_sigma - G_2sigma``) keeps the finest structure: the
+    sharpest peaks and the lowest null peaks where the tiles are clean. In a
+    noisy camera image it holds mostly the pixels' noise, and a pair whose
+    overlap shows a few large shapes (handwriting, grid lines, cells at low
+    magnification) peaks low or at a repeat of a fine pattern. Such a pair:
+    not significant, featureless, ambiguous, at ``max_shift``, or accepted
+    with a margin ``(ncc - threshold) / (1 - threshold)`` under
+    ``WEAK_MARGIN``, is searched again in the broad band (``BROAD_BAND``
+    times ``sigma``), against null samples drawn the same way from its whole
+    group, at the same ``false_positive_rate`` (so a pair that matches
+    nothing passes one of the two tests with a chance of at most twice the
+    rate). Its
+    broad peak is taken if significant and unambiguous there, and, for a pair
+    the octave band accepted, with a larger margin. Updates the arrays in
+    place.
+    """
+    margin = (ncc - threshold) / np.maximum(1 - threshold, 1e-6)
+    again = [REASONS.index(r) for r in ("not significant", "featureless", "peak at max_shift", "ambiguous")]
+    weak = np.isin(reason, again) | ((reason == REASONS.index("accepted")) & ~(margin >= WEAK_MARGIN))
+    todo = [[k for k in members if weak[k]] for members in groups]
+    if not any(todo):
+        return done
+    if engine == "numpy":
+        reader = _stitch_numpy.FilteredTiles(
+            _TileReader(tiles, channel, has_channels, 0), band, low_only=False, pad=max_shift + MARGIN
+        )
+    else:
+        reader = _TileReader(tiles, channel, has_channels, filter_halo(band))
+    for members, pool in zip(todo, groups):
+        if not members:
+            continue
+        _report(progress, done, total)  # (it may stop the run) the total stays the one announced: a few batches
+        plan = _plan_group(members, coarse, stage, max_shift + MARGIN, seed, pool=pool)
+        out, nulls, _ = _run_group(
+            plan, members, coarse, reader, max_shift, subpixel, band, None, done, total, engine, min_fraction
+        )
+        band_threshold = _gumbel_quantile(nulls, 1 - alpha)
+        for slot, k in enumerate(members):
+            s, peak, _, featureless, on_edge, _, rival, rival_shift = (o[slot] for o in out)
+            if featureless or on_edge or not peak >= band_threshold or _is_ambiguous(peak, rival):
+                continue  # the octave band's verdict stands
+            if reason[k] == REASONS.index("accepted") and margin[k] >= (peak - band_threshold) / (1 - band_threshold):
+                continue
+            ncc[k], threshold[k] = peak, band_threshold
+            shift[k] = s + coarse.rounded[k] - coarse.delta[k]
+            second_ncc[k], second_shift[k] = np.nan, np.nan
+            if np.isfinite(rival):
+                second_ncc[k], second_shift[k] = rival, rival_shift + coarse.rounded[k] - coarse.delta[k]
+            reason[k] = REASONS.index("accepted")
+            broad_band[k] = True
+    reader.clear()
+    return done
 
 
 def _components(n: int, pairs: np.ndarray) -> np.ndarray:
@@ -961,18 +1049,21 @@ class _Plan:
     own_size: bool = False  # null samples: the template pair's size (search regions cut), else the search pair's
 
 
-def _plan_group(members, geometry, stage, reach, seed, *, nulls=True, windows=False) -> _Plan:
+def _plan_group(members, geometry, stage, reach, seed, *, nulls=True, windows=False, pool=None) -> _Plan:
     """The static pair shape, the batch size and the null (non-matching) samples of one group of pairs.
 
     Null samples: each template turned by 180 degrees (mirrored along every
     axis) against its own search region, then templates against the search
-    regions of pairs far apart on the stage, drawn at random (``seed``), up to
-    ``max(MIN_NULL, NULL_PER_PAIR * pairs)`` in all; with a single pair, its
-    template mirrored along every combination of axes. ``windows``: each
-    pair's own nulls instead (:func:`_plan_windows`).
+    regions of pairs far apart on the stage, drawn at random (``seed``) from
+    ``pool`` (default: ``members``; pairs of one static shape), up to
+    ``max(MIN_NULL, NULL_PER_PAIR * pairs)`` in all; with a single pair to
+    draw from, its template mirrored along every combination of axes.
+    ``windows``: each pair's own nulls instead (:func:`_plan_windows`).
     """
+    pool = members if pool is None else pool
     d = stage.shape[1]
-    t_shape = _static_shape(np.stack([geometry.extent[k][_canonical(geometry, k)] for k in members]))
+    # (the pool's largest: its templates serve the null samples)
+    t_shape = _static_shape(np.stack([geometry.extent[k][_canonical(geometry, k)] for k in pool]))
     per_pair = 16 * math.prod(t + 2 * reach for t in t_shape) * 4  # FFT work arrays, float32
     batch = max(1, min(BATCH_BYTES // per_pair, BATCH_PAIRS))
     samples: list[tuple[int, int, tuple[bool, ...]]] = []
@@ -980,15 +1071,15 @@ def _plan_group(members, geometry, stage, reach, seed, *, nulls=True, windows=Fa
         flips = [f for f in itertools.product((False, True), repeat=d) if any(f)]
         if windows:
             return _plan_windows(members, geometry, stage, reach, seed, t_shape, batch)
-        if len(members) > 1:
+        if len(pool) > 1:
             flips = [(True,) * d]
         samples = [(k, k, f) for k in members for f in flips]
         wanted = max(MIN_NULL, NULL_PER_PAIR * len(members))
         rng = np.random.default_rng(seed)
         tries = 0
-        while len(members) > 1 and len(samples) < wanted and tries < 20 * wanted:
+        while len(pool) > 1 and len(samples) < wanted and tries < 20 * wanted:
             tries += 1
-            a, b = rng.choice(members, 2, replace=False)
+            a, b = rng.choice(pool, 2, replace=False)
             if _far_apart(a, b, geometry, stage, reach):
                 samples.append((int(a), int(b), (False,) * d))
     batches = math.ceil(len(members) / batch) + math.ceil(len(samples) / batch)

@@ -169,3 +169,50 @@ def test_engines_agree_on_the_lattice(lattice, lattice_registered, monkeypatch):
     np.testing.assert_array_equal(a.ambiguous, b.ambiguous)
     np.testing.assert_allclose(a.second_ncc, b.second_ncc, atol=2e-4)
     np.testing.assert_allclose(a.positions, b.positions, atol=2e-3)
+
+
+# -- the broad band: noisy tiles whose structure is coarse (camera images, low magnification) ----------------------
+
+
+@pytest.fixture(scope="module")
+def noisy_blobs():
+    """2x4 tiles of 160 px, 30% overlap, +-8 px stage errors: smooth blobs (6 px) under white noise of the same
+    standard deviation, so that the octave band (1 and 2 px) holds mostly noise."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(0)
+    blobs = ndimage.gaussian_filter(rng.standard_normal((420, 600)), 6)
+    blobs /= blobs.std()
+    sample = cut_mosaic(blobs, grid_shape=(2, 4), tile_shape=(160, 160), overlap=0.3,
+                        errors=np.round(rng.uniform(-8, 8, (8, 2))), noise=0, seed=1)  # fmt: skip
+    noise = np.random.default_rng(2).standard_normal(sample.tiles.shape).astype(np.float32)
+    return sample, sample.tiles + noise
+
+
+@pytest.mark.parametrize("engine", ["numpy", "jax"])
+def test_weak_pairs_are_found_in_the_broad_band(noisy_blobs, engine, monkeypatch):
+    monkeypatch.setattr(stitch, "FORCE_ENGINE", engine)
+    sample, tiles = noisy_blobs
+    result = register_tiles(tiles, sample.stage_positions, max_shift=16)
+    grid = sample.stage_positions
+    i, j = result.pairs[:, 0], result.pairs[:, 1]
+    edges = np.sum(np.abs(grid[j] - grid[i]) > 1, axis=1) == 1  # neighbours along one axis (not corners)
+    assert edges.sum() == 10
+    assert result.accepted[edges].all(), result.reasons
+    assert result.broad_band[edges].all()  # each from the broad band: the octave band found them weak
+    assert not result.broad_band[~result.accepted].any()
+    assert aligned_error(result, sample).max() < 0.5
+
+
+def test_without_the_broad_band_the_noisy_pairs_are_lost(noisy_blobs, monkeypatch):
+    monkeypatch.setattr(stitch, "_broad_pass", lambda *args: args[-2])  # (returns the progress count: done)
+    sample, tiles = noisy_blobs
+    result = register_tiles(tiles, sample.stage_positions, max_shift=16)
+    assert not result.broad_band.any()
+    assert result.accepted.sum() <= 6  # of the 10 edge pairs
+
+
+def test_clean_tiles_keep_the_octave_band(large_errors):
+    result = register_tiles(large_errors.tiles, large_errors.stage_positions)
+    assert result.accepted.all()
+    assert not result.broad_band.any()

@@ -136,6 +136,9 @@ AUTO_FRACTION = 0.25  # ... keeping this fraction of the overlap's pixels at lea
 AUTO_CAP = 64  # ... and at most max(AUTO_CAP, a quarter of the tile's smallest side) px
 BROAD_BAND = (2.0, 32.0)  # the second search's band, G_2sigma - G_32sigma (_broad_pass) ...
 WEAK_MARGIN = 0.2  # ... for the pairs accepted with a margin (ncc - threshold) / (1 - threshold) under this, or not
+LEARN_MIN = 3  # max_shift="auto": with this many pairs accepted, the rejected ones are searched again within ...
+LEARN_FACTOR = 1.25  # ... this many times the largest stage error an accepted pair measured ...
+LEARN_SLACK = 4  # ... plus this many px (_learned_reach)
 
 
 # -- the stage grid ---------------------------------------------------------------------
@@ -621,7 +624,11 @@ def register_tiles(
         narrower than 23 px) it searches 16 px with the half-overlap rule, as
         ``max_shift=16`` does. E.g. tiles of 128 px with 40% overlap (51 px):
         38 px; 512 px at 10%: 38 px; 192 px at 10%: 16 px. The value used is
-        ``TileRegistration.max_shift``.
+        ``TileRegistration.max_shift``. With ``"auto"`` and at least three
+        pairs accepted, the pairs still rejected are searched once more (in
+        the broad band, see Notes) within 1.25 times the largest stage error
+        an accepted pair measured, plus 4 px, where that is shorter: the
+        search the mosaic's own stage shows it needs.
     channel
         The channel registered when tiles have a channel axis; None (default)
         registers the channels' mean.
@@ -768,7 +775,8 @@ def register_tiles(
     coarse = _geometry(pairs, delta, shape, 0, 0)  # the whole nominal overlap: masked NCC handles the edges
     registrable = np.flatnonzero(np.all(coarse.extent >= min_overlap, axis=1))
     min_fraction = MIN_FRACTION
-    if max_shift == "auto":
+    auto = max_shift == "auto"
+    if auto:
         max_shift, min_fraction = _auto_search(coarse, registrable)
     groups = _groups(registrable, coarse)
     plans = [_plan_group(members, coarse, stage, max_shift + MARGIN, seed) for members in groups]
@@ -808,11 +816,17 @@ def register_tiles(
                 reason[k] = REASONS.index("accepted")
     broad_band = np.zeros(p, bool)
     if filters(sigma):
-        done = _broad_pass(
-            groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, first, (BROAD_BAND[0] * sigma,
-            BROAD_BAND[1] * sigma), alpha, seed, min_fraction, shift, ncc, threshold, reason, second_ncc,
-            second_shift, broad_band, progress, done, total,
-        )  # fmt: skip
+        band = (BROAD_BAND[0] * sigma, BROAD_BAND[1] * sigma)
+        arrays = (shift, ncc, threshold, reason, second_ncc, second_shift, broad_band)
+        done = _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, first, band,
+                           alpha, seed, min_fraction, *arrays, progress, done, total)  # fmt: skip
+        learned = _learned_reach(shift, reason) if auto else None
+        if learned is not None and learned < max_shift:
+            # the rejected pairs once more, within the reach the accepted ones show: fewer candidate shifts, so
+            # lower null peaks (the test stays valid: the reach comes from the other pairs, not the pair's own)
+            done = _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, learned, first, band,
+                               alpha, seed, min_fraction, *arrays, progress, done, total,
+                               rejected_only=True)  # fmt: skip
     info[:] = np.eye(d)
     guided: dict[int, tuple] = {}
     if max_shift > GUIDED_SHIFT:
@@ -894,7 +908,7 @@ def register_tiles(
 
 def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, subpixel, band, alpha,
                 seed, min_fraction, shift, ncc, threshold, reason, second_ncc, second_shift, broad_band, progress,
-                done, total) -> int:  # fmt: skip
+                done, total, rejected_only=False) -> int:  # fmt: skip
     """Search the pairs the octave band found weak again in the broad ``band``; returns the progress count.
 
     The octave band (``G_sigma - G_2sigma``) keeps the finest structure: the
@@ -908,14 +922,16 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
     times ``sigma``), against null samples drawn the same way from its whole
     group, at the same ``false_positive_rate`` (so a pair that matches
     nothing passes one of the two tests with a chance of at most twice the
-    rate). Its
-    broad peak is taken if significant and unambiguous there, and, for a pair
-    the octave band accepted, with a larger margin. Updates the arrays in
-    place.
+    rate). Its broad peak is taken if significant and unambiguous there,
+    and, for a pair the octave band accepted, with a larger margin.
+    ``rejected_only``: the pairs not accepted alone (the search within the
+    learned reach, :func:`_learned_reach`). Updates the arrays in place.
     """
     margin = (ncc - threshold) / np.maximum(1 - threshold, 1e-6)
     again = [REASONS.index(r) for r in ("not significant", "featureless", "peak at max_shift", "ambiguous")]
-    weak = np.isin(reason, again) | ((reason == REASONS.index("accepted")) & ~(margin >= WEAK_MARGIN))
+    weak = np.isin(reason, again)
+    if not rejected_only:
+        weak |= (reason == REASONS.index("accepted")) & ~(margin >= WEAK_MARGIN)
     todo = [[k for k in members if weak[k]] for members in groups]
     if not any(todo):
         return done
@@ -949,6 +965,23 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
             broad_band[k] = True
     reader.clear()
     return done
+
+
+def _learned_reach(shift: np.ndarray, reason: np.ndarray) -> int | None:
+    """``max_shift="auto"``: the search the accepted pairs show the stage needs, or None (fewer than
+    ``LEARN_MIN`` accepted pairs).
+
+    ``LEARN_FACTOR`` times the largest stage error any accepted pair measured
+    (along any axis), plus ``LEARN_SLACK`` px, at least ``AUTO_SHIFT``. A
+    wrong accepted shift can only widen it (a random peak lies anywhere in
+    the search); a pair whose stage error exceeds it peaks at its border and
+    stays rejected.
+    """
+    accepted = reason == REASONS.index("accepted")
+    if accepted.sum() < LEARN_MIN:
+        return None
+    largest = float(np.abs(shift[accepted]).max())
+    return max(AUTO_SHIFT, int(math.ceil(LEARN_FACTOR * largest)) + LEARN_SLACK)
 
 
 def _components(n: int, pairs: np.ndarray) -> np.ndarray:

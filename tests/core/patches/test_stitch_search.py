@@ -216,3 +216,24 @@ def test_clean_tiles_keep_the_octave_band(large_errors):
     result = register_tiles(large_errors.tiles, large_errors.stage_positions)
     assert result.accepted.all()
     assert not result.broad_band.any()
+
+
+def test_learned_reach_from_the_accepted_pairs():
+    accepted, rejected = stitch.REASONS.index("accepted"), stitch.REASONS.index("not significant")
+    shift = np.array([[1.0, 60.6], [-3.0, -20.0], [2.0, 5.0], [0.0, 140.0]])
+    assert stitch._learned_reach(shift, np.array([accepted] * 3 + [rejected])) == 80  # ceil(1.25 x 60.6) + 4
+    assert stitch._learned_reach(shift, np.array([accepted] * 2 + [rejected] * 2)) is None  # too few to learn from
+    small = np.zeros((3, 2))
+    assert stitch._learned_reach(small, np.array([accepted] * 3)) == stitch.AUTO_SHIFT
+
+
+def test_a_lattice_with_unique_spots_is_placed_whole():
+    """A lattice of 18 px with 60 unique spots: the octave band finds most pairs ambiguous (near-equal repeats); the
+    broad band sees the spots and the repeats apart, so every tile is placed, none from the stage."""
+    picture = lattice_picture((400, 400), period=PERIOD, textured=0.0, features=60, seed=4)
+    errors = np.round(np.random.default_rng(2).uniform(-12, 12, (9, 2)))
+    sample = cut_mosaic(picture, grid_shape=(3, 3), tile_shape=(128, 128), overlap=0.3, errors=errors, seed=1)
+    result = register_tiles(sample.tiles, sample.stage_positions)
+    assert not result.placed_from_stage.any()
+    assert result.broad_band.any()
+    assert aligned_error(result, sample).max() < 0.05

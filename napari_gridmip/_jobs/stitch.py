@@ -1,10 +1,15 @@
 """The stitching job: tiles at roughly known stage positions registered, placed, fused, and shown with the
 placement's confidence (tile outlines) and the pairs used or rejected (links between tile centres). One plan
-(:func:`stitch_plan`) for the widget's job and ``napari-gridmip stitch``."""
+(:func:`stitch_plan`) for the widget's job and ``napari-gridmip stitch``; one export (:func:`write_registered`,
+:func:`make_export_job`) of the registered positions as Fiji's TileConfiguration for both."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -114,7 +119,8 @@ def make_stitch_job(request: StitchRequest) -> Job:
             widget=WIDGET,
             plan=plan,
         )
-        return JobResult(layers, stitch_summary(registration), {"registration": registration})
+        details = {"registration": registration, "origin": np.asarray(mosaic.origin, dtype=float)}
+        return JobResult(layers, stitch_summary(registration), details)
 
     return Job(f"Stitching {request.name!r}", run)
 
@@ -184,3 +190,143 @@ def _confidence_color(confidence: float) -> tuple[float, float, float, float]:
     i = min(int(x), 1)
     rgb = stops[i] + (stops[i + 1] - stops[i]) * (x - i)
     return (*rgb.tolist(), 1.0)
+
+
+# -- export: the registered positions as Fiji's TileConfiguration, the mosaic as OME-Zarr -------------------------
+
+REGISTERED_NAME = "TileConfiguration.registered.txt"  # Fiji's name for positions after registration
+MOSAIC_NAME = "mosaic.ome.zarr"
+
+
+def tile_files_of(source: str | os.PathLike | None, names: Sequence[str] | None) -> list[Path] | None:
+    """Each tile's image file, where the tiles came from a Fiji TileConfiguration (or a folder holding one) that
+    names them (``names``, relative to its folder); None where they are no files of their own (an OME-TIFF's
+    series, an OME-Zarr collection's images, a layer)."""
+    from napari_gridmip.io._mosaic import TILE_CONFIGURATIONS, _is_zarr
+
+    if source is None or names is None:
+        return None
+    path = Path(source).absolute()
+    if path.is_file() and path.name.lower().endswith(".txt"):
+        folder = path.parent
+    elif path.is_dir() and not _is_zarr(path) and any((path / name).is_file() for name in TILE_CONFIGURATIONS):
+        folder = path
+    else:
+        return None
+    return [folder / name for name in names]
+
+
+def registered_names(folder: str | os.PathLike, tile_files: Sequence[Path] | None, n: int) -> tuple[list[str], bool]:
+    """The tiles' names in a TileConfiguration written into ``folder``, and whether the tiles must be written too.
+
+    Fiji reads each name relative to the configuration's folder, so tiles that are files are named by their path
+    relative to ``folder`` (their bare file names when the configuration goes beside them); others are written
+    there as ``tile_000.tif``, ``tile_001.tif``, ...
+    """
+    if tile_files is not None:
+        try:
+            base = Path(folder).absolute()
+            return [Path(os.path.relpath(Path(f).absolute(), base)).as_posix() for f in tile_files], False
+        except ValueError:  # on another drive (Windows): no relative path, so the tiles are written beside it
+            pass
+    width = max(3, len(str(n - 1)))
+    return [f"tile_{t:0{width}d}.tif" for t in range(n)], True
+
+
+def export_targets(folder: str | os.PathLike, n: int, tile_files: Sequence[Path] | None, *, mosaic: bool) -> list[Path]:
+    """What an export into ``folder`` writes: the TileConfiguration, the tile files it needs, and the mosaic."""
+    folder = Path(folder).absolute()
+    names, write_tiles = registered_names(folder, tile_files, n)
+    targets = [folder / REGISTERED_NAME] + ([folder / name for name in names] if write_tiles else [])
+    return targets + ([folder / MOSAIC_NAME] if mosaic else [])
+
+
+def write_registered(
+    stack: contextlib.ExitStack,
+    folder: str | os.PathLike,
+    positions: Any,
+    *,
+    tiles: Any = None,
+    tile_files: Sequence[Path] | None = None,
+    overwrite: bool = False,
+    progress: ProgressCallback | None = None,
+) -> Path:
+    """Write ``positions`` (``(n, d)`` pixels) as ``folder/TileConfiguration.registered.txt``, and the tiles as
+    ``tile_000.tif``... beside it where they are no files of their own (:func:`registered_names`).
+
+    Each file is written under a temporary name entered into ``stack``: renamed into place when the stack closes
+    without error, removed otherwise (nothing of a failed or cancelled export is left). Every target is checked
+    before any is written (ValueError if one exists and ``overwrite`` is false). ``progress(done, total)`` is
+    called once per tile written.
+    """
+    import tifffile
+
+    from napari_gridmip.io import write_tile_configuration
+    from napari_gridmip.io._write import atomic_path
+
+    folder = Path(folder).absolute()
+    positions = np.asarray(positions, dtype=np.float64)
+    n, d = positions.shape
+    names, write_tiles = registered_names(folder, tile_files, n)
+    config = stack.enter_context(atomic_path(folder / REGISTERED_NAME, overwrite=overwrite))
+    if write_tiles:
+        if tiles is None:
+            raise ValueError("the tiles are no files of their own and none were given to write beside the "
+                             "TileConfiguration")  # fmt: skip
+        temporaries = [stack.enter_context(atomic_path(folder / name, overwrite=overwrite)) for name in names]
+        for t, temporary in enumerate(temporaries):
+            tile = np.asarray(tiles[t])
+            axes = ("C" if tile.ndim == d + 1 else "") + "ZYX"[3 - d :]  # read back as such by read_mosaic
+            tifffile.imwrite(temporary, tile, photometric="minisblack", metadata={"axes": axes})
+            if progress is not None:
+                progress(t + 1, n)
+    write_tile_configuration(names, positions, config)
+    return folder / REGISTERED_NAME
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """One export of a stitching result, captured on the GUI thread: into ``folder``, Fiji's
+    ``TileConfiguration.registered.txt`` of ``positions`` (with the tiles where they are no files) and the fused
+    ``mosaic`` (``([C,] *shape)``, pixel 0 at ``origin``) as ``mosaic.ome.zarr`` with its pixel size."""
+
+    folder: Path
+    positions: np.ndarray  # the registered positions, (n, d) pixels
+    mosaic: Any
+    origin: np.ndarray
+    pixel_size: tuple[float, ...] | None = None  # micrometres, (y, x) or (z, y, x)
+    tiles: Any = None  # (n, [C,] *shape), written where tile_files is None
+    tile_files: list[Path] | None = None
+    name: str = "mosaic"
+    attributes: dict[str, Any] | None = None  # e.g. the mosaic layer's provenance, kept in the OME-Zarr
+    overwrite: bool = False
+
+
+def make_export_job(request: ExportRequest) -> Job:
+    """Write :class:`ExportRequest`'s files, every one under a temporary name renamed when all are complete."""
+
+    def run(progress: ProgressCallback) -> JobResult:
+        from napari_gridmip.io import write_ome_zarr
+        from napari_gridmip.io._write import atomic_path
+
+        folder = Path(request.folder).absolute()
+        n, d = np.shape(request.positions)
+        tiles_written = export_targets(folder, n, request.tile_files, mosaic=False)[1:]
+        total = len(tiles_written) + 2  # the tiles, the configuration, the mosaic
+        progress(0, total)
+        with contextlib.ExitStack() as stack:
+            mosaic = stack.enter_context(atomic_path(folder / MOSAIC_NAME, overwrite=request.overwrite))
+            write_registered(
+                stack, folder, request.positions, tiles=request.tiles, tile_files=request.tile_files,
+                overwrite=request.overwrite, progress=lambda done, _: progress(done, total),
+            )  # fmt: skip
+            progress(total - 1, total)
+            image = request.mosaic
+            axes = ("c" if np.ndim(image) == d + 1 else "") + "zyx"[3 - d :]
+            write_ome_zarr(image, mosaic, pixel_size=request.pixel_size, origin=request.origin, axes=axes,
+                           name=request.name, attributes=request.attributes)  # fmt: skip
+            progress(total, total)  # a Cancel pressed meanwhile still stops here: nothing is renamed
+        extra = f" and {len(tiles_written)} tile files" if tiles_written else ""
+        return JobResult([], f"wrote {REGISTERED_NAME}{extra} and {MOSAIC_NAME} to {folder}")
+
+    return Job(f"Exporting to {Path(request.folder).name or request.folder!s}", run)

@@ -453,7 +453,10 @@ class BackgroundRunner:
             viewer.reset_view()  # a result outside what was shown (a merged image beside its tiles): bring it in
         names = "\n".join(layer.name for layer in added)
         count = f"{len(added)} layer{'s' if len(added) != 1 else ''}"
-        self._set_status(f"Done: added {count}", tooltip=f"{result.summary}\nAdded:\n{names}")
+        if added or not result.summary:
+            self._set_status(f"Done: added {count}", tooltip=f"{result.summary}\nAdded:\n{names}")
+        else:  # a job that writes files (an export) says what it wrote
+            self._set_status(f"Done: {result.summary}")
         self._end_showing()
 
     def _end_showing(self) -> None:

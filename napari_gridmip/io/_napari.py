@@ -58,7 +58,8 @@ def read_mosaic_layer(path: str) -> list[tuple]:
 
     ``metadata["gridmip_mosaic"]`` holds ``stage_positions`` (``(n, d)`` pixels, ``(y, x)`` or ``(z, y, x)``), the
     tiles' ``names``, ``pixel_size`` (micrometres or None) and the ``source`` path: the Stitch tiles widget takes
-    the positions from there. The layer's scale is the pixel size where the file states one.
+    the positions from there. The layer's scale is the pixel size where the file states one, its tile axes in
+    micrometres (napari's scale bar reads them; the stitched mosaic gets the same units).
     """
     from napari_gridmip.io._mosaic import read_mosaic
 
@@ -77,6 +78,7 @@ def read_mosaic_layer(path: str) -> list[tuple]:
     }
     if mosaic.pixel_size is not None:  # tiles and channel keep a unit step
         meta["scale"] = [1.0] * (mosaic.tiles.ndim - d) + list(mosaic.pixel_size)
+        meta["units"] = ["pixel"] * (mosaic.tiles.ndim - d) + ["micrometer"] * d
     return [(mosaic.tiles, meta, "image")]
 
 

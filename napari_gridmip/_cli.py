@@ -6,6 +6,7 @@
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
         [--subset SH SW] [--step S] [--outputs transmission,dark-field,...]
     napari-gridmip stitch TILES OUT --grid R C --overlap F   tiles -> registered mosaic + positions CSV
+    napari-gridmip stitch scan.ome.tif OUT [--tile-configuration]   placed by the file's stage positions
     napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
     napari-gridmip correlate-series FRAMES --out FOLDER [--subset 31] [--step 8] [--roi MASK]
         [--reference accumulated|incremental|auto]   DIC of a sequence -> one DICe CSV per frame
@@ -25,7 +26,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,10 +52,14 @@ EXAMPLES = {
     "correlate": "napari-gridmip correlate sample.tif reference.tif field.zarr --window 15 15 --subpixel refine\n"
     "  napari-gridmip correlate deformed.tif reference.tif dic.zarr --window 11 11 --subset 31 31 --step 5 "
     "--subpixel refine --outputs uncertainty",
-    "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1",
+    "stitch": "napari-gridmip stitch scans/ mosaic.ome.zarr --pattern 'tile_{row}_{col}.tif' --grid 6 6 --overlap 0.1\n"
+    "  napari-gridmip stitch scans/TileConfiguration.txt scans/mosaic.ome.zarr --tile-configuration\n"
+    "  napari-gridmip stitch scan.ome.tif mosaic.ome.zarr",
     "corrimage": "napari-gridmip corrimage movie.tif correlation.tif --neighbours 8",
     "correlate-series": "napari-gridmip correlate-series frames.tif --subset 31 --step 8 --roi mask.tif --out dic/",
 }
+
+REGISTERED_NAME = "TileConfiguration.registered.txt"  # napari_gridmip._jobs.stitch's (not imported at start-up)
 
 # --outputs of `correlate`: the correlation plan's outputs (napari_gridmip._jobs.correlation.PARTS), spelled with
 # hyphens on the command line
@@ -176,14 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Register the tiles of a mosaic whose stage positions are only roughly known, and fuse them into one image.",
     )
     stitch.add_argument(
-        "tiles", metavar="TILES", help="a folder of TIFF tiles (with --pattern), or an array file (n, [C,] *tile)"
-    )
+        "tiles", metavar="TILES", help="a folder of TIFF tiles (with --pattern), an array file (n, [C,] *tile), or a "
+        "microscope file whose stage positions place the tiles (no --grid): Fiji's TileConfiguration.txt (or its "
+        "folder), an OME-TIFF of several series, an OME-Zarr collection",
+    )  # fmt: skip
     stitch.add_argument(
         "output", metavar="OUT", help="the mosaic to write: .ome.zarr or .tif/.tiff (positions CSV beside it)"
     )
     stitch.add_argument("--grid", type=int, nargs="+", metavar="N", help="tiles along each axis: R C (or Z R C)")
-    stitch.add_argument("--overlap", type=float, required=True, help="nominal overlap, a fraction of the tile")
-    stitch.add_argument("--order", default="row-major", help="row-major, column-major or snake (default: row-major)")
+    stitch.add_argument("--overlap", type=float, help="nominal overlap, a fraction of the tile (tiles on a grid)")
+    stitch.add_argument("--order", help="row-major, column-major or snake (default: row-major)")
     stitch.add_argument("--max-shift", type=_max_shift, default="auto",
                         help="largest stage error searched, px, or 'auto' (from the overlap; the default)")  # fmt: skip
     stitch.add_argument("--pattern", help="tile file names, e.g. 'tile_{row}_{col}.tif' or 'img_{index:03}.tif'")
@@ -192,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     stitch.add_argument(
         "--flat-field", action="store_true", help="divide out the illumination profile estimated from the tiles"
     )
+    stitch.add_argument(
+        "--tile-configuration", action="store_true",
+        help=f"also write the registered positions as Fiji's {REGISTERED_NAME} beside OUT, each tile named by its "
+        "file (tiles with no file of their own, an OME-TIFF's series, are written beside it as tile_000.tif, ...)",
+    )  # fmt: skip
 
     corrimage = add("corrimage", "The local correlation image of a movie (CaImAn's correlation image, Cn).")
     corrimage.add_argument("movie", metavar="MOVIE", help="the movie (..., T, Y, X): .npy, .tif/.tiff or Zarr")
@@ -246,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with runner(args.scheduler, quiet=args.quiet) as compute:
             RUNS[args.command](args, compute)
-    except (UsageError, ValueError, TypeError) as error:
+    except (UsageError, ValueError, TypeError, ImportError) as error:  # ImportError: an optional reader missing
         print(f"napari-gridmip {args.command}: error: {_one_line(error)}", file=sys.stderr)
         sys.exit(2)
     except (OSError, MemoryError, RuntimeError) as error:
@@ -431,30 +443,94 @@ def positions_csv_path(output: str) -> Any:
     return path.with_name(f"{name}.positions.csv")
 
 
-def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int, ...], list[str] | None, bool]:
-    """The tiles (dask), each tile's grid index, the grid shape, the tiles' file names (for a folder) and whether
-    the grid index came from the file names (else from the acquisition order, ``--order``)."""
+class StitchInputs(NamedTuple):
+    """What ``stitch`` reads: the tiles (dask) and how they are placed."""
+
+    tiles: Any
+    grid_index: np.ndarray | None  # each tile's grid index (None: placed by the file's stage positions)
+    grid: tuple[int, ...]  # the grid's shape; (n, 1[, 1]) for stage positions, which need none
+    names: list[str] | None  # the tiles' file names (a folder), or their names in the file
+    by_name: bool  # the grid index came from the file names (else from the acquisition order, --order)
+    positions: np.ndarray | None = None  # the file's stage positions, (n, d) pixels
+    pixel_size: tuple[float, ...] | None = None  # micrometres, where the file states it
+    tile_files: list[Any] | None = None  # each tile's image file, where the tiles are files of their own
+    mosaic_path: str | None = None  # the microscope file read with read_mosaic
+
+
+def mosaic_file(args: argparse.Namespace) -> Any:
+    """The microscope file whose stage positions place the tiles, or None: Fiji's ``TileConfiguration*.txt`` (or a
+    folder holding one, without ``--pattern``), an OME-TIFF of several series (napari's mosaic reader's rule: one
+    series is an image, read as an array), or an OME-Zarr collection."""
+    from pathlib import Path
+
+    from napari_gridmip.io._mosaic import TILE_CONFIGURATIONS, collection_images
+
+    source = Path(args.tiles)
+    name = source.name.lower()
+    if source.is_dir():
+        if args.pattern:
+            return None
+        if any((source / config).is_file() for config in TILE_CONFIGURATIONS) or collection_images(source):
+            return source
+        return None
+    if not source.is_file():
+        return None
+    if name.endswith(".txt"):
+        return source
+    if name.endswith((".ome.tif", ".ome.tiff")):
+        import tifffile
+
+        with tifffile.TiffFile(source) as tif:
+            return source if tif.is_ome and len(tif.series) > 1 else None
+    return None
+
+
+def _stitch_inputs(args: argparse.Namespace) -> StitchInputs:
+    """The tiles and their placement: the file's stage positions, or a grid (from the file names, or from the
+    acquisition order and ``--grid``)."""
     from pathlib import Path
 
     from napari_gridmip.core.patches.stitch import grid_indices
-    from napari_gridmip.io import read_array, read_tiles
+    from napari_gridmip.io import read_array, read_mosaic, read_tiles
 
     source = Path(args.tiles)
+    if not source.exists():
+        raise UsageError(f"{str(source.absolute())!r} does not exist")
     names = None
+    stage_file = mosaic_file(args)
+    if stage_file is not None:
+        given = [flag for flag, value in (("--grid", args.grid), ("--order", args.order), ("--overlap", args.overlap))
+                 if value is not None]  # fmt: skip
+        if given:
+            raise UsageError(f"{args.tiles!r} gives each tile's stage position: leave out {', '.join(given)} "
+                             "(they place tiles on a grid)")  # fmt: skip
+        from napari_gridmip._jobs.stitch import tile_files_of
+
+        mosaic = read_mosaic(stage_file)
+        d = mosaic.positions.shape[1]
+        grid = (len(mosaic.positions),) + (1,) * (d - 1)
+        files = tile_files_of(stage_file, mosaic.names)  # a TileConfiguration's tiles are files of their own
+        return StitchInputs(mosaic.tiles, None, grid, list(mosaic.names), False, mosaic.positions, mosaic.pixel_size,
+                            files, _absolute(str(stage_file)))  # fmt: skip
+    if args.overlap is None:
+        raise UsageError("--overlap is required for tiles on a grid (the nominal overlap of neighbours, e.g. "
+                         "--overlap 0.1)")  # fmt: skip
     if source.is_dir():
         if not args.pattern:
-            raise UsageError(f"{args.tiles!r} is a folder: give --pattern, e.g. 'tile_{{row}}_{{col}}.tif'")
+            raise UsageError(f"{args.tiles!r} is a folder: give --pattern, e.g. 'tile_{{row}}_{{col}}.tif' (or "
+                             "name a TileConfiguration.txt)")  # fmt: skip
         folder = read_tiles(source, args.pattern)
         tiles, names = folder.tiles, [p.name for p in folder.paths]
+        files = [Path(p).absolute() for p in folder.paths]
         if folder.grid_index is not None:
             grid = tuple(int(g) for g in folder.grid_index.max(axis=0) + 1)
             if args.grid and tuple(args.grid) != grid:
                 raise UsageError(f"--grid {' '.join(map(str, args.grid))} disagrees with the files' {grid} grid")
-            return tiles, folder.grid_index, grid, names, True
+            return StitchInputs(tiles, folder.grid_index, grid, names, True, tile_files=files)
     else:
         if args.pattern:
             raise UsageError(f"--pattern is for a folder of tiles; {args.tiles!r} is not a folder")
-        tiles = read_array(source)
+        tiles, files = read_array(source), None
     if not args.grid:
         raise UsageError("--grid is required (tiles along each axis, e.g. --grid 6 6)")
     grid = tuple(args.grid)
@@ -465,30 +541,37 @@ def _stitch_inputs(args: argparse.Namespace) -> tuple[Any, np.ndarray, tuple[int
         raise UsageError(f"--grid {' x '.join(map(str, grid))} needs {count} tiles; found {tiles.shape[0]}")
     from napari_gridmip.core import _validate
 
-    order = _validate.check_choice("order", args.order, ("row-major", "column-major", "snake"))
-    return tiles, grid_indices(grid, order), grid, names, False
+    order = _validate.check_choice("order", args.order or "row-major", ("row-major", "column-major", "snake"))
+    return StitchInputs(tiles, grid_indices(grid, order), grid, names, False, tile_files=files)
 
 
-def stitch_plan_of(args: argparse.Namespace, tiles: Any, grid_index: np.ndarray, grid: tuple, by_name: bool) -> Any:
-    """The stitching plan of ``stitch`` (the widget's, with the files as sources): the stage from
-    ``grid_positions``, taken in the files' order for a folder whose names give each tile's grid index."""
+def stitch_plan_of(args: argparse.Namespace, inputs: StitchInputs) -> Any:
+    """The stitching plan of ``stitch`` (the widget's, with the files as sources): the stage from the file's
+    positions, or from ``grid_positions``, taken in the files' order for a folder whose names give each tile's grid
+    index."""
     from napari_gridmip._jobs.stitch import StitchRequest, stitch_plan
     from napari_gridmip._provenance import Source
 
-    if args.pattern:
+    grid, grid_index, code = inputs.grid, inputs.grid_index, None
+    if inputs.mosaic_path is not None:
+        source = Source("tiles", expression=f"gm.read_mosaic({inputs.mosaic_path!r}).tiles")
+        code = f"gm.read_mosaic({inputs.mosaic_path!r}).positions"
+    elif args.pattern:
         source = Source("tiles", expression=f"gm.read_tiles({_absolute(args.tiles)!r}, {args.pattern!r}).tiles")
     else:
         source = Source("tiles", path=_absolute(args.tiles))
-    order, stage_index = args.order, ""
-    if by_name:  # tile t sits at grid_index[t]: the row-major grid's tile ravel(grid_index[t])
+    order, stage_index = args.order or "row-major", ""
+    if inputs.by_name:  # tile t sits at grid_index[t]: the row-major grid's tile ravel(grid_index[t])
         order, stage_index = "row-major", f"[{np.ravel_multi_index(tuple(grid_index.T), grid).tolist()}]"
-    request = StitchRequest(args.tiles, tiles, None, tuple(grid), args.overlap, order=order,
-                            max_shift=args.max_shift, blend=args.blend, flat_field=args.flat_field,
-                            source=source)  # fmt: skip
+    request = StitchRequest(args.tiles, inputs.tiles, None, tuple(grid), args.overlap or 0.0, order=order,
+                            positions=inputs.positions, max_shift=args.max_shift, blend=args.blend,
+                            flat_field=args.flat_field, source=source, positions_code=code)  # fmt: skip
     return stitch_plan(request, stage_index=stage_index, channel=args.channel, display=False)
 
 
 def run_stitch(args: argparse.Namespace, compute: Any) -> None:
+    from pathlib import Path
+
     from napari_gridmip.io._write import atomic_path
 
     output = str(args.output)
@@ -497,15 +580,21 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
         raise UsageError(f"{output!r}: the mosaic must end in .ome.zarr, .tif or .tiff")
     csv_path = positions_csv_path(output)
     for path in (output, csv_path):  # before any work
-        from pathlib import Path
-
         if Path(path).exists() and not args.overwrite:
             raise UsageError(f"{str(Path(path).absolute())!r} already exists (pass --overwrite to replace it)")
-    tiles, grid_index, grid, names, by_name = _stitch_inputs(args)
+    inputs = _stitch_inputs(args)
+    tiles, grid = inputs.tiles, inputs.grid
     d = len(grid)
     if tiles.ndim not in (d + 1, d + 2):
         raise UsageError(f"a {d}D grid needs tiles (n, [C,] *tile) with {d} spatial axes; got shape {tiles.shape}")
-    plan = stitch_plan_of(args, tiles, grid_index, grid, by_name)
+    folder = Path(output).absolute().parent
+    if args.tile_configuration:
+        from napari_gridmip._jobs.stitch import export_targets
+
+        for path in export_targets(folder, tiles.shape[0], inputs.tile_files, mosaic=False):  # before any work
+            if path.exists() and not args.overwrite:
+                raise UsageError(f"{str(path)!r} already exists (pass --overwrite to replace it)")
+    plan = stitch_plan_of(args, inputs)
     from napari_gridmip._jobs import prepare_jax
 
     prepare_jax()  # compiled programs kept in the per-user cache, as the widgets do: a second run skips the compile
@@ -518,7 +607,9 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
     def extras(i: int, call: Any) -> dict[str, Any]:
         return {"progress": report} if call.function == "register_tiles" else {}
 
-    values = plan.execute({"tiles": tiles.compute() if small else tiles}, extras=extras)
+    data = tiles.compute() if small else tiles
+    bound = {"tiles": data} if inputs.positions is None else {"tiles": data, "stage": inputs.positions}
+    values = plan.execute(bound, extras=extras)
     result = values["registration"]
     if not args.quiet:
         accepted, pairs = int(result.accepted.sum()), len(result.pairs)
@@ -526,10 +617,19 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
               f"{int(result.placed_from_stage.sum())} tile(s) placed from the stage", file=sys.stderr)  # fmt: skip
     image, origin = plan.outputs_of(values)["mosaic"], values["mosaic"].origin
     attributes = plan.record()
-    with atomic_path(output, overwrite=args.overwrite) as temporary:
+    # every file under a temporary name, all renamed once all are complete: a failure leaves none of them
+    with contextlib.ExitStack() as stack:
+        temporary = stack.enter_context(atomic_path(output, overwrite=args.overwrite))
+        csv_temporary = stack.enter_context(atomic_path(csv_path, overwrite=args.overwrite))
+        if args.tile_configuration:
+            from napari_gridmip._jobs.stitch import write_registered
+
+            write_registered(stack, folder, result.positions, tiles=data, tile_files=inputs.tile_files,
+                             overwrite=args.overwrite)  # fmt: skip
         if lower.endswith(".ome.zarr"):
             has_channels = tiles.ndim == d + 2
-            _write_ome_zarr(image, origin, temporary, has_channels=has_channels, compute=compute, attributes=attributes)
+            _write_ome_zarr(image, origin, temporary, has_channels=has_channels, compute=compute,
+                            attributes=attributes, pixel_size=inputs.pixel_size)  # fmt: skip
         else:
             import json
 
@@ -537,46 +637,56 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
 
             pixels = np.asarray(compute([image])[0]) if hasattr(image, "dask") else np.asarray(image)
             tifffile.imwrite(temporary, pixels, description=json.dumps(attributes))
-        with atomic_path(csv_path, overwrite=args.overwrite) as csv_temporary:
-            _write_positions(csv_temporary, result, grid_index, origin, names)
+        _write_positions(csv_temporary, result, inputs.grid_index, origin, inputs.names)
 
 
 def _write_ome_zarr(
-    image: Any, origin: np.ndarray, path: Any, *, has_channels: bool, compute: Any, attributes: dict[str, Any]
+    image: Any,
+    origin: np.ndarray,
+    path: Any,
+    *,
+    has_channels: bool,
+    compute: Any,
+    attributes: dict[str, Any],
+    pixel_size: Any = None,
 ) -> None:
-    """One OME-Zarr image (level 0 only) whose translation puts pixel 0 at ``origin``, with ``attributes``."""
+    """One OME-Zarr image (level 0 only) whose translation puts pixel 0 at ``origin``, with ``attributes``; with
+    ``pixel_size`` (micrometres), the spatial axes in micrometres at that scale."""
     import dask.array as da
     import zarr
     from ome_zarr.writer import write_multiscales_metadata
 
     lead = 1 if has_channels else 0
     names = ("z", "y", "x")[3 - len(origin) :]
-    axes = [{"name": "c", "type": "channel"}] * lead + [{"name": n, "type": "space"} for n in names]
+    size = np.ones(len(origin)) if pixel_size is None else np.asarray(pixel_size, dtype=float)[-len(origin) :]
+    unit = {} if pixel_size is None else {"unit": "micrometer"}
+    axes = [{"name": "c", "type": "channel"}] * lead + [{"name": n, "type": "space", **unit} for n in names]
     group = zarr.open_group(str(path), mode="w")
     group.attrs.update(attributes)
     compute([da.to_zarr(da.asarray(image), str(path), component="0", compute=False)])
     transforms = [
-        {"type": "scale", "scale": [1.0] * image.ndim},
-        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in origin]},
+        {"type": "scale", "scale": [1.0] * lead + [float(s) for s in size]},
+        {"type": "translation", "translation": [0.0] * lead + [float(o * s) for o, s in zip(origin, size)]},
     ]
     datasets = [{"path": "0", "coordinateTransformations": transforms}]
     write_multiscales_metadata(group, datasets, axes=axes, name="mosaic")
 
 
-def _write_positions(path: Any, result: Any, grid_index: np.ndarray, origin: np.ndarray, names: Any) -> None:
-    """One row per tile; origins in the mosaic's pixels (where the tile's pixel 0 lies in OUT)."""
+def _write_positions(path: Any, result: Any, grid_index: np.ndarray | None, origin: np.ndarray, names: Any) -> None:
+    """One row per tile; origins in the mosaic's pixels (where the tile's pixel 0 lies in OUT); the grid index
+    where the tiles are on a grid."""
     import csv
 
     d = result.positions.shape[1]
     axes = ("z", "y", "x")[3 - d :]
-    grid_names = ("plane", "row", "col")[3 - d :]
+    grid_names = ("plane", "row", "col")[3 - d :] if grid_index is not None else ()
     header = ["tile", *[f"grid_{g}" for g in grid_names], *[f"stage_{a}" for a in axes]]
     header += [*[f"refined_{a}" for a in axes], "placed_from_stage", "confidence"] + (["file"] if names else [])
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         for t in range(len(result.positions)):
-            row = [t, *map(int, grid_index[t])]
+            row = [t, *(map(int, grid_index[t]) if grid_index is not None else ())]
             row += [f"{v:.4f}" for v in result.stage_positions[t] - origin]
             row += [f"{v:.4f}" for v in result.positions[t] - origin]
             row += [int(result.placed_from_stage[t]), f"{result.tile_confidence[t]:.4f}"]

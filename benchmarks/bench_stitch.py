@@ -4,7 +4,7 @@
                                       [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
     python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax] [--peers 600]
     xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
-    python benchmarks/bench_stitch.py --only repetitive
+    python benchmarks/bench_stitch.py --only repetitive [--ashlar]
     python benchmarks/bench_stitch.py --strip FOLDER --repeats 3
 
 Cases (each tool gets the tiles and the regular grid the stage reports, the same information):
@@ -369,7 +369,20 @@ def overlap_ncc(tiles: np.ndarray, positions: np.ndarray, pairs: np.ndarray, lea
     return float(np.mean(values)) if values else float("nan")
 
 
-def bench_repetitive() -> None:
+def ashlar_on(sample, max_shift: int) -> np.ndarray:
+    """ASHLAR's positions for a sample mosaic: its tiles written as TIFF files it reads itself, the same grid and
+    overlap (its own stage model), the same search."""
+    import tifffile
+
+    rows, cols = sample.grid_shape
+    with tempfile.TemporaryDirectory() as folder:
+        for k, tile in enumerate(sample.tiles):
+            tifffile.imwrite(Path(folder) / f"img_{k:03}.tif", tile)
+        positions, _ = run_ashlar(folder, (rows, cols), sample.overlap, max_shift=max_shift)
+    return positions
+
+
+def bench_repetitive(ashlar: bool = False) -> None:
     """Accuracy only: each case registered with each option; errors against the truth (the common translation:
     the mean over the tiles not placed from the stage), the worst error of a pair used (a repeat taken: about a
     period), pairs used, ambiguous (resolved by the neighbours' consensus), rejected (of which left ambiguous),
@@ -389,6 +402,8 @@ def bench_repetitive() -> None:
                 r = register_tiles(sample.tiles, sample.stage_positions, **options)
             finally:
                 stitch._is_ambiguous = original
+            if label == "auto":
+                searched = r.max_shift  # ASHLAR's search: auto's
             placed = ~r.placed_from_stage
             error = r.positions - sample.true_positions
             error = error - error[placed if placed.any() else slice(None)].mean(axis=0)
@@ -411,6 +426,13 @@ def bench_repetitive() -> None:
         print(f"| {title} | stage positions (offsets off by {np.abs(offset).max():.1f} px at most) | "
               f"| {np.sqrt((stage**2).mean()):.3f} / {stage.max():.3f} | | | "
               f"| {overlap_ncc(sample.tiles, sample.stage_positions, r.pairs):.3f} |")  # fmt: skip
+        if ashlar:
+            positions = ashlar_on(sample, searched)
+            error = positions - sample.true_positions
+            norm = np.linalg.norm(error - error.mean(axis=0), axis=1)
+            print(f"| {title} | ASHLAR 1.20 (max_shift={searched}) | {searched} "
+                  f"| {np.sqrt((norm**2).mean()):.3f} / {norm.max():.3f} | | | "
+                  f"| {overlap_ncc(sample.tiles, positions, r.pairs):.3f} |")  # fmt: skip
 
 
 # -- a real strip with repetitive texture: ours, Fiji's placement, m2stitch and ASHLAR ---------------------------
@@ -638,7 +660,7 @@ def main() -> None:
     parser.add_argument("--case", choices=("small", "camera", "synthetic", "large", "all"), default="all")
     parser.add_argument("--quick", action="store_true", help="3x3 mosaics")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--ashlar", action="store_true", help="also ASHLAR on the synthetic case")
+    parser.add_argument("--ashlar", action="store_true", help="also ASHLAR (the synthetic case, --only repetitive)")
     parser.add_argument("--skip-m2stitch", action="store_true")
     parser.add_argument("--real", type=Path, help="a folder of real tiles (see the docstring)")
     parser.add_argument("--strip", type=Path, help="starrynight's stitch_images folder (see bench_strip)")
@@ -656,7 +678,7 @@ def main() -> None:
 
     print(f"# {machine()}")
     if args.only == "repetitive":
-        bench_repetitive()
+        bench_repetitive(ashlar=args.ashlar)
         return
     if args.strip:
         bench_strip(args.strip, args.repeats)

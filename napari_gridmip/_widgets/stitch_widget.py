@@ -24,7 +24,7 @@ from napari_gridmip._jobs.stitch import (
 )
 from napari_gridmip._placement import Frame
 from napari_gridmip._provenance import KEY, Source
-from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets._base import JobWidget, narrow, require_layer, wrapping_label
 from napari_gridmip._widgets._runner import notify_error
 from napari_gridmip.core._options import FUSE_BLENDS, GRID_ORDERS
 from napari_gridmip.core._validate import parse_ints
@@ -88,7 +88,9 @@ class StitchWidget(JobWidget):
             "folder (type its path, pick the zarr.json inside it, or use the button below): each tile is placed at "
             "its stage position from the file"
         )
-        self.zarr_button = PushButton(name="choose_zarr", text="Choose an OME-Zarr folder...")
+        for edit in (self.folder, self.microscope_file):  # the path and a short button fit the dock's column
+            _compact(edit)
+        self.zarr_button = PushButton(name="choose_zarr", text="OME-Zarr folder...")
         self.zarr_button.tooltip = "Pick an OME-Zarr collection (a folder whose images are the tiles)"
         self.pattern = LineEdit(
             name="pattern",
@@ -396,6 +398,15 @@ def _file_title(path: Path) -> str:
         if lower.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def _compact(edit: FileEdit) -> None:
+    """A path field whose button says "..." (its tooltip says what it opens) and whose path box may shrink: magicgui's
+    "Select file" and "Choose directory" buttons made the row wider than the dock, which cut the button off."""
+    edit.choose_btn.text = "..."
+    edit.choose_btn.tooltip = "Choose a folder" if edit.mode.value == "d" else "Choose a file"
+    edit.choose_btn.native.setMaximumWidth(32)
+    narrow(edit.line_edit)
 
 
 def _checked_grid(grid: tuple[int, ...], text: str) -> tuple[int, ...]:

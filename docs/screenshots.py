@@ -6,7 +6,8 @@
 mipmap_crop_3d, mipmap_render: napari's own 3D MIP, our render from the same camera, our depth image).
 ``--flat-field`` makes only the Stitch tiles widget's mosaics of vignetted camera tiles without and with
 Flat-field correction (stitch_flat_field_before, stitch_flat_field_after, and stitch_flat_field: the two
-canvases side by side) and prints how uneven each is.
+canvases side by side) and prints how uneven each is. ``--microscope-file`` makes only the Stitch tiles widget's
+picture of a mosaic stitched from an OME-TIFF, in micrometres (stitch_microscope_file).
 
 For each widget: a 1400x900 window with the widget docked, its sample opened, Run
 clicked, and the window grabbed once the result is in. The occupancy mipmap is
@@ -262,6 +263,48 @@ def flat_field_shots(app) -> None:
     viewer.close()
 
 
+def microscope_file_shot(app) -> None:
+    """The Stitch tiles widget on a microscope file: the mosaic sample's tiles written as an OME-TIFF (one series a
+    tile, each placed by its stage position in micrometres, 0.65 um pixels), stitched from the file; the mosaic
+    and its tile outlines in micrometres, napari's scale bar on, Export... ready."""
+    import tempfile
+
+    import napari
+    import tifffile
+
+    from napari_gridmip._sample_data.mosaic import make_mosaic
+    from napari_gridmip._widgets.stitch_widget import FROM_FILE, StitchWidget
+
+    pixel = 0.65
+    sample = make_mosaic(blank_corner=True)
+    path = Path(tempfile.mkdtemp()) / "slide_scan.ome.tif"
+    with tifffile.TiffWriter(path, ome=True) as tif:
+        for k, (tile, (y, x)) in enumerate(zip(sample.tiles, sample.stage_positions)):
+            metadata = {"axes": "YX", "Name": f"field {k}", "PhysicalSizeX": pixel, "PhysicalSizeY": pixel,
+                        "Plane": {"PositionX": [x * pixel], "PositionY": [y * pixel]}}  # fmt: skip
+            tif.write((tile * 60000).clip(0, 65535).astype(np.uint16), metadata=metadata)
+    viewer = napari.Viewer(title="napari-gridmip", show=True)
+    viewer.window._qt_window.resize(*WINDOW)
+    widget = StitchWidget(viewer)
+    viewer.window.add_dock_widget(widget, name="Stitch tiles")
+    widget.source.value = FROM_FILE
+    widget.microscope_file.value = str(path)
+    widget.run_button.native.click()
+    wait_for(app, widget)
+    viewer.layers["slide_scan pairs"].visible = False  # the mosaic and the outlines: what a first look needs
+    mosaic = viewer.layers["slide_scan mosaic"]
+    mosaic.colormap = "gray"
+    mosaic.contrast_limits = tuple(np.percentile(mosaic.data, (1, 99.7)))  # the sparse bright texture, visible
+    viewer.scale_bar.visible = True
+    viewer.scale_bar.font_size = 14
+    viewer.layers.selection.active = viewer.layers["slide_scan mosaic"]
+    viewer.reset_view()
+    for _ in range(20):
+        app.processEvents()
+    shoot(viewer, "stitch_microscope_file", colors=64)  # grey texture: a smaller palette keeps it under MAX_BYTES
+    viewer.close()
+
+
 def only_layers(*suffixes: str):
     """Hide every layer but those whose names end with one of ``suffixes`` (overlaid, no grid)."""
 
@@ -333,6 +376,9 @@ def main() -> None:
     if "--flat-field" in sys.argv:  # only the Stitch tiles widget without and with flat-field correction
         flat_field_shots(app)
         return
+    if "--microscope-file" in sys.argv:  # only the Stitch tiles widget on an OME-TIFF, in micrometres
+        microscope_file_shot(app)
+        return
     cases = [
         ("mipmap_3d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 3),
         ("mipmap_2d", MipmapWidget, "Occupancy mipmap", "occupancy", {}, 2),
@@ -386,6 +432,7 @@ def main() -> None:
     if not only:  # named pictures only: the others stay as they are
         mipmap_tools(app)
         flat_field_shots(app)
+        microscope_file_shot(app)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,7 @@ AUTO_FRACTION = 0.25  # ... keeping this fraction of the overlap's pixels at lea
 AUTO_CAP = 64  # ... and at most max(AUTO_CAP, a quarter of the tile's smallest side) px
 BROAD_BAND = (2.0, 32.0)  # the second search's band, G_2sigma - G_32sigma (_broad_pass) ...
 WEAK_MARGIN = 0.2  # ... for the pairs accepted with a margin (ncc - threshold) / (1 - threshold) under this, or not
+BROAD_MIN_EXTENT = 8  # ... whose overlap is at least this many times the band's low width (16 px at sigma 1)
 LEARN_MIN = 3  # max_shift="auto": with this many pairs accepted, the rejected ones are searched again within ...
 LEARN_FACTOR = 1.25  # ... this many times the largest stage error an accepted pair measured ...
 LEARN_SLACK = 4  # ... plus this many px (_learned_reach)
@@ -694,9 +695,11 @@ def register_tiles(
     Noisy tiles with coarse structure (a camera at low magnification, 8-bit
     images, handwriting on paper). The octave band then holds mostly the
     pixels' noise: peaks are low and land on fine repeats. A pair it finds
-    weak (not significant, featureless, ambiguous, at ``max_shift``, or
-    accepted with a margin ``(ncc - threshold) / (1 - threshold)`` under 0.2)
-    is searched again in the broad band ``G_2sigma - G_32sigma``, against
+    weak (not significant, featureless, ambiguous, at ``max_shift``, or,
+    where the group's median accepted pair is weak too, accepted with a
+    margin ``(ncc - threshold) / (1 - threshold)`` under 0.2), and whose
+    overlap is at least 16 sigma wide, is searched again in the broad band
+    ``G_2sigma - G_32sigma``, against
     null samples drawn the same way, and takes that peak if it is
     significant and unambiguous there (and, for an accepted pair, has the
     larger margin); ``broad_band`` says which pairs did. A pair that matches
@@ -930,9 +933,20 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
     margin = (ncc - threshold) / np.maximum(1 - threshold, 1e-6)
     again = [REASONS.index(r) for r in ("not significant", "featureless", "peak at max_shift", "ambiguous")]
     weak = np.isin(reason, again)
-    if not rejected_only:
-        weak |= (reason == REASONS.index("accepted")) & ~(margin >= WEAK_MARGIN)
-    todo = [[k for k in members if weak[k]] for members in groups]
+    # an overlap narrower than the band's low-pass reach holds nothing the octave band missed (a corner between
+    # diagonal neighbours, a 6% overlap): searching it again costs a second filter of every tile for nothing
+    weak &= coarse.extent.min(axis=1) >= BROAD_MIN_EXTENT * band[0]
+    accepted = reason == REASONS.index("accepted")
+    todo = []
+    for members in groups:
+        members = np.asarray(members)
+        margins = margin[members][accepted[members]]
+        if not rejected_only and (not len(margins) or np.median(margins) < WEAK_MARGIN):
+            # the octave band is weak across the group (a noisy camera), not a pair here or there: its weak
+            # accepted pairs too (on clean tiles a few low margins are ordinary and their peaks right)
+            todo.append([int(k) for k in members if weak[k] or (accepted[k] and not margin[k] >= WEAK_MARGIN)])
+        else:
+            todo.append([int(k) for k in members if weak[k]])
     if not any(todo):
         return done
     if engine == "numpy":

@@ -40,6 +40,14 @@ def check(cache: Path) -> None:
     done = subprocess.run([str(npe2_cli), "validate", PLUGIN], capture_output=True, text=True)
     assert done.returncode == 0, f"npe2 validate {PLUGIN}: {(done.stdout + done.stderr).strip()[-300:]}"
 
+    from importlib import metadata
+
+    distribution = metadata.distribution(PLUGIN)
+    licenses = [f for f in distribution.files or [] if f.name.startswith("LICENSE")]
+    assert licenses, f"the wheel holds no LICENSE file: {[str(f) for f in distribution.files or []][:10]}"
+    assert "BSD 3-Clause" in licenses[0].read_text(), f"{licenses[0]} is not the BSD 3-Clause license"
+    log(f"license file: {licenses[0]}")
+
     import npe2
 
     manifest = npe2.PluginManifest.from_distribution(PLUGIN)

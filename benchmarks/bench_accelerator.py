@@ -188,6 +188,30 @@ def _dic_series_call(i: dict[str, Any]) -> Any:
     return _gm().correlate_series(i["frames"], subset=31, step=8, roi=i["roi"])
 
 
+def _mosaic(o: Options) -> tuple[dict[str, Any], str]:
+    from napari_gridmip._sample_data.mosaic import make_mosaic
+
+    grid, tile = ((3, 3), 256) if o.quick else ((6, 6), 512)
+    sample = make_mosaic(grid_shape=grid, tile_shape=(tile, tile), overlap=0.1, stage_error=8, seed=2)
+    # half the tiles drowned in white noise: their pairs go to the broad band's second search
+    noise = np.random.default_rng(3).standard_normal(sample.tiles.shape).astype(np.float32)
+    tiles = sample.tiles + noise * float(sample.tiles.std()) * (np.arange(len(sample.tiles)) % 2)[:, None, None]
+    what = f"{grid[0]}x{grid[1]} tiles of {tile}^2, 10% overlap, +-8 px, half the tiles noisy; JAX engine"
+    return {"tiles": tiles, "stage": sample.stage_positions}, what
+
+
+def _register_tiles_call(i: dict[str, Any]) -> Any:
+    from napari_gridmip.core.patches import stitch
+
+    stitch.FORCE_ENGINE = "jax"  # the compiled engine (a mosaic this size would take NumPy's on the host)
+    try:
+        result = _gm().register_tiles(i["tiles"], i["stage"], max_shift=16)
+    finally:
+        stitch.FORCE_ENGINE = None
+    return {"positions": result.positions, "ncc": result.ncc, "accepted": result.accepted.astype(np.int8),
+            "broad_band": result.broad_band.astype(np.int8)}  # fmt: skip
+
+
 def _tracking(o: Options) -> tuple[dict[str, Any], str]:
     n = 64 if o.quick else 512
     inputs = _speckles(20, n)
@@ -321,6 +345,8 @@ CASES = [
          _dic_affine_call),
     Case("dic_series", "correlate_series 8 x 512^2 rotation sequence, subset 31, step 8, ROI", _dic_series,
          _dic_series_call, lambda i: None),
+    Case("register_tiles", "register_tiles 6x6 of 512^2, half noisy (broad band), JAX engine", _mosaic,
+         _register_tiles_call, lambda i: None),
     Case("track_speckles", "track_speckles K=20 512^2, window 11, subset 5", _tracking,
          lambda i: _gm().track_speckles(i["sample"], i["reference"], (11, 11), subset=(5, 5))),
     Case("local_correlation_image", "local_correlation_image 2000 x 512^2", _movie,

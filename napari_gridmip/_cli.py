@@ -637,7 +637,9 @@ def run_stitch(args: argparse.Namespace, compute: Any) -> None:
 
             pixels = np.asarray(compute([image])[0]) if hasattr(image, "dask") else np.asarray(image)
             tifffile.imwrite(temporary, pixels, description=json.dumps(attributes))
-        _write_positions(csv_temporary, result, inputs.grid_index, origin, inputs.names)
+        # a folder's tiles by their files; a microscope file's by their names in it (an OME-TIFF's images...)
+        column = "name" if inputs.mosaic_path is not None else "file"
+        _write_positions(csv_temporary, result, inputs.grid_index, origin, inputs.names, column)
 
 
 def _write_ome_zarr(
@@ -672,16 +674,18 @@ def _write_ome_zarr(
     write_multiscales_metadata(group, datasets, axes=axes, name="mosaic")
 
 
-def _write_positions(path: Any, result: Any, grid_index: np.ndarray | None, origin: np.ndarray, names: Any) -> None:
+def _write_positions(
+    path: Any, result: Any, grid_index: np.ndarray | None, origin: np.ndarray, names: Any, column: str = "file"
+) -> None:
     """One row per tile; origins in the mosaic's pixels (where the tile's pixel 0 lies in OUT); the grid index
-    where the tiles are on a grid."""
+    where the tiles are on a grid; ``names`` in the last column, headed ``column``."""
     import csv
 
     d = result.positions.shape[1]
     axes = ("z", "y", "x")[3 - d :]
     grid_names = ("plane", "row", "col")[3 - d :] if grid_index is not None else ()
     header = ["tile", *[f"grid_{g}" for g in grid_names], *[f"stage_{a}" for a in axes]]
-    header += [*[f"refined_{a}" for a in axes], "placed_from_stage", "confidence"] + (["file"] if names else [])
+    header += [*[f"refined_{a}" for a in axes], "placed_from_stage", "confidence"] + ([column] if names else [])
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)

@@ -316,7 +316,10 @@ class StitchWidget(JobWidget):
         if not chosen:
             return
         folder = Path(chosen).absolute()
-        tiles = run_tiles.tiles() if isinstance(run_tiles.tiles, weakref.ref) else run_tiles.tiles
+        tiles = run_tiles.tiles
+        if isinstance(tiles, weakref.ref):  # the tile stack layer, if it is still there
+            tile_layer = tiles()
+            tiles = None if tile_layer is None or tile_layer not in self._viewer.layers else tile_layer.data
         positions = state["positions"]
         targets = export_targets(folder, len(positions), run_tiles.tile_files, mosaic=True)
         if len(targets) > 2 and tiles is None:  # the tiles must be written, and their layer is gone

@@ -73,7 +73,7 @@ def test_tile_configuration_in_registered_configuration_out(files, tmp_path):
     # no grid: the CSV has no grid columns, and the tiles by their names in the file
     with open(tmp_path / "m.positions.csv") as f:
         rows = list(csv.DictReader(f))
-    assert not any(key.startswith("grid_") for key in rows[0]) and [r["file"] for r in rows] == names
+    assert not any(key.startswith("grid_") for key in rows[0]) and [r["name"] for r in rows] == names
     refined = np.array([[float(r["refined_y"]), float(r["refined_x"])] for r in rows])
     np.testing.assert_allclose(refined - refined[0], expected.positions - expected.positions[0], atol=1e-3)
     assert np.all(refined.min(axis=0) > -1) and np.all(refined.min(axis=0) < 1)  # in the mosaic's pixels

@@ -206,6 +206,25 @@ def test_ome_zarr_folder_from_the_button_and_a_reader_layer(viewer_and_widget, w
     assert [str(u) for u in from_layer.units] == ["micrometer", "micrometer"]
     np.testing.assert_allclose(from_layer.translate, from_file.translate, atol=1e-6)
     np.testing.assert_allclose(from_layer.data, from_file.data, atol=1e-5)
+    # exported from the layer: its tiles (an OME-Zarr's images, no files of their own) written beside the positions
+    out = tmp_path / "export"
+    out.mkdir()
+    monkeypatch.setattr(stitch_widget, "choose_folder", lambda *a: str(out))
+    widget.export_button.native.click()
+    wait_idle(widget)
+    back = read_mosaic(out / "TileConfiguration.registered.txt")
+    np.testing.assert_array_equal(back.tiles.compute(), sample.tiles)
+    found = outline_origins(viewer, layer.name)
+    np.testing.assert_allclose(back.positions, found, atol=0.01, rtol=0)
+    # the tile layer removed, its tiles cannot be written: said so, nothing written
+    errors = []
+    monkeypatch.setattr("napari.utils.notifications.show_error", errors.append)
+    viewer.layers.remove(layer)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setattr(stitch_widget, "choose_folder", lambda *a: str(empty))
+    widget.export_button.native.click()
+    assert errors and "layer was removed" in errors[0] and list(empty.iterdir()) == [] and not widget.runner.busy
     # a plain layer with no stage positions keeps the grid's fields
     viewer.add_image(np.zeros((4, *TILE), np.float32), name="plain")
     widget.layer.value = viewer.layers["plain"]

@@ -195,7 +195,7 @@ def _mosaic(o: Options) -> tuple[dict[str, Any], str]:
     sample = make_mosaic(grid_shape=grid, tile_shape=(tile, tile), overlap=0.1, stage_error=8, seed=2)
     # half the tiles drowned in white noise: their pairs go to the broad band's second search
     noise = np.random.default_rng(3).standard_normal(sample.tiles.shape).astype(np.float32)
-    tiles = sample.tiles + noise * float(sample.tiles.std()) * (np.arange(len(sample.tiles)) % 2)[:, None, None]
+    tiles = sample.tiles + 3 * noise * float(sample.tiles.std()) * (np.arange(len(sample.tiles)) % 2)[:, None, None]
     what = f"{grid[0]}x{grid[1]} tiles of {tile}^2, 10% overlap, +-8 px, half the tiles noisy; JAX engine"
     return {"tiles": tiles, "stage": sample.stage_positions}, what
 

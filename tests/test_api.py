@@ -49,6 +49,7 @@ DATA_ARGUMENTS = {
     "strain_field": ("dy", "dx"),
     "local_correlation_image": ("movie",),
     "track_speckles": ("sample", "reference", "window"),
+    "compute_on": ("where",),  # a context manager: where the kernels called in its block run
     "read_array": ("path",),
     "read_tiles": ("folder", "pattern"),
     "write_mipmap": ("volume", "path"),

@@ -47,6 +47,7 @@ _API = {
     "strain_field": "correlation.fields",
     "local_correlation_image": "correlation.timeseries",
     "track_speckles": "correlation.tracking",
+    "compute_on": "devices",
 }
 
 __all__ = sorted(_API)

@@ -4,13 +4,23 @@ Each function here names a strategy and says, with the measurement behind it, wh
 Every branch stays under the same tests: ``tests/core/correlation/test_subsets.py`` and ``test_affine.py`` run
 the kernels with each strategy forced on the CPU, and ``tools/accelerator_tests.sh`` runs the suite on a TPU
 (docs/accelerator.md).
+
+The rules that move work to the host CPU (:func:`memory_bound_place`, :func:`series_on_host`,
+:func:`render_on_host`) follow the user's setting (:mod:`._compute_on`, :func:`napari_gridmip.compute_on`):
+``"auto"`` applies them, ``"accelerator"`` turns them off, ``"host"`` runs everything there (:func:`placed`).
+Each names itself in the job's log when it moves work (the provenance's ``"ran_on"``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
+
+from napari_gridmip.core import _compute_on
 
 
 def on_cpu() -> bool:
@@ -129,8 +139,10 @@ def render_on_host() -> bool:
     machine's CPU, and its first call 54.7 s (48.7 s compiling 5 programs) against 4.2 s
     (``benchmarks/bench_accelerator.py``, case render_view, 2026-12-05). Its inputs are chunks read on the host
     and its outputs come back to the host, so the host run moves nothing.
+
+    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`._compute_on`).
     """
-    return _on_tpu()
+    return _host_rule("render_on_host")
 
 
 def series_on_host() -> bool:
@@ -143,8 +155,10 @@ def series_on_host() -> bool:
     39.5 s against 5.3 s (``benchmarks/bench_accelerator.py``, case dic_series, 2026-12-06). The series' frames
     arrive from the host one at a time and its guesses are host work between frames, so the host run moves
     nothing over the link.
+
+    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`._compute_on`).
     """
-    return _on_tpu()
+    return _host_rule("series_on_host")
 
 
 def memory_bound_place(*inputs: object) -> contextlib.AbstractContextManager:
@@ -160,10 +174,106 @@ def memory_bound_place(*inputs: object) -> contextlib.AbstractContextManager:
     decide: all of them, here, for at best the link's time saved. Compute-bound kernels (DIC, tracking, the
     maps) are not placed by this: their work per byte makes the chip worth the link. A device array input keeps
     the work on its device.
+
+    The host under the setting ``"host"``; JAX's default device under ``"accelerator"`` (:mod:`._compute_on`).
+    A dask input's blocks run later, in dask's threads (or a cluster's processes): the kernel hands them
+    :func:`keep_place`, so that they run where this placed the call.
     """
-    if not _on_tpu() or any(isinstance(x, jax.Array) for x in inputs):
+    where = _compute_on.setting()
+    if where == "host":
+        return on_host()
+    if where == "accelerator" or not _on_tpu() or any(isinstance(x, jax.Array) for x in inputs):
         return contextlib.nullcontext()
+    _compute_on.moved_to_host("memory_bound_place")
     return on_host()
+
+
+def _host_rule(rule: str) -> bool:
+    """Whether ``rule``, which moves its work to the host CPU of a TPU, applies: under the setting ``"auto"`` on a
+    TPU (noted in the job's log), always under ``"host"``, never under ``"accelerator"``."""
+    where = _compute_on.setting()
+    if where != "auto":
+        return where == "host"
+    if not _on_tpu():
+        return False
+    _compute_on.moved_to_host(rule)
+    return True
+
+
+_OUTSIDE = object()  # no compute_scope("host") around
+# JAX's default device from before the innermost compute_scope("host"), which a nested "auto" or "accelerator" restores
+_OUTER_DEVICE: contextvars.ContextVar[Any] = contextvars.ContextVar("napari_gridmip_outer_device", default=_OUTSIDE)
+
+
+@contextlib.contextmanager
+def compute_scope(where: str) -> Iterator[Any]:
+    """The setting ``where`` (checked) for the block (:func:`napari_gridmip.compute_on`); yields the device its
+    kernels run on unless a rule moves them.
+
+    ``"host"`` sets JAX's default device, in this thread, to the host CPU; ``"auto"`` and ``"accelerator"`` inside
+    a ``"host"`` block restore the default device from before it. No global flag of JAX changes.
+    """
+    _compute_on.check(where)
+    outer = _OUTER_DEVICE.get()
+    with contextlib.ExitStack() as stack:
+        if where == "host":
+            if outer is _OUTSIDE:
+                stack.enter_context(_scoped_var(_OUTER_DEVICE, jax.config.jax_default_device))
+            stack.enter_context(on_host())
+        elif outer is not _OUTSIDE:
+            stack.enter_context(_scoped_var(_OUTER_DEVICE, _OUTSIDE))
+            stack.enter_context(jax.default_device(outer))
+        stack.enter_context(_compute_on.scoped(where))
+        yield _target_device()
+
+
+@contextlib.contextmanager
+def _scoped_var(variable: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    token = variable.set(value)
+    try:
+        yield
+    finally:
+        variable.reset(token)
+
+
+def placed() -> contextlib.AbstractContextManager:
+    """The setting's placement in this thread, for the kernels' own scope (:func:`._precision.precision_scope`):
+    the host CPU under ``"host"`` where JAX's default device here is not it already (a dask task in one of
+    dask's threads, which the setting follows and JAX's per-thread default device does not; a library call with
+    ``NAPARI_GRIDMIP_COMPUTE_ON=host``); else nothing."""
+    if _compute_on.setting() == "host" and _platform() != "cpu":
+        return on_host()
+    return contextlib.nullcontext()
+
+
+def keep_place(kernel: Callable) -> Callable:
+    """``kernel``, for a dask twin's blocks, run on the host CPU wherever it runs when it is placed there now (by
+    :func:`memory_bound_place` or the setting ``"host"``): the blocks run later, in dask's threads or a cluster's
+    processes, where JAX's default device, set per thread, is not the caller's. Else ``kernel`` itself."""
+    if not on_cpu() or jax.default_backend() == "cpu":
+        return kernel
+
+    def on_the_host(*args: Any, **kwargs: Any) -> Any:
+        with jax.default_device("cpu"):  # a platform name, not a device: the task may be pickled to a worker
+            return kernel(*args, **kwargs)
+
+    return on_the_host
+
+
+def current_device() -> dict[str, str]:
+    """The device a call made here runs on, unless a rule moves it: ``{"platform": ..., "device_kind": ...}``."""
+    device = _target_device()
+    return {"platform": device.platform, "device_kind": device.device_kind}
+
+
+def _target_device() -> Any:
+    """JAX's default device here where one is set (a device or a platform's name), else the default backend's."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.devices()[0]
+    if isinstance(device, str):
+        return jax.devices(device)[0]
+    return device
 
 
 def host_pool_aliased() -> bool:

@@ -49,3 +49,8 @@ FUSE_INTERPOLATIONS = ("linear", "cubic", "nearest")
 
 STITCH_SUBPIXEL = ("refine", "quadratic", "none")
 """``register_tiles(subpixel=...)``: Gauss-Newton refinement, the quadratic fit it starts from, or integer shifts."""
+
+COMPUTE_ON = ("auto", "accelerator", "host")
+"""``compute_on(where)``, ``NAPARI_GRIDMIP_COMPUTE_ON`` and the command line's ``--compute-on``: where the kernels
+run, the default first: by the rules of ``core._backend`` (``"auto"``), on JAX's default device with those rules
+that move work to the host off (``"accelerator"``), or all on the host CPU (``"host"``)."""

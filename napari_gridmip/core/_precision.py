@@ -4,7 +4,11 @@ A TPU has no float64 arithmetic: XLA emulates it, 8x slower than the host CPU on
 256^2 (issue 34's table), and refuses some operations outright (a complex128 FFT: "Unexpected operand type for
 FFT", the probe ``tools/accelerator_probe.py``, removed since; in git history at 8c6d32e). A float64 call therefore
 runs on the host's CPU device there, with float64's precision, rather than slower or not at all. GPUs have float64
-and keep it.
+and keep it. This holds under every setting of :func:`napari_gridmip.compute_on`, ``"accelerator"`` too: it is
+what the chip can do, not how fast.
+
+The scope is also where a kernel takes the user's setting in the thread it runs in (``core._backend.placed``: the
+host CPU under ``"host"``, in dask's threads too), since every kernel's work runs inside one.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+
+from napari_gridmip.core import _backend, _compute_on
 
 # for products of float32 data: a TPU rounds a default-precision product's operands to bfloat16 (a GPU to TF32)
 HIGHEST = lax.Precision.HIGHEST
@@ -37,23 +43,27 @@ def is_wide(dtype: Any) -> bool:
 
 @contextlib.contextmanager
 def precision_scope(dtype: Any) -> Iterator[None]:
-    """Enable x64 inside the block when ``dtype`` is 64-bit; restore the user's setting after."""
+    """Enable x64 inside the block when ``dtype`` is 64-bit; restore the user's setting after. The block runs
+    where the user's setting places it in this thread (``core._backend.placed``)."""
     if not is_wide(dtype):
-        yield
+        with _backend.placed():
+            yield
         return
     enable = getattr(jax, "enable_x64", None)
     if enable is None:  # older JAX
         from jax.experimental import enable_x64 as enable  # type: ignore[no-redef]
 
-        with enable(), _wide_device():
+        with _backend.placed(), enable(), _wide_device():
             yield
         return
-    with enable(True), _wide_device():
+    with _backend.placed(), enable(True), _wide_device():
         yield
 
 
 def _wide_device() -> contextlib.AbstractContextManager:
-    """Where 64-bit work runs: JAX's default device, except on a TPU (no float64 there), the host CPU."""
-    if jax.default_backend() != "tpu":
+    """Where 64-bit work runs: JAX's default device, except on a TPU (no float64 there), the host CPU (noted in
+    a job's log of where its calls ran)."""
+    if not _backend._on_tpu():
         return contextlib.nullcontext()
-    return jax.default_device(jax.devices("cpu")[0])
+    _compute_on.moved_to_host("float64")
+    return _backend.on_host()

@@ -424,8 +424,9 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
             progress,
             default_frames=default_chunk_frames(1, rows, cols, dtype),
             largest=4 * CHUNK_BYTES,
-            moments_of=partial(_block_moments, dtype=dtype, offsets=offsets),
-            image_of=partial(_packed_image, offsets=offsets),
+            # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
+            moments_of=_backend.keep_place(partial(_block_moments, dtype=dtype, offsets=offsets)),
+            image_of=_backend.keep_place(partial(_packed_image, offsets=offsets)),
         )
     batch = math.prod(lead)
     chunk_frames = min(chunk_frames or default_chunk_frames(batch, rows, cols, dtype), frames_total)

@@ -315,9 +315,10 @@ def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, thre
 
         from napari_gridmip.core.occupancy import _chunked
 
-        kernel = functools.partial(_occupancy_kernel, threshold=threshold)
+        # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
+        kernel = _backend.keep_place(functools.partial(_occupancy_kernel, threshold=threshold))
         # a bool level with threshold 0.5 is its own level 0: the coarsest levels come from level b that way
-        coarse = functools.partial(_occupancy_kernel, threshold=0.5)
+        coarse = _backend.keep_place(functools.partial(_occupancy_kernel, threshold=0.5))
         return _chunked.pyramid(volume, kernel, coarse, np.dtype(bool))
     if len(shape) == 3:
         return _volume_levels(volume, dtype, threshold)
@@ -439,7 +440,8 @@ def _max_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[An
     if _validate.is_dask(volume):  # block by block, each block by the validated kernel
         from napari_gridmip.core.occupancy import _chunked
 
-        return _chunked.pyramid(volume, _max_kernel, _max_kernel, volume.dtype)
+        kernel = _backend.keep_place(_max_kernel)  # where memory_bound_place put this call, in dask's threads too
+        return _chunked.pyramid(volume, kernel, kernel, volume.dtype)
     from napari_gridmip.core._transfer import to_device
 
     with precision_scope(dtype):

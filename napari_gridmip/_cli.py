@@ -92,6 +92,8 @@ def _max_shift(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from napari_gridmip.core._options import COMPUTE_ON  # JAX-free
+
     parser = _Parser(
         prog="napari-gridmip",
         description="Open napari with the napari-gridmip widgets, or run one job in batch (see the subcommands).",
@@ -246,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (mipmap, merge, correlate, stitch, corrimage, series):
         sub.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
         sub.add_argument("--quiet", action="store_true", help="no progress bar")
+        sub.add_argument(
+            "--compute-on", choices=COMPUTE_ON,
+            help="where the kernels run: the library's rules (auto), JAX's default device (accelerator), or the host "
+            "CPU (host); recorded with the outputs (default: NAPARI_GRIDMIP_COMPUTE_ON, else auto)",
+        )  # fmt: skip
     return parser
 
 
@@ -256,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         open_viewer(args)
         return
     try:
-        with runner(args.scheduler, quiet=args.quiet) as compute:
+        with runner(args.scheduler, quiet=args.quiet) as compute, placed(args.compute_on):
             RUNS[args.command](args, compute)
     except (UsageError, ValueError, TypeError, ImportError) as error:  # ImportError: an optional reader missing
         print(f"napari-gridmip {args.command}: error: {_one_line(error)}", file=sys.stderr)
@@ -267,6 +274,15 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print(f"napari-gridmip {args.command}: interrupted; nothing was written", file=sys.stderr)
         sys.exit(130)
+
+
+def placed(where: str | None) -> Any:
+    """The run's block: its kernels where ``--compute-on`` (else ``NAPARI_GRIDMIP_COMPUTE_ON``, else auto) says, and
+    where each call ran logged for the outputs' provenance (``plan.record()``'s ``"ran_on"``)."""
+    from napari_gridmip._jobs import placed as job_placed
+    from napari_gridmip.core import _compute_on
+
+    return job_placed(_compute_on.default() if where is None else where)
 
 
 def _one_line(error: BaseException) -> str:

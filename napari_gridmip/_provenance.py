@@ -5,7 +5,8 @@ of which evaluates itself) and its outputs (Python expressions over the calls' r
 (:meth:`Plan.run`) is how the widget's job and the command line's subcommand compute, and the same record gives:
 
 1. a layer's provenance, ``layer.metadata["napari_gridmip"]`` (:func:`layer_provenance`): the calls, the
-   input layers, the package and JAX versions and the time, plus which output of which widget the layer is;
+   input layers, the package and JAX versions and the time, where each call ran (``"ran_on"``, :func:`ran_on`),
+   plus which output of which widget the layer is;
 2. the "Copy as Python" script (:func:`python_script`), which reproduces the layers from the input layers
    with the public API;
 3. the command line's output attributes (:func:`file_provenance`: OME-Zarr and Zarr attributes, a TIFF
@@ -169,6 +170,33 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def ran_on() -> dict[str, Any]:
+    """``{"ran_on": ...}`` inside a job (the widgets' runs and the command line's record where their calls ran:
+    :func:`napari_gridmip.core._compute_on.record`), else nothing: the setting ``compute_on`` and, for each call
+    that ran, JAX's platform and device kind and the rules that moved its work to the host CPU."""
+    from napari_gridmip.core import _compute_on
+
+    record = _compute_on.record()
+    return {} if record is None else {"ran_on": record}
+
+
+def _call_scope(call: Call) -> Any:
+    """The scope of one call of a plan in a job's log of where its calls ran (nothing outside a job)."""
+    import contextlib
+    import sys
+
+    from napari_gridmip.core import _compute_on
+
+    if not _compute_on.is_recording():
+        return contextlib.nullcontext()
+    device: dict[str, str] = {}
+    if "jax" in sys.modules:  # a job's scope imports it (napari_gridmip.compute_on); a plan of files alone needs none
+        from napari_gridmip.core import _backend
+
+        device = _backend.current_device()
+    return _compute_on.calling(f"napari_gridmip.{call.function}", **device)
+
+
 def layer_provenance(
     *,
     widget: str,
@@ -184,9 +212,9 @@ def layer_provenance(
     ``expression`` is the layer's data as Python code over the calls' results (``"levels[3]"``);
     ``display`` the display settings the widget chose (the runner fills it in from the new layer: a re-run
     replaces only those the user left alone).
-    ``stamp`` (versions and time) is shared by the layers of one run.
+    ``stamp`` (versions, time and where the calls ran) is shared by the layers of one run.
     """
-    stamp = dict(stamp) if stamp is not None else {**versions(), "time": now()}
+    stamp = dict(stamp) if stamp is not None else {**versions(), "time": now(), **ran_on()}
     return {
         "widget": widget,
         "role": role,
@@ -200,12 +228,14 @@ def layer_provenance(
 
 
 def file_provenance(sources: Sequence[Source], calls: Sequence[Call], outputs: Mapping[str, str]) -> dict[str, Any]:
-    """What the command line writes into its outputs: the calls, the input paths, versions, time and script."""
+    """What the command line writes into its outputs: the calls, the input paths, versions, time, where the calls
+    ran (:func:`ran_on`) and script."""
     return {
         "sources": [s.record() for s in sources],
         "calls": [c.record() for c in calls],
         **versions(),
         "time": now(),
+        **ran_on(),
         "python": python_script(sources, calls, outputs),
     }
 
@@ -413,14 +443,15 @@ class Plan:
         for i, call in enumerate(self.calls):
             runtime = dict(extras(i, call)) if extras is not None else {}
             evaluator = (evaluators or {}).get(call.result)
-            if evaluator is not None:
-                bound = call.bind(evaluator(call, namespace, runtime))
-            else:
-                bound = call.evaluate(namespace, **runtime)
-            if after is not None:
-                values = tuple(bound.values())
-                value = after(i, call, values if len(values) > 1 else values[0])
-                bound = dict(zip(bound, value)) if len(values) > 1 else {next(iter(bound)): value}
+            with _call_scope(call):  # a job's log of where each call ran (its lazy result computed by after too)
+                if evaluator is not None:
+                    bound = call.bind(evaluator(call, namespace, runtime))
+                else:
+                    bound = call.evaluate(namespace, **runtime)
+                if after is not None:
+                    values = tuple(bound.values())
+                    value = after(i, call, values if len(values) > 1 else values[0])
+                    bound = dict(zip(bound, value)) if len(values) > 1 else {next(iter(bound)): value}
             namespace.update(bound)
         return namespace
 

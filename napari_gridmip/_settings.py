@@ -27,6 +27,8 @@ MIGRATED = "migrated_to_napari"  # set in the JSON file once its values moved in
 # themselves (their event emitter's attribute)
 PROPERTY_NAMES = {"source": "tiles_from"}
 _DEFAULT: Any = object()
+# "All widgets", "Compute on" (general.compute_on): the Preferences' words for napari_gridmip.compute_on's settings
+COMPUTE_ON_CHOICES = {"auto": "auto", "accelerator": "accelerator", "host CPU": "host"}
 
 
 def settings_file() -> Path:
@@ -126,3 +128,18 @@ def _write_all(everything: dict[str, Any]) -> None:
         os.replace(temporary, path)
     except OSError:  # a read-only home: settings are a convenience, not worth an error
         pass
+
+
+def compute_on(*, store: Any = _DEFAULT) -> str:
+    """Where the widgets' runs compute (:func:`napari_gridmip.compute_on`'s ``"auto"``, ``"accelerator"`` or
+    ``"host"``): ``NAPARI_GRIDMIP_COMPUTE_ON`` where it is set (for the process, as it is for the library and the
+    command line), else napari's Preferences, napari-gridmip, "All widgets", "Compute on" (``general.compute_on``);
+    a stored value that is none of its choices (nor the library's own words) means ``"auto"``. Raises ValueError for
+    a bad variable."""
+    from napari_gridmip.core import _compute_on
+    from napari_gridmip.core._options import COMPUTE_ON
+
+    if os.environ.get(_compute_on.VARIABLE, "").strip():
+        return _compute_on.default()
+    chosen = load("general", store=store).get("compute_on", "auto")
+    return COMPUTE_ON_CHOICES.get(chosen, chosen if chosen in COMPUTE_ON else "auto")

@@ -44,7 +44,7 @@ def test_the_file_is_the_store_without_napari_settings():
 
 
 def test_the_early_start_is_a_napari_setting(store):
-    assert _settings.load("general", store=store) == {"start_early": True}
+    assert _settings.load("general", store=store) == {"start_early": True, "compute_on": "auto"}
     _settings.save("general", {"start_early": False}, store=store)
     assert store.general.start_early is False
     assert "start_early: false" in store.config_path.read_text()

@@ -19,7 +19,8 @@ The model of the widget layer, in the manner of napari-animation's ``Animation``
 Every layer a job makes carries its provenance in ``metadata["napari_gridmip"]``
 (:func:`layer_tuples`), read from the plan that computed it: the public calls
 (one :class:`~napari_gridmip._provenance.Call` record each), the input layers,
-the versions and the time, and its data as the plan's output expression, from
+the versions and the time, where the calls ran (``"ran_on"``: the runner runs
+each job in :func:`placed`), and its data as the plan's output expression, from
 which the widget's "Copy as Python" writes a script.
 
 The modules: ``mipmap``, ``patches`` (merge), ``tiled``, ``stitch``, ``correlation``
@@ -31,13 +32,15 @@ job between steps; every job reports several steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from napari_gridmip._provenance import KEY, Call, Plan, Source, now, versions
+from napari_gridmip._provenance import KEY, Call, Plan, Source, now, ran_on, versions
 
 ProgressCallback = Callable[[int, int], None]
 LayerDataTuple = tuple[Any, dict, str]
@@ -73,7 +76,7 @@ def layer_tuples(
     """
     if plan is None:
         plan = Plan(sources or [], calls or [], {out.role: out.expression or "" for out in outputs})
-    stamp = {**versions(), "time": now()}
+    stamp = {**versions(), "time": now(), **copy.deepcopy(ran_on())}
     tuples = []
     for out in outputs:
         meta = dict(out.meta)
@@ -117,6 +120,17 @@ def prepare_jax() -> str:
     _compile_cache.enable()
     device = jax.devices()[0]
     return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"
+
+
+@contextlib.contextmanager
+def placed(where: str) -> Iterator[dict[str, Any]]:
+    """Run a job's work in the block where the setting ``where`` says (:func:`napari_gridmip.compute_on`: "auto",
+    "accelerator" or "host"), logging where each of its calls ran for its provenance; yields the log's record
+    (``"ran_on"``, :func:`napari_gridmip.core._compute_on.record`). In the worker: it imports JAX."""
+    from napari_gridmip.core import _compute_on, compute_on
+
+    with compute_on(where), _compute_on.recording() as record:
+        yield record
 
 
 # -- shared by the jobs ---------------------------------------------------------------------

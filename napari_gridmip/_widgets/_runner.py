@@ -94,6 +94,18 @@ def viewer_closed(viewer: Any) -> bool:
     return watch.close_seen and not window.isVisible()
 
 
+def compute_on_setting() -> str | ValueError:
+    """Where a run computes (:func:`napari_gridmip._settings.compute_on`: napari's Preferences, or
+    ``NAPARI_GRIDMIP_COMPUTE_ON``), read on the GUI thread as the run starts; a bad variable's ValueError, for the
+    run to report as its failure."""
+    from napari_gridmip import _settings
+
+    try:
+        return _settings.compute_on()
+    except ValueError as error:
+        return error
+
+
 def notify_error(text: str) -> None:
     """Show an error as a napari notification (looked up at call time, so tests can catch it)."""
     notifications.show_error(text)
@@ -180,18 +192,22 @@ class BackgroundRunner:
         also prepares JAX there (compilation cache, device name), so nothing
         starts a JAX backend on the GUI thread.
 
+        The job runs where napari's Preferences (or ``NAPARI_GRIDMIP_COMPUTE_ON``) say, read now
+        (:func:`compute_on_setting`), and its layers' provenance records where its calls ran.
+
         ``key`` identifies the job's inputs and options (:meth:`prefetch`): when a job of the same key
-        was started early, its run is taken over (its result, or the rest of its run) instead of
-        starting again; any other early job is cancelled.
+        was started early, under the same setting, its run is taken over (its result, or the rest of its run)
+        instead of starting again; any other early job is cancelled.
         """
-        from napari_gridmip._jobs import prepare_jax
+        from napari_gridmip._jobs import placed, prepare_jax
 
         if self.busy:
             raise RuntimeError("a job is already running")
+        where = compute_on_setting()
         early = self._prefetch
         # an early job that another widget's newer one replaced in the early lane never runs: not adoptable
         adoptable = early is not None and not early["holder"]["failed"] and not early["worker"].cancelled
-        if adoptable and key is not None and early["key"] == key:
+        if adoptable and key is not None and early["key"] == key and early["where"] == where:
             return self._adopt(early, job.description, on_done, replace)
         self.drop_prefetch()
         self._begin(job.description)
@@ -206,7 +222,10 @@ class BackgroundRunner:
             runner = holding["runner"]
             import_layer_dependencies()
             device = prepare_jax()
-            result = holding["job"].run(runner._report)
+            if isinstance(where, Exception):  # a bad NAPARI_GRIDMIP_COMPUTE_ON: this run's failure to report
+                raise where
+            with placed(where):
+                result = holding["job"].run(runner._report)
             runner._check_cancel()
             # the layer models are made here too, so that the GUI thread only shows them
             return result, device, layers_ready_to_show(result.layers)
@@ -243,11 +262,14 @@ class BackgroundRunner:
         pressed with the same inputs and options (``key``), and :meth:`start` shows it. A job of another
         key is cancelled at its next progress report; the programs it compiled stay compiled.
         """
-        from napari_gridmip._jobs import prepare_jax
+        from napari_gridmip._jobs import placed, prepare_jax
 
         if self.busy or self._detached:
             return
-        if self._prefetch is not None and self._prefetch["key"] == key:
+        where = compute_on_setting()
+        if isinstance(where, Exception):  # Run reports it
+            return
+        if self._prefetch is not None and self._prefetch["key"] == key and self._prefetch["where"] == where:
             return
         self.drop_prefetch()
         holder: dict[str, Any] = {"job": job, "cancel": False, "failed": False, "outcome": None, "adopted": None}
@@ -263,7 +285,8 @@ class BackgroundRunner:
         def work() -> tuple[JobResult, str, list]:
             import_layer_dependencies()
             device = prepare_jax()
-            result = holder["job"].run(progress)
+            with placed(where):
+                result = holder["job"].run(progress)
             holder["job"] = None  # the inputs may go as soon as the result exists
             if holder["cancel"]:
                 raise Cancelled
@@ -275,7 +298,7 @@ class BackgroundRunner:
             on_errored=lambda error: self._prefetch_errored(holder, error),
             on_finished=lambda: self._prefetch_finished(holder, task),
         )  # fmt: skip
-        self._prefetch = {"key": key, "holder": holder, "worker": task}
+        self._prefetch = {"key": key, "holder": holder, "worker": task, "where": where}
         self._early_workers.add(task)
 
     def drop_prefetch(self) -> None:

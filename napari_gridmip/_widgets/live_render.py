@@ -67,9 +67,11 @@ class WarmAhead:
 
     def __init__(self, viewer: Any, layer: Any, threshold: float) -> None:
         from napari_gridmip._jobs.live_render import ViewState
+        from napari_gridmip._widgets._runner import compute_on_setting
         from napari_gridmip._widgets._workers import workers
 
         state = ViewState.of(viewer, layer, canvas=canvas_size(viewer))
+        where = compute_on_setting()
         self.key = source_key(layer, state.index, threshold)
         self.source: Any = None  # set by the worker once made (before its programs are)
         self._token = token = _Token()
@@ -86,8 +88,9 @@ class WarmAhead:
             if token.cancelled:
                 return
             self.source = source
-            source.warm(state.display, cancel=lambda: token.cancelled, preload=False)
-            source.preload_coarse(cancel=lambda: token.cancelled)
+            with _placed(where):  # its programs compiled for where the renders run
+                source.warm(state.display, cancel=lambda: token.cancelled, preload=False)
+                source.preload_coarse(cancel=lambda: token.cancelled)
 
         self.task = workers().submit(work, lane="render", name="full resolution in 3D: early warm-up",
                                      on_errored=lambda error: None,  # the live view reports it
@@ -104,6 +107,17 @@ class WarmAhead:
     def cancel(self) -> None:
         """Stop at the next check (a compile under way ends first)."""
         self._token.cancelled = True
+
+
+def _placed(where: Any) -> Any:
+    """The block of a render's work, in a worker: where napari's Preferences say (read on the GUI thread as it was
+    asked for, :func:`~napari_gridmip._widgets._runner.compute_on_setting`), which the render follows
+    (``core._backend.render_on_host``). A bad ``NAPARI_GRIDMIP_COMPUTE_ON`` fails the render, which says so."""
+    if isinstance(where, Exception):
+        raise where
+    from napari_gridmip.core import compute_on
+
+    return compute_on(where)
 
 
 def _ref(value: Any) -> Any:
@@ -252,6 +266,7 @@ class LiveRender:
         if layer is None or self._viewer.dims.ndisplay != 3:
             return
         from napari_gridmip._jobs.live_render import ViewState, release_free_memory
+        from napari_gridmip._widgets._runner import compute_on_setting
         from napari_gridmip._widgets._workers import workers
 
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
@@ -262,14 +277,16 @@ class LiveRender:
         self._pending_state = state
         token = self._token = _Token()
         source_of = self._source_of(layer, state.index)
+        where = compute_on_setting()
 
         def work():
             try:
-                source = source_of()
-                for picture in source.progressive(state, cancel=lambda: token.cancelled):
-                    if token.cancelled:
-                        return
-                    yield state, picture
+                with _placed(where):  # the generator runs, and is closed, in the worker's thread
+                    source = source_of()
+                    for picture in source.progressive(state, cancel=lambda: token.cancelled):
+                        if token.cancelled:
+                            return
+                        yield state, picture
             finally:  # the render's temporaries are freed: their pages back to the system, not kept by malloc
                 release_free_memory()
 
@@ -316,7 +333,7 @@ class LiveRender:
         layer and the camera comes to rest: the first render then compiles nothing (1.6 s of the first view of a
         user's first session on 2 cores; docs/occupancy.md)."""
         from napari_gridmip._jobs.live_render import ViewState
-        from napari_gridmip._widgets._runner import viewer_closed
+        from napari_gridmip._widgets._runner import compute_on_setting, viewer_closed
         from napari_gridmip._widgets._workers import workers
 
         layer = self._layer()
@@ -325,13 +342,15 @@ class LiveRender:
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
         token = self._warm_token = _Token()
         source_of = self._source_of(layer, state.index)
+        where = compute_on_setting()
 
         def work() -> None:
             if token.cancelled:
                 return
             source = source_of()
             if not token.cancelled:
-                source.warm(state.display, cancel=lambda: token.cancelled)
+                with _placed(where):  # its programs compiled for where the renders run
+                    source.warm(state.display, cancel=lambda: token.cancelled)
 
         # a failure shows in the render that follows
         workers().submit(work, lane="render", name="full resolution in 3D: warm-up",

@@ -247,9 +247,10 @@ def placed() -> contextlib.AbstractContextManager:
 
 
 def keep_place(kernel: Callable) -> Callable:
-    """``kernel``, for a dask twin's blocks, run on the host CPU wherever it runs when it is placed there now (by
-    :func:`memory_bound_place` or the setting ``"host"``): the blocks run later, in dask's threads or a cluster's
-    processes, where JAX's default device, set per thread, is not the caller's. Else ``kernel`` itself."""
+    """``kernel``, for a dask twin's blocks, run on the host CPU wherever it runs, when the work placed now runs
+    there on a machine with an accelerator (:func:`memory_bound_place`'s move, the setting ``"host"``, the caller's
+    own ``jax.default_device``): the blocks run later, in dask's threads or a cluster's processes, where JAX's
+    default device, set per thread, is not the caller's. Else ``kernel`` itself."""
     if not on_cpu() or jax.default_backend() == "cpu":
         return kernel
 

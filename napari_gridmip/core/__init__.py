@@ -9,10 +9,12 @@ x64 switch, the host-to-device hand-over, peak fits, interpolation weights) sit 
 The kernels' modules (and so JAX) load when one of these names is first used,
 so that jax-free helpers such as ``core._validate`` import fast. That first use also switches on JAX's
 persistent compilation cache in a per-user folder, unless the user set their own or
-``NAPARI_GRIDMIP_COMPILE_CACHE=0`` (:mod:`._compile_cache`).
+``NAPARI_GRIDMIP_COMPILE_CACHE=0`` (:mod:`._compile_cache`); for a kernel whose module imports JAX only when it
+needs it (``register_tiles``), its JAX part does.
 """
 
 import importlib
+import sys
 
 # public name -> the module that defines it
 _API = {
@@ -57,8 +59,11 @@ def __getattr__(name: str):
     if name in _API:
         from napari_gridmip.core import _compile_cache
 
-        _compile_cache.enable()  # JAX loads with the kernels: compiled programs outlive the process from now on
         value = getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)
+        if "jax" in sys.modules:  # JAX loads with the kernels: compiled programs outlive the process from now on.
+            # A kernel that runs without JAX where it can (register_tiles' NumPy engine on small mosaics) does not
+            # pay JAX's import (0.76 s of its 1.3 s first call in a new process): its JAX part enables the cache
+            _compile_cache.enable()
         globals()[name] = value  # later look-ups skip this function
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core import _compile_cache
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import quadratic_peak
 from napari_gridmip.core._precision import HIGHEST
@@ -33,6 +34,8 @@ from napari_gridmip.core.patches._stitch_shared import (
 )
 
 __all__: list[str] = []
+
+_compile_cache.enable()  # the JAX engine's programs outlive the process (core.__init__ left it to this module)
 
 
 # -- the pair kernel (JAX) ----------------------------------------------------------------

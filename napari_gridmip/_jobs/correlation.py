@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip._device_layers import DeviceInput, resolve, runs_on_device
 from napari_gridmip._jobs import (
     DaskProgress,
     Job,
@@ -38,7 +39,8 @@ MAP_BAND_ROWS = 64  # output rows per band of a full map written to disk
 
 @dataclass(frozen=True)
 class CorrelationRequest:
-    """Two (..., K, M, N) stacks, the window and the output options, captured on the GUI thread."""
+    """Two (..., K, M, N) stacks, the window and the output options, captured on the GUI thread. ``devices``: where
+    the job takes ``data1`` and ``data2`` from their layers' device copies (:mod:`napari_gridmip._device_layers`)."""
 
     name1: str
     name2: str
@@ -60,6 +62,7 @@ class CorrelationRequest:
     strain_window: int = 11  # odd, in output pixels
     physics: tuple[float, float, float] | None = None  # (pixel_size, distance, wavelength) in metres: phase in rad
     shape: str = "translation"  # the subsets' shape function: "affine" fits each subset's gradients too (IC-GN)
+    devices: tuple[DeviceInput | None, DeviceInput | None] = (None, None)
 
     @property
     def tracking(self) -> bool:
@@ -218,8 +221,12 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
         lazy = is_lazy(request.data1) or is_lazy(request.data2)
         if lazy:  # row band by row band, with a halo: the stacks are never loaded whole
             img1, img2 = as_dask(request.data1), as_dask(request.data2)
-        else:
-            img1, img2 = np.asarray(request.data1), np.asarray(request.data2)
+        else:  # the layers' device copies where the kernels run on an accelerator: sent once, kept between runs
+            wanted = runs_on_device(request.dtype)
+            img1, img2 = (
+                resolve(handle, np.asarray(data), name, wanted=wanted)
+                for handle, data, name in zip(request.devices, (request.data1, request.data2), ("img1", "img2"))
+            )
         first, second = plan.sources
         inputs = {"img1": first.take(img1), "img2": second.take(img2)}
         search = plan.calls[0].result

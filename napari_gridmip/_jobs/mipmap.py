@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip._device_layers import DeviceInput, is_device_array, resolve
 from napari_gridmip._jobs import (
     DaskProgress,
     Job,
@@ -34,7 +35,8 @@ class MipmapRequest:
 
     ``data`` is the volume ``(..., Z, Y, X)``: one time point of a 4D+ layer
     (then ``frame`` is the layer's transform restricted to its last three
-    axes), or all of them (one pyramid per leading index).
+    axes), or all of them (one pyramid per leading index). ``device``: where the job takes ``data`` from the
+    layer's device copy (:mod:`napari_gridmip._device_layers`).
     """
 
     name: str
@@ -43,6 +45,7 @@ class MipmapRequest:
     threshold: float
     per_level: bool = False
     index: str = ""  # how ``data`` comes from the layer's data, as code (e.g. "[3]" for time point 3)
+    device: DeviceInput | None = None
 
 
 def level_placement(frame: Frame, level: int) -> dict[str, Any]:
@@ -182,19 +185,21 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
             import dataclasses
 
             planned = dataclasses.replace(request, data=namespace["volume"], threshold=call.kwargs["threshold"])
-            lazy = is_lazy(planned.data)
-            pyramid = _lazy_pyramid(planned, progress) if lazy else _pyramid_in_memory(planned, progress)
+            if is_lazy(planned.data):
+                pyramid, on_device = _lazy_pyramid(planned, progress), None
+            else:
+                pyramid, on_device = _pyramid_in_memory(planned, progress)
             kept["pyramid"] = pyramid
-            return pyramid.levels(call.kwargs["threshold"])
+            return _occupancy_levels(pyramid, call.kwargs["threshold"], on_device)
 
         namespace = plan.execute({"volume": request.data}, evaluators={"levels": through_max_pyramid})
         pyramid, levels, t = kept["pyramid"], namespace["levels"], request.threshold
-        counts = [pyramid.count(k, t, level) for k, level in enumerate(levels)]
+        counts = [_count(pyramid, k, t, level) for k, level in enumerate(levels)]
         shown = default_level(counts)
         done = plan.extended(outputs={"occupancy": level_expression(shown)})
         if request.per_level:
             done = done.extended(outputs={**done.outputs, **{f"level {k}": f"levels[{k}]" for k in range(len(levels))}})
-        values = done.outputs_of(namespace)
+        values = {name: _on_host(value) for name, value in done.outputs_of(namespace).items()}
         outputs: list[Output] = []
         if request.per_level:
             outputs += [
@@ -222,25 +227,69 @@ def _value_range(low: Any, high: Any) -> tuple[float, float]:
     return (low, high) if high > low else (low, low + 1.0)
 
 
-def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> Pyramid:
-    """The max pyramid on the device, fetched level by level (one progress step each); level 0 is the input."""
+def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tuple[Pyramid, Any]:
+    """The max pyramid on the device, fetched level by level (one progress step each); level 0 is the input.
+
+    Also the volume's device copy where the kernels take it from the layer's (:mod:`napari_gridmip._device_layers`;
+    else None): the job thresholds and counts level 0 there. The pyramid keeps NumPy alone (the widget keeps it:
+    a device array in it would hold the chip's memory after the cache let the copy go).
+    """
     from napari_gridmip.core import max_mipmap, mipmap_shapes
 
     volume = np.asarray(request.data)
+    source = resolve(request.device, request.data, "volume")
+    on_device = source if is_device_array(source) else None
     total = len(mipmap_shapes(tuple(volume.shape[-3:]))) + 1
     progress(0, total)
-    device_levels = max_mipmap(volume)
+    device_levels = max_mipmap(volume if on_device is None else on_device)
     levels = [volume]
     for k, level in enumerate(device_levels[1:], start=1):
         progress(k, total)
         levels.append(np.asarray(level))  # views of JAX's buffers on the CPU
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN volume: NaN, handled below
-        low = np.nanmin(volume) if volume.dtype.kind == "f" else volume.min()
+        # on the device where the copy is: the host's pass over a 512^3 volume is longer than the chip's pyramid
+        low = _minimum(volume if on_device is None else on_device)
     progress(total, total)
-    return Pyramid(
+    pyramid = Pyramid(
         request.name, volume, levels, request.frame, request.index, False, _value_range(low, levels[-1].max())
     )
+    return pyramid, on_device
+
+
+def _minimum(volume: Any) -> Any:
+    """The volume's minimum, NaN ignored (NaN if all of it is): NumPy's, or JAX's for a device array (equal)."""
+    if is_device_array(volume):
+        import jax.numpy as jnp
+
+        return (jnp.nanmin if volume.dtype.kind == "f" else jnp.min)(volume)
+    return np.nanmin(volume) if volume.dtype.kind == "f" else volume.min()
+
+
+def _occupancy_levels(pyramid: Pyramid, threshold: float, on_device: Any) -> list:
+    """The occupancy pyramid at ``threshold`` from the max pyramid; level 0 from the volume's device copy where
+    there is one (a device array, fetched only where an output shows it): thresholding a 512^3 volume on the host
+    takes longer than the chip's whole pyramid."""
+    if on_device is None:
+        return pyramid.levels(threshold)
+    from napari_gridmip.core import threshold_mipmap
+
+    coarse = [pyramid.level(k, threshold) for k in range(1, len(pyramid.max_levels))]
+    return [threshold_mipmap([on_device], threshold=threshold)[0], *coarse]
+
+
+def _count(pyramid: Pyramid, k: int, threshold: float, level: Any) -> int | None:
+    """Occupied cells of level ``k`` (:meth:`Pyramid.count`), counted on the device for a device level."""
+    if is_device_array(level):
+        import jax.numpy as jnp
+
+        return int(jnp.count_nonzero(level))
+    return pyramid.count(k, threshold, level)
+
+
+def _on_host(value: Any) -> Any:
+    """An output's value as the layers hold it: a device array fetched."""
+    return np.asarray(value) if is_device_array(value) else value
 
 
 def _block_max(block: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip._device_layers import DeviceInput, resolve, runs_on_device
 from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._jobs.correlation import WIDGET, output_placement
 from napari_gridmip._placement import Frame
@@ -24,6 +25,7 @@ class TimeSeriesRequest:
     neighbours: int = 8
     dtype: str = "float32"
     chunk_frames: int | None = None  # frames per task of a lazy movie (default: its chunks)
+    device: DeviceInput | None = None  # the movie from its layer's device copy (napari_gridmip._device_layers)
 
 
 def timeseries_plan(request: TimeSeriesRequest, *, source: Source | None = None) -> Plan:
@@ -40,7 +42,10 @@ def make_timeseries_job(request: TimeSeriesRequest) -> Job:
 
     def run(progress: ProgressCallback) -> JobResult:
         lazy = is_lazy(request.data)
-        movie = as_dask(request.data) if lazy else np.asarray(request.data)
+        if lazy:
+            movie = as_dask(request.data)
+        else:  # the layer's device copy where the kernel runs on an accelerator: sent once, kept between runs
+            movie = resolve(request.device, np.asarray(request.data), "movie", wanted=runs_on_device(request.dtype))
         steps = staged(plan, progress, {"image": 100}, pass_progress=not lazy)
         image = np.asarray(plan.run({"movie": movie}, **steps)["correlation image"])
         placement = output_placement(request.frame, (1, 1))

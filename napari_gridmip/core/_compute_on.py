@@ -10,7 +10,9 @@ not follow; ``core._backend.placed`` enters it again there).
 
 The log is what a job's provenance records (``"ran_on"``): while :func:`recording`, each public call that a plan
 runs (:func:`calling`) adds an entry with the device it was placed on, and each rule of ``core._backend`` that
-moves its work to the host CPU names itself in that entry (:func:`moved_to_host`).
+moves its work to the host CPU names itself in that entry (:func:`moved_to_host`). A widget's input that came
+from the device copies of its layers (``napari_gridmip._device_layers``) is noted beside the calls
+(:func:`note_input`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ VARIABLE = "NAPARI_GRIDMIP_COMPUTE_ON"
 _SETTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("napari_gridmip_compute_on", default=None)
 _LOG: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("napari_gridmip_log", default=None)
 _CALL: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("napari_gridmip_call", default=None)
+_INPUTS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "napari_gridmip_inputs", default=None
+)
 _LOCK = threading.Lock()  # dask's threads add to one call's entry at once
 
 
@@ -68,10 +73,11 @@ def recording() -> Iterator[dict[str, Any]]:
     """Log, in the block, where each call of a plan ran (:func:`calling`); yields the record (:func:`record`),
     whose ``"calls"`` fill in as they run."""
     log: list[dict[str, Any]] = []
-    tokens = _LOG.set(log), _CALL.set(None)
+    tokens = _LOG.set(log), _CALL.set(None), _INPUTS.set([])
     try:
         yield record()
     finally:
+        _INPUTS.reset(tokens[2])
         _CALL.reset(tokens[1])
         _LOG.reset(tokens[0])
 
@@ -86,11 +92,20 @@ def record() -> dict[str, Any] | None:
     float64 work) to the host CPU. A rule that acts after the calls (a lazy result's blocks computed later) adds
     an entry with ``"function": None``. The list is the log itself: a record taken before the calls ran (the
     command line's ``mipmap`` hands its record to the call that writes it) lists them once they have.
+
+    ``"device_inputs": [entry, ...]`` only where a widget's run consulted the device copies of its layers
+    (:func:`note_input`; never on a machine without an accelerator): per input, ``{"source": variable, "layer":
+    name, "cache": "hit" | "miss" | "skipped", "bytes": ..., "platform": ..., "device_kind": ...}``, and ``"why"``
+    for a skipped one.
     """
     log = _LOG.get()
     if log is None:
         return None
-    return {"compute_on": setting(), "calls": log}
+    out: dict[str, Any] = {"compute_on": setting(), "calls": log}
+    inputs = _INPUTS.get()
+    if inputs:
+        out["device_inputs"] = inputs
+    return out
 
 
 def is_recording() -> bool:
@@ -131,3 +146,12 @@ def moved_to_host(rule: str) -> None:
         rules = entry.setdefault("moved_to_host", [])
         if rule not in rules:
             rules.append(rule)
+
+
+def note_input(entry: dict[str, Any]) -> None:
+    """Note, for the job being recorded, where one of its inputs came from (``napari_gridmip._device_layers``: the
+    device copy kept from an earlier run, or sent now); nothing outside :func:`recording`."""
+    inputs = _INPUTS.get()
+    if inputs is not None:
+        with _LOCK:
+            inputs.append(dict(entry))

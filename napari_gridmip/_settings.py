@@ -143,3 +143,18 @@ def compute_on(*, store: Any = _DEFAULT) -> str:
         return _compute_on.default()
     chosen = load("general", store=store).get("compute_on", "auto")
     return COMPUTE_ON_CHOICES.get(chosen, chosen if chosen in COMPUTE_ON else "auto")
+
+
+def device_layers_percent(*, store: Any = _DEFAULT) -> int:
+    """The share of the accelerator's memory (percent) that keeps the widgets' input layers there between runs
+    (:mod:`napari_gridmip._device_layers`): napari's Preferences, napari-gridmip, "All widgets", "Keep input layers
+    on the accelerator" (``general.device_layers``); 0 keeps none. A stored value that is not a number means the
+    default; others are clipped to 0 to ``MAX_PERCENT``."""
+    from napari_gridmip._device_layers import DEFAULT_PERCENT, MAX_PERCENT
+
+    value = load("general", store=store).get("device_layers", DEFAULT_PERCENT)
+    try:
+        percent = int(value)
+    except (TypeError, ValueError):
+        return DEFAULT_PERCENT
+    return min(max(percent, 0), MAX_PERCENT)

@@ -44,10 +44,18 @@ def test_the_file_is_the_store_without_napari_settings():
 
 
 def test_the_early_start_is_a_napari_setting(store):
-    assert _settings.load("general", store=store) == {"start_early": True, "compute_on": "auto"}
+    assert _settings.load("general", store=store) == {"start_early": True, "compute_on": "auto", "device_layers": 50}
     _settings.save("general", {"start_early": False}, store=store)
     assert store.general.start_early is False
     assert "start_early: false" in store.config_path.read_text()
+
+
+def test_the_share_kept_on_the_accelerator_is_a_napari_setting(store):
+    assert _settings.device_layers_percent(store=store) == 50  # half the device's memory by default
+    store.general.device_layers = 0  # as napari's Preferences would: nothing kept
+    assert _settings.device_layers_percent(store=store) == 0
+    _settings.save("general", {"device_layers": 120})  # out of napari's range: the file keeps it, clipped on reading
+    assert _settings.device_layers_percent(store=None) == 90
 
 
 def test_values_go_to_napari_settings(store):

@@ -6,11 +6,14 @@ options of one mode shown only in that mode (:meth:`JobWidget.show_fields`). Wit
 on the left (320 to 337 px), the canvas keeps at least 60% of a 1400 px wide window.
 
 Widgets are thin: they map fields to a request, hand the job made from it
-(:mod:`napari_gridmip._jobs`) to the runner, and show the result. They connect
-nothing to the viewer themselves: napari's ``add_dock_widget`` already keeps
-``reset_choices`` in step with the layer list, and the widget hooks its own
-refreshes onto that. When the dock is closed the widget cancels its job and
-undoes napari's connections, so no callback reaches a closed widget.
+(:mod:`napari_gridmip._jobs`) to the runner, and show the result. napari's
+``add_dock_widget`` already keeps ``reset_choices`` in step with the layer list,
+and the widget hooks its own refreshes onto that. The one connection a widget
+makes itself is its :class:`~napari_gridmip._device_layers.LayerWatch`: the layer
+list's ``removed`` event, and the edits of the layers it ran on, which keep their
+device copies current (:meth:`JobWidget.device_input`). When the dock is closed
+the widget cancels its job and undoes napari's connections and its own, so no
+callback reaches a closed widget.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from qtpy.QtCore import QEvent, QObject, QSize, QTimer
 from qtpy.QtWidgets import QBoxLayout, QComboBox, QFrame, QScrollArea, QWidget
 
 from napari_gridmip import _settings
+from napari_gridmip._device_layers import DeviceInput, LayerWatch
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._widgets._runner import BackgroundRunner, notify_error
 from napari_gridmip.core._options import switched_off
@@ -190,6 +194,8 @@ class JobWidget(Container):
         self.run_button.changed.connect(self.run)
         self.cancel_button.changed.connect(self.runner.cancel)
         self.copy_button.changed.connect(self.copy_python)
+        # the device copies of the layers this widget runs on: current while they are (issue 53, item 2)
+        self.device_layers = LayerWatch(viewer.layers)
         self._lifetime = _DockLifetime(self)
         # closing the viewer deletes the dock without closing or re-parenting it: let go before Qt does
         self.native.destroyed.connect(self._lifetime.on_destroyed)
@@ -388,6 +394,12 @@ class JobWidget(Container):
     def make_job(self) -> Job:
         raise NotImplementedError
 
+    def device_input(self, layer: Any, data: Any, *, index: str = "") -> DeviceInput | None:
+        """For a request: ``data`` (``layer``'s data with ``index`` applied, as code) as the job takes it from the
+        device copy kept since an earlier run, where its kernels run on an accelerator
+        (:func:`napari_gridmip._device_layers.resolve`); None for lazy data, or with the Preferences' share 0."""
+        return self.device_layers.input(layer, data, index=index, percent=_settings.device_layers_percent())
+
     def _on_done(self, result: JobResult, added: list) -> None:
         self._results = [weakref.ref(layer) for layer in added]
         self.copy_button.enabled = True
@@ -426,6 +438,7 @@ class JobWidget(Container):
         self.released = True
         self._prefetch_timer.stop()
         self.runner.detach()
+        self.device_layers.close()
         events = self._viewer.layers.events
         for name in LAYER_EVENTS:
             getattr(events, name).disconnect(self.reset_choices)

@@ -403,8 +403,9 @@ class CorrelationWidget(JobWidget):
                 )
             self._pending = None
             request = TimeSeriesRequest(
-                layer.name, layer.data, Frame.of(layer), int(self.neighbours.value), self.precision.value
-            )
+                layer.name, layer.data, Frame.of(layer), int(self.neighbours.value), self.precision.value,
+                device=self.device_input(layer, layer.data),
+            )  # fmt: skip
             return make_timeseries_job(request)
         layer1 = require_layer(self.img1, "img1, an Image layer")
         layer2 = require_layer(self.img2, "img2, an Image layer")
@@ -459,6 +460,7 @@ class CorrelationWidget(JobWidget):
             strain_window=int(self.strain_window.value),
             physics=self._physics() if "phase" in outputs else None,
             shape=self.subset_shape.value if mode == PAIR else "translation",
+            devices=(self.device_input(layer1, layer1.data), self.device_input(layer2, layer2.data)),
         )
         self._pending = {
             "name1": layer1.name,

@@ -178,6 +178,7 @@ class MipmapWidget(JobWidget):
             threshold=float(self.threshold.value),
             per_level=bool(self.per_level.value),
             index=code,
+            device=self.device_input(layer, data, index=code),
         )
         job = make_mipmap_job(request)
         self._pending_input = weakref.ref(layer)

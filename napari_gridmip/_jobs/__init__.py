@@ -210,6 +210,9 @@ def computed(value: Any, progress: ProgressCallback) -> Any:
             else:
                 (value,) = dask.compute(value, scheduler="threads")
     if isinstance(value, tuple):
+        for part in value:  # every part's transfer started at once: on an accelerator they overlap
+            if hasattr(part, "copy_to_host_async"):
+                part.copy_to_host_async()
         parts = [computed(v, progress) for v in value]
         return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
     if hasattr(value, "device") and hasattr(value, "shape"):  # a jax.Array

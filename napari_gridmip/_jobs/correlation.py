@@ -119,10 +119,16 @@ def percentile_limits(values: np.ndarray, low: float = 1.0, high: float = 99.0) 
     return lo, hi
 
 
-def auto_vector_length(dy: np.ndarray, dx: np.ndarray, spacing: int) -> float:
-    """A length multiplier that draws the median displacement at 80% of the grid spacing."""
+def median_magnitude(dy: np.ndarray, dx: np.ndarray) -> float:
+    """The median of ``|d|`` over the finite displacements (NaN where none is)."""
     magnitude = np.hypot(dy, dx)
-    median = float(np.nanmedian(magnitude)) if np.isfinite(magnitude).any() else 0.0
+    return float(np.nanmedian(magnitude)) if np.isfinite(magnitude).any() else float("nan")
+
+
+def auto_vector_length(dy: np.ndarray, dx: np.ndarray, spacing: int, *, median: float | None = None) -> float:
+    """A length multiplier that draws the median displacement at 80% of the grid spacing (``median``: the
+    :func:`median_magnitude` of ``dy``, ``dx`` where the caller has it: a pass over the field saved)."""
+    median = median_magnitude(dy, dx) if median is None else median
     return 0.8 * spacing / median if median > 0 else 1.0
 
 
@@ -134,11 +140,12 @@ def symmetric_limits(values: np.ndarray) -> tuple[float, float]:
     return -c, c
 
 
-def correlation_summary(dy: np.ndarray, dx: np.ndarray) -> str:
-    """E.g. ``'median |d| 1.42 px; 3.1% NaN (peak on the window edge)'``."""
+def correlation_summary(dy: np.ndarray, dx: np.ndarray, *, median: float | None = None) -> str:
+    """E.g. ``'median |d| 1.42 px; 3.1% NaN (peak on the window edge)'`` (``median``: as for
+    :func:`auto_vector_length`)."""
     magnitude = np.hypot(dy, dx)
     nan_share = 100 * float(np.mean(~np.isfinite(magnitude))) if magnitude.size else 0.0
-    median = float(np.nanmedian(magnitude)) if np.isfinite(magnitude).any() else float("nan")
+    median = median_magnitude(dy, dx) if median is None else median
     return f"median |d| {median:.3g} px; {nan_share:.2g}% NaN (peak on the window edge)"
 
 
@@ -242,10 +249,12 @@ def make_correlation_job(request: CorrelationRequest) -> Job:
 
         steps = staged(plan, progress, weights, pass_progress=not lazy, always=("planes",), keep=("planes",))
         values = plan.run(inputs, **steps, evaluators={"planes": map_evaluator})
-        summary = correlation_summary(values["dy"], values["dx"])
+        # once for the summary and the arrows: a second Run on kept copies is ~0.1 s, a pass over the field counts
+        median = median_magnitude(np.asarray(values["dy"]), np.asarray(values["dx"]))
+        summary = correlation_summary(values["dy"], values["dx"], median=median)
         if request.tracking:
             summary += "; by track_speckles"
-        return JobResult(_correlation_layers(request, values, plan), summary)
+        return JobResult(_correlation_layers(request, values, plan, median=median), summary)
 
     return Job(f"Correlating {request.name1!r} with {request.name2!r}", run)
 
@@ -320,11 +329,13 @@ def _limits(values: np.ndarray, how: str) -> tuple[float, float]:
     return percentile_limits(values)
 
 
-def _correlation_layers(request: CorrelationRequest, values: dict[str, Any], plan: Plan) -> list[LayerDataTuple]:
+def _correlation_layers(
+    request: CorrelationRequest, values: dict[str, Any], plan: Plan, *, median: float | None = None
+) -> list[LayerDataTuple]:
     """Bottom to top: peak (hidden), dx (hidden), dy, the derived outputs, the 4D map, the vectors.
 
     Of peak, dx, dy and the derived outputs only the topmost is visible (the others are a click away).
-    ``values`` are the plan's outputs.
+    ``values`` are the plan's outputs; ``median`` the field's :func:`median_magnitude`, where known.
     """
     dy, dx, peak = (np.asarray(values[name]) for name in ("dy", "dx", "peak"))
     name, window, step = request.grid_name, request.window, request.step
@@ -373,7 +384,7 @@ def _correlation_layers(request: CorrelationRequest, values: dict[str, Any], pla
         outputs.append(Output(values["map"], meta, "image", "map"))
     if "vectors" in values:
         every, _ = _vector_grid(request)
-        auto = auto_vector_length(dy, dx, every)
+        auto = auto_vector_length(dy, dx, every, median=median)
         length = (request.vector_scale / step) if request.vector_scale else auto
         vector_placement = derived_placement(frame, axes=[frame.ndim - 2, frame.ndim - 1], step=step)
         meta = {

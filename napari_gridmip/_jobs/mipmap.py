@@ -242,6 +242,9 @@ def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tu
     total = len(mipmap_shapes(tuple(volume.shape[-3:]))) + 1
     progress(0, total)
     device_levels = max_mipmap(volume if on_device is None else on_device)
+    for level in device_levels[1:]:  # every level's transfer started at once: on an accelerator they overlap
+        if hasattr(level, "copy_to_host_async"):
+            level.copy_to_host_async()
     levels = [volume]
     for k, level in enumerate(device_levels[1:], start=1):
         progress(k, total)

@@ -42,7 +42,7 @@ import itertools
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -342,6 +342,20 @@ def resolve(handle: DeviceInput | None, data: Any, source: str, *, wanted: bool 
             entry["why"] = why
         _compute_on.note_input(entry)
     return value
+
+
+def run_freeing_copies(run: Callable[[Any], Any], progress: Any) -> Any:
+    """``run(progress)`` (a job's run, in its worker); once more, with every device copy freed, where the device ran
+    out of memory while copies were kept: a kernel that fits the device alone must not fail for the copies (half
+    of the device's memory by default)."""
+    try:
+        return run(progress)
+    except RuntimeError as error:  # XLA's errors are RuntimeErrors
+        if "RESOURCE_EXHAUSTED" not in str(error) or not device_cache().stats()["entries"]:
+            raise
+    # out of the except block: the failed run's arrays (its traceback's frames) are let go before the retry
+    device_cache().clear()
+    return run(progress)
 
 
 def runs_on_device(dtype: Any = None) -> bool:

@@ -24,6 +24,7 @@ from napari.utils import notifications
 from napari.utils import progress as napari_progress
 from qtpy.QtCore import QEvent, QObject, Qt, QTimer, Signal
 
+from napari_gridmip._device_layers import run_freeing_copies
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._layer_changes import LayerChanges
 from napari_gridmip._widgets._workers import workers
@@ -225,7 +226,7 @@ class BackgroundRunner:
             if isinstance(where, Exception):  # a bad NAPARI_GRIDMIP_COMPUTE_ON: this run's failure to report
                 raise where
             with placed(where):
-                result = holding["job"].run(runner._report)
+                result = run_freeing_copies(holding["job"].run, runner._report)
             runner._check_cancel()
             # the layer models are made here too, so that the GUI thread only shows them
             return result, device, layers_ready_to_show(result.layers)
@@ -286,7 +287,7 @@ class BackgroundRunner:
             import_layer_dependencies()
             device = prepare_jax()
             with placed(where):
-                result = holder["job"].run(progress)
+                result = run_freeing_copies(holder["job"].run, progress)
             holder["job"] = None  # the inputs may go as soon as the result exists
             if holder["cancel"]:
                 raise Cancelled

@@ -373,3 +373,31 @@ def test_float64_work_on_a_tpu_takes_the_host_arrays(monkeypatch):
     assert not _device_layers.runs_on_device("float64") and _device_layers.runs_on_device("float32")
     assert resolve(handles[0], img, "img1", wanted=False) is img
     assert cache.keys() == []
+
+
+def test_a_run_out_of_device_memory_runs_again_without_the_copies(monkeypatch):
+    cache = kept()
+    monkeypatch.setattr(_device_layers, "_CACHE", cache)
+    cache.get(("other layer", ""), 1, array())
+    attempts = []
+
+    def job_run(progress):
+        attempts.append(cache.stats()["entries"])
+        if len(attempts) == 1:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00G")
+        return "result"
+
+    assert _device_layers.run_freeing_copies(job_run, None) == "result"
+    assert attempts == [1, 0]  # the second run had the device to itself
+    attempts.clear()
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):  # nothing kept to free: the error stands
+        _device_layers.run_freeing_copies(job_run, None)
+    assert attempts == [0]
+
+    def failing(progress):
+        raise RuntimeError("INVALID_ARGUMENT: not a memory error")
+
+    cache.get(("other layer", ""), 1, array())
+    with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
+        _device_layers.run_freeing_copies(failing, None)
+    assert cache.stats()["entries"] == 1  # kept: the copies were not the cause

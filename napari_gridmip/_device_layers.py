@@ -176,13 +176,16 @@ class DeviceLayerCache:
             wait.wait()  # a worker, never the GUI thread: the same copy is on its way
         try:
             copy = _send(array, device)
-        except RuntimeError as error:  # XLA's errors (out of memory): the kernels get the host array, as before
+        except BaseException as error:  # the bookkeeping undone whatever stopped it: no waiter is left waiting
             with self._lock:
                 self._reserved -= nbytes
                 if self._sending.get(key, (None, None))[1] is token:
                     del self._sending[key]
             token.set()
-            self.clear()  # what memory there is, the kernel needs more than the copies
+            if not isinstance(error, RuntimeError):
+                raise
+            # XLA's errors (out of memory): the kernels get the host array, as before, and what memory there is
+            self.clear()
             return array, "skipped", f"not sent: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
         with self._lock:
             self._reserved -= nbytes

@@ -201,6 +201,15 @@ def test_a_failed_transfer_hands_the_host_array_to_the_kernels(monkeypatch):
     assert out is data and outcome == "skipped" and why == "not sent: RESOURCE_EXHAUSTED: out of memory"
     assert cache.keys() == []  # the kernel needs the memory more than the copies do
 
+    def interrupted(a, device):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_device_layers, "_send", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache.lookup(("a", ""), 1, data)
+    monkeypatch.undo()
+    assert cache.lookup(("a", ""), 1, data)[1] == "miss"  # nothing left half-sent to wait for
+
 
 # -- a widget's watch over napari's layer events (Qt-free: a ViewerModel) -------------------------------------------
 

@@ -1,3 +1,4 @@
+import gc
 import os
 from pathlib import Path
 
@@ -21,6 +22,20 @@ def _isolated_user_folders(tmp_path_factory, monkeypatch):
     # kept executables are keyed without tracing, so a strategy a test replaces would not reach them
     # (core/_executables.py); tests/core/test_executables.py turns them on
     monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
+
+
+@pytest.fixture(autouse=True)
+def _earlier_objects_frozen():
+    """Python's full garbage collections during a test scan only the objects made since it began.
+
+    napari's ``make_napari_viewer`` runs a full ``gc.collect()`` after each test, which scans every object of
+    the process: JAX's caches hold millions once a worker has run a few modules, and each of those
+    collections then took 1.5 to 7 s (690 s of the suite's 1860, all in teardowns). Frozen, the objects that
+    were there before the test are left out of them (``gc.freeze``), and are scanned again from its end on.
+    """
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 # Parametrisations that each take many seconds on a 2-core CPU (measured with `--durations`), marked slow

@@ -29,6 +29,15 @@ def test_small_sparse_volume_is_written_once_with_only_occupied_chunks(tmp_path)
     assert path.stat().st_mtime_ns == stamp
 
 
+def test_the_sample_command_gives_a_multiscale_layer_of_lazy_levels(tmp_path, monkeypatch):
+    """The sample command at the small size (one level; the slow test below takes 512^3, two levels)."""
+    monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
+    [(levels, kwargs, kind)] = sparse.sparse_volume_sample(size=256)
+    assert kind == "image" and kwargs["multiscale"] and [lv.shape for lv in levels] == [(256, 256, 256)]
+    assert kwargs["metadata"]["gridmip_cells"]["cells"].shape == (32, 32, 32)
+    assert np.asarray(levels[0][100]).shape == (256, 256)
+
+
 @pytest.mark.slow  # writes a 512^3 sample (two levels)
 def test_coarse_levels_are_strided_and_the_layer_is_multiscale(tmp_path, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))

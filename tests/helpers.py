@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -99,3 +101,9 @@ def assert_one_line_error_and_nothing_written(done, message: str, folder) -> Non
     assert len(lines) == 1 and message in lines[0], done.stderr
     assert "Traceback" not in done.stderr
     assert list(folder.iterdir()) == []
+
+
+def run_cli(command: str, *args: str, cwd) -> subprocess.CompletedProcess:
+    """``python -m napari_gridmip COMMAND ARGS`` in ``cwd``, its output captured (a new process, as a user runs it)."""
+    return subprocess.run([sys.executable, "-m", "napari_gridmip", command, *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip

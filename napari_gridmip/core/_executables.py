@@ -48,6 +48,7 @@ import jax
 import numpy as np
 
 from napari_gridmip.core import _compile_cache
+from napari_gridmip.core._backend import _target_device  # the device a call made now runs on
 from napari_gridmip.core._options import switched_off
 
 _LOG = logging.getLogger(__name__)
@@ -104,16 +105,6 @@ def _host() -> str:
         identity = f"{platform.machine()} {platform.processor()} {flags}"
         _SOURCES["host"] = hashlib.sha256(identity.encode()).hexdigest()
     return _SOURCES["host"]
-
-
-def _target_device() -> Any:
-    """The device a call made now runs on: JAX's default device where one is set, else the default backend's."""
-    device = jax.config.jax_default_device
-    if device is None:
-        return jax.devices()[0]
-    if isinstance(device, str):
-        return jax.devices(device)[0]
-    return device
 
 
 def _leaf_type(leaf: Any, device: Any) -> tuple | None:

@@ -1,21 +1,15 @@
 """``napari-gridmip correlate-series``: one DICe CSV file per frame, a progress line per frame, and on bad input one
 line, a non-zero exit and nothing written."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from napari_gridmip._sample_data.dic_series import make_dic_series
-from tests.helpers import assert_one_line_error_and_nothing_written
+from tests.helpers import assert_one_line_error_and_nothing_written, run_cli
 
 
 def run(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "napari_gridmip", "correlate-series", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    return run_cli("correlate-series", *args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ file's stage positions, no grid; ``--tile-configuration`` writes the registered 
 the mosaic; bad input is one line, a non-zero exit and nothing written."""
 
 import csv
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,17 +10,14 @@ import tifffile
 import zarr
 
 from napari_gridmip import read_mosaic, write_tile_configuration
-from tests.helpers import assert_one_line_error_and_nothing_written
+from tests.helpers import assert_one_line_error_and_nothing_written, run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pydantic")
 PIXEL = 0.5  # micrometres
 
 
 def run(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "napari_gridmip", "stitch", *args], cwd=cwd, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    return run_cli("stitch", *args, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -932,21 +932,20 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
     """
     margin = (ncc - threshold) / np.maximum(1 - threshold, 1e-6)
     again = [REASONS.index(r) for r in ("not significant", "featureless", "peak at max_shift", "ambiguous")]
-    weak = np.isin(reason, again)
+    accepted = reason == REASONS.index("accepted")
     # an overlap narrower than the band's low-pass reach holds nothing the octave band missed (a corner between
     # diagonal neighbours, a 6% overlap): searching it again costs a second filter of every tile for nothing
-    weak &= coarse.extent.min(axis=1) >= BROAD_MIN_EXTENT * band[0]
-    accepted = reason == REASONS.index("accepted")
+    wide = coarse.extent.min(axis=1) >= BROAD_MIN_EXTENT * band[0]
     todo = []
     for members in groups:
         members = np.asarray(members)
         margins = margin[members][accepted[members]]
+        weak = np.isin(reason, again)
         if not rejected_only and (not len(margins) or np.median(margins) < WEAK_MARGIN):
             # the octave band is weak across the group (a noisy camera), not a pair here or there: its weak
             # accepted pairs too (on clean tiles a few low margins are ordinary and their peaks right)
-            todo.append([int(k) for k in members if weak[k] or (accepted[k] and not margin[k] >= WEAK_MARGIN)])
-        else:
-            todo.append([int(k) for k in members if weak[k]])
+            weak |= accepted & ~(margin >= WEAK_MARGIN)
+        todo.append([int(k) for k in members if weak[k] and wide[k]])
     if not any(todo):
         return done
     if engine == "numpy":

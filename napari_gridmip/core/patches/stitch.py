@@ -480,6 +480,20 @@ def _auto_search(geometry: _Pairs, members: np.ndarray) -> tuple[int, float]:
     return min(reach, max(AUTO_CAP, min(geometry.shape) // 4)), AUTO_FRACTION
 
 
+def _verdict(peak: float, threshold: float, featureless: bool, on_edge: bool, rival: float) -> int:
+    """A search's verdict on a pair, an index into :data:`REASONS`: featureless, its peak at ``max_shift``, not
+    significant (under ``threshold``), ambiguous (:func:`_is_ambiguous`), else accepted."""
+    if featureless:
+        return REASONS.index("featureless")
+    if on_edge:
+        return REASONS.index("peak at max_shift")
+    if not peak >= threshold:
+        return REASONS.index("not significant")
+    if _is_ambiguous(peak, rival):
+        return REASONS.index("ambiguous")
+    return REASONS.index("accepted")
+
+
 def _is_ambiguous(peak: float, rival: float) -> bool:
     """Whether a significant peak is one of several near-equal repeats.
 
@@ -806,17 +820,9 @@ def register_tiles(
             shift[k] = s + coarse.rounded[k] - delta[k]
             if np.isfinite(rival):
                 second_ncc[k], second_shift[k] = rival, rival_shift + coarse.rounded[k] - delta[k]
-            if featureless:
-                reason[k] = REASONS.index("featureless")
-            elif on_edge:
-                reason[k] = REASONS.index("peak at max_shift")
-            elif not peak >= group_threshold:
-                reason[k] = REASONS.index("not significant")
-            elif _is_ambiguous(peak, rival):
-                reason[k] = REASONS.index("ambiguous")  # for the neighbours' consensus (_guided_pass) to decide
-                ambiguous[k] = True
-            else:
-                reason[k] = REASONS.index("accepted")
+            reason[k] = _verdict(peak, group_threshold, featureless, on_edge, rival)
+            # an ambiguous pair is left for the neighbours' consensus (_guided_pass) to decide
+            ambiguous[k] = reason[k] == REASONS.index("ambiguous")
     broad_band = np.zeros(p, bool)
     if filters(sigma):
         band = (BROAD_BAND[0] * sigma, BROAD_BAND[1] * sigma)
@@ -936,16 +942,16 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
     # an overlap narrower than the band's low-pass reach holds nothing the octave band missed (a corner between
     # diagonal neighbours, a 6% overlap): searching it again costs a second filter of every tile for nothing
     wide = coarse.extent.min(axis=1) >= BROAD_MIN_EXTENT * band[0]
+    rejected = np.isin(reason, again) & wide
+    weak_accepted = accepted & ~(margin >= WEAK_MARGIN) & wide
     todo = []
     for members in groups:
         members = np.asarray(members)
         margins = margin[members][accepted[members]]
-        weak = np.isin(reason, again)
-        if not rejected_only and (not len(margins) or np.median(margins) < WEAK_MARGIN):
-            # the octave band is weak across the group (a noisy camera), not a pair here or there: its weak
-            # accepted pairs too (on clean tiles a few low margins are ordinary and their peaks right)
-            weak |= accepted & ~(margin >= WEAK_MARGIN)
-        todo.append([int(k) for k in members if weak[k] and wide[k]])
+        # where the octave band is weak across the group (a noisy camera), not a pair here or there, its weak
+        # accepted pairs too (on clean tiles a few low margins are ordinary and their peaks right)
+        group_weak = not rejected_only and (not len(margins) or np.median(margins) < WEAK_MARGIN)
+        todo.append([int(k) for k in members if rejected[k] or (group_weak and weak_accepted[k])])
     if not any(todo):
         return done
     if engine == "numpy":
@@ -965,7 +971,7 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
         band_threshold = _gumbel_quantile(nulls, 1 - alpha)
         for slot, k in enumerate(members):
             s, peak, _, featureless, on_edge, _, rival, rival_shift = (o[slot] for o in out)
-            if featureless or on_edge or not peak >= band_threshold or _is_ambiguous(peak, rival):
+            if _verdict(peak, band_threshold, featureless, on_edge, rival) != REASONS.index("accepted"):
                 continue  # the octave band's verdict stands
             if reason[k] == REASONS.index("accepted") and margin[k] >= (peak - band_threshold) / (1 - band_threshold):
                 continue

@@ -5,10 +5,11 @@ Every branch stays under the same tests: ``tests/core/correlation/test_subsets.p
 the kernels with each strategy forced on the CPU, and ``tools/accelerator_tests.sh`` runs the suite on a TPU
 (docs/accelerator.md).
 
-The rules that move work to the host CPU (:func:`memory_bound_place`, :func:`series_on_host`,
-:func:`render_on_host`) follow the user's setting (:mod:`._compute_on`, :func:`napari_gridmip.compute_on`):
-``"auto"`` applies them, ``"accelerator"`` turns them off, ``"host"`` runs everything there (:func:`placed`).
-Each names itself in the job's log when it moves work (the provenance's ``"ran_on"``).
+The rules that move work to the host CPU (:func:`memory_bound_place`, by this machine's measured rates,
+:mod:`._rates`; :func:`series_on_host` and :func:`render_on_host`, on a TPU) follow the user's setting
+(:mod:`._compute_on`, :func:`napari_gridmip.compute_on`): ``"auto"`` applies them, ``"accelerator"`` turns them
+off, ``"host"`` runs everything there (:func:`placed`). Each names itself in the job's log when it moves work
+(the provenance's ``"ran_on"``).
 """
 
 from __future__ import annotations
@@ -161,28 +162,43 @@ def series_on_host() -> bool:
     return _host_rule("series_on_host")
 
 
-def memory_bound_place(*inputs: object) -> contextlib.AbstractContextManager:
+def memory_bound_place(
+    *inputs: object, kernel: str = "max_mipmap", sent_itemsize: int | None = None
+) -> contextlib.AbstractContextManager:
     """Where a memory-bound kernel (a few operations per input byte: the pyramids, the local correlation image)
-    runs: on the host CPU when the default device is a TPU and no input is on a device already (NumPy, dask or
-    Zarr, as a napari layer gives them); else where JAX would run it.
+    runs, for host inputs (NumPy, dask or Zarr, as a napari layer gives them) on a machine with an accelerator:
+    where it finishes first by this machine's measured rates, the accelerator or the host CPU
+    (:mod:`._rates`): the bytes that must cross (the inputs' as the source holds them, or ``sent_itemsize`` bytes
+    an element where the kernel sends something else), over the link's rate, plus the work on the accelerator's
+    rate, against the work on the host's rate. ``kernel`` names the kernel's work (:data:`._rates.KERNELS`:
+    ``"occupancy_mipmap"``, ``"max_mipmap"``, ``"local_correlation_image"``). Where the rates cannot be had (a
+    measurement failed), the host.
 
-    Such a kernel's work is one pass over its input, and the host's memory reads it faster than the link carries
-    it to the chip: on a TPU v5e machine (13-core host, link about 0.5-1.2 GB/s), with NumPy inputs,
-    occupancy_mipmap of 1024^3 float32 ran 0.4x the host's speed, max_mipmap of 512^3 0.8x and
-    local_correlation_image of 2000 x 512^2 0.8x, where with the inputs already on the chip they ran 10x to 110x
-    faster (``benchmarks/bench_accelerator.py``, 2026-12-06, issue 53's table). So the bytes that would cross
-    decide: all of them, here, for at best the link's time saved. Compute-bound kernels (DIC, tracking, the
-    maps) are not placed by this: their work per byte makes the chip worth the link. A device array input keeps
-    the work on its device.
+    Why: such a kernel's work is one pass over its input, which the host's memory may read faster than the link
+    carries it to the chip. On a TPU v5e machine (13-core host, link about 0.5-1.2 GB/s), with NumPy inputs on the
+    chip, occupancy_mipmap of 1024^3 float32 ran 0.4x the host's speed, max_mipmap of 512^3 0.8x and
+    local_correlation_image of 2000 x 512^2 0.8x, where with the inputs already on the chip they ran 44x, 120x and
+    12x faster (``benchmarks/bench_accelerator.py``, 2026-12-06, issue 53's table; docs/accelerator.md, fifteenth
+    session). A fixed rule then ran them on the host for host inputs on a TPU, 1.0x; the rates decide since, so
+    that a source that crosses cheaply (uint8) or a slow host can take the chip. Compute-bound kernels (DIC,
+    tracking, the maps) are not placed by this: their work per byte makes the chip worth the link (3.4x-16x with
+    NumPy inputs). The rates are measured once per machine, at the first call that needs them, and kept
+    (:func:`._rates.rates_for`); never where there is no accelerator.
 
-    The host under the setting ``"host"``; JAX's default device under ``"accelerator"`` (:mod:`._compute_on`).
-    A dask input's blocks run later, in dask's threads (or a cluster's processes): the kernel hands them
-    :func:`keep_place`, so that they run where this placed the call.
+    A device array input keeps the work on its device; the CPU backend changes nothing. The host under the setting
+    ``"host"``; JAX's default device under ``"accelerator"`` (:mod:`._compute_on`); neither measures. A move to the
+    host is noted in the job's log (the provenance's ``"ran_on"``). A dask input's blocks run later, in dask's
+    threads (or a cluster's processes): the kernel hands them :func:`keep_place`, so that they run where this
+    placed the call.
     """
     where = _compute_on.setting()
     if where == "host":
         return on_host()
-    if where == "accelerator" or not _on_tpu() or any(isinstance(x, jax.Array) for x in inputs):
+    if where == "accelerator" or not _on_accelerator() or any(isinstance(x, jax.Array) for x in inputs):
+        return contextlib.nullcontext()
+    from napari_gridmip.core import _rates
+
+    if _rates.place(_target_device(), kernel, inputs, sent_itemsize) == "accelerator":
         return contextlib.nullcontext()
     _compute_on.moved_to_host("memory_bound_place")
     return on_host()
@@ -294,9 +310,19 @@ def host_pool_aliased() -> bool:
 def _on_tpu() -> bool:
     """Whether the work about to be traced runs on a TPU (JAX's default device when one is set, else the default
     backend)."""
-    if _platform() != "tpu":
-        return False
-    try:  # a process started with JAX_PLATFORMS=tpu has no host backend: everything stays on the TPU
+    return _platform() == "tpu" and _has_host()
+
+
+def _on_accelerator() -> bool:
+    """Whether the work about to be traced runs on an accelerator (a TPU, a GPU) of a process that also has the
+    host's CPU backend."""
+    return _on_tpu() or (_platform() != "cpu" and _has_host())
+
+
+def _has_host() -> bool:
+    """Whether this process has the host CPU backend: one started with JAX_PLATFORMS=tpu has none, and then
+    everything stays on the accelerator."""
+    try:
         jax.devices("cpu")
     except RuntimeError:
         return False

@@ -1,0 +1,477 @@
+"""Where a memory-bound call finishes first: this machine's link and compute rates, measured once and kept, and
+the estimate made from them (issue 53, item 1; :func:`napari_gridmip.core._backend.memory_bound_place`).
+
+A memory-bound kernel (the pyramids, the local correlation image) makes a pass or two over its input. Given a
+NumPy, dask or Zarr input on a machine with an accelerator, it can run on the accelerator, after its input has
+crossed the host's link (and its outputs come back), or on the host's CPU backend, where nothing crosses::
+
+    accelerator = latency + bytes sent / to_device + bytes returned / to_host + work / accelerator's rate
+    host        = work / host's rate
+
+and it runs where the estimate is smaller, the accelerator only when it wins by :data:`MARGIN` (:func:`estimate`,
+:func:`choose`: pure arithmetic, no JAX). Work common to both (reading a Zarr chunk, the NumPy threshold of
+``occupancy_mipmap``, the aligned copy of ``to_device``) is left out: it does not change which is smaller.
+
+The bytes sent are the input's as the source holds them (a uint8 volume crosses at a byte a voxel), except where
+a kernel sends something else (``occupancy_mipmap`` sends its level 0 as bools); the work is counted in bytes of
+the kernel's own compute dtype (:data:`KERNELS`).
+
+The rates (:func:`rates_for`) are measured once per machine and device, at the first call that needs them, and
+kept in ``rates.json`` beside the compiled programs (:func:`path`; ``NAPARI_GRIDMIP_CACHE_DIR`` moves both),
+keyed by the device's platform and kind, the host's processor and core count, and JAX's version, so that a later
+process reads them. What is measured (:func:`measure_link`, :func:`measure_program`), best of :data:`REPEATS`:
+
+- the link: ``jax.device_put`` of a :data:`LINK_BYTES` NumPy buffer to the device, waited for with
+  ``block_until_ready``, and the copy back (``np.asarray``); the latency: the same round trip of 4 KiB;
+- each kernel's work, on the host CPU backend and on the accelerator with the data already there: one tiny
+  program per kind of work (:data:`PROGRAMS`), the kernels' own building blocks: a 2x2x2 ``any`` of bools
+  (``pyramid.halve``, the occupancy pyramid's step), a 2x2x2 maximum of float32 through its order keys (the max
+  pyramid's step), and the local correlation image's per-frame sums of products with the 4 neighbour offsets
+  (``timeseries._frame_terms``), as bytes of input per second. Only the program of the kernel being placed is
+  measured; another kernel's is added to the file when first needed.
+
+Nothing is ever measured where the device is the CPU (a machine without an accelerator: everything runs there):
+:func:`rates_for` answers None at once, as it does where a measurement fails (then the call runs on the host, the
+rule that ran before this model: 1.0x the host on a TPU v5e, docs/accelerator.md). ``python -m
+napari_gridmip.core._rates`` prints this machine's rates, measuring them if they are not kept (``--again``: anew),
+and where the benchmark's memory-bound cases would run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "napari-gridmip rates 1"
+FILE_NAME = "rates.json"
+LINK_BYTES = 32 * 2**20  # the link's probe: tens of MiB, as one chunk or a small layer
+LATENCY_BYTES = 4096
+REPEATS = 3
+#: The accelerator is chosen only when its estimate is this much smaller than the host's: the rates come from
+#: probes of tens of MiB, and a call of GiBs may find the link slower (a TPU v5e host's ran 0.47 GB/s for one
+#: 4 GiB ``device_put``, 2.5 GB/s for 236 MB; issue 53); near a tie the host, where nothing can go slower.
+MARGIN = 1.25
+
+_LOG = logging.getLogger(__name__)
+_LOCK = threading.Lock()  # one measurement at a time in a process (two jobs may place calls at once)
+_KEPT: dict[tuple[str, str], dict[str, Any]] = {}  # (file, machine key) -> its entry, as read or measured here
+_FAILED: set[tuple[str, str]] = set()  # measurements that failed in this process: not tried again
+
+
+# -- the kernels and the estimate (pure) ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """What a memory-bound kernel does with ``n`` input elements, for :func:`estimate`.
+
+    ``program``: the measured program its work is like (:data:`PROGRAMS`). ``work_itemsize``: the bytes an element
+    takes in its work (None: the input's own itemsize). ``sent_itemsize``: the bytes an element takes on the link
+    (None: the input's own, as the source holds it). ``passes``: its work in passes of ``program`` over the input
+    (a pyramid's levels: 1 + 1/8 + 1/64 ... = 8/7). ``returned``: the bytes that come back to the host, in units
+    of the work's bytes of one pass (a pyramid's levels are 8/7 of its level 0; a correlation image, next to
+    nothing).
+    """
+
+    program: str
+    work_itemsize: int | None = None
+    sent_itemsize: int | None = None
+    passes: float = 1.0
+    returned: float = 0.0
+
+
+PYRAMID = 8 / 7  # 1 + 1/8 + 1/64 + ...: a pyramid's levels, in units of its level 0
+
+#: The memory-bound kernels placed by :func:`napari_gridmip.core._backend.memory_bound_place`.
+KERNELS = {
+    # level 0 is thresholded on the host in either case (common work) and crosses as bools
+    "occupancy_mipmap": Kernel("any", work_itemsize=1, sent_itemsize=1, passes=PYRAMID, returned=PYRAMID),
+    "max_mipmap": Kernel("max", passes=PYRAMID, returned=PYRAMID),
+    # the chunks' sums in float32 whatever the source; the image (one frame) comes back
+    "local_correlation_image": Kernel("products", work_itemsize=4),
+}
+
+
+def estimate(
+    rates: Mapping[str, Any],
+    kernel: Kernel,
+    *,
+    elements: float,
+    held_bytes: float,
+    sent_itemsize: int | None = None,
+) -> tuple[float, float]:
+    """``(host seconds, accelerator seconds)`` of one call of ``kernel`` on ``elements`` input elements that the
+    source holds in ``held_bytes``; ``sent_itemsize``, where given, is what each element takes on the link
+    (overriding the kernel's own). ``rates`` as kept (:func:`rates_for`), with ``kernel.program`` measured.
+    """
+    itemsize = held_bytes / elements if elements else 0.0
+    work = elements * (kernel.work_itemsize or itemsize)
+    sent = elements * (sent_itemsize or kernel.sent_itemsize or itemsize)
+    program = rates["programs"][kernel.program]
+    host = kernel.passes * work / program["host"]
+    accelerator = (
+        rates["latency_s"]
+        + sent / rates["to_device"]
+        + kernel.returned * work / rates["to_host"]
+        + kernel.passes * work / program["accelerator"]
+    )
+    return host, accelerator
+
+
+def choose(host_s: float, accelerator_s: float, margin: float = MARGIN) -> str:
+    """``"accelerator"`` where its estimate is ``margin`` times smaller than the host's, else ``"host"``."""
+    return "accelerator" if accelerator_s * margin < host_s else "host"
+
+
+def sizes(inputs: tuple[object, ...]) -> tuple[float, float]:
+    """``(elements, bytes)`` of the arrays among ``inputs`` as their sources hold them (NumPy, dask, Zarr: their
+    ``size`` and ``dtype``, nothing read); NaN where a size is unknown (a dask array of unknown chunks)."""
+    elements = held = 0.0
+    for x in inputs:
+        size, dtype = getattr(x, "size", None), getattr(x, "dtype", None)
+        if size is None or dtype is None:
+            continue
+        try:
+            size, itemsize = float(size), np.dtype(dtype).itemsize
+        except (TypeError, ValueError):
+            return math.nan, math.nan
+        elements += size
+        held += size * itemsize
+    return elements, held
+
+
+def place(device: Any, kernel: str, inputs: tuple[object, ...], sent_itemsize: int | None = None) -> str:
+    """``"host"`` or ``"accelerator"``: where a call of ``kernel`` (a name in :data:`KERNELS`) on ``inputs``,
+    host arrays, finishes first, ``device`` being the accelerator it would otherwise run on. The host where the
+    rates cannot be had (:func:`rates_for`) or the sizes are unknown."""
+    profile = KERNELS[kernel]
+    elements, held = sizes(inputs)
+    if not elements or not math.isfinite(elements):
+        return "host"
+    rates = rates_for(device, profile.program)
+    if rates is None:
+        return "host"
+    return choose(*estimate(rates, profile, elements=elements, held_bytes=held, sent_itemsize=sent_itemsize))
+
+
+# -- the kept rates --------------------------------------------------------------------------------------------
+
+
+def path() -> Path:
+    """The rates file: ``rates.json`` in the library's cache folder, beside the compiled programs' folder."""
+    from napari_gridmip.core._compile_cache import cache_dir
+
+    return cache_dir().parent / FILE_NAME
+
+
+def machine(device: Any) -> dict[str, str]:
+    """What the rates depend on: the device's platform and kind, the host's processor and cores, JAX's version."""
+    import jax
+
+    return {"platform": device.platform, "device_kind": device.device_kind, "host": _host(), "jax": jax.__version__}
+
+
+def key_of(facts: Mapping[str, str]) -> str:
+    return " | ".join(facts[name] for name in ("platform", "device_kind", "host", "jax"))
+
+
+def _host() -> str:
+    """The host's processor (its model name where Linux gives it) and the cores this process may use."""
+    import platform
+
+    name = ""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            line = next((line for line in cpuinfo if line.startswith("model name")), "")
+            name = line.partition(":")[2].strip()
+    name = name or platform.processor() or platform.machine()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name} x{cores}"
+
+
+def rates_for(device: Any, program: str) -> dict[str, Any] | None:
+    """This machine's rates for ``device`` with ``program`` among them (:func:`estimate`'s ``rates``), from this
+    process's memory, else the file, else measured now and kept (only what is missing: the link, ``program``).
+
+    None where ``device`` is the CPU (nothing to measure: the work is on the host wherever it runs), and where a
+    measurement failed (logged once a process).
+    """
+    if getattr(device, "platform", "cpu") == "cpu":
+        return None
+    file = path()
+    facts = machine(device)
+    key = (str(file), key_of(facts))
+    with _LOCK:
+        entry = _KEPT.get(key)
+        if entry is None or program not in entry["programs"]:  # another process may have measured it since
+            entry = _read(file).get(key[1]) or entry or {**facts, "programs": {}, "cost_s": {}}
+        if "to_device" in entry and program in entry["programs"]:
+            _KEPT[key] = entry
+            return entry
+        if key in _FAILED:
+            return None
+        try:
+            entry = _measured(entry, device, program)
+        except Exception:  # noqa: BLE001 - any failure of the probe: the call runs on the host, as before
+            _FAILED.add(key)
+            _LOG.warning("could not measure this machine's rates for %s: placing on the host", key[1], exc_info=True)
+            return None
+        machines = _read(file)
+        machines[key[1]] = entry
+        _write(file, machines)
+        _KEPT[key] = entry
+        return entry
+
+
+def measure_again(device: Any) -> None:
+    """Forget ``device``'s kept rates, in this process and in the file: the next :func:`rates_for` measures."""
+    file = path()
+    key = key_of(machine(device))
+    with _LOCK:
+        _KEPT.pop((str(file), key), None)
+        _FAILED.discard((str(file), key))
+        machines = _read(file)
+        if machines.pop(key, None) is not None:
+            _write(file, machines)
+
+
+def forget() -> None:
+    """Drop what this process kept (the file stays): the next :func:`rates_for` reads the file again."""
+    with _LOCK:
+        _KEPT.clear()
+        _FAILED.clear()
+
+
+def _measured(entry: dict[str, Any], device: Any, program: str) -> dict[str, Any]:
+    """``entry`` with the link's rates and ``program``'s measured where it lacks them."""
+    entry = {**entry, "programs": dict(entry["programs"]), "cost_s": dict(entry.get("cost_s", {}))}
+    if "to_device" not in entry:
+        start = time.perf_counter()
+        entry.update(measure_link(device))
+        entry["cost_s"]["link"] = round(time.perf_counter() - start, 4)
+    if program not in entry["programs"]:
+        start = time.perf_counter()
+        entry["programs"][program] = measure_program(program, device)
+        entry["cost_s"][program] = round(time.perf_counter() - start, 4)
+    entry["measured"] = datetime.datetime.now().isoformat(timespec="seconds")
+    return entry
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _valid(entry: Any) -> dict[str, Any] | None:
+    """The usable part of a kept entry: its link rates and the programs whose two rates are sound; None where its
+    link rates are not (it is measured again)."""
+    if not isinstance(entry, dict) or not all(_positive(entry.get(k)) for k in ("to_device", "to_host", "latency_s")):
+        return None
+    programs = entry.get("programs")
+    programs = programs if isinstance(programs, dict) else {}
+    sound = {
+        name: rates
+        for name, rates in programs.items()
+        if name in PROGRAMS and isinstance(rates, dict) and all(_positive(rates.get(s)) for s in SIDES)
+    }
+    cost = entry.get("cost_s")
+    return {**entry, "programs": sound, "cost_s": cost if isinstance(cost, dict) else {}}
+
+
+def _read(file: Path) -> dict[str, dict[str, Any]]:
+    """The file's sound entries by machine key; nothing where it is missing, unreadable, corrupt or of another
+    format (its entries are then measured again, and the file rewritten)."""
+    try:
+        kept = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(kept, dict) or kept.get("format") != FORMAT or not isinstance(kept.get("machines"), dict):
+        return {}
+    entries = {key: _valid(entry) for key, entry in kept["machines"].items()}
+    return {key: entry for key, entry in entries.items() if entry is not None}
+
+
+def _write(file: Path, machines: dict[str, Any]) -> None:
+    """Keep ``machines`` (every machine's entry: a cache folder may be shared), atomically; an unwritable folder
+    keeps them in this process only."""
+    text = json.dumps({"format": FORMAT, "machines": machines}, indent=1, sort_keys=True)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        partial = file.with_name(f"{file.name}.{os.getpid()}.partial")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, file)
+    except OSError:
+        _LOG.warning("could not keep this machine's rates in %s", file, exc_info=True)
+
+
+# -- the measurements ----------------------------------------------------------------------------------------
+
+SIDES = ("host", "accelerator")
+
+
+def _best(call: Callable[[], Any], repeats: int = REPEATS) -> float:
+    """The shortest of ``repeats`` timed calls (seconds)."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_link(device: Any, nbytes: int = LINK_BYTES) -> dict[str, float]:
+    """``{"to_device": B/s, "to_host": B/s, "latency_s": s}`` of ``device``'s link, best of :data:`REPEATS` each:
+    a ``device_put`` of ``nbytes`` of NumPy data waited for (``block_until_ready``), the copy back of a fresh
+    device array (``np.asarray``), and the round trip of :data:`LATENCY_BYTES`. The rates include each transfer's
+    fixed cost."""
+    import jax
+
+    buffer = np.ones(max(nbytes, LATENCY_BYTES) // 4, np.float32)
+    small = np.ones(LATENCY_BYTES // 4, np.float32)
+    there: list[Any] = []
+    latency = _best(lambda: np.asarray(jax.device_put(small, device).block_until_ready()))
+    to_device = _best(lambda: there.append(jax.device_put(buffer, device).block_until_ready()))
+    to_host = _best(lambda: np.asarray(there.pop()))  # a fresh array each time: a fetched one keeps its host copy
+    return {"to_device": buffer.nbytes / to_device, "to_host": buffer.nbytes / to_host, "latency_s": latency}
+
+
+def _any_program() -> tuple[Callable, Callable[[float], np.ndarray]]:
+    from napari_gridmip.core.occupancy import pyramid
+
+    def program(x: Any) -> Any:
+        return pyramid.halve(x, pyramid.ANY)
+
+    return program, lambda scale: np.ones(_cube(scale, 16 * 2**20), bool)
+
+
+def _max_program() -> tuple[Callable, Callable[[float], np.ndarray]]:
+    from napari_gridmip.core.occupancy import pyramid
+
+    def program(x: Any) -> Any:
+        return pyramid.halve(pyramid.float_key(x), pyramid.max_reduction(np.dtype(np.int32)))
+
+    return program, lambda scale: np.ones(_cube(scale, 8 * 2**20), np.float32)
+
+
+def _products_program() -> tuple[Callable, Callable[[float], np.ndarray]]:
+    from jax import lax
+
+    from napari_gridmip.core.correlation.timeseries import OFFSETS, _frame_terms
+
+    offsets = OFFSETS[8]
+
+    def program(x: Any) -> Any:
+        def frame(f: Any, sums: tuple) -> tuple:
+            d = lax.dynamic_index_in_dim(x, f, keepdims=False) - x[0]
+            return tuple(s + t for s, t in zip(sums, _frame_terms(d, offsets)))
+
+        return lax.fori_loop(0, x.shape[0], frame, _frame_terms(x[0] * 0, offsets))
+
+    def data(scale: float) -> np.ndarray:
+        side = max(8, round(512 * scale))
+        return np.ones((16, side, side), np.float32)
+
+    return program, data
+
+
+def _cube(scale: float, elements: int) -> tuple[int, int, int]:
+    """A ``(D, 256, 256)``-like shape of about ``elements * scale**3`` elements, every side even."""
+    side = max(2, 2 * round(128 * scale))
+    return max(2, 2 * round(elements * scale**3 / side**2 / 2)), side, side
+
+
+#: The measured programs: the memory-bound kernels' work (:data:`KERNELS`), each its program and its input's maker.
+PROGRAMS: dict[str, Callable[[], tuple[Callable, Callable[[float], np.ndarray]]]] = {
+    "any": _any_program,  # occupancy_mipmap's pyramid: 16 MiB of bools
+    "max": _max_program,  # max_mipmap's pyramid of float32: 32 MiB
+    "products": _products_program,  # local_correlation_image: 16 frames of 512^2 float32, 16 MiB
+}
+
+
+def measure_program(program: str, device: Any, *, host: Any = None, scale: float = 1.0) -> dict[str, float]:
+    """``{"host": B/s, "accelerator": B/s}``: bytes of input per second of ``program`` (:data:`PROGRAMS`) on the host
+    CPU backend (``host``, default its first device) and on ``device``, the data already there, each compiled
+    first; best of :data:`REPEATS`. ``scale`` shrinks the data per side (a test's)."""
+    import jax
+
+    function, make = PROGRAMS[program]()
+    compiled = jax.jit(function)
+    data = make(scale)
+    rates = {}
+    for side, where in (("host", host or jax.devices("cpu")[0]), ("accelerator", device)):
+        x = jax.device_put(data, where)
+        jax.block_until_ready(compiled(x))  # compiled, and run once
+        rates[side] = data.nbytes / _best(lambda x=x: jax.block_until_ready(compiled(x)))
+        del x
+    return rates
+
+
+# -- python -m napari_gridmip.core._rates ------------------------------------------------------------------
+
+#: benchmarks/bench_accelerator.py's memory-bound cases, and the same sizes in the narrow dtypes a source may hold.
+CASES = (
+    ("occupancy_mipmap", "1024^3 float32", (1024, 1024, 1024), np.float32, None),
+    ("occupancy_mipmap", "1024^3 uint8", (1024, 1024, 1024), np.uint8, None),
+    ("max_mipmap", "512^3 float32", (512, 512, 512), np.float32, None),
+    ("max_mipmap", "512^3 uint8", (512, 512, 512), np.uint8, None),
+    ("local_correlation_image", "2000 x 512^2 float32", (2000, 512, 512), np.float32, None),
+    # the chunks are widened to float32 on the host before they cross today (timeseries.host_chunk)
+    ("local_correlation_image", "2000 x 512^2 uint16, sent as float32", (2000, 512, 512), np.uint16, 4),
+    ("local_correlation_image", "2000 x 512^2 uint16, sent as uint16", (2000, 512, 512), np.uint16, None),
+)
+
+
+def _report(again: bool) -> int:
+    import jax
+
+    from napari_gridmip.core._backend import _target_device
+
+    device = _target_device()
+    if device.platform == "cpu":
+        print(f"JAX's default device is the CPU ({device.device_kind}): every kernel runs there, nothing to measure")
+        return 0
+    print(f"{key_of(machine(device))}\nkept in {path()}")
+    if again:
+        measure_again(device)
+    start = time.perf_counter()
+    rates = {}
+    for name in PROGRAMS:
+        rates = rates_for(device, name)
+        if rates is None:
+            print("the measurement failed (the log above says why)")
+            return 1
+    print(f"this call {time.perf_counter() - start:.2f} s; the measurement's own cost, s: {rates['cost_s']}")
+    print(
+        f"link: to the device {rates['to_device'] / 1e9:.2f} GB/s, back {rates['to_host'] / 1e9:.2f} GB/s, "
+        f"round trip of {LATENCY_BYTES} bytes {rates['latency_s'] * 1e3:.3f} ms"
+    )
+    for name, program in rates["programs"].items():
+        host, there = program["host"] / 1e9, program["accelerator"] / 1e9
+        print(f"{name:9s} host {host:8.2f} GB/s   {device.platform} {there:8.2f} GB/s")
+    print(f"where NumPy inputs run under 'auto' (the accelerator where its estimate is {MARGIN}x smaller):")
+    for kernel, what, shape, dtype, sent in CASES:
+        n = math.prod(shape)
+        held = n * np.dtype(dtype).itemsize
+        host, there = estimate(rates, KERNELS[kernel], elements=n, held_bytes=held, sent_itemsize=sent)
+        print(f"  {kernel} {what}: host {host:.3f} s, {device.platform} {there:.3f} s -> {choose(host, there)}")
+    print(f"JAX {jax.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m napari_gridmip.core._rates", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--again", action="store_true", help="measure anew, replacing what is kept")
+    raise SystemExit(_report(parser.parse_args().again))

@@ -41,6 +41,7 @@ from napari_gridmip.core._executables import kept
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
+from napari_gridmip.core._sharding import band_devices, band_starts, run_bands, spread_rows
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows, wait_for
@@ -466,13 +467,16 @@ def _displacement_band(z1, z1k, z2, row0, *, window, tile, band, method):
 SWEEP_BAND_BYTES = 64 * 2**20
 
 
-def _sweep_plan(shape: tuple[int, ...], window: tuple[int, int], itemsize: int) -> tuple[int, list[int]]:
-    """(band rows, band starts) of the sweeps over stacks of ``shape = (B, K, M, N)``; the last band ends flush."""
+def _sweep_plan(shape: tuple[int, ...], window: tuple[int, int], itemsize: int, *, devices: int = 1
+                ) -> tuple[int, list[int]]:  # fmt: skip
+    """(band rows, band starts) of the sweeps over stacks of ``shape = (B, K, M, N)``, at least one band per
+    device of ``devices`` (:func:`.core._sharding.spread_rows`); the last band ends flush."""
     batch, k, rows, cols = shape
     out_rows = rows - 2 * (window[0] // 2)
     band = max(8, SWEEP_BAND_BYTES // max(1, batch * k * cols * itemsize))
     band = min(out_rows, max(band, math.ceil(out_rows / MAX_BANDS)))
-    return band, sorted({min(start, out_rows - band) for start in range(0, out_rows, band)})
+    band = spread_rows(band, out_rows, devices)
+    return band, band_starts(band, out_rows)
 
 
 def _sweep(z1, z2, row0, *, window, band, visit, carry):
@@ -873,24 +877,22 @@ def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) 
         sweeps = _backend.offset_sweeps()
         batch, z1, z2, *z1k = _prepare(img1, img2, dtype, k_last=not sweeps)
         out_rows = shape[-2] - 2 * (window[0] // 2)
+        devices = band_devices()  # every local device of the call's platform (core._sharding)
         if sweeps:
-            band, starts = _sweep_plan(z1.shape, window, z1.dtype.itemsize)
+            band, starts = _sweep_plan(z1.shape, window, z1.dtype.itemsize, devices=len(devices))
         else:
-            tile, band, starts = _row_plan(out_rows)
+            tile, band, starts = _row_plan(out_rows, max_bands=max(MAX_BANDS, len(devices)))
         out_shape = (out_rows, shape[-1] - 2 * (window[1] // 2))
         refine_bands = len(refine_plan(out_shape, shape[-3], dtype)[1]) if subpixel == "refine" else 0
         total = len(starts) + refine_bands  # the search's bands, then the refinement's
-        pieces = []
-        for done, row0 in enumerate(starts):
-            _report(progress, done, total)
-            if sweeps:
-                band_of = partial(_swept_displacement_band, z1, z2, window=window, band=band, method=subpixel)
-            else:
-                band_of = partial(
-                    _displacement_band, z1, z1k[0], z2, window=window, tile=tile, band=band, method=subpixel
-                )
-            pieces.append(band_of(np.int32(row0)))
-            wait_for(pieces[-1])
+        if sweeps:
+            program, args, options = _swept_displacement_band, (z1, z2), dict(window=window, band=band)
+        else:
+            program, args, options = _displacement_band, (z1, z1k[0], z2), dict(window=window, tile=tile, band=band)
+        pieces = run_bands(
+            program, args, starts, row_arg=len(args), static=dict(options, method=subpixel), devices=devices,
+            progress=lambda done: _report(progress, done, total),
+        )  # fmt: skip
         keep = kept_rows(starts, band)
         if subpixel != "refine":
             dy, dx, peak = join_bands(pieces, keep=keep, batch=batch)

@@ -71,8 +71,9 @@ from napari_gridmip.core._executables import kept
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
+from napari_gridmip.core._sharding import band_devices, band_starts, run_bands, spread_rows
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
-from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows, wait_for
+from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation._subset_newton import (
     GRAM_COLS,
@@ -1045,9 +1046,10 @@ def _has_nonfinite(img: Any) -> bool:
     return not bool(np.isfinite(np.asarray(img)).all())
 
 
-def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
+def _band_plan(plan: Plan, dtype: np.dtype, *, devices: int = 1) -> tuple[int, list[int]]:
     """(rows per band, band starts): at most ``MAX_BANDS`` bands, fewer rows where the Gram planes or the map
-    would be large; the last band ends flush with the output."""
+    would be large, or where ``devices`` devices would otherwise have fewer bands than devices
+    (:func:`.core._sharding.spread_rows`); the last band ends flush with the output."""
     out_rows, out_cols = plan.out
     rows = -(-out_rows // MAX_BANDS)
     itemsize = np.dtype(dtype).itemsize
@@ -1058,8 +1060,8 @@ def _band_plan(plan: Plan, dtype: np.dtype) -> tuple[int, list[int]]:
     if plan.method == "map":
         per_row = out_cols * plan.window[0] * plan.window[1] * itemsize
         rows = min(rows, max(1, MAP_BAND_BYTES // per_row))
-    rows = max(1, min(rows, out_rows))
-    return rows, sorted({min(b * rows, out_rows - rows) for b in range(-(-out_rows // rows))})
+    rows = max(1, min(spread_rows(rows, out_rows, devices), out_rows))
+    return rows, band_starts(rows, out_rows)
 
 
 def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None, centres=None,
@@ -1097,7 +1099,8 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         else:
             centres = np.asarray(centres, np.float64).reshape(-1, 2).T
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
-        band, starts = _band_plan(plan, dtype)
+        devices = band_devices()  # every local device of the call's platform (core._sharding)
+        band, starts = _band_plan(plan, dtype, devices=len(devices))
         if any(isinstance(c, jax.Array) for c in centres):
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)
         else:  # on the host: three eager device ops were three more programs to compile on a first call
@@ -1105,7 +1108,9 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         # the prefilter after centring: the filter's sums then see small values (its weights sum to 1)
         prepare = partial(_prepared, sigma=float(prefilter), pad1=plan.pad, pad2=((0, 0), (0, step)), bad=has_bad,
                           spline=plan.spline, unpadded=subset_shape == "affine")  # fmt: skip
-        ahead = _compile_band_ahead(prepare, x1, x2, device_centres, plan=plan, rows=band, dtype=dtype)
+        ahead = None  # on several devices the band program runs inside the sharded one, compiled with it
+        if len(devices) == 1:
+            ahead = _compile_band_ahead(prepare, x1, x2, device_centres, plan=plan, rows=band, dtype=dtype)
         ic_gn_ahead = None
         if subset_shape == "affine":  # the IC-GN's stacks are the centred ones, smoothed, not padded: their shapes
             from napari_gridmip.core.correlation.affine import compile_ahead
@@ -1121,14 +1126,11 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
 
             affine_bands = unpadded[0].shape[0] * len(affine_plan(plan.out, subset, k)[1])
         total = len(starts) + affine_bands  # the search's bands, then (affine) the IC-GN's
-        pieces = []
-        for done, start in enumerate(starts):
-            if progress is not None:
-                progress(done, total)
-            pieces.append(
-                _band(x1, x2, bad1, bad2, device_centres, np.int32(start), coefficients, plan=plan, rows=band)
-            )
-            wait_for(pieces[-1])
+        pieces = run_bands(
+            _band, (x1, x2, bad1, bad2, device_centres, coefficients), starts, row_arg=5,
+            static=dict(plan=plan, rows=band), devices=devices,
+            progress=None if progress is None else lambda done: progress(done, total),
+        )  # fmt: skip
         keep = kept_rows(starts, band)
         if subset_shape != "affine":
             if progress is not None:

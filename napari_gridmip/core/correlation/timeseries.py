@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _validate
+from napari_gridmip.core import _backend, _sharding, _validate
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.correlation._bands import wait_for
@@ -151,6 +151,14 @@ def _merge(totals: tuple, count: jax.Array, moments: tuple, *, offsets: tuple) -
     return tuple(out)
 
 
+@partial(jax.jit, static_argnames=("offsets",), donate_argnums=0)
+def _merge_each(totals: tuple, counts: jax.Array, stacked: tuple, *, offsets: tuple) -> tuple:
+    """:func:`_merge` of each device's part of a chunk in turn, in one program (a part of no frames adds 0)."""
+    for part in range(counts.shape[0]):
+        totals = _merge(totals, counts[part], tuple(m[part] for m in stacked), offsets=offsets)
+    return totals
+
+
 def _at_pair(values: Any, offset: tuple[int, int], xp: Any = jnp) -> tuple[Any, Any]:
     """``values`` (one per pair of pixels ``p``, ``p + offset``) zero-padded to the image twice: at ``p``,
     and at ``p + offset``."""
@@ -206,6 +214,16 @@ class _Moments:
         self.n += count
         with precision_scope(np.float64):
             self.totals = _merge(self.totals, np.float64(count), moments, offsets=self.offsets)
+
+    def add_each(self, counts: np.ndarray, stacked: tuple) -> None:
+        """Merge the parts of a chunk that devices computed side by side (:func:`sharded_chunk_moments`):
+        ``counts[d]`` frames whose moments are ``stacked``'s entry ``d``, in device order."""
+        self.n += int(counts.sum())
+        with precision_scope(np.float64):
+            here = next(iter(self.totals[0].devices()))  # each part crosses to the totals' device
+            self.totals = _merge_each(
+                self.totals, counts.astype(np.float64), jax.device_put(stacked, here), offsets=self.offsets
+            )
 
     def packed(self) -> np.ndarray:
         """``(2 + offsets, B, Y, X)`` NumPy float64: the sums, the cross sums zero-padded to the image (dask
@@ -282,6 +300,29 @@ def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int,
             x = owned_to_device(host_chunk(chunk, reference, padded_frames(frames), dtype))
             ref = jax.device_put(np.zeros(reference.shape, dtype))
         return _chunk_moments(x, ref, np.int32(count), offsets=offsets)
+
+
+def sharded_chunk_moments(
+    chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple, devices: tuple
+) -> tuple[np.ndarray, tuple]:
+    """:func:`chunk_moments_of_host` split over ``devices`` along the frames: ``(counts, stacked)``, each
+    device's count of real frames and its moments stacked along a leading axis (:meth:`_Moments.add_each`).
+
+    The chunk minus the reference is written once into a host buffer of ``len(devices)`` equal parts of whole
+    :data:`UNROLL_FRAMES` blocks; ``jax.device_put`` with a :class:`~jax.sharding.NamedSharding` sends each part
+    to its device (each over its own link where devices have their own), and one ``shard_map`` program runs
+    :func:`_chunk_moments` on every part at once (:mod:`.core._sharding`).
+    """
+    count, parts = chunk.shape[1], len(devices)
+    per_device = padded_frames(-(-frames // parts))
+    counts = np.clip(count - per_device * np.arange(parts), 0, per_device).astype(np.int32)
+    with precision_scope(dtype):
+        mesh = _sharding.mesh(devices)
+        x = jax.device_put(host_chunk(chunk, reference, per_device * parts, dtype), _sharding.split(mesh, axis=1))
+        zero = jax.device_put(np.zeros(reference.shape, dtype), _sharding.split(mesh, axis=None))
+        program = _sharding.per_device(_chunk_moments, mesh, (1, None, _sharding.ONE_EACH), (("offsets", offsets),))
+        stacked = program(x, zero, jax.device_put(counts, _sharding.split(mesh, axis=0)))
+    return counts, stacked
 
 
 @partial(jax.jit, static_argnames=("frames", "dtype"))
@@ -425,11 +466,17 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
             default_frames=default_chunk_frames(1, rows, cols, dtype),
             largest=4 * CHUNK_BYTES,
             # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
-            moments_of=_backend.keep_place(partial(_block_moments, dtype=dtype, offsets=offsets)),
+            # (and on every local device in turn: core._sharding.spread_blocks)
+            moments_of=_sharding.spread_blocks(
+                _backend.keep_place(partial(_block_moments, dtype=dtype, offsets=offsets))
+            ),
             image_of=_backend.keep_place(partial(_packed_image, offsets=offsets)),
         )
     batch = math.prod(lead)
-    chunk_frames = min(chunk_frames or default_chunk_frames(batch, rows, cols, dtype), frames_total)
+    # a NumPy (or Zarr) movie's chunks are split over every local device (a JAX movie stays on its own)
+    devices = (None,) if isinstance(movie, jax.Array) else _sharding.band_devices()
+    default = default_chunk_frames(batch, rows, cols, dtype) * len(devices)  # each device's part as on one
+    chunk_frames = min(chunk_frames or default, frames_total)
     starts = list(range(0, frames_total, chunk_frames))
     moments = _Moments((batch, rows, cols), offsets)
     if isinstance(movie, jax.Array):
@@ -439,9 +486,8 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
         def dispatch(start):
             block = _device_chunk(flat, flat[:, 0], np.int32(start), frames=chunk_frames, dtype=dtype.name)
             count = np.int32(min(chunk_frames, frames_total - start))
-            return _chunk_moments(
-                block, jax.device_put(np.zeros(block.shape[:1] + block.shape[2:], block.dtype)), count, offsets=offsets
-            )
+            zero = jax.device_put(np.zeros(block.shape[:1] + block.shape[2:], block.dtype))
+            return partial(moments.add, int(count), _chunk_moments(block, zero, count, offsets=offsets))
 
     else:
         scope = precision_scope(dtype)
@@ -450,22 +496,26 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
         def dispatch(start):
             chunk = np.asarray(movie[..., start : start + chunk_frames, :, :])
             chunk = chunk.reshape(batch, chunk.shape[-3], rows, cols)
-            return chunk_moments_of_host(chunk, reference, chunk_frames, dtype, offsets)
+            if len(devices) > 1:
+                return partial(moments.add_each, *sharded_chunk_moments(chunk, reference, chunk_frames, dtype,
+                                                                        offsets, devices))  # fmt: skip
+            return partial(moments.add, chunk.shape[1], chunk_moments_of_host(chunk, reference, chunk_frames, dtype,
+                                                                              offsets))  # fmt: skip
 
     with scope:
         # one chunk in flight while the next is read and prepared: JAX dispatches asynchronously, so each merge
         # is waited for before the next chunk is read. Without the wait the loop ran ahead of the computation,
         # each queued chunk's buffer alive until its turn: 898 MiB over the movie for a 2000 x 512^2 NumPy movie
         # (14 chunks of 64 MiB), and a Zarr movie read faster than it is computed could queue all of itself
-        pending = None
+        merge = None  # the chunk in flight's merge into the moments
         for done, start in enumerate(starts):
-            result = (min(chunk_frames, frames_total - start), dispatch(start))
-            if pending is not None:
-                moments.add(*pending)
+            following = dispatch(start)
+            if merge is not None:
+                merge()
                 wait_for(moments.totals)
                 _report(progress, done, len(starts))
-            pending = result
-        moments.add(*pending)
+            merge = following
+        merge()
         _report(progress, len(starts), len(starts))
     image = moments.image().reshape(lead + (rows, cols))
     with precision_scope(dtype):

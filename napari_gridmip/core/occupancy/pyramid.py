@@ -25,6 +25,7 @@ from jax import lax
 
 from napari_gridmip.core import _backend, _validate
 from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core._sharding import spread_blocks
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.occupancy._shapes import mipmap_shapes
 
@@ -316,9 +317,10 @@ def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, thre
         from napari_gridmip.core.occupancy import _chunked
 
         # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
-        kernel = _backend.keep_place(functools.partial(_occupancy_kernel, threshold=threshold))
+        # and on every local device, block by block in turn (core._sharding.spread_blocks)
+        kernel = spread_blocks(_backend.keep_place(functools.partial(_occupancy_kernel, threshold=threshold)))
         # a bool level with threshold 0.5 is its own level 0: the coarsest levels come from level b that way
-        coarse = _backend.keep_place(functools.partial(_occupancy_kernel, threshold=0.5))
+        coarse = spread_blocks(_backend.keep_place(functools.partial(_occupancy_kernel, threshold=0.5)))
         return _chunked.pyramid(volume, kernel, coarse, np.dtype(bool))
     if len(shape) == 3:
         return _volume_levels(volume, dtype, threshold)
@@ -440,7 +442,8 @@ def _max_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[An
     if _validate.is_dask(volume):  # block by block, each block by the validated kernel
         from napari_gridmip.core.occupancy import _chunked
 
-        kernel = _backend.keep_place(_max_kernel)  # where memory_bound_place put this call, in dask's threads too
+        # where memory_bound_place put this call, in dask's threads too, on every local device in turn
+        kernel = spread_blocks(_backend.keep_place(_max_kernel))
         return _chunked.pyramid(volume, kernel, kernel, volume.dtype)
     from napari_gridmip.core._transfer import to_device
 

@@ -126,6 +126,12 @@ def _max_mipmap(o: Options) -> tuple[dict[str, Any], str]:
     return {"volume": _rng().random((n, n, n), dtype=np.float32)}, f"{n}^3 float32"
 
 
+def _max_mipmap_uint8(o: Options) -> tuple[dict[str, Any], str]:
+    n = 128 if o.quick else 1024
+    volume = _rng().integers(0, 256, (n, n, n), dtype=np.uint8)  # crosses at a byte a voxel, as the source holds it
+    return {"volume": volume}, f"{n}^3 uint8"
+
+
 def _pearson(o: Options) -> tuple[dict[str, Any], str]:
     n, k = (64 if o.quick else 512), 10
     rng = _rng()  # bench_correlation's inputs: independent uniform stacks
@@ -223,6 +229,12 @@ def _movie(o: Options) -> tuple[dict[str, Any], str]:
 
     frames, n = (250, 64) if o.quick else (2000, 512)
     return {"movie": make_movie(frames, n)}, f"{frames} x {n}^2 float32, 8 neighbours"
+
+
+def _movie_uint16(o: Options) -> tuple[dict[str, Any], str]:
+    inputs, what = _movie(o)
+    movie = np.clip(inputs["movie"] * 100, 0, 65535).astype(np.uint16)  # about 10000 +- 300: a camera's counts
+    return {"movie": movie}, what.replace("float32", "uint16 (counts)")
 
 
 def _patches(o: Options) -> tuple[dict[str, Any], str]:
@@ -332,6 +344,7 @@ CASES = [
     Case("occupancy_mipmap", "occupancy_mipmap 1024^3 float32", _occupancy,
          lambda i: _gm().occupancy_mipmap(i["volume"], threshold=0.995)),
     Case("max_mipmap", "max_mipmap 512^3 float32", _max_mipmap, lambda i: _gm().max_mipmap(i["volume"])),
+    Case("max_mipmap_uint8", "max_mipmap 1024^3 uint8", _max_mipmap_uint8, lambda i: _gm().max_mipmap(i["volume"])),
     Case("windowed_pearson", "windowed_pearson K=10 512^2 15x15 offsets_first", _pearson,
          lambda i: _gm().windowed_pearson(i["img1"], i["img2"], (15, 15), offsets_first=True)),
     Case("find_displacement", "find_displacement K=10 2048^2 15x15 (hessian)", _displacement,
@@ -350,6 +363,8 @@ CASES = [
     Case("track_speckles", "track_speckles K=20 512^2, window 11, subset 5", _tracking,
          lambda i: _gm().track_speckles(i["sample"], i["reference"], (11, 11), subset=(5, 5))),
     Case("local_correlation_image", "local_correlation_image 2000 x 512^2", _movie,
+         lambda i: _gm().local_correlation_image(i["movie"])),
+    Case("local_correlation_image_uint16", "local_correlation_image 2000 x 512^2 uint16", _movie_uint16,
          lambda i: _gm().local_correlation_image(i["movie"])),
     Case("merge_patches", "merge_patches (16, 16, 3, 256, 256) -> 4096^2", _patches, _merge),
     Case("traverse_occupied", "traverse_occupied 512^3, 1024^2 rays", _traverse,

@@ -162,16 +162,14 @@ def series_on_host() -> bool:
     return _host_rule("series_on_host")
 
 
-def memory_bound_place(
-    *inputs: object, kernel: str = "max_mipmap", sent_itemsize: int | None = None
-) -> contextlib.AbstractContextManager:
+def memory_bound_place(*inputs: object, kernel: str = "max_mipmap") -> contextlib.AbstractContextManager:
     """Where a memory-bound kernel (a few operations per input byte: the pyramids, the local correlation image)
     runs, for host inputs (NumPy, dask or Zarr, as a napari layer gives them) on a machine with an accelerator:
     where it finishes first by this machine's measured rates, the accelerator or the host CPU
-    (:mod:`._rates`): the bytes that must cross (the inputs' as the source holds them, or ``sent_itemsize`` bytes
-    an element where the kernel sends something else), over the link's rate, plus the work on the accelerator's
-    rate, against the work on the host's rate. ``kernel`` names the kernel's work (:data:`._rates.KERNELS`:
-    ``"occupancy_mipmap"``, ``"max_mipmap"``, ``"local_correlation_image"``). Where the rates cannot be had (a
+    (:mod:`._rates`): the bytes that must cross (the inputs' as the source holds them, where the kernel sends
+    them so), over the link's rate, plus the work on the accelerator's rate, against the work on the host's rate.
+    ``kernel`` names the kernel, whose work and bytes sent :data:`._rates.KERNELS` describes
+    (``"occupancy_mipmap"``, ``"max_mipmap"``, ``"local_correlation_image"``). Where the rates cannot be had (a
     measurement failed), the host.
 
     Why: such a kernel's work is one pass over its input, which the host's memory may read faster than the link
@@ -198,7 +196,7 @@ def memory_bound_place(
         return contextlib.nullcontext()
     from napari_gridmip.core import _rates
 
-    if _rates.place(_target_device(), kernel, inputs, sent_itemsize) == "accelerator":
+    if _rates.place(_target_device(), kernel, inputs) == "accelerator":
         return contextlib.nullcontext()
     _compute_on.moved_to_host("memory_bound_place")
     return on_host()

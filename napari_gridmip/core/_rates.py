@@ -99,8 +99,9 @@ KERNELS = {
     # level 0 is thresholded on the host in either case (common work) and crosses as bools
     "occupancy_mipmap": Kernel("any", work_itemsize=1, sent_itemsize=1, passes=PYRAMID, returned=PYRAMID),
     "max_mipmap": Kernel("max", passes=PYRAMID, returned=PYRAMID),
-    # the chunks' sums in float32 whatever the source; the image (one frame) comes back
-    "local_correlation_image": Kernel("products", work_itemsize=4),
+    # the chunks' sums in float32 whatever the source; the image (one frame) comes back. Each chunk is widened to
+    # float32 on the host before it crosses (timeseries.host_chunk): sent_itemsize None once it crosses as held
+    "local_correlation_image": Kernel("products", work_itemsize=4, sent_itemsize=4),
 }
 
 
@@ -152,7 +153,7 @@ def sizes(inputs: tuple[object, ...]) -> tuple[float, float]:
     return elements, held
 
 
-def place(device: Any, kernel: str, inputs: tuple[object, ...], sent_itemsize: int | None = None) -> str:
+def place(device: Any, kernel: str, inputs: tuple[object, ...]) -> str:
     """``"host"`` or ``"accelerator"``: where a call of ``kernel`` (a name in :data:`KERNELS`) on ``inputs``,
     host arrays, finishes first, ``device`` being the accelerator it would otherwise run on. The host where the
     rates cannot be had (:func:`rates_for`) or the sizes are unknown."""
@@ -163,7 +164,7 @@ def place(device: Any, kernel: str, inputs: tuple[object, ...], sent_itemsize: i
     rates = rates_for(device, profile.program)
     if rates is None:
         return "host"
-    return choose(*estimate(rates, profile, elements=elements, held_bytes=held, sent_itemsize=sent_itemsize))
+    return choose(*estimate(rates, profile, elements=elements, held_bytes=held))
 
 
 # -- the kept rates --------------------------------------------------------------------------------------------
@@ -419,16 +420,16 @@ def measure_program(program: str, device: Any, *, host: Any = None, scale: float
 
 # -- python -m napari_gridmip.core._rates ------------------------------------------------------------------
 
-#: benchmarks/bench_accelerator.py's memory-bound cases, and the same sizes in the narrow dtypes a source may hold.
+#: benchmarks/bench_accelerator.py's memory-bound cases (its ``--cases`` names): kernel, shape, dtype, and where
+#: given the bytes an element would take on the link (a change not made yet).
 CASES = (
-    ("occupancy_mipmap", "1024^3 float32", (1024, 1024, 1024), np.float32, None),
-    ("occupancy_mipmap", "1024^3 uint8", (1024, 1024, 1024), np.uint8, None),
-    ("max_mipmap", "512^3 float32", (512, 512, 512), np.float32, None),
-    ("max_mipmap", "512^3 uint8", (512, 512, 512), np.uint8, None),
-    ("local_correlation_image", "2000 x 512^2 float32", (2000, 512, 512), np.float32, None),
-    # the chunks are widened to float32 on the host before they cross today (timeseries.host_chunk)
-    ("local_correlation_image", "2000 x 512^2 uint16, sent as float32", (2000, 512, 512), np.uint16, 4),
-    ("local_correlation_image", "2000 x 512^2 uint16, sent as uint16", (2000, 512, 512), np.uint16, None),
+    ("occupancy_mipmap", "occupancy_mipmap", (1024, 1024, 1024), np.float32, None),
+    ("max_mipmap", "max_mipmap", (512, 512, 512), np.float32, None),
+    ("max_mipmap_uint8", "max_mipmap", (1024, 1024, 1024), np.uint8, None),
+    ("local_correlation_image", "local_correlation_image", (2000, 512, 512), np.float32, None),
+    # each chunk is widened to float32 on the host before it crosses today (timeseries.host_chunk)
+    ("local_correlation_image_uint16", "local_correlation_image", (2000, 512, 512), np.uint16, None),
+    ("local_correlation_image_uint16, if sent as held", "local_correlation_image", (2000, 512, 512), np.uint16, 2),
 )
 
 
@@ -460,11 +461,12 @@ def _report(again: bool) -> int:
         host, there = program["host"] / 1e9, program["accelerator"] / 1e9
         print(f"{name:9s} host {host:8.2f} GB/s   {device.platform} {there:8.2f} GB/s")
     print(f"where NumPy inputs run under 'auto' (the accelerator where its estimate is {MARGIN}x smaller):")
-    for kernel, what, shape, dtype, sent in CASES:
+    for case, kernel, shape, dtype, sent in CASES:
         n = math.prod(shape)
         held = n * np.dtype(dtype).itemsize
         host, there = estimate(rates, KERNELS[kernel], elements=n, held_bytes=held, sent_itemsize=sent)
-        print(f"  {kernel} {what}: host {host:.3f} s, {device.platform} {there:.3f} s -> {choose(host, there)}")
+        what = f"{case} ({' x '.join(map(str, shape))} {np.dtype(dtype).name})"
+        print(f"  {what}: host {host:.3f} s, {device.platform} {there:.3f} s -> {choose(host, there)}")
     print(f"JAX {jax.__version__}")
     return 0
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import math
@@ -188,6 +189,7 @@ def key_of(facts: Mapping[str, str]) -> str:
     return " | ".join(facts[name] for name in ("platform", "device_kind", "host", "jax"))
 
 
+@functools.cache
 def _host() -> str:
     """The host's processor (its model name where Linux gives it) and the cores this process may use."""
     import platform

@@ -100,9 +100,10 @@ KERNELS = {
     # level 0 is thresholded on the host in either case (common work) and crosses as bools
     "occupancy_mipmap": Kernel("any", work_itemsize=1, sent_itemsize=1, passes=PYRAMID, returned=PYRAMID),
     "max_mipmap": Kernel("max", passes=PYRAMID, returned=PYRAMID),
-    # the chunks' sums in float32 whatever the source; the image (one frame) comes back. Each chunk is widened to
-    # float32 on the host before it crosses (timeseries.host_chunk): sent_itemsize None once it crosses as held
-    "local_correlation_image": Kernel("products", work_itemsize=4, sent_itemsize=4),
+    # the chunks' sums in float32 whatever the source; the image (one frame) comes back. A source of at most 2
+    # bytes an element crosses as held (timeseries.sent_as_held); a wider one as float32 (4 bytes: an 8-byte source
+    # is counted at 8, erring towards the host)
+    "local_correlation_image": Kernel("products", work_itemsize=4),
 }
 
 

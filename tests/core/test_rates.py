@@ -59,12 +59,12 @@ def test_work_that_dominates_takes_the_accelerator():
 
 
 def test_what_crosses_is_what_the_source_holds():
-    """A uint16 movie sent as held crosses at 2 bytes a pixel: the chip wins where float32 (4 bytes) would not. The
-    local correlation image widens its chunks to float32 on the host today (its kernel's sent_itemsize): the host."""
+    """A uint16 movie crosses as held, at 2 bytes a pixel (timeseries.sent_as_held): the chip wins where float32
+    (4 bytes) would not."""
     kept = rates(link=1.5, host=1.2, chip=50.0)
     assert where(kept, "local_correlation_image", MOVIE, np.float32) == "host"  # 2.75 against 3.33 ns: within margin
-    assert where(kept, "local_correlation_image", MOVIE, np.uint16, sent_itemsize=2) == "accelerator"
-    assert where(kept, "local_correlation_image", MOVIE, np.uint16) == "host"  # widened on the host today
+    assert where(kept, "local_correlation_image", MOVIE, np.uint16) == "accelerator"
+    assert where(kept, "local_correlation_image", MOVIE, np.uint16, sent_itemsize=4) == "host"  # were it widened
 
 
 def test_the_occupancy_pyramid_sends_bools_whatever_the_source():
@@ -271,13 +271,13 @@ def test_the_rates_place_the_call(accelerator, measured, monkeypatch):
     with _compute_on.recording() as record, _compute_on.calling("napari_gridmip.max_mipmap", platform="tpu"):
         assert not on_the_host(_backend.memory_bound_place(VOLUME, kernel="max_mipmap"))
     assert "moved_to_host" not in record["calls"][0]
-    # a uint16 movie widened to float32 before it crosses (as today) stays on the host; sent as held, the chip
+    # a uint16 movie crosses as held: the chip; were it widened to float32 before it crosses, the host
     accelerator(link=2.0, host=1.8, chip=300.0)
     movie = VOLUME.astype(np.uint16)
-    assert on_the_host(_backend.memory_bound_place(movie, kernel="local_correlation_image"))
-    as_held = dataclasses.replace(_rates.KERNELS["local_correlation_image"], sent_itemsize=None)
-    monkeypatch.setitem(_rates.KERNELS, "local_correlation_image", as_held)
     assert not on_the_host(_backend.memory_bound_place(movie, kernel="local_correlation_image"))
+    widened = dataclasses.replace(_rates.KERNELS["local_correlation_image"], sent_itemsize=4)
+    monkeypatch.setitem(_rates.KERNELS, "local_correlation_image", widened)
+    assert on_the_host(_backend.memory_bound_place(movie, kernel="local_correlation_image"))
 
 
 def test_the_setting_and_device_arrays_need_no_rates(accelerator, measured, monkeypatch):

@@ -289,6 +289,9 @@ def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int,
     """
     count = chunk.shape[1]
     with precision_scope(dtype):
+        if sent_as_held(chunk.dtype):
+            x, ref = (jax.device_put(part) for part in held_chunk(chunk, reference, padded_frames(frames)))
+            return _held_chunk_moments(x, ref, np.int32(count), dtype=dtype.name, offsets=offsets)
         if (
             count == padded_frames(frames)
             and chunk.dtype == dtype
@@ -318,11 +321,51 @@ def sharded_chunk_moments(
     counts = np.clip(count - per_device * np.arange(parts), 0, per_device).astype(np.int32)
     with precision_scope(dtype):
         mesh = _sharding.mesh(devices)
-        x = jax.device_put(host_chunk(chunk, reference, per_device * parts, dtype), _sharding.split(mesh, axis=1))
-        zero = jax.device_put(np.zeros(reference.shape, dtype), _sharding.split(mesh, axis=None))
-        program = _sharding.per_device(_chunk_moments, mesh, (1, None, _sharding.ONE_EACH), (("offsets", offsets),))
-        stacked = program(x, zero, jax.device_put(counts, _sharding.split(mesh, axis=0)))
+        layout = (1, None, _sharding.ONE_EACH)
+        if sent_as_held(chunk.dtype):
+            x, ref = held_chunk(chunk, reference, per_device * parts)
+            program = _sharding.per_device(
+                _held_chunk_moments, mesh, layout, (("dtype", dtype.name), ("offsets", offsets))
+            )
+        else:
+            x, ref = host_chunk(chunk, reference, per_device * parts, dtype), np.zeros(reference.shape, dtype)
+            program = _sharding.per_device(_chunk_moments, mesh, layout, (("offsets", offsets),))
+        x = jax.device_put(x, _sharding.split(mesh, axis=1))
+        ref = jax.device_put(ref, _sharding.split(mesh, axis=None))
+        stacked = program(x, ref, jax.device_put(counts, _sharding.split(mesh, axis=0)))
     return counts, stacked
+
+
+def sent_as_held(source: np.dtype) -> bool:
+    """Whether a host chunk of ``source`` crosses to the device as the source holds it, and is widened there
+    (:func:`held_chunk`, :func:`_held_chunk_moments`), rather than widened on the host (:func:`host_chunk`).
+
+    Where the work runs off the host CPU (the call's device, inside the caller's precision scope) and the source
+    takes at most 2 bytes an element: bool, 8- and 16-bit integers, float16 and bfloat16 cross at a quarter or
+    half of float32's bytes, over a link that is the memory-bound kernels' cost (core._rates). On the CPU the
+    host's one pass writes the difference where JAX aliases it: nothing crosses.
+    """
+    return not _backend.on_cpu() and np.dtype(source).itemsize <= 2
+
+
+def held_chunk(chunk: np.ndarray, reference: np.ndarray, frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, reference)``: the chunk ``(B, n, Y, X)`` in its own dtype, in an aligned buffer of ``frames`` frames
+    (zeros after the ``n`` real ones, which the moments weigh 0), and the reference ``(B, Y, X)`` as held."""
+    batch, count, rows, cols = chunk.shape
+    buffer = aligned_empty((batch, frames, rows, cols), chunk.dtype)
+    buffer[:, :count] = chunk
+    buffer[:, count:] = 0
+    return buffer, np.ascontiguousarray(reference)
+
+
+@partial(jax.jit, static_argnames=("dtype", "offsets"))
+def _held_chunk_moments(x: jax.Array, reference: jax.Array, count: jax.Array, *, dtype: str, offsets: tuple):
+    """:func:`_chunk_moments` of a chunk sent as held (:func:`held_chunk`): ``x - reference`` computed on the device
+    as :func:`host_chunk` computes it on the host (integers exactly in int32, floats in float32), rounded once
+    into ``dtype``."""
+    work = jnp.float32 if jnp.issubdtype(x.dtype, jnp.floating) else jnp.int32
+    wide = (x.astype(work) - reference[:, None].astype(work)).astype(dtype)
+    return _chunk_moments(wide, jnp.zeros(reference.shape, dtype), count, offsets=offsets)
 
 
 @partial(jax.jit, static_argnames=("frames", "dtype"))
@@ -448,7 +491,8 @@ def local_correlation_image(
     if chunk_frames is not None:
         (chunk_frames,) = _validate.int_tuple("chunk_frames", [chunk_frames])
     offsets = OFFSETS[int(neighbours)]
-    with _backend.memory_bound_place(movie):  # a TPU's link is slower than the host's pass over NumPy data
+    # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
+    with _backend.memory_bound_place(movie, kernel="local_correlation_image"):
         return _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress)
 
 

@@ -306,7 +306,8 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
     threshold = _validate.check_finite_scalar("threshold", threshold)
-    with _backend.memory_bound_place(volume):  # a TPU's link is slower than the host's pass over NumPy data
+    # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
+    with _backend.memory_bound_place(volume, kernel="occupancy_mipmap"):
         return _occupancy_mipmap(volume, shape, dtype, threshold)
 
 
@@ -434,7 +435,8 @@ def max_mipmap(volume: Any) -> list[Any]:
     dtype = _validate.check_real("volume", volume)
     shape = _validate.check_ndim("volume", volume, min_ndim=3)
     _validate.check_nonempty("volume", shape)
-    with _backend.memory_bound_place(volume):  # a TPU's link is slower than the host's pass over NumPy data
+    # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
+    with _backend.memory_bound_place(volume, kernel="max_mipmap"):
         return _max_mipmap(volume, shape, dtype)
 
 

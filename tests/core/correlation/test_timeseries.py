@@ -207,6 +207,7 @@ def test_at_most_two_chunks_are_in_flight(monkeypatch):
         return moments
 
     monkeypatch.setattr(timeseries, "chunk_moments_of_host", counted)
+    monkeypatch.setenv("NAPARI_GRIDMIP_SHARD_BANDS", "0")  # one device's loop (several split each chunk instead)
     movie = flickering(frames=64)
     out = local_correlation_image(movie.astype(np.float32), chunk_frames=8)
     assert len(dispatched) == 8 and late == []
@@ -248,3 +249,26 @@ def test_nan_spreads_to_the_neighbours_only():
 def test_bad_input(movie, kwargs, error, message):
     with pytest.raises(error, match=message):
         local_correlation_image(movie, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int16, np.bool_, np.float16])
+def test_narrow_movies_sent_as_held_give_the_hosts_image(monkeypatch, dtype):
+    """Off the CPU a movie of at most 2 bytes a pixel crosses as held and is widened on the device
+    (timeseries.sent_as_held); forced here on the CPU, its image equals the host-widened one's."""
+    from napari_gridmip.core.correlation import timeseries
+
+    rng = np.random.default_rng(3)
+    movie = flickering(frames=45, shape=(12, 10))
+    if dtype == np.bool_:
+        movie = movie > np.median(movie)
+    else:
+        info = np.finfo(dtype) if dtype == np.float16 else np.iinfo(dtype)
+        span = min(float(info.max), 3000.0)
+        low = max(float(info.min), -span)
+        movie = (low + (movie - movie.min()) / np.ptp(movie) * (span - low)).astype(dtype)
+        movie[rng.random(movie.shape) < 0.01] = info.max  # edge values
+    widened = np.asarray(local_correlation_image(movie, chunk_frames=16))
+    monkeypatch.setattr(timeseries, "sent_as_held", lambda source: np.dtype(source).itemsize <= 2)
+    held = np.asarray(local_correlation_image(movie, chunk_frames=16))
+    np.testing.assert_allclose(held, widened, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(held, ref.local_correlation_image(movie.astype(np.float64), 8), rtol=0, atol=2e-5)

@@ -176,7 +176,9 @@ def test_the_core_reads_no_environment_option_while_it_traces():
     (the caches' switches). A new option read by a kernel must go into _executables._key."""
     core = ROOT / "napari_gridmip" / "core"
     # _compute_on.py: NAPARI_GRIDMIP_COMPUTE_ON picks the device a call runs on, and the key holds the device
-    allowed = {"_compile_cache.py", "_executables.py", "_options.py", "__init__.py", "_compute_on.py"}
+    # _sharding.py: NAPARI_GRIDMIP_SHARD_BANDS picks how many devices share the bands, read before any trace; it
+    # changes the programs only through their static band sizes, which the key holds
+    allowed = {"_compile_cache.py", "_executables.py", "_options.py", "__init__.py", "_compute_on.py", "_sharding.py"}
     readers = [
         str(path.relative_to(core))
         for path in core.rglob("*.py")

@@ -194,6 +194,10 @@ def _remove(path: Path) -> None:
         _LOG.debug("could not remove %s", path, exc_info=True)
 
 
+_WRITES: set[threading.Thread] = set()  # the writes under way (wait_for_writes)
+_WRITES_LOCK = threading.Lock()
+
+
 def _save(path: Path, compiled: Any) -> None:
     """Write ``compiled`` to ``path`` in a daemon thread (a first call does not wait for it); a file appears whole
     or not at all (written aside, then renamed)."""
@@ -208,8 +212,24 @@ def _save(path: Path, compiled: Any) -> None:
             os.replace(aside, path)
         except Exception:  # noqa: BLE001 - not kept: the next process compiles it again
             _LOG.debug("could not keep %s", path, exc_info=True)
+        finally:
+            with _WRITES_LOCK:
+                _WRITES.discard(threading.current_thread())
 
-    threading.Thread(target=write, name="napari-gridmip executable write", daemon=True).start()
+    thread = threading.Thread(target=write, name="napari-gridmip executable write", daemon=True)
+    with _WRITES_LOCK:
+        _WRITES.add(thread)
+    thread.start()
+
+
+def wait_for_writes(timeout: float | None = None) -> None:
+    """Wait until the executables this process is writing are on disk (at most ``timeout`` seconds each): the
+    writes are daemon threads, which the interpreter's exit stops (``napari-gridmip --prepare`` waits before it
+    records the machine as prepared)."""
+    with _WRITES_LOCK:
+        under_way = list(_WRITES)
+    for thread in under_way:
+        thread.join(timeout)
 
 
 _WATCH = threading.local()  # the JAX events of this thread's compile, while _compiled_for_keeping runs

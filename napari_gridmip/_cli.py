@@ -1,6 +1,7 @@
 """``napari-gridmip``: the viewer, and batch subcommands for data larger than memory.
 
     napari-gridmip                                   napari with the widgets docked
+    napari-gridmip --prepare [--background] [--force]   compile the widgets' programs once per machine
     napari-gridmip mipmap IN OUT [--threshold T] [--packed] [--bbox]   occupancy pyramid -> OME-Zarr
     napari-gridmip merge IN OUT --stride S [S ...]   patch stack -> image
     napari-gridmip correlate IMG1 IMG2 OUT --window WM WN   displacement field -> Zarr
@@ -96,12 +97,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="napari-gridmip",
-        description="Open napari with the napari-gridmip widgets, or run one job in batch (see the subcommands).",
+        description="Open napari with the napari-gridmip widgets, run one job in batch (see the subcommands), or "
+        "prepare this machine's compiled programs for the widgets' first Runs (--prepare).",
     )
     parser.add_argument(
         "--sample", choices=SAMPLE_KEYS, default="occupancy", help="sample to open (default: %(default)s)"
     )
     parser.add_argument("--no-sample", action="store_true", help="open no sample")
+    parser.add_argument(
+        "--prepare", action="store_true",
+        help="compile the widgets' programs for their samples and keep them for every later session on this "
+        "machine (once per machine: a first Run then loads them), then exit without opening napari",
+    )  # fmt: skip
+    parser.add_argument("--force", action="store_true", help="with --prepare: prepare again, even if done")
+    parser.add_argument(
+        "--background", action="store_true",
+        help="with --prepare: prepare in a detached process, its output in a log file whose path is printed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compute-on", dest="prepare_compute_on", choices=COMPUTE_ON,
+        help="with --prepare: where the prepared runs compute, as the widgets' setting (default: "
+        "NAPARI_GRIDMIP_COMPUTE_ON, else auto)",
+    )  # fmt: skip
     commands = parser.add_subparsers(
         dest="command", metavar="{mipmap,merge,correlate,stitch,corrimage,correlate-series}"
     )
@@ -259,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.prepare or args.force or args.background or args.prepare_compute_on:
+        sys.exit(run_prepare(parser, args))
     if args.command is None:
         open_viewer(args)
         return
@@ -274,6 +293,37 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print(f"napari-gridmip {args.command}: interrupted; nothing was written", file=sys.stderr)
         sys.exit(130)
+
+
+def run_prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--prepare`` (:mod:`napari_gridmip._prepare`): here, or in a detached process with ``--background``; the
+    exit status (2 for a bad combination or a cache that cannot keep programs, 1 for a failed job)."""
+    if not args.prepare:
+        if args.force or args.background:
+            parser.error(f"{'--force' if args.force else '--background'} goes with --prepare")
+        parser.error("--compute-on before a subcommand goes with --prepare; a subcommand takes it after its name")
+    if args.command is not None:
+        parser.error(f"--prepare takes no subcommand; got {args.command!r}")
+    from napari_gridmip import _prepare
+
+    try:
+        if args.background:
+            pid, log = _prepare.start_in_background(args.prepare_compute_on, force=args.force)
+            print(f"{_prepare.PROG}: preparing in the background (process {pid}); its log: {log}")
+            return 0
+        from napari_gridmip.core import _compute_on
+
+        where = args.prepare_compute_on or _compute_on.default()
+        return _prepare.prepare(where, force=args.force)
+    except (_prepare.PrepareError, ValueError) as error:
+        print(f"{_prepare.PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError) as error:  # a cache folder not writable, a device another process holds
+        print(f"{_prepare.PROG}: failed: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{_prepare.PROG}: interrupted; the machine is not recorded as prepared", file=sys.stderr)
+        return 130
 
 
 def placed(where: str | None) -> Any:

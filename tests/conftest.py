@@ -57,6 +57,11 @@ SLOW_CASES = {
         "test_bad_input_is_one_line_and_writes_nothing[args3-*",
         "test_bad_input_is_one_line_and_writes_nothing[args5-*",
     ],
+    "tests/cli/test_prepare.py": [
+        # the marker, the bad combinations and the background start stay in the default run with jobs that compile
+        # nothing; this one runs the real preparation (every widget's sample job, about 40 s on 2 cores)
+        "test_prepare_end_to_end_then_a_first_dic_run_compiles_nothing_large",
+    ],
     "tests/core/correlation/test_affine.py": [
         # the IC-GN solution test keeps the affine fields in the default run; the rest compile bands of their own
         "test_affine_subsets_meet_the_targets",

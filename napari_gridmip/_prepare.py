@@ -543,7 +543,7 @@ def start_in_background(where: str | None, *, force: bool = False) -> tuple[int,
     command += ["--force"] if force else []
     command += ["--compute-on", where] if where else []
     with open(log, "a", encoding="utf-8") as handle:
-        handle.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[1:])}\n")
+        handle.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} napari-gridmip {' '.join(command[3:])}\n")
         handle.flush()
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True

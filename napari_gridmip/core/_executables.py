@@ -315,6 +315,13 @@ class KeptProgram:
         """The jitted program's ``lower``."""
         return self.jitted.lower(*args, **kwargs)
 
+    def clear_cache(self) -> None:
+        """Forget this process's programs, as ``jax.jit``'s ``clear_cache`` does: the jitted program's traces and
+        the executables found or loaded here (not the files kept on disk)."""
+        self.jitted.clear_cache()
+        self._executables.clear()
+        self._unproven.clear()
+
     def _find(self, args: tuple, kwargs: dict, compile_missing: bool) -> tuple[str, Any] | None:
         """``(key, executable)``: this process's, else the disk's, else (``compile_missing``) compiled now and
         written; None where the call must go through ``jax.jit`` or none is found."""

@@ -45,6 +45,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import _backend
+from napari_gridmip.core._executables import kept
 from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows, wait_for
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
@@ -362,7 +363,10 @@ def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.stack(x, -1)
 
 
-@partial(jax.jit, static_argnames=("subset", "band", "windows", "together", "grid"))
+# kept (core._executables): a later process loads its executable without tracing or lowering it. On a TPU v5e,
+# after `napari-gridmip --prepare`, the affine DIC sample's first Run was 4.0 s with this program traced, lowered
+# and read from JAX's persistent cache (1.4 s tracing and lowering, 1.8 s reading; docs/accelerator.md)
+@kept(static_argnames=("subset", "band", "windows", "together", "grid"))
 def _band(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, initial, row0, previous, above, spacing,
           prefilter, *, subset, band, windows=False, together=False, grid=None):  # fmt: skip
     """IC-GN for a band of points, the translation grid's rows ``[row0, row0 + band)`` of one batch item:
@@ -796,8 +800,9 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
             centres = struct((band * out_shape[1],), np.int32)
             previous = (struct((1, band, out_shape[1])),) * 7
             scalar, index = struct(()), struct((), np.int32)
-            _band.lower(*images, centres, centres, initial, index, previous, index, scalar, scalar,
-                        **options).compile()  # fmt: skip
+            band_args = (*images, centres, centres, initial, index, previous, index, scalar, scalar)
+            if _band.executable(*band_args, **options) is None:  # loaded or compiled and kept; else JAX's AOT
+                _band.lower(*band_args, **options).compile()
 
         return compile_band, lambda: _item_images.lower(*images_args, **images_options).compile()
 

@@ -287,7 +287,7 @@ def _valid(entry: Any) -> dict[str, Any] | None:
     sound = {
         name: rates
         for name, rates in programs.items()
-        if name in PROGRAMS and isinstance(rates, dict) and all(_positive(rates.get(s)) for s in SIDES)
+        if name in PROGRAM_NAMES and isinstance(rates, dict) and all(_positive(rates.get(s)) for s in SIDES)
     }
     cost = entry.get("cost_s")
     return {**entry, "programs": sound, "cost_s": cost if isinstance(cost, dict) else {}}
@@ -350,57 +350,34 @@ def measure_link(device: Any, nbytes: int = LINK_BYTES) -> dict[str, float]:
     return {"to_device": buffer.nbytes / to_device, "to_host": buffer.nbytes / to_host, "latency_s": latency}
 
 
-def _any_program() -> tuple[Callable, Callable[[float], np.ndarray]]:
-    from napari_gridmip.core.occupancy import pyramid
-
-    def program(x: Any) -> Any:
-        return pyramid.halve(x, pyramid.ANY)
-
-    return program, lambda scale: np.ones(_cube(scale, 16 * 2**20), bool)
-
-
-def _max_program() -> tuple[Callable, Callable[[float], np.ndarray]]:
-    from napari_gridmip.core.occupancy import pyramid
-
-    def program(x: Any) -> Any:
-        return pyramid.halve(pyramid.float_key(x), pyramid.max_reduction(np.dtype(np.int32)))
-
-    return program, lambda scale: np.ones(_cube(scale, 8 * 2**20), np.float32)
-
-
-def _products_program() -> tuple[Callable, Callable[[float], np.ndarray]]:
-    from jax import lax
-
-    from napari_gridmip.core.correlation.timeseries import OFFSETS, _frame_terms
-
-    offsets = OFFSETS[8]
-
-    def program(x: Any) -> Any:
-        def frame(f: Any, sums: tuple) -> tuple:
-            d = lax.dynamic_index_in_dim(x, f, keepdims=False) - x[0]
-            return tuple(s + t for s, t in zip(sums, _frame_terms(d, offsets)))
-
-        return lax.fori_loop(0, x.shape[0], frame, _frame_terms(x[0] * 0, offsets))
-
-    def data(scale: float) -> np.ndarray:
-        side = max(8, round(512 * scale))
-        return np.ones((16, side, side), np.float32)
-
-    return program, data
-
-
-def _cube(scale: float, elements: int) -> tuple[int, int, int]:
-    """A ``(D, 256, 256)``-like shape of about ``elements * scale**3`` elements, every side even."""
+def cube_shape(scale: float, elements: int) -> tuple[int, int, int]:
+    """A ``(D, 256, 256)``-like shape of about ``elements * scale**3`` elements, every side even (a probe's input)."""
     side = max(2, 2 * round(128 * scale))
     return max(2, 2 * round(elements * scale**3 / side**2 / 2)), side, side
 
 
-#: The measured programs: the memory-bound kernels' work (:data:`KERNELS`), each its program and its input's maker.
-PROGRAMS: dict[str, Callable[[], tuple[Callable, Callable[[float], np.ndarray]]]] = {
-    "any": _any_program,  # occupancy_mipmap's pyramid: 16 MiB of bools
-    "max": _max_program,  # max_mipmap's pyramid of float32: 32 MiB
-    "products": _products_program,  # local_correlation_image: 16 frames of 512^2 float32, 16 MiB
-}
+Probe = Callable[[], tuple[Callable, Callable[[float], np.ndarray]]]
+
+#: The measured programs: the memory-bound kernels' work (:data:`KERNELS`), each a maker of its program and of its
+#: input (at a scale). The kernels' modules register their own (:func:`probe`), so that this module imports none of
+#: them (they import it, through ``core._backend``): ``"any"`` and ``"max"``, the pyramids' 2x2x2 steps
+#: (``occupancy.pyramid``), ``"products"``, the correlation image's per-frame sums (``correlation.timeseries``).
+PROGRAMS: dict[str, Probe] = {}
+#: Their names, which the rates file may hold (known before the kernels' modules are imported).
+PROGRAM_NAMES = ("any", "max", "products")
+
+
+def probe(name: str) -> Callable[[Probe], Probe]:
+    """A decorator: register ``name``'s probe in :data:`PROGRAMS` (where the kernel's module defines it)."""
+
+    if name not in PROGRAM_NAMES:
+        raise ValueError(f"probe name must be one of {PROGRAM_NAMES}; got {name!r}")
+
+    def register(make: Probe) -> Probe:
+        PROGRAMS[name] = make
+        return make
+
+    return register
 
 
 def measure_program(program: str, device: Any, *, host: Any = None, scale: float = 1.0) -> dict[str, float]:
@@ -409,7 +386,7 @@ def measure_program(program: str, device: Any, *, host: Any = None, scale: float
     first; best of :data:`REPEATS`. ``scale`` shrinks the data per side (a test's)."""
     import jax
 
-    function, make = PROGRAMS[program]()
+    function, make = PROGRAMS[program]()  # registered by the kernel's module, imported by its caller
     compiled = jax.jit(function)
     data = make(scale)
     rates = {}
@@ -419,64 +396,3 @@ def measure_program(program: str, device: Any, *, host: Any = None, scale: float
         rates[side] = data.nbytes / _best(lambda x=x: jax.block_until_ready(compiled(x)))
         del x
     return rates
-
-
-# -- python -m napari_gridmip.core._rates ------------------------------------------------------------------
-
-#: benchmarks/bench_accelerator.py's memory-bound cases (its ``--cases`` names): kernel, shape, dtype, and where
-#: given the bytes an element would take on the link (a change not made yet).
-CASES = (
-    ("occupancy_mipmap", "occupancy_mipmap", (1024, 1024, 1024), np.float32, None),
-    ("max_mipmap", "max_mipmap", (512, 512, 512), np.float32, None),
-    ("max_mipmap_uint8", "max_mipmap", (1024, 1024, 1024), np.uint8, None),
-    ("local_correlation_image", "local_correlation_image", (2000, 512, 512), np.float32, None),
-    # each chunk is widened to float32 on the host before it crosses today (timeseries.host_chunk)
-    ("local_correlation_image_uint16", "local_correlation_image", (2000, 512, 512), np.uint16, None),
-    ("local_correlation_image_uint16, if sent as held", "local_correlation_image", (2000, 512, 512), np.uint16, 2),
-)
-
-
-def _report(again: bool) -> int:
-    import jax
-
-    from napari_gridmip.core._backend import _target_device
-
-    device = _target_device()
-    if device.platform == "cpu":
-        print(f"JAX's default device is the CPU ({device.device_kind}): every kernel runs there, nothing to measure")
-        return 0
-    print(f"{key_of(machine(device))}\nkept in {path()}")
-    if again:
-        measure_again(device)
-    start = time.perf_counter()
-    rates = {}
-    for name in PROGRAMS:
-        rates = rates_for(device, name)
-        if rates is None:
-            print("the measurement failed (the log above says why)")
-            return 1
-    print(f"this call {time.perf_counter() - start:.2f} s; the measurement's own cost, s: {rates['cost_s']}")
-    print(
-        f"link: to the device {rates['to_device'] / 1e9:.2f} GB/s, back {rates['to_host'] / 1e9:.2f} GB/s, "
-        f"round trip of {LATENCY_BYTES} bytes {rates['latency_s'] * 1e3:.3f} ms"
-    )
-    for name, program in rates["programs"].items():
-        host, there = program["host"] / 1e9, program["accelerator"] / 1e9
-        print(f"{name:9s} host {host:8.2f} GB/s   {device.platform} {there:8.2f} GB/s")
-    print(f"where NumPy inputs run under 'auto' (the accelerator where its estimate is {MARGIN}x smaller):")
-    for case, kernel, shape, dtype, sent in CASES:
-        n = math.prod(shape)
-        held = n * np.dtype(dtype).itemsize
-        host, there = estimate(rates, KERNELS[kernel], elements=n, held_bytes=held, sent_itemsize=sent)
-        what = f"{case} ({' x '.join(map(str, shape))} {np.dtype(dtype).name})"
-        print(f"  {what}: host {host:.3f} s, {device.platform} {there:.3f} s -> {choose(host, there)}")
-    print(f"JAX {jax.__version__}")
-    return 0
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m napari_gridmip.core._rates", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--again", action="store_true", help="measure anew, replacing what is kept")
-    raise SystemExit(_report(parser.parse_args().again))

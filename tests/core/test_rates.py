@@ -249,7 +249,7 @@ def accelerator(measured, monkeypatch):
         _rates.forget()
         _rates.measure_again(TPU)
         chosen["link"] = {"to_device": link * GIGA, "to_host": link * GIGA, "latency_s": 1e-4}
-        for name in _rates.PROGRAMS:
+        for name in _rates.PROGRAM_NAMES:
             chosen[name] = {"host": host * GIGA, "accelerator": chip * GIGA}
 
     return choose

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _sharding, _validate
+from napari_gridmip.core import _backend, _rates, _sharding, _validate
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.correlation._bands import wait_for
@@ -127,6 +127,26 @@ def _chunk_moments(x: jax.Array, reference: jax.Array, count: jax.Array, *, offs
     acc = tuple(jnp.zeros_like(t) for t in _frame_terms(mean, offsets))
     squares, *cross, deviation = _unpack(lax.fori_loop(0, frames // UNROLL_FRAMES, block, acc), 2 + len(offsets))
     return (mean, deviation, squares, *(_pair(c, o)[0] for c, o in zip(cross, offsets)))
+
+
+@_rates.probe("products")
+def _products_probe() -> tuple[Callable, Callable[[float], np.ndarray]]:
+    """The correlation image's work for the placement's rates (core._rates): the per-frame sums of products with
+    the 4 neighbour offsets over 16 frames of 512^2 float32 (16 MiB)."""
+    offsets = OFFSETS[8]
+
+    def program(x: jax.Array) -> tuple:
+        def frame(f: Any, sums: tuple) -> tuple:
+            d = lax.dynamic_index_in_dim(x, f, keepdims=False) - x[0]
+            return tuple(s + t for s, t in zip(sums, _frame_terms(d, offsets)))
+
+        return lax.fori_loop(0, x.shape[0], frame, _frame_terms(x[0] * 0, offsets))
+
+    def data(scale: float) -> np.ndarray:
+        side = max(8, round(512 * scale))
+        return np.ones((16, side, side), np.float32)
+
+    return program, data
 
 
 def padded_frames(frames: int) -> int:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _validate
+from napari_gridmip.core import _backend, _rates, _validate
 from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core._sharding import spread_blocks
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
@@ -209,6 +209,22 @@ def _threshold_for(dtype: np.dtype, threshold: float) -> np.generic:
     if float(rounded) > threshold:
         rounded = np.nextafter(rounded, compare.type(-np.inf))
     return rounded
+
+
+@_rates.probe("any")
+def _any_probe() -> tuple[Callable, Callable[[float], np.ndarray]]:
+    """The occupancy pyramid's work for the placement's rates (core._rates): a 2x2x2 ``any`` of 16 MiB of bools."""
+    return (lambda x: halve(x, ANY)), (lambda scale: np.ones(_rates.cube_shape(scale, 16 * 2**20), bool))
+
+
+@_rates.probe("max")
+def _max_probe() -> tuple[Callable, Callable[[float], np.ndarray]]:
+    """The max pyramid's work for the placement's rates: a 2x2x2 maximum of 32 MiB of float32 by order keys."""
+
+    def program(x: jax.Array) -> jax.Array:
+        return halve(float_key(x), max_reduction(np.dtype(np.int32)))
+
+    return program, lambda scale: np.ones(_rates.cube_shape(scale, 8 * 2**20), np.float32)
 
 
 @jax.jit

@@ -151,12 +151,16 @@ def test_speckle_tracking_is_the_same_over_every_device(monkeypatch):
 
 
 @several
-@pytest.mark.parametrize("dtype, held", [(np.float32, False), (np.uint8, False), (np.uint16, True)])
-def test_the_correlation_image_is_the_same_over_every_device(monkeypatch, dtype, held):
-    if held:  # as off the CPU: the narrow chunk crosses as held, widened on each device (timeseries.sent_as_held)
-        from napari_gridmip.core.correlation import timeseries
+@pytest.mark.parametrize(
+    "dtype, held, ahead", [(np.float32, False, False), (np.uint8, False, False), (np.uint16, True, True)]
+)
+def test_the_correlation_image_is_the_same_over_every_device(monkeypatch, dtype, held, ahead):
+    from napari_gridmip.core.correlation import timeseries
 
+    if held:  # as off the CPU: the narrow chunk crosses as held, widened on each device (timeseries.sent_as_held)
         monkeypatch.setattr(timeseries, "sent_as_held", lambda source: np.dtype(source).itemsize <= 2)
+    if ahead:  # as off the CPU: each next chunk read and sent in a thread (timeseries._prefetched)
+        monkeypatch.setattr(timeseries, "_prefetched", partial(_ahead, timeseries._prefetched))
     rng = np.random.default_rng(1)
     movie = (rng.normal(size=(2, 83, 20, 18)) * 30 + 100).clip(0, 255).astype(dtype)
     movie[:, :, 4:8, 4:8] += (20 * rng.random((2, 83, 1, 1))).astype(dtype)
@@ -164,6 +168,22 @@ def test_the_correlation_image_is_the_same_over_every_device(monkeypatch, dtype,
         one, many = _both(monkeypatch, lambda c=chunk_frames: gm.local_correlation_image(movie, chunk_frames=c))
         # each device's part of a chunk has its own centre (float32 sums, merged in float64): a few ulp of 1
         np.testing.assert_allclose(many[0], one[0], rtol=0, atol=1e-6)
+
+
+def _ahead(prefetched, send, starts, dtype):
+    """timeseries._prefetched as off the CPU (only the chunk loop is told so; the kernels' strategies keep the
+    CPU's): each next chunk read and sent in a thread."""
+    from napari_gridmip.core.correlation import timeseries
+
+    real = timeseries._backend.on_cpu
+    timeseries._backend.on_cpu = lambda: False
+    try:
+        generator = prefetched(send, starts, dtype)
+        first = next(generator)  # the thread started while "off the CPU"
+    finally:
+        timeseries._backend.on_cpu = real
+    yield first
+    yield from generator
 
 
 @several

@@ -22,8 +22,9 @@ the 8 neighbours cost 4 offsets, (0, 1), (1, 0), (1, 1) and (1, -1).
 
 from __future__ import annotations
 
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -307,11 +308,20 @@ def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int,
     and the reference is subtracted on the device, in the same precision; any other chunk is
     copied once, minus the reference, into an aligned buffer of the compute dtype.
     """
+    program, arguments = sent_chunk(chunk, reference, frames, dtype, offsets)
+    return program(*arguments)
+
+
+def sent_chunk(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple
+               ) -> tuple[Callable, tuple]:  # fmt: skip
+    """:func:`chunk_moments_of_host` in two halves: ``(program, arguments)``, the chunk prepared on the host and
+    sent to JAX's default device here (the host's work and the transfer), and the program whose call
+    ``program(*arguments)`` dispatches its moments (the device's work)."""
     count = chunk.shape[1]
     with precision_scope(dtype):
         if sent_as_held(chunk.dtype):
             x, ref = (jax.device_put(part) for part in held_chunk(chunk, reference, padded_frames(frames)))
-            return _held_chunk_moments(x, ref, np.int32(count), dtype=dtype.name, offsets=offsets)
+            return partial(_held_chunk_moments, dtype=dtype.name, offsets=offsets), (x, ref, np.int32(count))
         if (
             count == padded_frames(frames)
             and chunk.dtype == dtype
@@ -322,7 +332,33 @@ def chunk_moments_of_host(chunk: np.ndarray, reference: np.ndarray, frames: int,
         else:
             x = owned_to_device(host_chunk(chunk, reference, padded_frames(frames), dtype))
             ref = jax.device_put(np.zeros(reference.shape, dtype))
-        return _chunk_moments(x, ref, np.int32(count), offsets=offsets)
+        return partial(_chunk_moments, offsets=offsets), (x, ref, np.int32(count))
+
+
+def _prefetched(send: Callable[[int], Any], starts: list[int], dtype: np.dtype) -> Iterator[Any]:
+    """``send(start)`` for each of ``starts``, in order, each next one run in a thread while the caller works on
+    the one before: off the host CPU, where a chunk's read, host copy and transfer (the host's and the link's work)
+    then overlap the merge of the chunk before it (the moments' trip back and the float64 merge on the host of a
+    TPU), one chunk ahead. On the CPU, where JAX aliases the host's buffer and nothing crosses, in turn."""
+    if _backend.on_cpu() or len(starts) == 1:
+        yield from (send(start) for start in starts)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    device = _backend._target_device()  # JAX's default device is the thread's: the caller's, named for the worker
+    context = contextvars.copy_context()  # the placement setting and the job's log follow into the worker
+
+    def in_turn(start: int) -> Any:
+        with jax.default_device(device), precision_scope(dtype):
+            return send(start)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="napari-gridmip chunk read") as pool:
+        ahead = pool.submit(context.copy().run, in_turn, starts[0])
+        for following in starts[1:]:
+            sent = ahead.result()
+            ahead = pool.submit(context.copy().run, in_turn, following)
+            yield sent
+        yield ahead.result()
 
 
 def sharded_chunk_moments(
@@ -336,6 +372,13 @@ def sharded_chunk_moments(
     to its device (each over its own link where devices have their own), and one ``shard_map`` program runs
     :func:`_chunk_moments` on every part at once (:mod:`.core._sharding`).
     """
+    program, arguments, counts = sent_parts(chunk, reference, frames, dtype, offsets, devices)
+    return counts, program(*arguments)
+
+
+def sent_parts(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple,
+               devices: tuple) -> tuple[Callable, tuple, np.ndarray]:  # fmt: skip
+    """:func:`sharded_chunk_moments` in two halves, as :func:`sent_chunk`: ``(program, arguments, counts)``."""
     count, parts = chunk.shape[1], len(devices)
     per_device = padded_frames(-(-frames // parts))
     counts = np.clip(count - per_device * np.arange(parts), 0, per_device).astype(np.int32)
@@ -352,8 +395,7 @@ def sharded_chunk_moments(
             program = _sharding.per_device(_chunk_moments, mesh, layout, (("offsets", offsets),))
         x = jax.device_put(x, _sharding.split(mesh, axis=1))
         ref = jax.device_put(ref, _sharding.split(mesh, axis=None))
-        stacked = program(x, ref, jax.device_put(counts, _sharding.split(mesh, axis=0)))
-    return counts, stacked
+    return program, (x, ref, jax.device_put(counts, _sharding.split(mesh, axis=0))), counts
 
 
 def sent_as_held(source: np.dtype) -> bool:
@@ -547,24 +589,33 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
         scope = precision_scope(movie.dtype if is_wide(movie.dtype) else dtype)
         flat = movie.reshape((batch, frames_total, rows, cols))
 
+        def send(start):  # nothing crosses: the chunk is sliced on its device when its moments are dispatched
+            return partial(dispatch, start)
+
         def dispatch(start):
             block = _device_chunk(flat, flat[:, 0], np.int32(start), frames=chunk_frames, dtype=dtype.name)
             count = np.int32(min(chunk_frames, frames_total - start))
             zero = jax.device_put(np.zeros(block.shape[:1] + block.shape[2:], block.dtype))
             return partial(moments.add, int(count), _chunk_moments(block, zero, count, offsets=offsets))
 
+        sending = (send(start) for start in starts)
+
     else:
         scope = precision_scope(dtype)
         reference = np.asarray(movie[..., 0, :, :]).reshape(batch, rows, cols)
 
-        def dispatch(start):
+        def send(start):
+            """The chunk read, prepared and sent (host and link); the call that dispatches its moments and returns
+            their merge (the device's work)."""
             chunk = np.asarray(movie[..., start : start + chunk_frames, :, :])
             chunk = chunk.reshape(batch, chunk.shape[-3], rows, cols)
             if len(devices) > 1:
-                return partial(moments.add_each, *sharded_chunk_moments(chunk, reference, chunk_frames, dtype,
-                                                                        offsets, devices))  # fmt: skip
-            return partial(moments.add, chunk.shape[1], chunk_moments_of_host(chunk, reference, chunk_frames, dtype,
-                                                                              offsets))  # fmt: skip
+                program, arguments, counts = sent_parts(chunk, reference, chunk_frames, dtype, offsets, devices)
+                return lambda: partial(moments.add_each, counts, program(*arguments))
+            program, arguments = sent_chunk(chunk, reference, chunk_frames, dtype, offsets)
+            return lambda: partial(moments.add, chunk.shape[1], program(*arguments))
+
+        sending = _prefetched(send, starts, dtype)
 
     with scope:
         # one chunk in flight while the next is read and prepared: JAX dispatches asynchronously, so each merge
@@ -572,8 +623,8 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
         # each queued chunk's buffer alive until its turn: 898 MiB over the movie for a 2000 x 512^2 NumPy movie
         # (14 chunks of 64 MiB), and a Zarr movie read faster than it is computed could queue all of itself
         merge = None  # the chunk in flight's merge into the moments
-        for done, start in enumerate(starts):
-            following = dispatch(start)
+        for done, sent in enumerate(sending):
+            following = sent()
             if merge is not None:
                 merge()
                 wait_for(moments.totals)

@@ -177,9 +177,10 @@ def test_progress_per_chunk_and_cancel():
 
 def test_at_most_two_chunks_are_in_flight(monkeypatch):
     """The loop over chunks waits for each merge before it reads the next chunk: when chunk i is read, chunk
-    i - 2 has been computed. Without the wait it ran ahead of the (asynchronous) computation, each queued
-    chunk's buffer alive until its turn (898 MiB for a 2000 x 512^2 movie; a Zarr movie could queue all of
-    itself). Here each chunk's computation is slowed by a host callback, so that running ahead would show."""
+    i - 2 has been computed (on the CPU: off it, one more chunk is read ahead, in a thread). Without the wait it
+    ran ahead of the (asynchronous) computation, each queued chunk's buffer alive until its turn (898 MiB for a
+    2000 x 512^2 movie; a Zarr movie could queue all of itself). Here each chunk's computation is slowed by a
+    host callback, so that running ahead would show."""
     if jax.default_backend() != "cpu":
         # on the TPU (JAX 0.10.2, 2026-12-06, twice) the callback's thread sat in the callback and the main thread
         # in the next merge's dispatch, neither moving for minutes (docs/accelerator.md, thirteenth session). The
@@ -190,23 +191,28 @@ def test_at_most_two_chunks_are_in_flight(monkeypatch):
 
     from napari_gridmip.core.correlation import timeseries
 
-    real = timeseries.chunk_moments_of_host
+    real = timeseries.sent_chunk
     slow = jax.jit(lambda m: jax.pure_callback(lambda x: (time.sleep(0.05), x)[1], m, m))
     dispatched, late = [], []
 
     caller = threading.get_ident()
 
     def counted(*args, **kwargs):
+        program, arguments = real(*args, **kwargs)
         if threading.get_ident() != caller:  # a dask task left running by an earlier test's cancelled compute
-            return real(*args, **kwargs)
+            return program, arguments
         i = len(dispatched)
         late.extend(j for j in range(i - 1) if not all(leaf.is_ready() for leaf in dispatched[j]))
-        moments = real(*args, **kwargs)
-        moments = (slow(moments[0]), *moments[1:])  # the merge needs the slowed centre
-        dispatched.append(moments)
-        return moments
 
-    monkeypatch.setattr(timeseries, "chunk_moments_of_host", counted)
+        def slowed(*a):
+            moments = program(*a)
+            moments = (slow(moments[0]), *moments[1:])  # the merge needs the slowed centre
+            dispatched.append(moments)
+            return moments
+
+        return slowed, arguments
+
+    monkeypatch.setattr(timeseries, "sent_chunk", counted)
     monkeypatch.setenv("NAPARI_GRIDMIP_SHARD_BANDS", "0")  # one device's loop (several split each chunk instead)
     movie = flickering(frames=64)
     out = local_correlation_image(movie.astype(np.float32), chunk_frames=8)
@@ -272,3 +278,38 @@ def test_narrow_movies_sent_as_held_give_the_hosts_image(monkeypatch, dtype):
     held = np.asarray(local_correlation_image(movie, chunk_frames=16))
     np.testing.assert_allclose(held, widened, rtol=0, atol=1e-6)
     np.testing.assert_allclose(held, ref.local_correlation_image(movie.astype(np.float64), 8), rtol=0, atol=2e-5)
+
+
+def test_chunks_read_ahead_in_a_thread_give_the_same_image(monkeypatch):
+    """Off the CPU the chunk loop reads, prepares and sends chunk i+1 in a thread while chunk i's moments are merged
+    (timeseries._prefetched); forced here on the CPU, with NumPy and a Zarr-like movie, the image is the same."""
+    from napari_gridmip.core.correlation import timeseries
+
+    monkeypatch.setenv("NAPARI_GRIDMIP_SHARD_BANDS", "0")  # one device's path (several: test_sharding's)
+    movie = flickering(frames=70).astype(np.float32)
+    in_turn = np.asarray(local_correlation_image(movie, chunk_frames=16))
+    threads = set()
+    real = timeseries.sent_chunk
+
+    def noting(*args, **kwargs):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timeseries, "sent_chunk", noting)
+    monkeypatch.setattr(timeseries._backend, "on_cpu", lambda: False)
+    monkeypatch.setattr(timeseries, "sent_as_held", lambda source: False)  # the widening path: float32 here
+    ahead = np.asarray(local_correlation_image(movie, chunk_frames=16))
+    np.testing.assert_array_equal(ahead, in_turn)
+    assert any(name.startswith("napari-gridmip chunk read") for name in threads)
+    stops = []
+
+    def stop(done, total):
+        stops.append(done)
+        if done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        local_correlation_image(movie, chunk_frames=16, progress=stop)
+    assert stops == [1, 2]

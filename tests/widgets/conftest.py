@@ -55,3 +55,23 @@ def _private_clipboard(monkeypatch):
     board = _Clipboard()
     monkeypatch.setattr(QApplication, "clipboard", staticmethod(lambda: board))
     return board
+
+
+@pytest.fixture
+def small_samples(monkeypatch, tmp_path):
+    """The correlation samples at test size (the same recipes: only the sizes change, and the requests carry the
+    options): seconds, not minutes. Kept on disk in this test's own folder: in the session's sample cache, keyed by
+    the recipe's source alone, a small pair was read back as the full-size sample by a later test
+    (test_full_size_samples_against_their_truth, run after the others: a median dy error of 0.094 px against its
+    0.03)."""
+    from functools import partial
+
+    import napari_gridmip._sample_data as samples
+    from napari_gridmip._sample_data import _cache, calcium, dic
+
+    monkeypatch.setattr(_cache, "_folder", lambda: tmp_path / "samples")
+    monkeypatch.setattr(dic, "make_dic_pair", partial(dic.make_dic_pair, (128, 144)))
+    monkeypatch.setattr(
+        samples, "make_speckle_pair_with_contrast", partial(samples.make_speckle_pair_with_contrast, 6, (64, 72))
+    )
+    monkeypatch.setattr(calcium, "make_calcium_movie", partial(calcium.make_calcium_movie, 120, (40, 48), 5))

@@ -3,7 +3,6 @@
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import pytest
@@ -206,23 +205,6 @@ def assert_copy_reproduces(widget, viewer):
     for name, array in results.items():
         np.testing.assert_allclose(np.asarray(array), np.asarray(viewer.layers[name].data), err_msg=name, **EXACT)
     return text
-
-
-@pytest.fixture
-def small_samples(monkeypatch, tmp_path):
-    """The correlation samples at test size (the same code, smaller arrays): seconds, not minutes. Kept on disk in
-    this test's own folder: in the session's sample cache, keyed by the recipe's source alone, a small pair was
-    read back as the full-size sample by a later test (test_full_size_samples_against_their_truth, run after the
-    others: a median dy error of 0.094 px against its 0.03)."""
-    import napari_gridmip._sample_data as samples
-    from napari_gridmip._sample_data import _cache, calcium, dic
-
-    monkeypatch.setattr(_cache, "_folder", lambda: tmp_path / "samples")
-    monkeypatch.setattr(dic, "make_dic_pair", partial(dic.make_dic_pair, (128, 144)))
-    monkeypatch.setattr(
-        samples, "make_speckle_pair_with_contrast", partial(samples.make_speckle_pair_with_contrast, 6, (64, 72))
-    )
-    monkeypatch.setattr(calcium, "make_calcium_movie", partial(calcium.make_calcium_movie, 120, (40, 48), 5))
 
 
 def test_dic_sample_opens_pair_mode_and_gives_strain(viewer_and_widget, wait_idle, small_samples):

@@ -4,7 +4,6 @@ is clicked with a new user's options. A changed default or sample suggestion in 
 as a first Run that compiles again."""
 
 import dataclasses
-from functools import partial
 
 import numpy as np
 import pytest
@@ -33,21 +32,6 @@ WIDGETS = {
 
 def test_every_job_has_a_widget_here():
     assert set(WIDGETS) == set(_prepare.JOB_NAMES)
-
-
-@pytest.fixture
-def small_samples(monkeypatch, tmp_path):
-    """The samples at test size where that is quick to arrange (the same recipes: only the sizes change, and the
-    requests carry the options), made in this test's own folder."""
-    import napari_gridmip._sample_data as samples
-    from napari_gridmip._sample_data import _cache, calcium, dic
-
-    monkeypatch.setattr(_cache, "_folder", lambda: tmp_path / "samples")
-    monkeypatch.setattr(dic, "make_dic_pair", partial(dic.make_dic_pair, (128, 144)))
-    monkeypatch.setattr(
-        samples, "make_speckle_pair_with_contrast", partial(samples.make_speckle_pair_with_contrast, 6, (64, 72))
-    )
-    monkeypatch.setattr(calcium, "make_calcium_movie", partial(calcium.make_calcium_movie, 120, (40, 48), 5))
 
 
 def _same(mine, theirs, where):

@@ -378,17 +378,23 @@ def cache_problem() -> str | None:
 
 def machine_key(where: str) -> dict[str, str]:
     """What the prepared programs hold for: the device, the setting ``compute_on``, the versions and the core's
-    sources (the kept executables' key has them too). Imports JAX and starts its backend."""
+    sources (the kept executables' key has them too), the host's processor (a cache folder shared between machines),
+    and how many devices share the band programs with XLA's flags (other counts compile other programs,
+    ``core._sharding``). Imports JAX and starts its backend."""
     import jax
     import jaxlib
 
     from napari_gridmip import __version__
-    from napari_gridmip.core import _backend, compute_on
-    from napari_gridmip.core._executables import _sources_hash
+    from napari_gridmip.core import _backend, _sharding, compute_on
+    from napari_gridmip.core._executables import _host, _sources_hash
 
     with compute_on(where):
         device = _backend.current_device()
+        devices = len(_sharding.band_devices())
     return {
+        "host": _host()[:16],
+        "band_devices": str(devices),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "platform": str(device["platform"]),
         "device_kind": str(device["device_kind"]),
         "compute_on": where,

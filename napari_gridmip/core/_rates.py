@@ -33,7 +33,7 @@ process reads them. What is measured (:func:`measure_link`, :func:`measure_progr
 Nothing is ever measured where the device is the CPU (a machine without an accelerator: everything runs there):
 :func:`rates_for` answers None at once, as it does where a measurement fails (then the call runs on the host, the
 rule that ran before this model: 1.0x the host on a TPU v5e, docs/accelerator.md). ``python -m
-napari_gridmip.core._rates`` prints this machine's rates, measuring them if they are not kept (``--again``: anew),
+napari_gridmip._rates_report`` prints this machine's rates, measuring them if they are not kept (``--again``: anew),
 and where the benchmark's memory-bound cases would run.
 """
 

@@ -105,7 +105,7 @@ def run_bands(
     list
         One output pytree per band, in the order of ``starts``, each on ``devices[0]``.
     """
-    devices = tuple(band_devices() if devices is None else devices)
+    devices = _home_first(tuple(band_devices() if devices is None else devices), args)
     traced = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(args))
     if len(devices) == 1 or len(starts) == 1 or traced:
         return _one_by_one(band, args, starts, row_arg=row_arg, static=static, progress=progress)
@@ -127,6 +127,24 @@ def run_bands(
         jax.block_until_ready(groups[-1])  # progress means work done; a stop between steps stops the work
     # each device's pieces cross to the call's device (one transfer of the tree), then one program takes them apart
     return list(_apart(count, len(starts))(jax.device_put(groups, devices[0])))
+
+
+def _home_first(devices: tuple[Any, ...], args: Sequence[Any]) -> tuple[Any, ...]:
+    """``devices`` with the device that the inputs are committed to first, where one of them is (a user's array put
+    on a device of its own): the pieces then land there, beside the inputs that the driver's later steps take with
+    them (the refinement, the affine IC-GN). Only that device where it is not among ``devices``."""
+    homes = {
+        device
+        for leaf in jax.tree_util.tree_leaves(args)
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer) and leaf.committed
+        for device in leaf.devices()
+    }
+    if len(homes) != 1:
+        return devices
+    (home,) = homes
+    if home == devices[0]:
+        return devices
+    return (home, *(d for d in devices if d != home)) if home in devices else (home,)
 
 
 def spread_blocks(kernel: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,7 +171,10 @@ class _InTurn:
         self._turns = itertools.count()  # next() is atomic under the GIL: dask's threads share it
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        devices = jax.local_devices(backend=self.platform)
+        try:
+            devices = jax.local_devices(backend=self.platform)
+        except RuntimeError:  # a process without that platform (a cluster's CPU worker): its own default device
+            return self.kernel(*args, **kwargs)
         with jax.default_device(devices[next(self._turns) % len(devices)]):
             return self.kernel(*args, **kwargs)
 

@@ -98,6 +98,21 @@ def test_the_bands_over_every_device_equal_one_devices_and_land_on_the_first():
 
 
 @several
+def test_inputs_committed_to_another_device_keep_their_pieces_there():
+    """A user's array put on a device of its own: the pieces land on it (the driver's later steps take them with
+    the inputs), on every device count."""
+    home = jax.devices()[1]
+    x = jax.device_put(np.arange(40 * 3, dtype=np.float32).reshape(40, 3), home)
+    pieces = _sharding.run_bands(_toy_band, (x, np.float32(0)), [0, 10, 20, 30], row_arg=1, static=dict(rows=10))
+    assert all(leaf.devices() == {home} for piece in pieces for leaf in jax.tree_util.tree_leaves(piece))
+    np.testing.assert_array_equal(np.concatenate([np.asarray(p["scaled"]) for p in pieces]), np.asarray(x) * 2)
+    a, b = _pair((60, 56))
+    field = gm.find_displacement(jax.device_put(a[None], home), jax.device_put(b[None], home), (9, 9),
+                                 subset=(15, 15), step=4, subpixel="refine", shape="affine")  # fmt: skip
+    assert field.dy.devices() == {home}
+
+
+@several
 def test_a_stop_between_steps_stops_the_work():
     class Stop(Exception):
         pass

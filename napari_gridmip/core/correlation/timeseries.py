@@ -22,6 +22,7 @@ the 8 neighbours cost 4 offsets, (0, 1), (1, 0), (1, 1) and (1, -1).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 from collections.abc import Callable, Iterator
@@ -354,11 +355,14 @@ def _prefetched(send: Callable[[int], Any], starts: list[int], dtype: np.dtype) 
 
     with ThreadPoolExecutor(1, thread_name_prefix="napari-gridmip chunk read") as pool:
         ahead = pool.submit(context.copy().run, in_turn, starts[0])
-        for following in starts[1:]:
-            sent = ahead.result()
-            ahead = pool.submit(context.copy().run, in_turn, following)
-            yield sent
-        yield ahead.result()
+        try:
+            for following in starts[1:]:
+                sent = ahead.result()
+                ahead = pool.submit(context.copy().run, in_turn, following)
+                yield sent
+            yield ahead.result()
+        finally:  # closed early (a stop, an error): a read not started is dropped, one under way is waited for
+            ahead.cancel()
 
 
 def sharded_chunk_moments(
@@ -579,8 +583,10 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
             image_of=_backend.keep_place(partial(_packed_image, offsets=offsets)),
         )
     batch = math.prod(lead)
-    # a NumPy (or Zarr) movie's chunks are split over every local device (a JAX movie stays on its own)
-    devices = (None,) if isinstance(movie, jax.Array) else _sharding.band_devices()
+    # a NumPy (or Zarr) movie's chunks are split over every local device of the platform the work runs on (inside
+    # the precision scope: a float64 call on a TPU runs on its host), and a JAX movie stays on its own
+    with precision_scope(dtype):
+        devices = (None,) if isinstance(movie, jax.Array) else _sharding.band_devices()
     default = default_chunk_frames(batch, rows, cols, dtype) * len(devices)  # each device's part as on one
     chunk_frames = min(chunk_frames or default, frames_total)
     starts = list(range(0, frames_total, chunk_frames))
@@ -622,19 +628,29 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
         # is waited for before the next chunk is read. Without the wait the loop ran ahead of the computation,
         # each queued chunk's buffer alive until its turn: 898 MiB over the movie for a 2000 x 512^2 NumPy movie
         # (14 chunks of 64 MiB), and a Zarr movie read faster than it is computed could queue all of itself
-        merge = None  # the chunk in flight's merge into the moments
-        for done, sent in enumerate(sending):
-            following = sent()
-            if merge is not None:
-                merge()
-                wait_for(moments.totals)
-                _report(progress, done, len(starts))
-            merge = following
+        # closed on a stop or an error: the read-ahead thread and the chunk it holds go at once
+        with contextlib.closing(sending):
+            merge = _merge_chunks(sending, moments, len(starts), progress)
         merge()
         _report(progress, len(starts), len(starts))
     image = moments.image().reshape(lead + (rows, cols))
     with precision_scope(dtype):
         return jax.device_put(image.astype(dtype))
+
+
+def _merge_chunks(sending: Iterator[Callable], moments: _Moments, total: int, progress: ProgressCallback | None
+                  ) -> Callable[[], None]:  # fmt: skip
+    """Dispatch each sent chunk's moments and merge the one before it, waiting for that merge before the next chunk
+    is taken; returns the last chunk's merge, still to do."""
+    merge = None  # the chunk in flight's merge into the moments
+    for done, sent in enumerate(sending):
+        following = sent()
+        if merge is not None:
+            merge()
+            wait_for(moments.totals)
+            _report(progress, done, total)
+        merge = following
+    return merge
 
 
 def _report(progress: ProgressCallback | None, done: int, total: int) -> None:

@@ -779,13 +779,10 @@ def register_tiles(
     reader = _TileReader(tiles, channel, has_channels, filter_halo(sigma))
     pairs, delta = _overlapping_pairs(stage, shape)
     p = len(pairs)
-    shift = np.full((p, d), np.nan)
-    ncc = np.full(p, np.nan)
-    threshold = np.full(p, np.nan)
-    info = np.zeros((p, d, d))
-    reason = np.full(p, REASONS.index("overlap too small"), np.int64)
-    second_ncc = np.full(p, np.nan)
-    second_shift = np.full((p, d), np.nan)
+    found = _PairResults.empty(p, d)
+    # the passes update these in place: the names below are the record's own arrays
+    shift, ncc, threshold, info, reason = found.shift, found.ncc, found.threshold, found.info, found.reason
+    second_ncc, second_shift, broad_band = found.second_ncc, found.second_shift, found.broad_band
     ambiguous = np.zeros(p, bool)
 
     # pass 1: the integer peak within max_shift of the stage offset, and its significance
@@ -823,26 +820,21 @@ def register_tiles(
             reason[k] = _verdict(peak, group_threshold, featureless, on_edge, rival)
             # an ambiguous pair is left for the neighbours' consensus (_guided_pass) to decide
             ambiguous[k] = reason[k] == REASONS.index("ambiguous")
-    broad_band = np.zeros(p, bool)
+    search = dict(engine=engine, subpixel=first, alpha=alpha, seed=seed, progress=progress, total=total)
     if filters(sigma):
-        band = (BROAD_BAND[0] * sigma, BROAD_BAND[1] * sigma)
-        arrays = (shift, ncc, threshold, reason, second_ncc, second_shift, broad_band)
-        done = _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, first, band,
-                           alpha, seed, min_fraction, *arrays, progress, done, total)  # fmt: skip
+        broad = dict(search, band=(BROAD_BAND[0] * sigma, BROAD_BAND[1] * sigma), min_fraction=min_fraction)
+        source = _TileReader(tiles, channel, has_channels, 0)  # the tiles (each pass reads them with its own reader)
+        done = _broad_pass(found, groups, coarse, stage, source, max_shift=max_shift, done=done, **broad)
         learned = _learned_reach(shift, reason) if auto else None
         if learned is not None and learned < max_shift:
             # the rejected pairs once more, within the reach the accepted ones show: fewer candidate shifts, so
             # lower null peaks (the test stays valid: the reach comes from the other pairs, not the pair's own)
-            done = _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, learned, first, band,
-                               alpha, seed, min_fraction, *arrays, progress, done, total,
-                               rejected_only=True)  # fmt: skip
+            done = _broad_pass(found, groups, coarse, stage, source, max_shift=learned, done=done,
+                               rejected_only=True, **broad)  # fmt: skip
     info[:] = np.eye(d)
     guided: dict[int, tuple] = {}
     if max_shift > GUIDED_SHIFT:
-        guided = _guided_pass(
-            stage, coarse, shift, ncc, threshold, info, reason, reader, max_residual, first, sigma, alpha, seed,
-            progress, done, total, engine,
-        )  # fmt: skip
+        guided = _guided_pass(found, stage, coarse, reader, max_residual=max_residual, sigma=sigma, done=done, **search)
     reader.clear()  # pass 1 is done with its regions: the memory bound holds one pass's cache at a time
     significant = np.flatnonzero(reason == REASONS.index("accepted"))
     refinement = np.full(p, REFINEMENTS.index("none"), np.int64)
@@ -915,9 +907,8 @@ def register_tiles(
     )
 
 
-def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max_shift, subpixel, band, alpha,
-                seed, min_fraction, shift, ncc, threshold, reason, second_ncc, second_shift, broad_band, progress,
-                done, total, rejected_only=False) -> int:  # fmt: skip
+def _broad_pass(found: _PairResults, groups, coarse, stage, source: _TileReader, *, max_shift, band, engine,
+                subpixel, alpha, seed, min_fraction, progress, done, total, rejected_only=False) -> int:  # fmt: skip
     """Search the pairs the octave band found weak again in the broad ``band``; returns the progress count.
 
     The octave band (``G_sigma - G_2sigma``) keeps the finest structure: the
@@ -934,8 +925,9 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
     rate). Its broad peak is taken if significant and unambiguous there,
     and, for a pair the octave band accepted, with a larger margin.
     ``rejected_only``: the pairs not accepted alone (the search within the
-    learned reach, :func:`_learned_reach`). Updates the arrays in place.
+    learned reach, :func:`_learned_reach`). Updates ``found`` in place; ``source``: the tiles, unfiltered.
     """
+    shift, ncc, threshold, reason = found.shift, found.ncc, found.threshold, found.reason
     margin = (ncc - threshold) / np.maximum(1 - threshold, 1e-6)
     again = [REASONS.index(r) for r in ("not significant", "featureless", "peak at max_shift", "ambiguous")]
     accepted = reason == REASONS.index("accepted")
@@ -954,12 +946,11 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
         todo.append([int(k) for k in members if rejected[k] or (group_weak and weak_accepted[k])])
     if not any(todo):
         return done
+    tiles = (source.tiles, source.channel, source.has_channels)  # a reader of this pass's own: its own cache
     if engine == "numpy":
-        reader = _stitch_numpy.FilteredTiles(
-            _TileReader(tiles, channel, has_channels, 0), band, low_only=False, pad=max_shift + MARGIN
-        )
+        reader = _stitch_numpy.FilteredTiles(_TileReader(*tiles, 0), band, low_only=False, pad=max_shift + MARGIN)
     else:
-        reader = _TileReader(tiles, channel, has_channels, filter_halo(band))
+        reader = _TileReader(*tiles, filter_halo(band))
     for members, pool in zip(todo, groups):
         if not members:
             continue
@@ -977,11 +968,11 @@ def _broad_pass(groups, coarse, stage, tiles, channel, has_channels, engine, max
                 continue
             ncc[k], threshold[k] = peak, band_threshold
             shift[k] = s + coarse.rounded[k] - coarse.delta[k]
-            second_ncc[k], second_shift[k] = np.nan, np.nan
+            found.second_ncc[k], found.second_shift[k] = np.nan, np.nan
             if np.isfinite(rival):
-                second_ncc[k], second_shift[k] = rival, rival_shift + coarse.rounded[k] - coarse.delta[k]
+                found.second_ncc[k], found.second_shift[k] = rival, rival_shift + coarse.rounded[k] - coarse.delta[k]
             reason[k] = REASONS.index("accepted")
-            broad_band[k] = True
+            found.broad_band[k] = True
     reader.clear()
     return done
 
@@ -1020,8 +1011,8 @@ def _components(n: int, pairs: np.ndarray) -> np.ndarray:
     return np.array([find(a) for a in range(n)])
 
 
-def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max_residual, subpixel, sigma, alpha,
-                 seed, progress, done, total, engine):  # fmt: skip
+def _guided_pass(found: _PairResults, stage, coarse, reader, *, max_residual, subpixel, sigma, alpha, seed, progress,
+                 done, total, engine):  # fmt: skip
     """Search again, within ``GUIDED_SHIFT`` px of where the significant pairs place them, the pairs pass 1 missed.
 
     Pass 1 searches each pair on its *nominal* overlap within ``max_shift``,
@@ -1043,10 +1034,11 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
     but with a near-equal repeat) is searched the same way and accepted if its
     peak there reaches its own threshold or ``AMBIGUITY_RATIO`` of its pass 1
     peak: the repeat the other pairs' placement points to (the consensus).
-    Updates the arrays in place; returns pass 1's
+    Updates ``found`` in place; returns pass 1's
     ``(shift, ncc, threshold, reason)`` of each pair the guided search
     accepted, by pair.
     """
+    shift, ncc, threshold, info, reason = found.shift, found.ncc, found.threshold, found.info, found.reason
     accepted_here: dict[int, tuple] = {}
     n, d = stage.shape
     significant = reason == REASONS.index("accepted")
@@ -1090,6 +1082,35 @@ def _guided_pass(stage, coarse, shift, ncc, threshold, info, reason, reader, max
             shift[k] = s + guided.rounded[k] - coarse.delta[k]
             reason[k] = REASONS.index("accepted")
     return accepted_here
+
+
+@dataclass
+class _PairResults:
+    """What :func:`register_tiles`' passes find, per pair of overlapping tiles (``P`` pairs, ``d`` axes); each pass
+    updates the arrays in place where it finds better."""
+
+    shift: np.ndarray  # (P, d): the measured offset's difference from the stage's (px)
+    ncc: np.ndarray  # (P,): the peak's NCC
+    threshold: np.ndarray  # (P,): the significance threshold it was tested against
+    info: np.ndarray  # (P, d, d): the shift's information (inverse covariance), for the placement
+    reason: np.ndarray  # (P,): index into REASONS
+    second_ncc: np.ndarray  # (P,): the best rival peak's NCC (NaN: none)
+    second_shift: np.ndarray  # (P, d): its offset
+    broad_band: np.ndarray  # (P,): found in the broad band's second search
+
+    @classmethod
+    def empty(cls, pairs: int, axes: int) -> _PairResults:
+        """Nothing found yet: NaN, and every pair's reason "overlap too small" until pass 1 searches it."""
+        return cls(
+            shift=np.full((pairs, axes), np.nan),
+            ncc=np.full(pairs, np.nan),
+            threshold=np.full(pairs, np.nan),
+            info=np.zeros((pairs, axes, axes)),
+            reason=np.full(pairs, REASONS.index("overlap too small"), np.int64),
+            second_ncc=np.full(pairs, np.nan),
+            second_shift=np.full((pairs, axes), np.nan),
+            broad_band=np.zeros(pairs, bool),
+        )
 
 
 @dataclass

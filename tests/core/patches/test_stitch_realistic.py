@@ -222,13 +222,13 @@ def test_a_pair_the_first_placement_doubts_is_decided_by_refinement_and_placemen
     original, quantile = stitch._guided_pass, stitch._gumbel_quantile
     chosen = {}
 
-    def guided(stage, coarse, shift, ncc, threshold, info, reason, *rest):
-        k = int(np.flatnonzero(reason == stitch.REASONS.index("accepted"))[0])
+    def guided(found, *rest, **options):
+        k = int(np.flatnonzero(found.reason == stitch.REASONS.index("accepted"))[0])
         chosen["k"] = k
-        shift[k] += (1.0, 0.0)  # pass 1 a pixel off: the first placement flags it (residual > max_residual)
+        found.shift[k] += (1.0, 0.0)  # pass 1 a pixel off: the first placement flags it (residual > max_residual)
         monkeypatch.setattr(stitch, "_gumbel_quantile", lambda samples, q: float("inf"))  # guided: nothing found
         try:
-            return original(stage, coarse, shift, ncc, threshold, info, reason, *rest)
+            return original(found, *rest, **options)
         finally:
             monkeypatch.setattr(stitch, "_gumbel_quantile", quantile)
 

@@ -205,7 +205,7 @@ def test_weak_pairs_are_found_in_the_broad_band(noisy_blobs, engine, monkeypatch
 
 
 def test_without_the_broad_band_the_noisy_pairs_are_lost(noisy_blobs, monkeypatch):
-    monkeypatch.setattr(stitch, "_broad_pass", lambda *args: args[-2])  # (returns the progress count: done)
+    monkeypatch.setattr(stitch, "_broad_pass", lambda *args, done, **options: done)  # (returns the progress count)
     sample, tiles = noisy_blobs
     result = register_tiles(tiles, sample.stage_positions, max_shift=16)
     assert not result.broad_band.any()

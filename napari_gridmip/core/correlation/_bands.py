@@ -57,15 +57,6 @@ def compile_ahead_once(key: Hashable, prepare: Callable[[], Sequence[Callable[[]
     return thread
 
 
-def wait_for(result: object) -> None:
-    """Block until a band's (or a chunk's) result is computed, unless it is traced by a caller's jit: progress
-    then means work done, a stop between bands stops the work, and a driver's loop does not run ahead of the
-    asynchronous computation with its inputs queued (``local_correlation_image``'s chunks: 898 MiB of them
-    before it waited, docs/timeseries.md)."""
-    if not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(result)):
-        jax.block_until_ready(result)
-
-
 def kept_rows(starts: Sequence[int], rows: int) -> tuple[int, ...]:
     """Rows of each band of ``rows`` rows starting at ``starts`` to keep: the last band ends flush with the
     output and may overlap the one before it, so each row is kept once (the ``keep`` of :func:`join_bands`)."""

@@ -46,7 +46,8 @@ from jax import lax
 
 from napari_gridmip.core import _backend
 from napari_gridmip.core._executables import kept
-from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows, wait_for
+from napari_gridmip.core._sharding import wait_for
+from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each

@@ -41,10 +41,10 @@ from napari_gridmip.core._executables import kept
 from napari_gridmip.core._options import SUBPIXEL_METHODS
 from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core._precision import is_wide, precision_scope
-from napari_gridmip.core._sharding import band_devices, band_starts, run_bands, spread_rows
+from napari_gridmip.core._sharding import band_devices, band_starts, run_bands, spread_rows, wait_for
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
-from napari_gridmip.core.correlation._bands import join_bands, kept_rows, wait_for
+from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan

@@ -36,8 +36,8 @@ from jax import lax
 
 from napari_gridmip.core import _backend, _rates, _sharding, _validate
 from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
+from napari_gridmip.core._sharding import wait_for
 from napari_gridmip.core._transfer import aligned_empty, owned_to_device
-from napari_gridmip.core.correlation._bands import wait_for
 
 __all__ = ["local_correlation_image"]
 

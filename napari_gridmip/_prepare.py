@@ -35,6 +35,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from napari_gridmip.core._files import write_atomically
+
 PROG = "napari-gridmip --prepare"
 MARKER_NAME = "prepared.json"
 LOG_NAME = "prepare.log"
@@ -431,10 +433,7 @@ def write_marker(key: dict[str, str], seconds: dict[str, float], path: Path | No
     entries.append(
         {"key": key, "jobs": {n: round(s, 2) for n, s in seconds.items()}, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    aside = path.with_name(f"{path.name}.{os.getpid()}.part")
-    aside.write_text(json.dumps({"prepared": entries}, indent=1), encoding="utf-8")
-    os.replace(aside, path)
+    write_atomically(path, json.dumps({"prepared": entries}, indent=1))
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from napari_gridmip.core._files import write_atomically
+
 PLUGIN = "napari-gridmip"
 FILE_NAME = "widget-settings.json"
 MIGRATED = "migrated_to_napari"  # set in the JSON file once its values moved into napari's settings
@@ -122,10 +124,7 @@ def _read_all() -> dict[str, Any]:
 def _write_all(everything: dict[str, Any]) -> None:
     path = settings_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(everything, indent=1, sort_keys=True))
-        os.replace(temporary, path)
+        write_atomically(path, json.dumps(everything, indent=1, sort_keys=True))
     except OSError:  # a read-only home: settings are a convenience, not worth an error
         pass
 

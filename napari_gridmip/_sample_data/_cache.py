@@ -13,12 +13,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import os
 import pickle
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from napari_gridmip.core._files import write_atomically
 
 
 def _folder() -> Path:
@@ -48,12 +49,8 @@ def on_disk(function: Callable[[], list[tuple]]) -> Callable[[], list[tuple]]:
         except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
             pass
         layers = function()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-            with open(partial, "wb") as f:
-                pickle.dump(layers, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(partial, path)  # whole or not at all: a reader never sees half a file
+        try:  # whole or not at all: a reader never sees half a file
+            write_atomically(path, pickle.dumps(layers, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError:
             pass
         return layers

@@ -55,6 +55,8 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip.core._files import write_atomically
+
 FORMAT = "napari-gridmip rates 1"
 FILE_NAME = "rates.json"
 LINK_BYTES = 32 * 2**20  # the link's probe: tens of MiB, as one chunk or a small layer
@@ -311,10 +313,7 @@ def _write(file: Path, machines: dict[str, Any]) -> None:
     keeps them in this process only."""
     text = json.dumps({"format": FORMAT, "machines": machines}, indent=1, sort_keys=True)
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        partial = file.with_name(f"{file.name}.{os.getpid()}.partial")
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, file)
+        write_atomically(file, text)
     except OSError:
         _LOG.warning("could not keep this machine's rates in %s", file, exc_info=True)
 

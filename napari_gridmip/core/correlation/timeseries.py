@@ -238,7 +238,7 @@ class _Moments:
             self.totals = _merge(self.totals, np.float64(count), moments, offsets=self.offsets)
 
     def add_each(self, counts: np.ndarray, stacked: tuple) -> None:
-        """Merge the parts of a chunk that devices computed side by side (:func:`sharded_chunk_moments`):
+        """Merge the parts of a chunk that devices computed side by side (:func:`sent_parts`):
         ``counts[d]`` frames whose moments are ``stacked``'s entry ``d``, in device order."""
         self.n += int(counts.sum())
         with precision_scope(np.float64):
@@ -365,24 +365,17 @@ def _prefetched(send: Callable[[int], Any], starts: list[int], dtype: np.dtype) 
             ahead.cancel()
 
 
-def sharded_chunk_moments(
-    chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple, devices: tuple
-) -> tuple[np.ndarray, tuple]:
-    """:func:`chunk_moments_of_host` split over ``devices`` along the frames: ``(counts, stacked)``, each
-    device's count of real frames and its moments stacked along a leading axis (:meth:`_Moments.add_each`).
-
-    The chunk minus the reference is written once into a host buffer of ``len(devices)`` equal parts of whole
-    :data:`UNROLL_FRAMES` blocks; ``jax.device_put`` with a :class:`~jax.sharding.NamedSharding` sends each part
-    to its device (each over its own link where devices have their own), and one ``shard_map`` program runs
-    :func:`_chunk_moments` on every part at once (:mod:`.core._sharding`).
-    """
-    program, arguments, counts = sent_parts(chunk, reference, frames, dtype, offsets, devices)
-    return counts, program(*arguments)
-
-
 def sent_parts(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.dtype, offsets: tuple,
                devices: tuple) -> tuple[Callable, tuple, np.ndarray]:  # fmt: skip
-    """:func:`sharded_chunk_moments` in two halves, as :func:`sent_chunk`: ``(program, arguments, counts)``."""
+    """:func:`sent_chunk` split over ``devices`` along the frames: ``(program, arguments, counts)``, each device's
+    count of real frames, and the program whose call ``program(*arguments)`` dispatches every part's moments,
+    stacked along a leading axis (:meth:`_Moments.add_each`).
+
+    The chunk minus the reference (or as held, :func:`sent_as_held`) is written once into a host buffer of
+    ``len(devices)`` equal parts of whole :data:`UNROLL_FRAMES` blocks; ``jax.device_put`` with a
+    :class:`~jax.sharding.NamedSharding` sends each part to its device (each over its own link where devices have
+    their own), and one ``shard_map`` program computes every part's moments at once (:mod:`.core._sharding`).
+    """
     count, parts = chunk.shape[1], len(devices)
     per_device = padded_frames(-(-frames // parts))
     counts = np.clip(count - per_device * np.arange(parts), 0, per_device).astype(np.int32)

@@ -55,8 +55,11 @@ class SampleJob:
     name: str
     widget: str
     sample: str
-    request: Callable[[Any], Any]
+    request: Callable[..., Any]
     make: Callable[[Any], Any]
+    #: the key of the sample (File > Open Sample) whose opening in napari runs this job ahead, in the background
+    #: (:mod:`napari_gridmip._widgets._samples`); "" for none. ``request(cache, layers)`` then takes its layers.
+    ahead_of_sample: str = ""
 
     @property
     def title(self) -> str:
@@ -181,12 +184,14 @@ def stitch_request(cache: Any = None) -> Any:
     )
 
 
-def _pair_request(sample: Callable[[], list[tuple]], cache: Any, **changes: Any) -> Any:
+def _pair_request(sample: Callable[[], list[tuple]], cache: Any, layers: list[tuple] | None = None, **changes: Any
+                  ) -> Any:  # fmt: skip
     """The Correlation map widget on a pair sample: the mode and options the sample suggests (its
-    ``gridmip_correlation``), the rest the widget's defaults; ``changes`` as a user would set them after."""
+    ``gridmip_correlation``), the rest the widget's defaults; ``changes`` as a user would set them after. ``layers``:
+    the sample's layer data as napari was given it (else the sample is read again)."""
     from napari_gridmip._jobs.correlation import CorrelationRequest
 
-    (data1, meta1, _), (data2, meta2, _) = _layers(sample)[:2]
+    (data1, meta1, _), (data2, meta2, _) = (_layers(sample) if layers is None else [tuple(x) for x in layers])[:2]
     suggested = meta1["metadata"]["gridmip_correlation"]
     pair = suggested["mode"] != "stacks"
     subset = tuple(int(s) for s in suggested.get("subset", (21, 21))) if pair else (1, 1)
@@ -225,19 +230,19 @@ def speckle_request(cache: Any = None) -> Any:
     return _pair_request(speckle_sample, cache)
 
 
-def speckle_contrast_request(cache: Any = None) -> Any:
+def speckle_contrast_request(cache: Any = None, layers: list[tuple] | None = None) -> Any:
     """The Correlation map widget on the speckle pair with contrast: subset 3, refine, transmission, dark-field and
     phase (track_speckles)."""
     from napari_gridmip._sample_data import speckle_contrast_sample
 
-    return _pair_request(speckle_contrast_sample, cache)
+    return _pair_request(speckle_contrast_sample, cache, layers)
 
 
-def dic_request(cache: Any = None) -> Any:
+def dic_request(cache: Any = None, layers: list[tuple] | None = None) -> Any:
     """The Correlation map widget on the DIC pair: subset 31, step 4, refine, strain."""
     from napari_gridmip._sample_data.dic import dic_sample
 
-    return _pair_request(dic_sample, cache)
+    return _pair_request(dic_sample, cache, layers)
 
 
 def dic_affine_request(cache: Any = None) -> Any:
@@ -293,7 +298,14 @@ def _job(module: str, name: str) -> Callable[[Any], Any]:
 #: Every widget's first Run on its sample, in the order they are prepared. Not the large sparse volume's: a Run on
 #: it reads its 2048^3 level 0 from disk block by block, minutes that no compile ahead would shorten.
 JOBS: tuple[SampleJob, ...] = (
-    SampleJob("dic", "Correlation map", "DIC pair", dic_request, _job("correlation", "make_correlation_job")),
+    SampleJob(
+        "dic",
+        "Correlation map",
+        "DIC pair",
+        dic_request,
+        _job("correlation", "make_correlation_job"),
+        ahead_of_sample="dic",
+    ),  # fmt: skip
     SampleJob(
         "dic-affine",
         "Correlation map, subset shape affine",
@@ -310,6 +322,7 @@ JOBS: tuple[SampleJob, ...] = (
         "speckle pair with contrast",
         speckle_contrast_request,
         _job("correlation", "make_correlation_job"),
+        ahead_of_sample="speckle-contrast",
     ),
     SampleJob(
         "dic-series", "Correlation map", "DIC series", dic_series_request, _job("correlation", "make_series_job")
@@ -325,19 +338,22 @@ JOBS: tuple[SampleJob, ...] = (
 JOB_NAMES = tuple(job.name for job in JOBS)
 
 
-def run_job(job: SampleJob, where: str, cache: Any = None) -> float:
+def run_job(job: SampleJob, where: str, cache: Any = None, *, layers: list[tuple] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> float:  # fmt: skip
     """Run ``job`` as the widget's worker runs its first Run (JAX set up, in the placement ``where``); its seconds,
-    from the request made to the job's result (the sample read or made before)."""
+    from the request made to the job's result (the sample read or made before). ``layers``: the sample's layer
+    data (a job with ``ahead_of_sample`` only), else the sample is read; ``progress(done, total)`` the job's
+    reports, which may raise to stop it between its steps."""
     from napari_gridmip._device_layers import DeviceLayerCache
     from napari_gridmip._jobs import placed, prepare_jax
 
     prepare_jax()
     copies = DeviceLayerCache() if cache is None else cache
-    request = job.request(copies)
+    request = job.request(copies) if layers is None else job.request(copies, layers)
     try:
         start = time.perf_counter()
         with placed(where):
-            job.make(request).run(lambda done, total: None)
+            job.make(request).run(progress or (lambda done, total: None))
         return time.perf_counter() - start
     finally:
         copies.clear()  # the inputs' device copies: the next job has the device to itself

@@ -14,6 +14,18 @@ from napari_gridmip._sample_data._cache import on_disk
 OCCUPANCY_SHAPE = (160, 144, 136)
 
 
+def stand_in_image(shape: tuple[int, ...], dtype: np.dtype | type, *, seed: int = 0) -> np.ndarray:
+    """A textured image of ``shape`` and ``dtype`` (uniform noise over the dtype's range, or [0, 1) for floats)
+    that stands in for a sample while the sample is made: a first Run's programs depend on the inputs' shapes,
+    dtypes and options only, and on this input every subset has variance (no flat subset, no NaN)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind in "ui":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.random(shape).astype(dtype)
+
+
 def _add_ball(volume: np.ndarray, center, radius: float, value: float, *, shell: float = 0.0) -> None:
     """Paint a ball (or a shell of thickness ``shell``) into ``volume``, in place, on its bounding box."""
     lo = [max(int(np.floor(c - radius)), 0) for c in center]
@@ -248,9 +260,22 @@ SPECKLE_CONTRAST_SETTINGS = {
 @on_disk
 def speckle_contrast_sample() -> list[tuple]:
     """File > Open Sample > Speckle pair with transmission and dark-field: sample first, then the reference."""
-    sample, reference, truth = make_speckle_pair_with_contrast()
+    # the module's sizes, read now (speckle_contrast_stand_in's too)
+    sample, reference, truth = make_speckle_pair_with_contrast(SPECKLE_FRAMES, SPECKLE_SHAPE)
     metadata = {f"true_{k}": v.astype(np.float32) for k, v in truth.items()}
-    metadata["gridmip_correlation"] = SPECKLE_CONTRAST_SETTINGS  # the Correlation widget's mode and parameters
+    return _speckle_contrast_layers(sample, reference, metadata)
+
+
+def speckle_contrast_stand_in() -> list[tuple]:
+    """Layers as :func:`speckle_contrast_sample`'s (``SPECKLE_FRAMES`` float32 frames of ``SPECKLE_SHAPE``, the
+    names, the suggested settings), a textured stand-in stack twice and no truth: to make the sample's first Run's
+    programs while the sample is made (:mod:`napari_gridmip._widgets._samples`)."""
+    stack = stand_in_image((SPECKLE_FRAMES, *SPECKLE_SHAPE), np.float32)
+    return _speckle_contrast_layers(stack, stack, {})
+
+
+def _speckle_contrast_layers(sample: np.ndarray, reference: np.ndarray, metadata: dict) -> list[tuple]:
+    metadata = {**metadata, "gridmip_correlation": SPECKLE_CONTRAST_SETTINGS}  # the Correlation widget's options
     return [
         (sample, {"name": "speckle sample", "colormap": "gray", "metadata": {"gridmip_role": "sample", **metadata}},
          "image"),

@@ -146,9 +146,22 @@ DIC_SETTINGS = {
 def dic_sample() -> list[tuple]:
     """File > Open Sample > DIC pair: the deformed image first (img1), then the reference (img2), each 2D uint8;
     the known field and strain in the deformed layer's metadata (``true_dy`` ...)."""
-    reference, deformed, field = make_dic_pair()
-    truth = {f"true_{k}": np.asarray(v, np.float32) for k, v in field.items()}
-    truth["gridmip_correlation"] = DIC_SETTINGS  # the Correlation widget's mode and parameters
+    reference, deformed, field = make_dic_pair(DIC_SHAPE)  # the module's shape, read now (dic_stand_in's too)
+    return _dic_layers(deformed, reference, {f"true_{k}": np.asarray(v, np.float32) for k, v in field.items()})
+
+
+def dic_stand_in() -> list[tuple]:
+    """Layers as :func:`dic_sample`'s (uint8 images of ``DIC_SHAPE``, the names, the suggested settings), a textured
+    stand-in image twice and no truth: to make the sample's first Run's programs while the pair is made
+    (:mod:`napari_gridmip._widgets._samples`)."""
+    from napari_gridmip._sample_data import stand_in_image
+
+    image = stand_in_image(DIC_SHAPE, np.uint8)
+    return _dic_layers(image, image, {})
+
+
+def _dic_layers(deformed: np.ndarray, reference: np.ndarray, truth: dict) -> list[tuple]:
+    truth = {**truth, "gridmip_correlation": DIC_SETTINGS}  # the Correlation widget's mode and parameters
     return [
         (deformed, {"name": "DIC deformed (img1)", "colormap": "gray",
                     "metadata": {"gridmip_role": "img1", **truth}}, "image"),

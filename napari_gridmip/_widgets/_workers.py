@@ -218,3 +218,8 @@ def workers() -> Workers:
     if "workers" not in _WORKERS:
         _WORKERS["workers"] = Workers()
     return _WORKERS["workers"]
+
+
+def workers_if_made() -> Workers | None:
+    """The process's :class:`Workers` where a widget or a sample has made them, else None (made by no one here)."""
+    return _WORKERS.get("workers")

@@ -309,6 +309,8 @@ class KeptProgram:
         self._positions = min(by_position, default=len(parameters) + 1)
         self._executables: dict[str, Any] = {}  # this process's, by key
         self._unproven: set[str] = set()  # keys read from disk and not yet run (__call__ checks their first run)
+        self._locks: dict[str, threading.Lock] = {}  # per key, held while it is read or compiled (_find)
+        self._locks_lock = threading.Lock()
         functools.update_wrapper(self, fun)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -342,20 +344,36 @@ class KeptProgram:
             return None
         found = self._executables.get(key)
         if found is None:
-            found = _load(where / f"{key}.pickle", device)
-            if found is not None:
-                self._unproven.add(key)
-            elif compile_missing:
-                try:
-                    found, fresh = _compiled_for_keeping(self.jitted, args, kwargs)
-                except Exception:  # noqa: BLE001 - the call through jax.jit raises it where it belongs
-                    return None
-                if fresh:
-                    _save(where / f"{key}.pickle", found)
+            # one thread reads or compiles a key at a time: a second one (a sample's run ahead beside the
+            # widget's run of the same inputs) waits for that executable rather than compiling it again
+            with self._lock_of(key):
+                found = self._executables.get(key)
+                if found is None:
+                    found = self._read_or_compile(key, where, device, args, kwargs, compile_missing)
             if found is None:
                 return None
-            self._executables[key] = found
         return key, found
+
+    def _lock_of(self, key: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _read_or_compile(self, key: str, where: Path, device: Any, args: tuple, kwargs: dict,
+                         compile_missing: bool) -> Any:  # fmt: skip
+        """The executable of ``key`` from the disk, else (``compile_missing``) compiled now and written; None."""
+        found = _load(where / f"{key}.pickle", device)
+        if found is not None:
+            self._unproven.add(key)
+        elif compile_missing:
+            try:
+                found, fresh = _compiled_for_keeping(self.jitted, args, kwargs)
+            except Exception:  # noqa: BLE001 - the call through jax.jit raises it where it belongs
+                return None
+            if fresh:
+                _save(where / f"{key}.pickle", found)
+        if found is not None:
+            self._executables[key] = found
+        return found
 
     def executable(self, *args: Any, **kwargs: Any) -> Any:
         """The executable for these arguments (arrays, or ``jax.ShapeDtypeStruct``), kept or compiled now; None

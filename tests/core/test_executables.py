@@ -338,3 +338,43 @@ def test_a_folder_it_cannot_read_means_jit(kept_on, monkeypatch, k):
     program = KeptProgram(_scaled, static_argnames=("k", "flip"))
     x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
     np.testing.assert_allclose(program(x, y, k=k, flip=False)[0], x * np.float32(k) + y, rtol=1e-6)
+
+
+def test_two_threads_calling_a_new_program_compile_it_once(kept_on, monkeypatch, k):
+    """A sample's run ahead and a widget's run of the same inputs, in two threads at once: the second waits for the
+    first's executable (one XLA compile), and both get its results."""
+    import threading
+
+    compiles = []
+    real = _executables._compiled_for_keeping
+    gate = threading.Event()
+
+    def slow_compile(*args, **kwargs):
+        compiles.append(threading.current_thread().name)
+        gate.wait(10)  # the other thread arrives while this one compiles
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_executables, "_compiled_for_keeping", slow_compile)
+    program = KeptProgram(_scaled, static_argnames=("k", "flip"))
+    x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)
+    results = {}
+
+    def call(name):
+        results[name] = program(x, y, k=k, flip=True)
+
+    threads = [threading.Thread(target=call, args=(name,), name=name) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for _ in range(200):
+        if compiles:
+            break
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.1)
+    gate.set()
+    for thread in threads:
+        thread.join(30)
+    assert len(compiles) == 1
+    expected = (x * k + y)[::-1]
+    for out, extra in results.values():
+        np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
+        assert float(extra["total"]) == 6.0

@@ -34,6 +34,16 @@ def docked(make_napari_viewer, qtbot):
         qtbot.waitUntil(lambda w=widget: not w.runner.busy and not w.runner.prefetching, timeout=120_000)
 
 
+@pytest.fixture(autouse=True)
+def _runs_ahead_end(qtbot):
+    """A sample's run ahead (napari_gridmip._widgets._samples) belongs to no widget: it ends before the next test,
+    which would otherwise share the cores with it."""
+    yield
+    from napari_gridmip._widgets._samples import running_ahead
+
+    qtbot.waitUntil(lambda: not running_ahead(), timeout=120_000)
+
+
 class _Clipboard:
     """This test process's own clipboard: pytest-xdist's workers share one X display, and so the system
     clipboard, where one worker's "Copy as Python" could overwrite another's between click and read."""
@@ -70,8 +80,8 @@ def small_samples(monkeypatch, tmp_path):
     from napari_gridmip._sample_data import _cache, calcium, dic
 
     monkeypatch.setattr(_cache, "_folder", lambda: tmp_path / "samples")
-    monkeypatch.setattr(dic, "make_dic_pair", partial(dic.make_dic_pair, (128, 144)))
-    monkeypatch.setattr(
-        samples, "make_speckle_pair_with_contrast", partial(samples.make_speckle_pair_with_contrast, 6, (64, 72))
-    )
+    # the sizes the samples and their stand-ins (napari_gridmip._widgets._samples) read as they are made
+    monkeypatch.setattr(dic, "DIC_SHAPE", (128, 144))
+    monkeypatch.setattr(samples, "SPECKLE_FRAMES", 6)
+    monkeypatch.setattr(samples, "SPECKLE_SHAPE", (64, 72))
     monkeypatch.setattr(calcium, "make_calcium_movie", partial(calcium.make_calcium_movie, 120, (40, 48), 5))

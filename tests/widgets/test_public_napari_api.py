@@ -8,7 +8,6 @@ kinds of warning made errors; and the package's source is searched for napari's 
 
 import re
 import threading
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +83,7 @@ def test_the_widgets_run_with_napari_deprecations_as_errors(plugin_docks, qtbot,
     Occupancy mipmap on the occupancy sample, its render from the 3D camera and its full-resolution 3D view too."""
     from napari_gridmip._sample_data import _cache, dic
 
-    monkeypatch.setattr(dic, "make_dic_pair", partial(dic.make_dic_pair, (128, 144)))  # seconds, not a minute
+    monkeypatch.setattr(dic, "DIC_SHAPE", (128, 144))  # seconds, not a minute (the sample and its stand-in)
     monkeypatch.setattr(_cache, "_folder", lambda: tmp_path / "samples")  # not the session's cache of full samples
     viewer, dock = plugin_docks
     widgets = {name: dock(name) for name in WIDGET_NAMES}

@@ -17,7 +17,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-_COMPILED_AHEAD: set[Hashable] = set()  # what compile_ahead_once started in this process, by key and device
+# what compile_ahead_once started in this process, by key and device: its thread
+_COMPILED_AHEAD: dict[Hashable, threading.Thread] = {}
+_AHEAD_LOCK = threading.Lock()
 
 
 def compile_ahead_once(key: Hashable, prepare: Callable[[], Sequence[Callable[[], object]]], *, name: str
@@ -27,20 +29,31 @@ def compile_ahead_once(key: Hashable, prepare: Callable[[], Sequence[Callable[[]
     call next), gives the compiles that a daemon thread named ``name`` then runs on the caller's default device
     (JAX's ahead-of-time ``lower(...).compile()``, which fills the cache the calls read), each after the first
     in a thread of its own beside it (XLA's compile releases the GIL). The thread, which ends after all of
-    them, or None where it ran before. A failure is logged at debug level only: the calls compile their
+    them; the same thread to a second caller while it runs (two calls of the same shapes in two threads, such
+    as a sample's run ahead and a widget's, wait for one compile rather than making the program twice on the
+    same cores); None once it has ended. A failure is logged at debug level only: the calls compile their
     programs themselves and report what fails. The caller joins the thread before it calls those programs (a
     program compiling in the thread is not waited for by a call)."""
     device = jax.config.jax_default_device
-    if (key, device) in _COMPILED_AHEAD:
-        return None
-    _COMPILED_AHEAD.add((key, device))
+    with _AHEAD_LOCK:
+        started = _COMPILED_AHEAD.get((key, device))
+        if started is not None:
+            return started if started.is_alive() else None
+        # held until the thread exists: a second caller never runs prepare() beside this one
+        thread = _start_ahead(prepare, name, device)
+        _COMPILED_AHEAD[key, device] = thread
+    return thread
+
+
+def _start_ahead(prepare: Callable[[], Sequence[Callable[[], object]]], name: str, device: object
+                 ) -> threading.Thread:  # fmt: skip
     first, *others = prepare()
 
     def quietly(compile_program: Callable[[], object]) -> None:
         try:
             with jax.default_device(device):  # the default device is per thread: the caller's, named
                 compile_program()
-        except Exception:  # noqa: BLE001 - see the docstring
+        except Exception:  # noqa: BLE001 - see compile_ahead_once's docstring
             logging.getLogger(__name__).debug("%s failed", name, exc_info=True)
 
     def run() -> None:

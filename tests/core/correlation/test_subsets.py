@@ -622,3 +622,29 @@ def test_a_first_call_compiles_its_band_program_ahead_and_once(monkeypatch, capl
     img = rng.random((1, 67, 70), dtype=np.float32)
     assert band_compiles()[0] == 1  # without it, the call compiles the band program itself (and logs it)
     assert real(None, jnp.zeros(3), None, None, plan=None, rows=1, dtype=np.float64) is None
+
+
+def test_a_compile_ahead_under_way_is_shared_not_repeated():
+    """compile_ahead_once: a second caller of the same key gets the thread still compiling (and joins it) instead
+    of a second compile of the same program on the same cores; None once it has ended; another key its own."""
+    import threading
+
+    from napari_gridmip.core.correlation._bands import compile_ahead_once
+
+    gate, prepared, compiled = threading.Event(), [], []
+
+    def prepare():
+        prepared.append(1)
+        return (lambda: (gate.wait(10), compiled.append(1)),)
+
+    key = ("test-shared", object())
+    first = compile_ahead_once(key, prepare, name="test compile")
+    second = compile_ahead_once(key, prepare, name="test compile")
+    assert first is not None and second is first and first.is_alive()
+    other = compile_ahead_once(("test-shared", object()), prepare, name="test compile")
+    assert other is not None and other is not first
+    gate.set()
+    first.join(10)
+    other.join(10)
+    assert compile_ahead_once(key, prepare, name="test compile") is None
+    assert len(prepared) == 2 and len(compiled) == 2

@@ -1,0 +1,91 @@
+"""File > Open Sample in napari for the samples whose first Run is mostly XLA compiling: that Run started in the
+background on stand-in inputs of the sample's shapes as the sample is being made, so that its programs are made,
+or under way, by the time Run is pressed (issue 54, item 5).
+
+The DIC pair's first Run in a new user's session compiles its band program for 2.2 to 2.5 s of about 3 s on a
+2-core CPU, and the speckle pair with contrast compiles for 3.4 s of 4.3 s; both compute in 0.1 to 0.3 s once
+compiled (docs/accelerator.md, "Preparing a machine"). A widget's own early start (``_base.prefetch_enabled``)
+begins only once it is docked with its inputs, and making the DIC pair takes 0.4 to 0.7 s before napari adds it.
+A program depends on its inputs' shapes, dtypes and the options, not on their values: so the sample's first Run
+(``_prepare.JOBS``: the request the widget makes for the sample, ``tests/widgets/test_prepare_requests.py``) runs
+in our early lane (:mod:`._workers`) on a textured stand-in of the sample's shapes and dtypes
+(``_sample_data.stand_in_image``) from the moment the sample is asked for, beside its making (XLA's compile
+releases the GIL). Its result is dropped. The widget's run on the real layers then finds the programs made, or
+waits for the compile under way rather than starting a second one (``core/_executables.py``,
+``core/correlation/_bands.py``).
+
+Only those samples, and only where early starts are on (napari's Preferences, "Start a run before Run is
+pressed"): the other samples' first Runs compile for under a second, or compute for longer than they compile
+(the DIC series: 1.6 s compiling, 2.0 s computing), which a run ahead would spend whether or not the user runs it.
+The plain sample functions (``napari_gridmip._sample_data``) stay free of Qt and of this.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from napari_gridmip._widgets._base import prefetch_enabled
+
+_LOG = logging.getLogger(__name__)
+NAME_PREFIX = "run ahead"  # the workers' task name of a sample's run ahead (tests wait for these)
+
+
+def dic_sample() -> list[tuple]:
+    """File > Open Sample > DIC pair (:func:`napari_gridmip._sample_data.dic.dic_sample`), its first Run started."""
+    from napari_gridmip._sample_data.dic import dic_sample as make
+    from napari_gridmip._sample_data.dic import dic_stand_in
+
+    start_run_ahead("dic", dic_stand_in)
+    return make()
+
+
+def speckle_contrast_sample() -> list[tuple]:
+    """File > Open Sample > Speckle pair with transmission and dark-field
+    (:func:`napari_gridmip._sample_data.speckle_contrast_sample`), its first Run started."""
+    from napari_gridmip._sample_data import speckle_contrast_sample as make
+    from napari_gridmip._sample_data import speckle_contrast_stand_in
+
+    start_run_ahead("speckle-contrast", speckle_contrast_stand_in)
+    return make()
+
+
+def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
+    """Run, in our early lane, the widget's first Run on the sample ``sample`` (a File > Open Sample key), on the
+    layers ``stand_in()`` gives (made in the worker: the sample's shapes, dtypes and suggested settings), its result
+    dropped and its failures logged at debug level (the widget's own Run reports what fails). The task, or None
+    where early starts are off or no job runs ahead of this sample. Call on the GUI thread."""
+    from napari_gridmip._prepare import JOBS, run_job
+    from napari_gridmip._widgets._runner import Cancelled, compute_on_setting, import_layer_dependencies
+    from napari_gridmip._widgets._workers import workers
+
+    if not prefetch_enabled():
+        return None
+    job = next((j for j in JOBS if j.ahead_of_sample == sample), None)
+    where = compute_on_setting()
+    if job is None or isinstance(where, Exception):  # a bad setting: the widget's Run reports it
+        return None
+    task: Any = None
+
+    def progress(done: int, total: int) -> None:
+        if task is not None and task.cancelled:
+            raise Cancelled
+
+    def work() -> None:
+        import_layer_dependencies()  # what the result layers of the widget's Run import (pandas), beside the compile
+        run_job(job, where, layers=stand_in(), progress=progress)
+
+    def failed(error: BaseException) -> None:
+        _LOG.debug("run ahead of the %s sample failed", sample, exc_info=error)
+
+    task = workers().submit(work, lane="early", name=f"{NAME_PREFIX} {job.title}", on_errored=failed)
+    return task
+
+
+def running_ahead() -> list[Any]:
+    """The samples' runs ahead still running or waiting (none before a widget or sample made the workers)."""
+    from napari_gridmip._widgets._workers import workers_if_made
+
+    pool = workers_if_made()
+    return [] if pool is None else [task for task in pool.busy() if task.name.startswith(NAME_PREFIX)]

@@ -7,6 +7,8 @@ shot and read noise, and 8-bit quantisation.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from napari_gridmip._sample_data._cache import on_disk
@@ -31,16 +33,25 @@ def dic_field(shape: tuple[int, int] = DIC_SHAPE) -> dict[str, np.ndarray]:
     """
     rows, cols = shape
     y, x = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
-    cy, cx = (rows - 1) / 2, (cols - 1) / 2
-    width = cols / 5
+    cy, cx, width = (rows - 1) / 2, (cols - 1) / 2, cols / 5
+    uy, ux = _sample_displacement(y, x, shape)
     bump = 1.5 * np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (2 * width**2))
-    ux = 0.004 * (x - cx) + 0.002 * (y - cy) + bump
-    uy = -0.0015 * (y - cy) + 1.2 * np.sin(2 * np.pi * x / cols)
     dux_dx = 0.004 - bump * (x - cx) / width**2
     dux_dy = 0.002 - bump * (y - cy) / width**2
     duy_dx = 1.2 * 2 * np.pi / cols * np.cos(2 * np.pi * x / cols)
     duy_dy = np.full(shape, -0.0015)
     return {"dy": uy, "dx": ux, "exx": dux_dx, "eyy": duy_dy, "exy": 0.5 * (dux_dy + duy_dx)}
+
+
+def _sample_displacement(y: np.ndarray, x: np.ndarray, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dic_field`'s ``u_y, u_x`` at any positions ``(y, x)`` (px, float64 arrays of one shape), from its
+    formula: what :func:`make_dic_pair` inverts, at no interpolation."""
+    rows, cols = shape
+    cy, cx, width = (rows - 1) / 2, (cols - 1) / 2, cols / 5
+    bump = 1.5 * np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (2 * width**2))
+    ux = 0.004 * (x - cx) + 0.002 * (y - cy) + bump
+    uy = -0.0015 * (y - cy) + 1.2 * np.sin(2 * np.pi * x / cols)
+    return uy, ux
 
 
 def _dots(shape: tuple[int, int], rng: np.random.Generator, margin: float) -> tuple[np.ndarray, np.ndarray]:
@@ -107,9 +118,8 @@ def make_dic_pair(
     shows the point ``p`` with ``p + u(p) = q``, found by fixed-point iteration. ``field`` maps ``"dy"``,
     ``"dx"`` to arrays of ``shape`` (or scalars, for a rigid shift). ``noise``: see :func:`camera`.
     """
-    from scipy import ndimage
-
     rng = np.random.default_rng(seed)
+    displacement_at = _displacement_function(field, shape)
     field = dic_field(shape) if field is None else field
     rows, cols = shape
     uy = np.broadcast_to(np.asarray(field["dy"], np.float64), shape)
@@ -117,17 +127,35 @@ def make_dic_pair(
     centres, amplitudes = _dots(shape, rng, margin=float(np.abs(uy).max() + np.abs(ux).max() + 10))
     qy, qx = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")
     py, px = qy - uy, qx - ux
-    splines = [ndimage.spline_filter(f, order=3, mode="nearest") for f in (uy, ux)]
     for _ in range(8):  # converges as |grad u|**k: 1e-12 px for strains of a few percent
-        at = np.stack([py, px])
-        py = qy - ndimage.map_coordinates(splines[0], at, order=3, mode="nearest", prefilter=False)
-        px = qx - ndimage.map_coordinates(splines[1], at, order=3, mode="nearest", prefilter=False)
+        at_y, at_x = displacement_at(py, px)
+        py, px = qy - at_y, qx - at_x
     # where each dot lands in the deformed image: its centre moved by the field there
-    at = np.stack([np.clip(centres[:, 0], 0, rows - 1), np.clip(centres[:, 1], 0, cols - 1)])
-    moved = centres + np.stack([ndimage.map_coordinates(f, at, order=1) for f in (uy, ux)], axis=1)
+    inside = np.clip(centres[:, 0], 0, rows - 1), np.clip(centres[:, 1], 0, cols - 1)
+    moved = centres + np.stack(displacement_at(*inside), axis=1)
     reference = camera(render_speckle(qy, qx, centres, amplitudes, centres), rng, noise)
     deformed = camera(render_speckle(py, px, centres, amplitudes, moved), rng, noise)
     return reference, deformed, dict(field)
+
+
+def _displacement_function(field: dict[str, np.ndarray] | None, shape: tuple[int, int]) -> Any:
+    """``(y, x) -> (u_y, u_x)`` at any positions for :func:`make_dic_pair`'s ``field``: the sample's own from its
+    formula (no SciPy: the sample is made as napari waits, beside its first Run's compile,
+    ``napari_gridmip._widgets._samples``), constants as they are, else the arrays' cubic splines."""
+    if field is None:
+        return lambda y, x: _sample_displacement(y, x, shape)
+    uy, ux = (np.asarray(field[k], np.float64) for k in ("dy", "dx"))
+    if uy.ndim == 0 and ux.ndim == 0:
+        return lambda y, x: (np.full(y.shape, float(uy)), np.full(x.shape, float(ux)))
+    from scipy import ndimage
+
+    splines = [ndimage.spline_filter(np.broadcast_to(f, shape), order=3, mode="nearest") for f in (uy, ux)]
+
+    def at(y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        points = np.stack([y, x])
+        return tuple(ndimage.map_coordinates(c, points, order=3, mode="nearest", prefilter=False) for c in splines)
+
+    return at
 
 
 DIC_SETTINGS = {

@@ -73,8 +73,10 @@ def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
             raise Cancelled
 
     def work() -> None:
-        import_layer_dependencies()  # what the result layers of the widget's Run import (pandas), beside the compile
         run_job(job, where, layers=stand_in(), progress=progress)
+        # what the result layers of the widget's Run import (pandas), unless that Run began it: after the run,
+        # not beside it, where its 0.3 s of imports held the GIL that the sample's making on the GUI thread needs
+        import_layer_dependencies()
 
     def failed(error: BaseException) -> None:
         _LOG.debug("run ahead of the %s sample failed", sample, exc_info=error)

@@ -268,13 +268,14 @@ def speckle_contrast_sample() -> list[tuple]:
 
 def speckle_contrast_stand_in() -> list[tuple]:
     """Layers as :func:`speckle_contrast_sample`'s (``SPECKLE_FRAMES`` float32 frames of ``SPECKLE_SHAPE``, the
-    names, the suggested settings), a textured stand-in stack twice and no truth: to make the sample's first Run's
-    programs while the sample is made (:mod:`napari_gridmip._widgets._samples`)."""
+    names, the suggested settings), a textured stand-in stack twice and no truth: the sample's first Run on them
+    makes that Run's programs ahead of it (:mod:`napari_gridmip._widgets._samples`)."""
     stack = stand_in_image((SPECKLE_FRAMES, *SPECKLE_SHAPE), np.float32)
     return _speckle_contrast_layers(stack, stack, {})
 
 
 def _speckle_contrast_layers(sample: np.ndarray, reference: np.ndarray, metadata: dict) -> list[tuple]:
+    """The speckle pair with contrast as napari layer data (the sample first), ``metadata`` in the sample's."""
     metadata = {**metadata, "gridmip_correlation": SPECKLE_CONTRAST_SETTINGS}  # the Correlation widget's options
     return [
         (sample, {"name": "speckle sample", "colormap": "gray", "metadata": {"gridmip_role": "sample", **metadata}},

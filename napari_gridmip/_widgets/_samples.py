@@ -1,23 +1,26 @@
 """File > Open Sample in napari for the samples whose first Run is mostly XLA compiling: that Run started in the
-background on stand-in inputs of the sample's shapes as the sample is being made, so that its programs are made,
-or under way, by the time Run is pressed (issue 54, item 5).
+background on stand-in inputs of the sample's shapes, so that its programs are made, or under way, by the time Run
+is pressed (issue 54, item 5).
 
 The DIC pair's first Run in a new user's session compiles its band program for 2.2 to 2.5 s of about 3 s on a
 2-core CPU, and the speckle pair with contrast compiles for 3.4 s of 4.3 s; both compute in 0.1 to 0.3 s once
 compiled (docs/accelerator.md, "Preparing a machine"). A widget's own early start (``_base.prefetch_enabled``)
-begins only once it is docked with its inputs, and making the DIC pair takes 0.4 to 0.7 s before napari adds it.
-A program depends on its inputs' shapes, dtypes and the options, not on their values: so the sample's first Run
-(``_prepare.JOBS``: the request the widget makes for the sample, ``tests/widgets/test_prepare_requests.py``) runs
-in our early lane (:mod:`._workers`) on a textured stand-in of the sample's shapes and dtypes
-(``_sample_data.stand_in_image``) from the moment the sample is asked for, beside its making (XLA's compile
-releases the GIL). Its result is dropped. The widget's run on the real layers then finds the programs made, or
-waits for the compile under way rather than starting a second one (``core/_executables.py``,
-``core/correlation/_bands.py``).
+begins only once it is docked with its inputs. A program depends on its inputs' shapes, dtypes and the options,
+not on their values: so the sample's first Run (``_prepare.JOBS``: the request the widget makes for the sample,
+``tests/widgets/test_prepare_requests.py``) runs in our early lane (:mod:`._workers`) on a textured stand-in of
+the sample's shapes and dtypes (``_sample_data.stand_in_image``), its result dropped. Where this session has
+imported JAX and the job already (a widget was used), it starts as the sample is asked for, beside the sample's
+making on the GUI thread (XLA's compile releases the GIL); otherwise at the event loop's next turn, once napari has
+added the sample, since those imports would hold the GIL the making needs (docs/benchmarks.md, the eighteenth
+session). The widget's run on the real layers then finds the programs made, or waits for the compile under way
+rather than starting a second one (``core/_executables.py``, ``core/correlation/_bands.py``).
 
-Only those samples, and only where early starts are on (napari's Preferences, "Start a run before Run is
-pressed"): the other samples' first Runs compile for under a second, or compute for longer than they compile
-(the DIC series: 1.6 s compiling, 2.0 s computing), which a run ahead would spend whether or not the user runs it.
-The plain sample functions (``napari_gridmip._sample_data``) stay free of Qt and of this.
+Only those samples, only where early starts are on (napari's Preferences, "Start a run before Run is pressed") and
+the widget's remembered options that change the programs are its defaults (:data:`_PROGRAM_OPTIONS`), and only
+with a Qt application: the other samples' first Runs compile for under a second, or compute for longer than they
+compile (the DIC series: 1.6 s compiling, 2.0 s computing), which a run ahead would spend whether or not the user
+runs it. napari's quit cancels the runs ahead. The plain sample functions (``napari_gridmip._sample_data``) stay
+free of Qt and of this; this module imports Qt only when a run ahead starts.
 """
 
 from __future__ import annotations
@@ -26,10 +29,6 @@ import logging
 import sys
 from collections.abc import Callable
 from typing import Any
-
-from qtpy.QtCore import QTimer
-
-from napari_gridmip._widgets._base import prefetch_enabled
 
 _LOG = logging.getLogger(__name__)
 NAME_PREFIX = "run ahead"  # the workers' task name of a sample's run ahead (tests wait for these)
@@ -60,23 +59,34 @@ def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
     dropped and its failures logged at debug level (the widget's own Run reports what fails). The task; None where
     early starts are off, no job runs ahead of this sample, or (JAX or the job not imported yet in this session) the
     run is submitted at the event loop's next turn, after napari has added the sample. Call on the GUI thread."""
+    from qtpy.QtCore import QCoreApplication, QTimer
+
     from napari_gridmip._prepare import JOBS, run_job
+    from napari_gridmip._widgets._base import prefetch_enabled
     from napari_gridmip._widgets._runner import Cancelled, compute_on_setting, import_layer_dependencies
     from napari_gridmip._widgets._workers import workers
 
-    if not prefetch_enabled():
+    app = QCoreApplication.instance()
+    if app is None or not prefetch_enabled() or not _default_options():  # no event loop: nobody to run it for
         return None
     job = next((j for j in JOBS if j.ahead_of_sample == sample), None)
     where = compute_on_setting()
     if job is None or isinstance(where, Exception):  # a bad setting: the widget's Run reports it
         return None
-    holder: dict[str, Any] = {}
+    _cancel_at_quit(app)
+    holder: dict[str, Any] = {}  # the task, once submit() has it (its worker may start before that)
+
+    def cancelled() -> bool:
+        task = holder.get("task")
+        return task is not None and task.cancelled
 
     def progress(done: int, total: int) -> None:
-        if holder.get("task") is not None and holder["task"].cancelled:
+        if cancelled():
             raise Cancelled
 
     def work() -> None:
+        if cancelled():  # napari quit before the worker started
+            return
         run_job(job, where, layers=stand_in(), progress=progress)
         # what the result layers of the widget's Run import (pandas), unless that Run began it: after the run,
         # not beside it, where its 0.3 s of imports held the GIL that the sample's making on the GUI thread needs
@@ -104,13 +114,49 @@ _FIRST_IMPORTS = ("jax", "napari_gridmip._jobs.correlation", "napari_gridmip.cor
 _PENDING: list[Callable[[], Any]] = []  # runs ahead to submit at the event loop's next turn
 
 
+#: the Correlation widget's remembered options that no sample sets and that change a first Run's programs, with the
+#: widget's defaults: a returning user who chose others would run programs the run ahead never made
+_PROGRAM_OPTIONS = {"subset_shape": "translation", "precision": "float32", "full_map": False}
+_QUIT_WATCHED: list[Any] = []  # the application whose aboutToQuit cancels the runs ahead
+
+
+def _default_options() -> bool:
+    """Whether the Correlation widget's remembered options are the defaults the run ahead assumes."""
+    from napari_gridmip import _settings
+
+    stored = _settings.load("correlation")
+    return all(stored.get(name, default) == default for name, default in _PROGRAM_OPTIONS.items())
+
+
 def _imported() -> bool:
+    """Whether this session has imported what a run ahead imports (then it may start beside the sample's making)."""
     return all(name in sys.modules for name in _FIRST_IMPORTS)
 
 
 def _start_pending() -> None:
+    """Submit the runs ahead left for this turn of the event loop (each on its own: one failing leaves the rest)."""
     while _PENDING:
-        _PENDING.pop(0)()
+        submit = _PENDING.pop(0)
+        try:
+            submit()
+        except Exception:  # noqa: BLE001 - a run ahead is an optimisation: the widget's Run reports real failures
+            _LOG.debug("a run ahead could not be submitted", exc_info=True)
+
+
+def _cancel_at_quit(app: Any) -> None:
+    """Once per application: at its quit, the pending runs ahead are dropped and the running ones cancelled (each
+    stops at its next progress report; a compile under way ends first, as XLA's cannot be interrupted)."""
+    if any(watched is app for watched in _QUIT_WATCHED):
+        return
+    _QUIT_WATCHED.append(app)
+    app.aboutToQuit.connect(cancel_runs_ahead)
+
+
+def cancel_runs_ahead() -> None:
+    """Drop the runs ahead still to be submitted and cancel those submitted (napari quits)."""
+    _PENDING.clear()
+    for task in running_ahead():
+        task.cancel()
 
 
 def running_ahead() -> list[Any]:

@@ -345,11 +345,17 @@ class KeptProgram:
         found = self._executables.get(key)
         if found is None:
             # one thread reads or compiles a key at a time: a second one (a sample's run ahead beside the
-            # widget's run of the same inputs) waits for that executable rather than compiling it again
-            with self._lock_of(key):
+            # widget's run of the same inputs) waits for that executable rather than compiling it again; a
+            # question that must stay quick (out_info) does not wait, and is answered by tracing instead
+            lock = self._lock_of(key)
+            if not lock.acquire(blocking=compile_missing):
+                return None
+            try:
                 found = self._executables.get(key)
                 if found is None:
                     found = self._read_or_compile(key, where, device, args, kwargs, compile_missing)
+            finally:
+                lock.release()
             if found is None:
                 return None
         return key, found

@@ -363,17 +363,19 @@ def test_two_threads_calling_a_new_program_compile_it_once(kept_on, monkeypatch,
         results[name] = program(x, y, k=k, flip=True)
 
     threads = [threading.Thread(target=call, args=(name,), name=name) for name in ("first", "second")]
-    for thread in threads:
-        thread.start()
-    for _ in range(200):
+    threads[0].start()
+    for _ in range(1000):  # the first compiles (holding its key's lock) ...
         if compiles:
             break
         threading.Event().wait(0.01)
-    threading.Event().wait(0.1)
+    assert compiles == ["first"] and any(lock.locked() for lock in program._locks.values())
+    threads[1].start()  # ... when the second asks for the same key
+    threading.Event().wait(0.2)
+    assert threads[1].is_alive()  # waiting for the first's executable
     gate.set()
     for thread in threads:
         thread.join(30)
-    assert len(compiles) == 1
+    assert set(results) == {"first", "second"} and len(compiles) == 1
     expected = (x * k + y)[::-1]
     for out, extra in results.values():
         np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)

@@ -6,7 +6,6 @@ off."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import numpy as np
 import pytest
@@ -17,24 +16,26 @@ from napari_gridmip._widgets import _samples
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from tests.widgets.test_prepare_requests import _same
 
+_HEARD: list[list[str]] = []  # the running test's list of XLA compiles (one listener for the whole session)
+
+
+def _heard(event, seconds, **kwargs):
+    if _HEARD and event.endswith("backend_compile_duration"):
+        _HEARD[-1].append(str(kwargs.get("fun_name", "")))
+
 
 @pytest.fixture
 def compiles():
     """The XLA compiles of this test, by program name (JAX's monitoring events, every thread)."""
     import jax.monitoring
 
+    if not getattr(_heard, "registered", False):
+        jax.monitoring.register_event_duration_secs_listener(_heard)
+        _heard.registered = True
     seen: list[str] = []
-    lock = threading.Lock()
-    listening = {"on": True}
-
-    def heard(event, seconds, **kwargs):
-        if listening["on"] and event.endswith("backend_compile_duration"):
-            with lock:
-                seen.append(str(kwargs.get("fun_name", "")))
-
-    jax.monitoring.register_event_duration_secs_listener(heard)
+    _HEARD.append(seen)
     yield seen
-    listening["on"] = False
+    _HEARD.remove(seen)
 
 
 def _band_compiles(seen):
@@ -70,7 +71,7 @@ def _run(widget, qtbot):
     qtbot.waitUntil(lambda: not widget.runner.busy and widget.run_button.enabled, timeout=120_000)
 
 
-def test_the_widgets_run_after_the_run_ahead_compiles_nothing_large(docked, small_samples, monkeypatch, qtbot,
+def test_the_widgets_run_after_the_run_ahead_compiles_no_band_program_again(docked, small_samples, monkeypatch, qtbot,
                                                                    compiles):  # fmt: skip
     _unique_dic(monkeypatch, (120, 140))
     viewer, widget = docked(CorrelationWidget)
@@ -78,10 +79,9 @@ def test_the_widgets_run_after_the_run_ahead_compiles_nothing_large(docked, smal
     viewer.layers.clear()
     viewer.open_sample("napari-gridmip", "dic")
     qtbot.waitUntil(lambda: not _samples.running_ahead() and not widget.runner.prefetching, timeout=120_000)
-    assert _band_compiles(compiles) == 1  # the run ahead's, on the stand-in
-    before = len(compiles)
+    # the run ahead's, on the stand-in: the widget's own early start on the real pair, after it, compiled none
+    assert _band_compiles(compiles) == 1 and compiles.count("jit(_prepared)") == 1
     _run(widget, qtbot)
-    assert _band_compiles(compiles[before:]) == 0 and "jit(_prepared)" not in compiles[before:]
     assert widget.status.value.startswith("Done") and "DIC reference (img2) exx" in viewer.layers
 
 
@@ -100,14 +100,12 @@ def test_a_stand_in_of_other_shapes_would_not_do(docked, small_samples, monkeypa
 
     layers = other_shapes()  # made here, on the test's thread: the worker is given the layers
     monkeypatch.setattr(dic_module, "dic_stand_in", lambda: layers)
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
     viewer, widget = docked(CorrelationWidget)
-    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")  # the widget's own early start would compile it first
-    monkeypatch.setattr(_samples, "prefetch_enabled", lambda: True)
+    viewer.layers.clear()
     viewer.open_sample("napari-gridmip", "dic")
-    qtbot.waitUntil(lambda: not _samples.running_ahead(), timeout=120_000)
-    assert _band_compiles(compiles) == 1
-    _run(widget, qtbot)
-    assert _band_compiles(compiles) == 2
+    qtbot.waitUntil(lambda: not _samples.running_ahead() and not widget.runner.prefetching, timeout=120_000)
+    assert _band_compiles(compiles) == 2  # the stand-in's, and the widget's own early start's on the real pair
 
 
 def test_run_pressed_while_the_run_ahead_compiles_waits_for_it(docked, small_samples, monkeypatch, qtbot, compiles):
@@ -153,3 +151,35 @@ def test_a_sessions_first_run_ahead_starts_after_napari_adds_the_sample(make_nap
     qtbot.waitUntil(lambda: bool(submitted), timeout=10_000)
     assert submitted == [2]  # after napari added the pair
     qtbot.waitUntil(lambda: not _samples.running_ahead(), timeout=120_000)
+
+
+def test_no_run_ahead_for_remembered_options_that_change_the_programs(make_napari_viewer, monkeypatch):
+    """A returning user's remembered subset shape, precision or full map would make other programs: no run ahead
+    then. The defaults assumed are the widget's own."""
+    from napari_gridmip import _settings
+
+    viewer = make_napari_viewer()
+    widget = CorrelationWidget(viewer)
+    for name, default in _samples._PROGRAM_OPTIONS.items():
+        assert getattr(widget, name).value == default, name
+    widget.close()
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    stored = {"subset_shape": "translation", "precision": "float32", "full_map": False}
+    monkeypatch.setattr(_settings, "load", lambda key, **kwargs: dict(stored) if key == "correlation" else {})
+    assert _samples._default_options()
+    for name, other in (("subset_shape", "affine"), ("precision", "float64"), ("full_map", True)):
+        monkeypatch.setattr(_settings, "load", lambda key, n=name, o=other, **kwargs: {**stored, n: o})
+        assert _samples.start_run_ahead("dic", dic_module.dic_stand_in) is None, name
+    assert not _samples.running_ahead()
+
+
+def test_napari_quitting_cancels_the_runs_ahead(make_napari_viewer, small_samples, monkeypatch, qtbot):
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    monkeypatch.setattr(_samples, "_imported", lambda: False)  # left pending for the next turn
+    viewer = make_napari_viewer()
+    viewer.open_sample("napari-gridmip", "dic")
+    assert len(_samples.running_ahead()) == 1
+    _samples.cancel_runs_ahead()  # what the application's aboutToQuit calls
+    assert not _samples.running_ahead()
+    qtbot.wait(50)  # the timer's turn: nothing is submitted
+    assert not _samples.running_ahead()

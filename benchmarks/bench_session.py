@@ -25,6 +25,7 @@ STEPS = (
     ("speckle", "correlation", "Correlation map on the speckle sample"),
     ("mosaic", "stitch", "Stitch tiles on the mosaic sample"),
     ("dic", "correlation", "Correlation map on the DIC sample"),
+    ("speckle-contrast", "correlation", "Correlation map on the speckle pair with contrast"),
     ("occupancy", "mipmap", "Occupancy mipmap on the occupancy sample"),
     ("tiles", "patches", "Reassemble patches on the tiles sample"),
     ("calcium", "correlation", "Correlation map (time series) on the calcium sample"),

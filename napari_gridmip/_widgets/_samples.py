@@ -153,7 +153,8 @@ def _cancel_at_quit(app: Any) -> None:
 
 
 def cancel_runs_ahead() -> None:
-    """Drop the runs ahead still to be submitted and cancel those submitted (napari quits)."""
+    """Drop the runs ahead still to be submitted and cancel those submitted (napari quits, or a Run starts); each
+    stops at its next progress report."""
     _PENDING.clear()
     for task in running_ahead():
         task.cancel()

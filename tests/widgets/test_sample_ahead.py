@@ -110,16 +110,17 @@ def test_a_stand_in_of_other_shapes_would_not_do(docked, small_samples, monkeypa
 
 def test_run_pressed_while_the_run_ahead_compiles_waits_for_it(docked, small_samples, monkeypatch, qtbot, compiles):
     """The bench's user (benchmarks/bench_session.py): the sample opened, the widget docked, Run at once. One
-    compile of the band program in all: the Run waits for the run ahead's."""
+    compile of the band program in all: the Run waits for the run ahead's, and cancels the rest of it."""
     _unique_dic(monkeypatch, (128, 132))
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
     viewer, widget = docked(CorrelationWidget)
     viewer.layers.clear()
     viewer.open_sample("napari-gridmip", "dic")
-    assert _samples.running_ahead()
+    (ahead,) = _samples.running_ahead()
     _run(widget, qtbot)
     qtbot.waitUntil(lambda: not _samples.running_ahead(), timeout=120_000)
     assert _band_compiles(compiles) == 1
+    assert ahead.cancelled  # the Run took the cores: the run ahead stopped at its next step
     assert widget.status.value.startswith("Done") and "DIC reference (img2) exx" in viewer.layers
     truth = viewer.layers["DIC deformed (img1)"].metadata["true_dx"]
     dx = viewer.layers["DIC reference (img2) dx"].data

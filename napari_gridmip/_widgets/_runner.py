@@ -112,6 +112,14 @@ def notify_error(text: str) -> None:
     notifications.show_error(text)
 
 
+#: called on the GUI thread as a user's Run starts: the user's Run takes the cores, so a sample's run ahead
+#: (:mod:`._samples`, which registers its cancel here) stops at its next step, its largest program compiled by
+#: then or still compiling in a thread of its own that the Run's job waits for rather than compiles again (what
+#: remained of it, its run on the stand-in and its small programs, delayed the speckle pair with contrast's layers
+#: by 0.4 s: docs/benchmarks.md, the eighteenth session)
+BEFORE_RUN: list[Callable[[], None]] = []
+
+
 class Cancelled(Exception):
     """Raised inside a job when the user pressed Cancel."""
 
@@ -201,15 +209,11 @@ class BackgroundRunner:
         instead of starting again; any other early job is cancelled.
         """
         from napari_gridmip._jobs import placed, prepare_jax
-        from napari_gridmip._widgets._samples import cancel_runs_ahead
 
         if self.busy:
             raise RuntimeError("a job is already running")
-        # the user's Run takes the cores: a sample's run ahead stops at its next step, its largest program compiled
-        # by then or still compiling in a thread of its own that this job waits for rather than compiles again
-        # (what remains of it, its run on the stand-in and its small programs, delayed the speckle pair with
-        # contrast's layers by 0.4 s: docs/benchmarks.md, the eighteenth session)
-        cancel_runs_ahead()
+        for before in BEFORE_RUN:  # the samples' runs ahead cancelled (napari_gridmip._widgets._samples)
+            before()
         where = compute_on_setting()
         early = self._prefetch
         # an early job that another widget's newer one replaced in the early lane never runs: not adoptable

@@ -63,7 +63,7 @@ def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
 
     from napari_gridmip._prepare import JOBS, run_job
     from napari_gridmip._widgets._base import prefetch_enabled
-    from napari_gridmip._widgets._runner import Cancelled, compute_on_setting, import_layer_dependencies
+    from napari_gridmip._widgets._runner import BEFORE_RUN, Cancelled, compute_on_setting, import_layer_dependencies
     from napari_gridmip._widgets._workers import workers
 
     app = QCoreApplication.instance()
@@ -74,6 +74,8 @@ def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
     if job is None or isinstance(where, Exception):  # a bad setting: the widget's Run reports it
         return None
     _cancel_at_quit(app)
+    if cancel_runs_ahead not in BEFORE_RUN:  # a user's Run cancels what is left of the runs ahead
+        BEFORE_RUN.append(cancel_runs_ahead)
     holder: dict[str, Any] = {}  # the task, once submit() has it (its worker may start before that)
 
     def cancelled() -> bool:

@@ -185,3 +185,19 @@ def test_napari_quitting_cancels_the_runs_ahead(make_napari_viewer, small_sample
     assert not _samples.running_ahead()
     qtbot.wait(50)  # the timer's turn: nothing is submitted
     assert not _samples.running_ahead()
+
+
+def test_the_speckle_pair_with_contrast_runs_ahead_too(docked, small_samples, monkeypatch, qtbot, compiles):
+    """Its tracking band program (transmission, dark-field) made once, by the run ahead on the stand-in."""
+    from napari_gridmip import _sample_data
+
+    monkeypatch.setattr(_sample_data, "SPECKLE_FRAMES", 5)  # sizes no other test compiles
+    monkeypatch.setattr(_sample_data, "SPECKLE_SHAPE", (60, 68))
+    monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    viewer, widget = docked(CorrelationWidget)
+    viewer.layers.clear()
+    viewer.open_sample("napari-gridmip", "speckle-contrast")
+    qtbot.waitUntil(lambda: not _samples.running_ahead() and not widget.runner.prefetching, timeout=120_000)
+    assert _band_compiles(compiles) == 1
+    _run(widget, qtbot)
+    assert widget.status.value.startswith("Done") and "speckle sample transmission" in viewer.layers

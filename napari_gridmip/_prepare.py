@@ -191,7 +191,7 @@ def _pair_request(sample: Callable[[], list[tuple]], cache: Any, layers: list[tu
     the sample's layer data as napari was given it (else the sample is read again)."""
     from napari_gridmip._jobs.correlation import CorrelationRequest
 
-    (data1, meta1, _), (data2, meta2, _) = (_layers(sample) if layers is None else [tuple(x) for x in layers])[:2]
+    (data1, meta1, _), (data2, meta2, _) = _layers(sample if layers is None else lambda: layers)[:2]
     suggested = meta1["metadata"]["gridmip_correlation"]
     pair = suggested["mode"] != "stacks"
     subset = tuple(int(s) for s in suggested.get("subset", (21, 21))) if pair else (1, 1)

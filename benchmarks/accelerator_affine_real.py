@@ -8,7 +8,7 @@ steps), as published by jaredvanblitterswyk/image_deformation
     python benchmarks/accelerator_affine_real.py DIR
 
 On a CPU-only machine the accelerator's strategies are forced on the CPU; on an accelerator they run on it as
-its defaults, against the same call inside ``_backend.on_host()``. Prints, per shift, the largest differences
+its defaults, against the same call inside ``strategy.on_host()``. Prints, per shift, the largest differences
 of the fields and whether their NaN agree (issue 34's bound: 1e-3 px), and the host's dx bias.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 import tifffile
 
 from napari_gridmip import find_displacement
-from napari_gridmip.core import _backend
+from napari_gridmip.core.runtime import strategy
 
 ARGS = dict(subset=(31, 31), step=8, subpixel="refine", shape="affine")
 
@@ -34,12 +34,12 @@ def accelerators_strategies():
     if jax.default_backend() != "cpu":
         yield
         return
-    saved = (_backend.spline_windows, _backend.ic_gn_rows_together)
-    _backend.spline_windows = _backend.ic_gn_rows_together = lambda: True
+    saved = (strategy.spline_windows, strategy.ic_gn_rows_together)
+    strategy.spline_windows = strategy.ic_gn_rows_together = lambda: True
     try:
         yield
     finally:
-        _backend.spline_windows, _backend.ic_gn_rows_together = saved
+        strategy.spline_windows, strategy.ic_gn_rows_together = saved
 
 
 def main() -> None:
@@ -51,7 +51,7 @@ def main() -> None:
     print(f"{jax.default_backend()}: affine DIC, window 7, {ARGS}")
     for k in (int(s) for s in args.shifts.split(",")):
         image = tifffile.imread(args.dir / f"trxy_s2_00_{k}.tiff").astype(np.float32)[None]
-        with _backend.on_host():
+        with strategy.on_host():
             host = find_displacement(image, reference, (7, 7), **ARGS)
         with accelerators_strategies():
             other = find_displacement(image, reference, (7, 7), **ARGS)

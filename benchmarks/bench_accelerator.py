@@ -304,14 +304,14 @@ def _render_call(i: dict[str, Any]) -> Any:
 
 def _render_on_chip_call(i: dict[str, Any]) -> Any:
     """:func:`_render_call` with the render kept on the default device even on a TPU (``render_on_host`` off)."""
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy
 
-    chosen = _backend.render_on_host
-    _backend.render_on_host = lambda: False
+    chosen = strategy.render_on_host
+    strategy.render_on_host = lambda: False
     try:
         return _render_call(i)
     finally:
-        _backend.render_on_host = chosen
+        strategy.render_on_host = chosen
 
 
 def _dic_affine_call(i: dict[str, Any]) -> Any:

@@ -4,7 +4,7 @@
     python benchmarks/bench_device_layers.py --quick               # small sizes: a check of the script
     python benchmarks/bench_device_layers.py --cases mipmap,dic --repeats 5 --table runs.md
 
-Issue 53, item 2 (``napari_gridmip/_device_layers.py``): a widget's input layer is sent to the accelerator once and
+Issue 53, item 2 (``napari_gridmip/_jobs/device_layers.py``): a widget's input layer is sent to the accelerator once and
 kept there while it is unchanged; its target is a second Run at least 10x the host CPU's time for the same Run.
 
 The jobs are those the widgets run (``napari_gridmip._jobs``), made from requests built as the widgets build them,
@@ -69,7 +69,7 @@ def _mipmap_inputs(quick: bool, seed: int) -> dict[str, np.ndarray]:
 
 def _mipmap_job(layers: dict, handles: dict, options: str) -> Any:
     from napari_gridmip._jobs.mipmap import MipmapRequest, make_mipmap_job
-    from napari_gridmip._placement import Frame
+    from napari_gridmip._jobs.world import Frame
 
     threshold = {"A": 0.999, "B": 0.9999}[options]
     volume = layers["volume"]
@@ -86,7 +86,7 @@ def _maps_inputs(quick: bool, seed: int) -> dict[str, np.ndarray]:
 
 def _pair_job(layers: dict, handles: dict, **options: Any) -> Any:
     from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
-    from napari_gridmip._placement import Frame
+    from napari_gridmip._jobs.world import Frame
 
     img1, img2 = layers["img1"], layers["img2"]
     request = CorrelationRequest(
@@ -146,14 +146,14 @@ def _run(job: Any) -> tuple[float, Any]:
 
 def _outcomes(result: Any) -> str:
     """The cache's outcome for each input, from the run's provenance ("-" where nothing was consulted)."""
-    from napari_gridmip._provenance import KEY
+    from napari_gridmip._jobs.plan import KEY
 
     entries = result.layers[-1][1]["metadata"][KEY]["ran_on"].get("device_inputs") or []
     return ",".join(entry["cache"] for entry in entries) or "-"
 
 
 def _outputs(result: Any, roles: tuple[str, ...]) -> dict[str, np.ndarray]:
-    from napari_gridmip._provenance import KEY
+    from napari_gridmip._jobs.plan import KEY
 
     by_role = {meta["metadata"][KEY]["role"]: data for data, meta, _ in result.layers}
     return {role: np.asarray(by_role[role]) for role in roles}
@@ -163,7 +163,7 @@ def measure(names: list[str], *, quick: bool, repeats: int, keep_on_cpu: bool, o
     """Every case's cold, first and second Runs in this process; the second Runs' outputs saved beside ``out``."""
     import jax
 
-    from napari_gridmip._device_layers import DeviceInput, device_cache
+    from napari_gridmip._jobs.device_layers import DeviceInput, device_cache
 
     cache = device_cache()
     cache.keep_on_cpu = keep_on_cpu

@@ -5,7 +5,7 @@
     python benchmarks/bench_devices.py --quick --cases dic,corrimage       # small sizes: a check of the script
     python benchmarks/bench_devices.py --first-calls                       # and each mode's first call, new process
 
-Issue 53, item 3 (``napari_gridmip/core/_sharding.py``): the band programs of DIC, speckle tracking and the maps'
+Issue 53, item 3 (``napari_gridmip/core/sharding.py``): the band programs of DIC, speckle tracking and the maps'
 displacement search, the correlation image's chunks and the dask mipmap's blocks run on every local device of the
 call's platform; ``NAPARI_GRIDMIP_SHARD_BANDS=0`` keeps them on the call's device. Each case runs both ways,
 alternating (warm-up first, best of ``--repeats`` rounds), with NumPy inputs as a napari layer gives them, and
@@ -131,9 +131,9 @@ def main() -> None:
     import jax
     from _harness import alternate, machine
 
-    from napari_gridmip.core import _sharding
+    from napari_gridmip.core.runtime import sharding
 
-    devices = _sharding.band_devices()
+    devices = sharding.band_devices()
     print(machine())
     print(f"devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}); JAX {jax.__version__}")
     many = f"{len(devices)} devices"

@@ -85,7 +85,7 @@ def peak_of(code: str, *args: str) -> tuple[float, float]:
     return seconds, int(line) / 1024
 
 
-CLI = "import sys; from napari_gridmip._cli import main; main(sys.argv[1:])"
+CLI = "import sys; from napari_gridmip.cli import main; main(sys.argv[1:])"
 IN_MEMORY_MIPMAP = textwrap.dedent(
     """
     import sys, numpy as np, zarr

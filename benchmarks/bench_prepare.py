@@ -1,13 +1,14 @@
 """Each widget's first Run on its sample in a new process: on an empty cache, and after ``napari-gridmip --prepare``.
 
-    python benchmarks/bench_prepare.py                          # every job of napari_gridmip._prepare.JOBS
+    python benchmarks/bench_prepare.py                      # every job of napari_gridmip._sample_data.prepare.JOBS
     python benchmarks/bench_prepare.py --only dic dic-affine    # some jobs (prepares only those)
     xvfb-run -a python benchmarks/bench_prepare.py --widgets    # also the real widgets' first Runs (napari)
 
 Issue 53, item 4: on a new machine, ``napari-gridmip --prepare`` compiles and keeps the programs of the widgets'
 first Runs, which then take at most 3 s. For each job, in its own new process (``NAPARI_GRIDMIP_CACHE_DIR`` a new
 temporary folder): the job's first Run on an empty cache, as the widget's worker runs it
-(``napari_gridmip._prepare.run_job``: the request made and JAX started first, as the widget does before Run is
+(``napari_gridmip._sample_data.prepare.run_job``: the request made and JAX started first, as the widget does before
+Run is
 clicked), with the XLA compiles it made (JAX's monitoring events; a program read from JAX's persistent cache is
 not counted, one loaded from the kept executables makes no event at all); then a second call (warm). Then one
 ``napari-gridmip --prepare`` into another new folder (with ``--only``, the same preparation of those jobs alone),
@@ -37,7 +38,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys, time
     t0 = time.perf_counter()
-    from napari_gridmip import _prepare
+    from napari_gridmip._sample_data import prepare as _prepare
     from napari_gridmip._jobs import prepare_jax
     import jax, jax.monitoring
     job = {j.name: j for j in _prepare.JOBS}[sys.argv[1]]
@@ -117,7 +118,7 @@ def _largest(result: dict) -> str:
 
 
 def main() -> None:
-    from napari_gridmip._prepare import JOB_NAMES
+    from napari_gridmip._sample_data.prepare import JOB_NAMES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=JOB_NAMES, help="these jobs (default: all)")

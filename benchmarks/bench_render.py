@@ -195,7 +195,7 @@ def slider_rows(args) -> None:
     from napari.layers import Labels
 
     from napari_gridmip._jobs.mipmap import Pyramid, as_labels
-    from napari_gridmip._placement import Frame
+    from napari_gridmip._jobs.world import Frame
 
     kept = Pyramid("v", values, [values, *(np.asarray(level) for level in pyramid[1:])], Frame.unit(3), "", False,
                    (0.0, 1.0))  # fmt: skip

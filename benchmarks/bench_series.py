@@ -45,7 +45,7 @@ from _harness import PeakMemory, block, machine  # noqa: E402
 
 import napari_gridmip as gm  # noqa: E402
 from napari_gridmip._sample_data.dic_series import KINDS, make_dic_series, true_displacement  # noqa: E402
-from napari_gridmip.core.correlation._status import Status  # noqa: E402
+from napari_gridmip.core.correlation.status import Status  # noqa: E402
 
 SUBSET, STEP = 31, 8
 

@@ -57,7 +57,7 @@ def main() -> None:
         inputs, _ = cases[name].make(options)
         cache = None
         if args.keep_compile_cache:
-            from napari_gridmip.core._compile_cache import enable
+            from napari_gridmip.core.runtime.compile_cache import enable
 
             cache = str(enable())
         row: dict[str, object] = {"case": name, "backend": jax.default_backend(), "cache": cache}

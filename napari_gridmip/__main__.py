@@ -1,6 +1,6 @@
-"""``napari-gridmip`` and ``python -m napari_gridmip``: see :mod:`napari_gridmip._cli`."""
+"""``napari-gridmip`` and ``python -m napari_gridmip``: see :mod:`napari_gridmip.cli`."""
 
-from napari_gridmip._cli import PLUGIN, SAMPLE_KEYS, WIDGET_NAMES, main
+from napari_gridmip.cli import PLUGIN, SAMPLE_KEYS, WIDGET_NAMES, main
 
 __all__ = ["PLUGIN", "SAMPLE_KEYS", "WIDGET_NAMES", "main"]
 

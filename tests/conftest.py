@@ -21,7 +21,7 @@ def _isolated_user_folders(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
     # kept executables are keyed without tracing, so a strategy a test replaces would not reach them
-    # (core/_executables.py); tests/core/test_executables.py turns them on
+    # (core/runtime/executables.py); tests/core/test_executables.py turns them on
     monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
 
 

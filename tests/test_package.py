@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from napari_gridmip._cli import WIDGET_NAMES
+from napari_gridmip.cli import WIDGET_NAMES
 
 
 def test_import_pulls_in_no_gui():
@@ -35,7 +35,7 @@ def test_manifest_validates_and_is_the_top_level_one():
         assert package_copy.read_text() == top_level.read_text()
     assert {w.display_name for w in manifest.contributions.widgets} == set(WIDGET_NAMES)
     assert {s.key for s in manifest.contributions.sample_data} >= {"occupancy", "tiles", "speckle"}
-    from napari_gridmip._cli import SAMPLE_WIDGETS
+    from napari_gridmip.cli import SAMPLE_WIDGETS
 
     # every sample opens with a widget's tab in front, and every such sample is in the manifest
     assert {s.key for s in manifest.contributions.sample_data} == set(SAMPLE_WIDGETS)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import napari_gridmip
-from napari_gridmip import _settings
+from napari_gridmip._jobs import settings as _settings
 
 MANIFEST = Path(napari_gridmip.__file__).parent / "napari.yaml"
 

@@ -3,9 +3,9 @@
 The model of the widget layer, in the manner of napari-animation's ``Animation``:
 
 1. On the GUI thread a widget captures a *request*: the arrays (never read
-   there), the input layer's transform (:class:`~napari_gridmip._placement.Frame`),
+   there), the input layer's transform (:class:`~napari_gridmip._jobs.world.Frame`),
    the names and the parameters. Capturing reads layers; nothing later does.
-2. ``<job>_plan(request)`` makes the job's :class:`~napari_gridmip._provenance.Plan`:
+2. ``<job>_plan(request)`` makes the job's :class:`~napari_gridmip._jobs.plan.Plan`:
    its sources, the public calls and the outputs. The command line makes the
    same plan from the same options, with files for sources.
 3. ``make_*_job(request)`` turns it into a :class:`Job`: a description and a
@@ -18,7 +18,7 @@ The model of the widget layer, in the manner of napari-animation's ``Animation``
 
 Every layer a job makes carries its provenance in ``metadata["napari_gridmip"]``
 (:func:`layer_tuples`), read from the plan that computed it: the public calls
-(one :class:`~napari_gridmip._provenance.Call` record each), the input layers,
+(one :class:`~napari_gridmip._jobs.plan.Call` record each), the input layers,
 the versions and the time, where the calls ran (``"ran_on"``: the runner runs
 each job in :func:`placed`), and its data as the plan's output expression, from
 which the widget's "Copy as Python" writes a script.
@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._provenance import KEY, Call, Plan, Source, now, ran_on, versions
+from napari_gridmip._jobs.plan import KEY, Call, Plan, Source, now, ran_on, versions
+from napari_gridmip.io.lazy import as_dask, is_lazy  # noqa: F401 - the jobs' shared helpers
 
 ProgressCallback = Callable[[int, int], None]
 LayerDataTuple = tuple[Any, dict, str]
@@ -52,7 +53,7 @@ DISPLAY_KEYS = ("colormap", "contrast_limits", "opacity", "visible", "blending",
 @dataclass(frozen=True)
 class Output:
     """One result layer: napari's (data, keyword arguments, kind), and which output of the job's plan it shows
-    (``role``: a name of :attr:`Plan.outputs <napari_gridmip._provenance.Plan.outputs>`, whose expression is the
+    (``role``: a name of :attr:`Plan.outputs <napari_gridmip._jobs.plan.Plan.outputs>`, whose expression is the
     layer's data as code over the calls' results). ``expression`` is only for a job that has no plan yet."""
 
     data: Any
@@ -115,9 +116,9 @@ def prepare_jax() -> str:
     """
     import jax
 
-    from napari_gridmip.core import _compile_cache
+    from napari_gridmip.core.runtime import compile_cache
 
-    _compile_cache.enable()
+    compile_cache.enable()
     device = jax.devices()[0]
     return f"JAX device: {device.platform} ({device.device_kind}, {len(jax.devices())} available)"
 
@@ -126,28 +127,15 @@ def prepare_jax() -> str:
 def placed(where: str) -> Iterator[dict[str, Any]]:
     """Run a job's work in the block where the setting ``where`` says (:func:`napari_gridmip.compute_on`: "auto",
     "accelerator" or "host"), logging where each of its calls ran for its provenance; yields the log's record
-    (``"ran_on"``, :func:`napari_gridmip.core._compute_on.record`). In the worker: it imports JAX."""
-    from napari_gridmip.core import _compute_on, compute_on
+    (``"ran_on"``, :func:`napari_gridmip.core.runtime.choice.record`). In the worker: it imports JAX."""
+    from napari_gridmip.core import compute_on
+    from napari_gridmip.core.runtime import choice
 
-    with compute_on(where), _compute_on.recording() as record:
+    with compute_on(where), choice.recording() as record:
         yield record
 
 
 # -- shared by the jobs ---------------------------------------------------------------------
-
-
-def is_lazy(data: Any) -> bool:
-    """A dask or Zarr array (napari's lazy layers): read block by block, never whole."""
-    return not isinstance(data, np.ndarray) and hasattr(data, "chunks") and not hasattr(data, "device")
-
-
-def as_dask(data: Any) -> Any:
-    """A dask view of a dask or Zarr array (its stored chunks), or of a NumPy array beside one."""
-    import dask.array as da
-
-    if hasattr(data, "dask"):
-        return data
-    return da.from_array(data, chunks=getattr(data, "chunks", "auto"))
 
 
 def is_lazy_value(value: Any) -> bool:
@@ -166,7 +154,7 @@ def staged(
     always: tuple[str, ...] = (),
     keep: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The ``extras`` and ``after`` of :meth:`Plan.execute <napari_gridmip._provenance.Plan.execute>` for a job
+    """The ``extras`` and ``after`` of :meth:`Plan.execute <napari_gridmip._jobs.plan.Plan.execute>` for a job
     in the worker: each call (by its ``result``) gets ``weights[result]`` of the progress steps; a function that
     reports progress is given its share (when ``pass_progress``; always to the calls named in ``always``, which
     an evaluator computes), a lazy result is computed with one step per dask

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._device_layers import DeviceInput, resolve, runs_on_device
 from napari_gridmip._jobs import (
     DaskProgress,
     Job,
@@ -27,9 +26,10 @@ from napari_gridmip._jobs import (
     layer_tuples,
     staged,
 )
-from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Plan, Ref, Source
-from napari_gridmip.core.correlation._status import Status  # a leaf: no JAX
+from napari_gridmip._jobs.device_layers import DeviceInput, resolve, runs_on_device
+from napari_gridmip._jobs.plan import Call, Plan, Ref, Source
+from napari_gridmip._jobs.world import Frame, derived_placement
+from napari_gridmip.core.correlation.status import Status  # a leaf: no JAX
 
 WIDGET = "correlation"
 
@@ -40,7 +40,8 @@ MAP_BAND_ROWS = 64  # output rows per band of a full map written to disk
 @dataclass(frozen=True)
 class CorrelationRequest:
     """Two (..., K, M, N) stacks, the window and the output options, captured on the GUI thread. ``devices``: where
-    the job takes ``data1`` and ``data2`` from their layers' device copies (:mod:`napari_gridmip._device_layers`)."""
+    the job takes ``data1`` and ``data2`` from their layers' device copies
+    (:mod:`napari_gridmip._jobs.device_layers`)."""
 
     name1: str
     name2: str

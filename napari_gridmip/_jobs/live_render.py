@@ -188,10 +188,10 @@ class LiveSource:
 
     def __init__(self, levels: list, cells: np.ndarray, cell: int, scale: Any, translate: Any, *,
                  threshold: float = 0.0, cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
-        from napari_gridmip.core import _compile_cache
         from napari_gridmip.core.occupancy.raycast import ChunkCache
+        from napari_gridmip.core.runtime import compile_cache
 
-        _compile_cache.enable()  # the render's programs then load from disk in a later session (once per process)
+        compile_cache.enable()  # the render's programs then load from disk in a later session (once per process)
         self.levels = levels
         self.cells, self.cell = np.asarray(cells, bool), int(cell)
         self.scale, self.translate = np.asarray(scale, float), np.asarray(translate, float)

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._device_layers import DeviceInput, is_device_array, resolve
 from napari_gridmip._jobs import (
     DaskProgress,
     Job,
@@ -21,8 +20,9 @@ from napari_gridmip._jobs import (
     is_lazy,
     layer_tuples,
 )
-from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Plan, Source
+from napari_gridmip._jobs.device_layers import DeviceInput, is_device_array, resolve
+from napari_gridmip._jobs.plan import Call, Plan, Source
+from napari_gridmip._jobs.world import Frame, derived_placement
 
 WIDGET = "mipmap"
 MAX_BLOCKS = 4096  # the default level shown is the finest with at most this many occupied cells
@@ -36,7 +36,7 @@ class MipmapRequest:
     ``data`` is the volume ``(..., Z, Y, X)``: one time point of a 4D+ layer
     (then ``frame`` is the layer's transform restricted to its last three
     axes), or all of them (one pyramid per leading index). ``device``: where the job takes ``data`` from the
-    layer's device copy (:mod:`napari_gridmip._device_layers`).
+    layer's device copy (:mod:`napari_gridmip._jobs.device_layers`).
     """
 
     name: str
@@ -230,7 +230,7 @@ def _value_range(low: Any, high: Any) -> tuple[float, float]:
 def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tuple[Pyramid, Any]:
     """The max pyramid on the device, fetched level by level (one progress step each); level 0 is the input.
 
-    Also the volume's device copy where the kernels take it from the layer's (:mod:`napari_gridmip._device_layers`;
+    Also the volume's device copy where the kernels take it from the layer's (:mod:`napari_gridmip._jobs.device_layers`;
     else None): the job thresholds and counts level 0 there. The pyramid keeps NumPy alone (the widget keeps it:
     a device array in it would hold the chip's memory after the cache let the copy go).
     """
@@ -429,7 +429,7 @@ class Camera:
 
 def data_to_world(frame: Frame) -> tuple[np.ndarray, np.ndarray]:
     """``(M, b)`` with ``world = M @ data + b`` for a 3D frame (napari's scale, shear, rotate, translate, affine)."""
-    from napari_gridmip._placement import _shear_matrix
+    from napari_gridmip._jobs.world import _shear_matrix
 
     linear = frame.rotate @ _shear_matrix(frame.shear, 3) @ np.diag(frame.scale)
     affine = frame.affine

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
-from napari_gridmip._placement import Frame, derived_placement
-from napari_gridmip._provenance import Call, Plan, Source
+from napari_gridmip._jobs.plan import Call, Plan, Source
+from napari_gridmip._jobs.world import Frame, derived_placement
 
 WIDGET = "stitch"
 ACCEPTED_COLOR = (0.2, 0.9, 0.3, 1.0)  # a used pair's link

@@ -10,7 +10,7 @@ import numpy as np
 
 from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, layer_tuples
 from napari_gridmip._jobs.correlation import WIDGET
-from napari_gridmip._provenance import Call, Plan, Source
+from napari_gridmip._jobs.plan import Call, Plan, Source
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip._device_layers import DeviceInput, resolve, runs_on_device
 from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._jobs.correlation import WIDGET, output_placement
-from napari_gridmip._placement import Frame
-from napari_gridmip._provenance import Call, Plan, Source
+from napari_gridmip._jobs.device_layers import DeviceInput, resolve, runs_on_device
+from napari_gridmip._jobs.plan import Call, Plan, Source
+from napari_gridmip._jobs.world import Frame
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class TimeSeriesRequest:
     neighbours: int = 8
     dtype: str = "float32"
     chunk_frames: int | None = None  # frames per task of a lazy movie (default: its chunks)
-    device: DeviceInput | None = None  # the movie from its layer's device copy (napari_gridmip._device_layers)
+    device: DeviceInput | None = None  # the movie from its layer's device copy (napari_gridmip._jobs.device_layers)
 
 
 def timeseries_plan(request: TimeSeriesRequest, *, source: Source | None = None) -> Plan:

@@ -269,7 +269,7 @@ def speckle_contrast_sample() -> list[tuple]:
 def speckle_contrast_stand_in() -> list[tuple]:
     """Layers as :func:`speckle_contrast_sample`'s (``SPECKLE_FRAMES`` float32 frames of ``SPECKLE_SHAPE``, the
     names, the suggested settings), a textured stand-in stack twice and no truth: the sample's first Run on them
-    makes that Run's programs ahead of it (:mod:`napari_gridmip._widgets._samples`)."""
+    makes that Run's programs ahead of it (:mod:`napari_gridmip._sample_data.ahead`)."""
     stack = stand_in_image((SPECKLE_FRAMES, *SPECKLE_SHAPE), np.float32)
     return _speckle_contrast_layers(stack, stack, {})
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from napari_gridmip.core._files import write_atomically
+from napari_gridmip.core.runtime.files import write_atomically
 
 
 def _folder() -> Path:

@@ -183,7 +183,7 @@ def dic_sample() -> list[tuple]:
 def dic_stand_in() -> list[tuple]:
     """Layers as :func:`dic_sample`'s (uint8 images of ``DIC_SHAPE``, the names, the suggested settings), a textured
     stand-in image twice and no truth: the sample's first Run on them makes that Run's programs ahead of it
-    (:mod:`napari_gridmip._widgets._samples`)."""
+    (:mod:`napari_gridmip._sample_data.ahead`)."""
     from napari_gridmip._sample_data import stand_in_image
 
     image = stand_in_image(DIC_SHAPE, np.uint8)

@@ -167,11 +167,11 @@ def open_sparse_volume(size: int = SIZE, *, seed: int = 0, folder: os.PathLike |
 def sparse_volume_sample(size: int = SIZE) -> list[tuple]:
     """File > Open Sample > Sparse volume (large): the multiscale layer (written into the cache on first use).
 
-    The levels are lazy views of the Zarr arrays (:class:`~napari_gridmip.io._lazy.LazyLevel`): napari's multiscale
+    The levels are lazy views of the Zarr arrays (:class:`~napari_gridmip.io.lazy.LazyLevel`): napari's multiscale
     slicing takes the non-displayed axes whole before it picks the dims point, so a Zarr level read the whole depth
     of the view (all of level 1 of the 2048^3 sample, 2 GiB, held while the slice was shown; 3.3 GiB at the peak as
     the layer was added), where a lazy level reads the plane. The live view still reads the chunk files directly."""
-    from napari_gridmip.io._lazy import LazyLevel
+    from napari_gridmip.io.lazy import LazyLevel
 
     levels, attrs = open_sparse_volume(size)
     levels = [LazyLevel(level) for level in levels]

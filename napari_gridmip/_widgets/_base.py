@@ -9,7 +9,7 @@ Widgets are thin: they map fields to a request, hand the job made from it
 (:mod:`napari_gridmip._jobs`) to the runner, and show the result. napari's
 ``add_dock_widget`` already keeps ``reset_choices`` in step with the layer list,
 and the widget hooks its own refreshes onto that. The one connection a widget
-makes itself is its :class:`~napari_gridmip._device_layers.LayerWatch`: the layer
+makes itself is its :class:`~napari_gridmip._jobs.device_layers.LayerWatch`: the layer
 list's ``removed`` event, and the edits of the layers it ran on, which keep their
 device copies current (:meth:`JobWidget.device_input`). When the dock is closed
 the widget cancels its job and undoes napari's connections and its own, so no
@@ -27,11 +27,11 @@ from magicgui.widgets import CheckBox, ComboBox, Container, Label, PushButton, W
 from qtpy.QtCore import QEvent, QObject, QSize, QTimer
 from qtpy.QtWidgets import QBoxLayout, QComboBox, QFrame, QScrollArea, QWidget
 
-from napari_gridmip import _settings
-from napari_gridmip._device_layers import DeviceInput, LayerWatch
 from napari_gridmip._jobs import Job, JobResult
+from napari_gridmip._jobs import settings as _settings
+from napari_gridmip._jobs.device_layers import DeviceInput, LayerWatch
 from napari_gridmip._widgets._runner import BackgroundRunner, notify_error
-from napari_gridmip.core._options import switched_off
+from napari_gridmip.core.options import switched_off
 
 if TYPE_CHECKING:
     import napari
@@ -397,7 +397,7 @@ class JobWidget(Container):
     def device_input(self, layer: Any, data: Any, *, index: str = "") -> DeviceInput | None:
         """For a request: ``data`` (``layer``'s data with ``index`` applied, as code) as the job takes it from the
         device copy kept since an earlier run, where its kernels run on an accelerator
-        (:func:`napari_gridmip._device_layers.resolve`); None for lazy data, or with the Preferences' share 0."""
+        (:func:`napari_gridmip._jobs.device_layers.resolve`); None for lazy data, or with the Preferences' share 0."""
         return self.device_layers.input(layer, data, index=index, percent=_settings.device_layers_percent())
 
     def _on_done(self, result: JobResult, added: list) -> None:
@@ -414,7 +414,7 @@ class JobWidget(Container):
 
     def python_script(self) -> str:
         """The script that reproduces the last result's layers still in the viewer (their provenance)."""
-        from napari_gridmip._provenance import script_from_layers
+        from napari_gridmip._jobs.plan import script_from_layers
 
         layers = [ref() for ref in self._results]
         return script_from_layers([layer for layer in layers if layer is not None and layer in self._viewer.layers])

@@ -24,9 +24,9 @@ from napari.utils import notifications
 from napari.utils import progress as napari_progress
 from qtpy.QtCore import QEvent, QObject, Qt, QTimer, Signal
 
-from napari_gridmip._device_layers import run_freeing_copies
 from napari_gridmip._jobs import Job, JobResult
-from napari_gridmip._layer_changes import LayerChanges
+from napari_gridmip._jobs.device_layers import run_freeing_copies
+from napari_gridmip._jobs.layer_changes import LayerChanges
 from napari_gridmip._widgets._workers import workers
 
 
@@ -96,13 +96,13 @@ def viewer_closed(viewer: Any) -> bool:
 
 
 def compute_on_setting() -> str | ValueError:
-    """Where a run computes (:func:`napari_gridmip._settings.compute_on`: napari's Preferences, or
+    """Where a run computes (:func:`napari_gridmip._jobs.settings.compute_on`: napari's Preferences, or
     ``NAPARI_GRIDMIP_COMPUTE_ON``), read on the GUI thread as the run starts; a bad variable's ValueError, for the
     run to report as its failure."""
-    from napari_gridmip import _settings
+    from napari_gridmip._jobs import settings
 
     try:
-        return _settings.compute_on()
+        return settings.compute_on()
     except ValueError as error:
         return error
 
@@ -193,7 +193,7 @@ class BackgroundRunner:
         """Run ``job`` in a thread worker; add its layers on the GUI thread, then ``on_done(result, added)``.
 
         With ``replace``, a result layer takes the place of the layer of the same output from an earlier
-        run on the same inputs (found by its provenance, :class:`~napari_gridmip._layer_changes.LayerChanges`):
+        run on the same inputs (found by its provenance, :class:`~napari_gridmip._jobs.layer_changes.LayerChanges`):
         same position, the user's own display choices kept. Otherwise every run adds new layers.
 
         The job's ``progress(done, total)`` raises :class:`Cancelled` once
@@ -212,7 +212,7 @@ class BackgroundRunner:
 
         if self.busy:
             raise RuntimeError("a job is already running")
-        for before in BEFORE_RUN:  # the samples' runs ahead cancelled (napari_gridmip._widgets._samples)
+        for before in BEFORE_RUN:  # the samples' runs ahead cancelled (napari_gridmip._sample_data.ahead)
             before()
         where = compute_on_setting()
         early = self._prefetch

@@ -21,8 +21,8 @@ from napari_gridmip._jobs.mipmap import (
     make_mipmap_job,
     make_render_job,
 )
-from napari_gridmip._placement import Frame
-from napari_gridmip._provenance import KEY, script_from_layers
+from napari_gridmip._jobs.plan import KEY, script_from_layers
+from napari_gridmip._jobs.world import Frame
 from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
 from napari_gridmip._widgets._runner import notify_error
 

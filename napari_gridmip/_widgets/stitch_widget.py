@@ -14,6 +14,7 @@ from magicgui.widgets import CheckBox, ComboBox, FileEdit, FloatSpinBox, LineEdi
 from napari.layers import Image
 
 from napari_gridmip._jobs import Job, JobResult
+from napari_gridmip._jobs.plan import KEY, Source
 from napari_gridmip._jobs.stitch import (
     ExportRequest,
     StitchRequest,
@@ -22,12 +23,11 @@ from napari_gridmip._jobs.stitch import (
     make_stitch_job,
     tile_files_of,
 )
-from napari_gridmip._placement import Frame
-from napari_gridmip._provenance import KEY, Source
+from napari_gridmip._jobs.world import Frame
 from napari_gridmip._widgets._base import JobWidget, narrow, require_layer, wrapping_label
 from napari_gridmip._widgets._runner import notify_error
-from napari_gridmip.core._options import FUSE_BLENDS, GRID_ORDERS
-from napari_gridmip.core._validate import parse_ints
+from napari_gridmip.core.options import FUSE_BLENDS, GRID_ORDERS
+from napari_gridmip.core.validate import parse_ints
 
 if TYPE_CHECKING:
     import napari

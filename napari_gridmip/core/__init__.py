@@ -1,16 +1,12 @@
 """Pure JAX kernels: no Qt, no napari, no layers.
 
-One subpackage per job (``occupancy``, ``patches``, ``correlation``), each
-with its kernels and, in its ``_chunked`` module, their block-by-block twins
-on dask arrays (each handed its kernel by the public function, which checks
-its arguments once: the twins import nothing back); the pieces they share (input checks, option lists, the scoped
-x64 switch, the host-to-device hand-over, peak fits, interpolation weights) sit at this level.
+One subpackage per job (``occupancy``, ``patches``, ``correlation``), each with its kernels and, in its
+``_chunked`` module, their block-by-block twins on dask arrays, handed the kernel by the public function (the
+twins import nothing back). ``runtime`` decides where work runs (devices, strategies, rates, sharding, kept
+programs). The leaves every job shares: ``options`` (the option lists, JAX-free) and ``validate`` (input checks).
 
-The kernels' modules (and so JAX) load when one of these names is first used,
-so that jax-free helpers such as ``core._validate`` import fast. That first use also switches on JAX's
-persistent compilation cache in a per-user folder, unless the user set their own or
-``NAPARI_GRIDMIP_COMPILE_CACHE=0`` (:mod:`._compile_cache`); for a kernel whose module imports JAX only when it
-needs it (``register_tiles``), its JAX part does.
+The kernels' modules, and so JAX, load when one of these names is first used; that first use also switches on
+JAX's persistent compilation cache (:mod:`.runtime.compile_cache`).
 """
 
 import importlib
@@ -49,7 +45,7 @@ _API = {
     "strain_field": "correlation.fields",
     "local_correlation_image": "correlation.timeseries",
     "track_speckles": "correlation.tracking",
-    "compute_on": "devices",
+    "compute_on": "runtime.devices",
 }
 
 __all__ = sorted(_API)
@@ -57,13 +53,13 @@ __all__ = sorted(_API)
 
 def __getattr__(name: str):
     if name in _API:
-        from napari_gridmip.core import _compile_cache
+        from napari_gridmip.core.runtime import compile_cache
 
         value = getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)
         if "jax" in sys.modules:  # JAX loads with the kernels: compiled programs outlive the process from now on.
             # A kernel that runs without JAX where it can (register_tiles' NumPy engine on small mosaics) does not
             # pay JAX's import (0.76 s of its 1.3 s first call in a new process): its JAX part enables the cache
-            _compile_cache.enable()
+            compile_cache.enable()
         globals()[name] = value  # later look-ups skip this function
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

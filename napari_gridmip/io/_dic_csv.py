@@ -4,7 +4,7 @@ DICe writes ``DICe_solution_<frame>.txt`` files, each a row per subset with its 
 displacement, shape parameters, match quality, uncertainty and status flag, preceded by a commented header;
 Python, MATLAB, ParaView's CSV reader and DICe's own tools read them. We write the same columns (the names are
 DICe's, upper case), the strain of each point beside them, a status both as DICe's flag (0 ok, nonzero a
-failure) and as our :class:`~napari_gridmip.core.correlation._status.Status` name, and the run's provenance in
+failure) and as our :class:`~napari_gridmip.core.correlation.status.Status` name, and the run's provenance in
 the header, each line starting with ``#`` (``numpy.loadtxt(..., delimiter=",")`` and ``pandas.read_csv(...,
 comment="#")`` skip it).
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core.correlation._status import Status
+from napari_gridmip.core.correlation.status import Status
 
 COLUMNS = ("SUBSET_ID", "COORDINATE_X", "COORDINATE_Y", "DISPLACEMENT_X", "DISPLACEMENT_Y", "DISPLACEMENT_X_X",
            "DISPLACEMENT_X_Y", "DISPLACEMENT_Y_X", "DISPLACEMENT_Y_Y", "SIGMA_X", "SIGMA_Y", "GAMMA", "ZNCC",

@@ -93,7 +93,7 @@ def read_ome_zarr(path: str) -> list[tuple]:
     """The pyramid as one multiscale image layer, placed by level 0's scale and translation.
 
     The layer's levels stop at the first whose longest spatial side is at most :data:`COARSEST_SIDE` (napari's 3D
-    view shows the coarsest). Each is a :class:`~napari_gridmip.io._lazy.LazyLevel` of its Zarr array (read at
+    view shows the coarsest). Each is a :class:`~napari_gridmip.io.lazy.LazyLevel` of its Zarr array (read at
     ``np.asarray``, only what napari shows), or ome-zarr's dask array where no Zarr array stands behind it
     chunk for chunk. An occupancy pyramid (bool, as :func:`write_mipmap` writes) of a 3D volume carries
     its level 3, lazily, as the occupancy of 8^3 cells of level 0 in ``metadata["gridmip_cells"]``: "Full
@@ -103,7 +103,7 @@ def read_ome_zarr(path: str) -> list[tuple]:
     from ome_zarr.reader import Reader
 
     from napari_gridmip.core.occupancy._chunk_files import zarr_behind
-    from napari_gridmip.io._lazy import LazyLevel
+    from napari_gridmip.io.lazy import LazyLevel
 
     node = next(iter(Reader(parse_url(str(path)))()))
     # lazy views of the Zarr arrays behind ome-zarr's dask levels, not the dask arrays: napari keeps a dask layer's
@@ -146,13 +146,13 @@ def write_mipmap_layer(path: str, data: Any, meta: dict) -> list[str]:
     """
     from collections.abc import Sequence
 
-    from napari_gridmip._jobs import as_dask, is_lazy
-    from napari_gridmip.core import _validate
+    from napari_gridmip.core import validate
     from napari_gridmip.io import write_mipmap
+    from napari_gridmip.io.lazy import as_dask, is_lazy
 
     # a multiscale layer's data (napari's MultiScaleData, a Sequence whose np.asarray is its coarsest level): level 0
     volume = data[0] if isinstance(data, Sequence) and not hasattr(data, "dtype") or meta.get("multiscale") else data
-    if is_lazy(volume) and not _validate.is_dask(volume):  # a Zarr array or a LazyLevel: written block by block too
+    if is_lazy(volume) and not validate.is_dask(volume):  # a Zarr array or a LazyLevel: written block by block too
         volume = as_dask(volume)
     threshold = float(meta.get("metadata", {}).get("gridmip_threshold", 0.0))
     scale = meta.get("scale")

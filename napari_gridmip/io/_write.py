@@ -135,25 +135,25 @@ def write_mipmap(
     import zarr
     from ome_zarr.writer import write_multiscales_metadata
 
-    from napari_gridmip.core import _validate
+    from napari_gridmip.core import validate
 
-    volume = _validate.as_array("volume", volume)
-    ndim = len(_validate.shape_of(volume))
+    volume = validate.as_array("volume", volume)
+    ndim = len(validate.shape_of(volume))
     if ndim > 5:
         raise ValueError(f"volume must have at most 5 axes (t, c, z, y, x) for OME-Zarr; got {ndim}")
     if scale is not None and len(scale) != 3:
         raise ValueError(f"scale must give the (z, y, x) voxel size; got {scale!r}")
-    _validate.check_real("volume", volume)
-    _validate.check_ndim("volume", volume, min_ndim=3)
-    _validate.check_nonempty("volume", _validate.shape_of(volume))
-    threshold = _validate.check_finite_scalar("threshold", threshold)
+    validate.check_real("volume", volume)
+    validate.check_ndim("volume", volume, min_ndim=3)
+    validate.check_nonempty("volume", validate.shape_of(volume))
+    threshold = validate.check_finite_scalar("threshold", threshold)
     if packed is not None:
-        _validate.check_choice("packed", packed, PACKED_ORDERS)
+        validate.check_choice("packed", packed, PACKED_ORDERS)
     axes = [{"name": name, "type": "time" if name == "t" else "channel"} for name in LEADING_AXES[: ndim - 3]]
     axes += [{"name": name, "type": "space"} for name in SPATIAL_AXES]
     with atomic_path(path, overwrite=overwrite) as temporary:
         group = zarr.open_group(str(temporary), mode="w")
-        if _validate.is_dask(volume):
+        if validate.is_dask(volume):
             count = _write_levels_by_block(volume, group, threshold, compute)
         else:
             count = _write_levels_in_memory(volume, group, threshold)
@@ -395,10 +395,10 @@ def write_ome_zarr(
     import zarr
     from ome_zarr.writer import write_multiscales_metadata
 
-    from napari_gridmip.core import _validate
+    from napari_gridmip.core import validate
 
-    image = _validate.as_array("image", image)
-    shape = tuple(int(n) for n in _validate.shape_of(image))
+    image = validate.as_array("image", image)
+    shape = tuple(int(n) for n in validate.shape_of(image))
     default_axes = {2: "yx", 3: "zyx", 4: "czyx", 5: "tczyx"}
     axes = (axes or default_axes.get(len(shape), "")).lower()
     spatial = axes.lstrip("tc")
@@ -432,7 +432,7 @@ def write_ome_zarr(
         group = zarr.open_group(str(temporary), mode="w")
         dtype = np.dtype(image.dtype)
         array = group.create_array("s0", shape=shape, chunks=chunks, dtype=dtype, fill_value=0)
-        if _validate.is_dask(image):
+        if validate.is_dask(image):
             # each task writes whole stored chunks: no two touch one
             (compute or dask.compute)([image.rechunk(chunks).store(array, lock=False, compute=False)])
         else:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zarr
 
-from napari_gridmip._cli import main
+from napari_gridmip.cli import main
 
 
 @pytest.fixture

@@ -9,8 +9,10 @@ import textwrap
 
 import pytest
 
-from napari_gridmip import _cli, _prepare
+from napari_gridmip import cli
 from napari_gridmip._jobs import Job
+from napari_gridmip._sample_data import prepare as _prepare
+from napari_gridmip.core.runtime import compile_cache
 from tests.helpers import run_cli
 
 
@@ -57,14 +59,13 @@ def test_a_cache_that_keeps_nothing_is_one_line(variable, value, message, backgr
 def fake_machine(tmp_path, monkeypatch):
     """This process prepares into ``tmp_path`` with two jobs that only count their runs, on a machine whose key
     the test sets (``state["key"]``)."""
-    from napari_gridmip.core import _compile_cache
 
     for name in ("NAPARI_GRIDMIP_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR", "NAPARI_GRIDMIP_COMPUTE_ON"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
     # JAX's persistent cache was set once for this test process (conftest's folder): the marker is what is tested
-    monkeypatch.setattr(_compile_cache, "enable", lambda: tmp_path / "jax")
-    monkeypatch.setattr(_compile_cache, "is_ours", lambda: True)
+    monkeypatch.setattr(compile_cache, "enable", lambda: tmp_path / "jax")
+    monkeypatch.setattr(compile_cache, "is_ours", lambda: True)
     state = {"runs": [], "key": {"platform": "cpu", "device_kind": "cpu", "compute_on": "auto", "jax": "1"}}
     monkeypatch.setattr(_prepare, "machine_key", lambda where: {**state["key"], "compute_on": where})
 
@@ -83,7 +84,7 @@ def fake_machine(tmp_path, monkeypatch):
 
 def _main(capsys, *args):
     with pytest.raises(SystemExit) as leaving:
-        _cli.main(["--prepare", *args])
+        cli.main(["--prepare", *args])
     out = capsys.readouterr()
     return leaving.value.code, out.out, out.err
 
@@ -165,7 +166,7 @@ def test_background_starts_a_detached_prepare_with_a_log(fake_machine, capsys, t
 
 
 def test_the_cli_module_stays_cheap_to_import():
-    code = "import sys, napari_gridmip._cli, napari_gridmip._prepare; print('jax' in sys.modules)"
+    code = "import sys, napari_gridmip.cli, napari_gridmip._sample_data.prepare; print('jax' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 
@@ -176,7 +177,7 @@ FIRST_RUN = textwrap.dedent(
     """
     import json, sys
     import jax, jax.monitoring
-    from napari_gridmip import _prepare
+    from napari_gridmip._sample_data import prepare as _prepare
     compiled, hit = [], [False]
     def heard(event, *_, **__):
         hit[0] = hit[0] or event == "/jax/compilation_cache/cache_hits"

@@ -6,30 +6,30 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from napari_gridmip.core import _backend, _precision
+from napari_gridmip.core.runtime import precision, strategy
 
 
 def test_a_scoped_cpu_device_counts_as_the_cpu(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")  # as on the TPU machine
-    assert not _backend.on_cpu()
-    assert _backend.offset_sweeps() and _backend.subset_row_sums(31) == "at_once"
-    assert _backend.subset_row_sums(5) == "fresh"
-    assert _backend.spline_windows() and _backend.ic_gn_rows_together()
+    assert not strategy.on_cpu()
+    assert strategy.offset_sweeps() and strategy.subset_row_sums(31) == "at_once"
+    assert strategy.subset_row_sums(5) == "fresh"
+    assert strategy.spline_windows() and strategy.ic_gn_rows_together()
     with jax.default_device(jax.devices("cpu")[0]):
-        assert _backend.on_cpu()
-        assert not _backend.offset_sweeps() and _backend.subset_row_sums(31) == "running"
-        assert not _backend.spline_windows() and not _backend.ic_gn_rows_together()
-        assert _backend.cache_sized_bands()
+        assert strategy.on_cpu()
+        assert not strategy.offset_sweeps() and strategy.subset_row_sums(31) == "running"
+        assert not strategy.spline_windows() and not strategy.ic_gn_rows_together()
+        assert strategy.cache_sized_bands()
     with jax.default_device("cpu"):  # a platform name is accepted by JAX too
-        assert _backend.on_cpu()
+        assert strategy.on_cpu()
 
 
 def test_float64_work_on_a_tpu_takes_the_cpu_strategies(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    with _precision.precision_scope(np.float64):
-        assert _backend.on_cpu() and not _backend.spline_windows()
-    with _precision.precision_scope(np.float32):  # float32 stays on the (pretended) accelerator
-        assert not _backend.on_cpu()
+    with precision.precision_scope(np.float64):
+        assert strategy.on_cpu() and not strategy.spline_windows()
+    with precision.precision_scope(np.float32):  # float32 stays on the (pretended) accelerator
+        assert not strategy.on_cpu()
 
 
 def test_memory_bound_kernels_stay_on_the_host_for_host_inputs_on_a_tpu(monkeypatch):
@@ -42,14 +42,14 @@ def test_memory_bound_kernels_stay_on_the_host_for_host_inputs_on_a_tpu(monkeypa
     volume = np.random.default_rng(0).random((8, 12, 6)).astype(np.float32)
     expected = [np.asarray(level) for level in gm.occupancy_mipmap(volume, threshold=0.7)]
     expected_max = [np.asarray(level) for level in gm.max_mipmap(volume)]
-    assert isinstance(_backend.memory_bound_place(volume), contextlib.nullcontext)  # the CPU backend
+    assert isinstance(strategy.memory_bound_place(volume), contextlib.nullcontext)  # the CPU backend
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    placed = _backend.memory_bound_place(volume)
+    placed = strategy.memory_bound_place(volume)
     assert not isinstance(placed, contextlib.nullcontext)
     with placed:
-        assert _backend.on_cpu()
-    assert isinstance(_backend.memory_bound_place(volume, jax.numpy.asarray(volume)), contextlib.nullcontext)
-    assert isinstance(_backend.series_on_host(), bool) and _backend.series_on_host()
+        assert strategy.on_cpu()
+    assert isinstance(strategy.memory_bound_place(volume, jax.numpy.asarray(volume)), contextlib.nullcontext)
+    assert isinstance(strategy.series_on_host(), bool) and strategy.series_on_host()
     for got, want in zip(gm.occupancy_mipmap(volume, threshold=0.7), expected):
         np.testing.assert_array_equal(np.asarray(got), want)
     for got, want in zip(gm.max_mipmap(volume), expected_max):

@@ -15,8 +15,8 @@ import pytest
 
 import napari_gridmip as gm
 from napari_gridmip._jobs import placed
-from napari_gridmip._provenance import Call, Plan, Source
-from napari_gridmip.core import _backend, _compute_on, _precision
+from napari_gridmip._jobs.plan import Call, Plan, Source
+from napari_gridmip.core.runtime import choice, precision, strategy
 
 VOLUME = np.random.default_rng(0).random((8, 12, 6)).astype(np.float32)
 
@@ -34,7 +34,7 @@ def cpu_device():
 def moves_to_host(scope) -> bool:
     """Whether ``scope`` (a rule's placement) runs its block on the host CPU under the pretended TPU."""
     with scope:
-        return _backend.on_cpu()
+        return strategy.on_cpu()
 
 
 def test_bad_values_name_themselves_and_the_choices(monkeypatch):
@@ -52,49 +52,49 @@ def test_bad_values_name_themselves_and_the_choices(monkeypatch):
 
 def test_the_rules_follow_the_setting(tpu):
     # auto: today's rules (host inputs on a TPU go to the host; a device array stays)
-    assert moves_to_host(_backend.memory_bound_place(VOLUME))
-    assert isinstance(_backend.memory_bound_place(jax.numpy.asarray(VOLUME)), contextlib.nullcontext)
-    assert _backend.series_on_host() and _backend.render_on_host()
+    assert moves_to_host(strategy.memory_bound_place(VOLUME))
+    assert isinstance(strategy.memory_bound_place(jax.numpy.asarray(VOLUME)), contextlib.nullcontext)
+    assert strategy.series_on_host() and strategy.render_on_host()
     with gm.compute_on("accelerator"):  # the rules that move work to the host are off
-        assert isinstance(_backend.memory_bound_place(VOLUME), contextlib.nullcontext)
-        assert not _backend.series_on_host() and not _backend.render_on_host()
-        assert not _backend.on_cpu()
+        assert isinstance(strategy.memory_bound_place(VOLUME), contextlib.nullcontext)
+        assert not strategy.series_on_host() and not strategy.render_on_host()
+        assert not strategy.on_cpu()
     with gm.compute_on("host") as device:  # everything on the host, a device array's kernel too
         assert device == cpu_device() and jax.config.jax_default_device == cpu_device()
-        assert _backend.on_cpu() and not _backend.spline_windows()  # the CPU's strategies
-        assert moves_to_host(_backend.memory_bound_place(jax.numpy.asarray(VOLUME)))
-        assert _backend.series_on_host() and _backend.render_on_host()
+        assert strategy.on_cpu() and not strategy.spline_windows()  # the CPU's strategies
+        assert moves_to_host(strategy.memory_bound_place(jax.numpy.asarray(VOLUME)))
+        assert strategy.series_on_host() and strategy.render_on_host()
         with gm.compute_on("accelerator") as inner:  # the innermost block wins: JAX's default device again
             assert jax.config.jax_default_device is None and inner == jax.devices()[0]
-            assert not _backend.on_cpu() and not _backend.series_on_host()
-        assert _backend.on_cpu()
+            assert not strategy.on_cpu() and not strategy.series_on_host()
+        assert strategy.on_cpu()
     assert jax.config.jax_default_device is None  # nothing global was left behind
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a machine without an accelerator")
 def test_without_an_accelerator_the_rules_move_nothing():
-    assert isinstance(_backend.memory_bound_place(VOLUME), contextlib.nullcontext)
-    assert not _backend.series_on_host() and not _backend.render_on_host()
+    assert isinstance(strategy.memory_bound_place(VOLUME), contextlib.nullcontext)
+    assert not strategy.series_on_host() and not strategy.render_on_host()
     with gm.compute_on("accelerator") as device:  # JAX's default device: this machine's CPU
         assert device.platform == "cpu"
     with gm.compute_on("host"):
-        assert _backend.series_on_host() and _backend.render_on_host()  # an explicit host, harmless here
+        assert strategy.series_on_host() and strategy.render_on_host()  # an explicit host, harmless here
 
 
 def test_the_variable_is_the_process_default(tpu, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_COMPUTE_ON", " Accelerator ")  # any case, spaces ignored
-    assert _compute_on.setting() == "accelerator"
-    assert isinstance(_backend.memory_bound_place(VOLUME), contextlib.nullcontext)
-    assert not _backend.series_on_host()
+    assert choice.setting() == "accelerator"
+    assert isinstance(strategy.memory_bound_place(VOLUME), contextlib.nullcontext)
+    assert not strategy.series_on_host()
     monkeypatch.setenv("NAPARI_GRIDMIP_COMPUTE_ON", "host")
-    with _precision.precision_scope(np.float32):  # a kernel outside any block takes the host from its own scope
-        assert _backend.on_cpu()
-    assert moves_to_host(_backend.memory_bound_place(jax.numpy.asarray(VOLUME)))
+    with precision.precision_scope(np.float32):  # a kernel outside any block takes the host from its own scope
+        assert strategy.on_cpu()
+    assert moves_to_host(strategy.memory_bound_place(jax.numpy.asarray(VOLUME)))
     with gm.compute_on("auto"):
-        assert moves_to_host(_backend.memory_bound_place(VOLUME))
-        assert isinstance(_backend.memory_bound_place(jax.numpy.asarray(VOLUME)), contextlib.nullcontext)
+        assert moves_to_host(strategy.memory_bound_place(VOLUME))
+        assert isinstance(strategy.memory_bound_place(jax.numpy.asarray(VOLUME)), contextlib.nullcontext)
     monkeypatch.setenv("NAPARI_GRIDMIP_COMPUTE_ON", "")
-    assert _compute_on.setting() == "auto"
+    assert choice.setting() == "auto"
 
 
 def test_host_puts_the_outputs_on_the_host_cpu():
@@ -124,8 +124,8 @@ def test_dasks_threads_follow_the_block(tpu):
     seen = []
 
     def block(x):
-        with _precision.precision_scope(x.dtype):
-            seen.append((threading.current_thread().name, _compute_on.setting(), _backend.on_cpu()))
+        with precision.precision_scope(x.dtype):
+            seen.append((threading.current_thread().name, choice.setting(), strategy.on_cpu()))
         return x
 
     lazy = da.ones((8, 4), chunks=(1, 4)).map_blocks(block, meta=np.empty((0, 0)))  # no call to infer it
@@ -147,7 +147,7 @@ def test_a_dask_inputs_blocks_run_where_the_rule_put_the_call(tpu, monkeypatch):
     kernel = pyramid._occupancy_kernel
 
     def spy(block, *, threshold):
-        seen.append(_backend.on_cpu())
+        seen.append(strategy.on_cpu())
         return kernel(block, threshold=threshold)
 
     monkeypatch.setattr(pyramid, "_occupancy_kernel", spy)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip import extract_patches, find_displacement, merge_patches, occupancy_mipmap, windowed_pearson
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core.runtime.precision import precision_scope
 
 NUMERIC = [
     np.bool_,

@@ -1,4 +1,4 @@
-"""Kept executables (core/_executables.py): the same results as jax.jit, loaded in a later process with no
+"""Kept executables (core/runtime/executables.py): the same results as jax.jit, loaded in a later process with no
 tracing, a key for everything that changes the program, and jax.jit's own path wherever the key cannot hold."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from napari_gridmip.core import _compile_cache, _executables
-from napari_gridmip.core._executables import KeptProgram
+from napari_gridmip.core.runtime import compile_cache
+from napari_gridmip.core.runtime import executables as _executables
+from napari_gridmip.core.runtime.executables import KeptProgram
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = int(np.random.default_rng().integers(1, 2**16))  # this run's, in each test's scale (the k fixture)
@@ -28,7 +29,7 @@ def kept_on(tmp_path, monkeypatch):
     """This cache on, in a folder of its own (the suite turns it off: tests/conftest.py)."""
     monkeypatch.setenv("NAPARI_GRIDMIP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "1")  # on every platform (by default the CPU and a TPU)
-    monkeypatch.setattr(_compile_cache, "is_ours", lambda: True)
+    monkeypatch.setattr(compile_cache, "is_ours", lambda: True)
     folder = _executables.folder()
     assert folder == tmp_path / "executables"
     return folder
@@ -173,16 +174,25 @@ def test_a_program_jax_already_compiled_is_not_kept(kept_on, k):
 
 def test_the_core_reads_no_environment_option_while_it_traces():
     """The key holds no environment option of ours: the core may read them only where no program is traced
-    (the caches' switches). A new option read by a kernel must go into _executables._key."""
+    (the caches' switches). A new option read by a kernel must go into executables._key."""
     core = ROOT / "napari_gridmip" / "core"
-    # _compute_on.py: NAPARI_GRIDMIP_COMPUTE_ON picks the device a call runs on, and the key holds the device
-    # _sharding.py: NAPARI_GRIDMIP_SHARD_BANDS picks how many devices share the bands, read before any trace; it
+    # runtime/choice.py: NAPARI_GRIDMIP_COMPUTE_ON picks the device a call runs on, and the key holds the device
+    # runtime/sharding.py: NAPARI_GRIDMIP_SHARD_BANDS picks how many devices share the bands, read before any trace; it
     # changes the programs only through their static band sizes, which the key holds
-    allowed = {"_compile_cache.py", "_executables.py", "_options.py", "__init__.py", "_compute_on.py", "_sharding.py"}
+    allowed = {
+        "runtime/compile_cache.py",
+        "runtime/executables.py",
+        "options.py",
+        "__init__.py",
+        "runtime/choice.py",
+        "runtime/sharding.py",
+    }
     readers = [
         str(path.relative_to(core))
         for path in core.rglob("*.py")
-        if path.name not in allowed and ("environ" in path.read_text() or "switched_off(" in path.read_text())
+        if str(path.relative_to(core)) not in allowed
+        and path.name != "__init__.py"
+        and ("environ" in path.read_text() or "switched_off(" in path.read_text())
     ]
     assert readers == []
 
@@ -190,7 +200,7 @@ def test_the_core_reads_no_environment_option_while_it_traces():
 @pytest.mark.parametrize("setting", ["switched off", "not our cache", "a platform not yet checked"])
 def test_off_means_jit_and_no_files(kept_on, monkeypatch, setting, k):
     if setting == "not our cache":
-        monkeypatch.setattr(_compile_cache, "is_ours", lambda: False)
+        monkeypatch.setattr(compile_cache, "is_ours", lambda: False)
     elif setting == "switched off":
         monkeypatch.setenv("NAPARI_GRIDMIP_EXECUTABLE_CACHE", "0")
     else:  # unset: the default platforms, as if this one were not among them

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from napari_gridmip.core._files import write_atomically
+from napari_gridmip.core.runtime.files import write_atomically
 
 
 def test_text_and_bytes_replace_the_file_and_leave_nothing_beside(tmp_path):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import napari_gridmip as gm
-from napari_gridmip.core import _backend, _rates
+from napari_gridmip.core.runtime import rates as _rates
+from napari_gridmip.core.runtime import strategy
 
 TPU = types.SimpleNamespace(platform="tpu", device_kind="Fake TPU")
 GIGA = 1e9
@@ -230,8 +231,8 @@ VOLUME = np.zeros((256, 256, 256), np.uint8)
 def accelerator(measured, monkeypatch):
     """A (fake) accelerator machine: memory_bound_place sees an accelerator and a host, and measures its rates
     through ``measured``'s counters, whose rates the test sets (``set(...)``)."""
-    monkeypatch.setattr(_backend, "_on_accelerator", lambda: True)
-    monkeypatch.setattr(_backend, "_target_device", lambda: TPU)
+    monkeypatch.setattr(strategy, "_on_accelerator", lambda: True)
+    monkeypatch.setattr(strategy, "_target_device", lambda: TPU)
     chosen = {}
 
     def link(device):
@@ -260,33 +261,33 @@ def on_the_host(scope) -> bool:
 
 
 def test_the_rates_place_the_call(accelerator, measured, monkeypatch):
-    from napari_gridmip.core import _compute_on
+    from napari_gridmip.core.runtime import choice
 
     accelerator(link=0.5, host=5.0, chip=300.0)  # a slow link: the host
-    with _compute_on.recording() as record, _compute_on.calling("napari_gridmip.max_mipmap", platform="tpu"):
-        assert on_the_host(_backend.memory_bound_place(VOLUME, kernel="max_mipmap"))
+    with choice.recording() as record, choice.calling("napari_gridmip.max_mipmap", platform="tpu"):
+        assert on_the_host(strategy.memory_bound_place(VOLUME, kernel="max_mipmap"))
     assert record["calls"][0]["moved_to_host"] == ["memory_bound_place"]
     assert [name for name, _ in measured] == ["link", "max"]
     accelerator(link=2.0, host=0.3, chip=300.0)  # a fast link, a slow host: the chip
-    with _compute_on.recording() as record, _compute_on.calling("napari_gridmip.max_mipmap", platform="tpu"):
-        assert not on_the_host(_backend.memory_bound_place(VOLUME, kernel="max_mipmap"))
+    with choice.recording() as record, choice.calling("napari_gridmip.max_mipmap", platform="tpu"):
+        assert not on_the_host(strategy.memory_bound_place(VOLUME, kernel="max_mipmap"))
     assert "moved_to_host" not in record["calls"][0]
     # a uint16 movie crosses as held: the chip; were it widened to float32 before it crosses, the host
     accelerator(link=2.0, host=1.8, chip=300.0)
     movie = VOLUME.astype(np.uint16)
-    assert not on_the_host(_backend.memory_bound_place(movie, kernel="local_correlation_image"))
+    assert not on_the_host(strategy.memory_bound_place(movie, kernel="local_correlation_image"))
     widened = dataclasses.replace(_rates.KERNELS["local_correlation_image"], sent_itemsize=4)
     monkeypatch.setitem(_rates.KERNELS, "local_correlation_image", widened)
-    assert on_the_host(_backend.memory_bound_place(movie, kernel="local_correlation_image"))
+    assert on_the_host(strategy.memory_bound_place(movie, kernel="local_correlation_image"))
 
 
 def test_the_setting_and_device_arrays_need_no_rates(accelerator, measured, monkeypatch):
     accelerator(link=2.0, host=0.3, chip=300.0)
     with gm.compute_on("host"):
-        assert on_the_host(_backend.memory_bound_place(VOLUME))
+        assert on_the_host(strategy.memory_bound_place(VOLUME))
     with gm.compute_on("accelerator"):
-        assert not on_the_host(_backend.memory_bound_place(VOLUME.astype(np.float64)))
-    assert not on_the_host(_backend.memory_bound_place(jax.numpy.zeros(8)))  # a device array stays on its device
+        assert not on_the_host(strategy.memory_bound_place(VOLUME.astype(np.float64)))
+    assert not on_the_host(strategy.memory_bound_place(jax.numpy.zeros(8)))  # a device array stays on its device
     assert measured == []
 
 
@@ -315,7 +316,7 @@ def test_nothing_is_measured_without_an_accelerator(no_measuring):
 
     volume = np.random.default_rng(0).random((8, 12, 6)).astype(np.float32)
     for x in (volume, da.from_array(volume, chunks=4)):
-        assert isinstance(_backend.memory_bound_place(x, kernel="occupancy_mipmap"), contextlib.nullcontext)
+        assert isinstance(strategy.memory_bound_place(x, kernel="occupancy_mipmap"), contextlib.nullcontext)
     assert _rates.rates_for(jax.devices()[0], "max") is None
     gm.occupancy_mipmap(volume, threshold=0.5)
     gm.max_mipmap(volume)
@@ -326,7 +327,7 @@ def test_a_pretended_tpu_whose_device_is_the_cpu_measures_nothing(no_measuring, 
     """The suite's pretended TPU (tests/core/test_compute_on.py): the platform says TPU, the device is this CPU;
     no rates can be had there, and host inputs go to the host, as the rule before the rates did."""
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    assert on_the_host(_backend.memory_bound_place(VOLUME, kernel="max_mipmap"))
+    assert on_the_host(strategy.memory_bound_place(VOLUME, kernel="max_mipmap"))
 
 
 # -- the real probes, on the CPU (a test asks) ---------------------------------------------------------------

@@ -21,16 +21,16 @@ import numpy as np
 import pytest
 
 import napari_gridmip as gm
-from napari_gridmip.core import _sharding
+from napari_gridmip.core.runtime import sharding
 
 several = pytest.mark.skipif(jax.device_count() < 2, reason="needs several devices (CI: 8 host devices)")
 
 
 def _both(monkeypatch, call):
     """``call()`` on one device, then with the bands over every device: both results, as NumPy leaves."""
-    monkeypatch.setenv(_sharding.VARIABLE, "0")
+    monkeypatch.setenv(sharding.VARIABLE, "0")
     one = call()
-    monkeypatch.delenv(_sharding.VARIABLE)
+    monkeypatch.delenv(sharding.VARIABLE)
     many = call()
     return [np.asarray(x) for x in jax.tree_util.tree_leaves(one)], [
         np.asarray(x) for x in jax.tree_util.tree_leaves(many)
@@ -51,26 +51,26 @@ def _pair(shape=(96, 88), shift=(2, -1), seed=0):
 
 
 def test_band_devices_puts_the_calls_device_first_and_honours_the_switch(monkeypatch):
-    devices = _sharding.band_devices()
+    devices = sharding.band_devices()
     assert devices[0] == jax.devices()[0]
     assert set(devices) == set(jax.local_devices(backend=devices[0].platform))
-    monkeypatch.setenv(_sharding.VARIABLE, "off")
-    assert _sharding.band_devices() == (jax.devices()[0],)
+    monkeypatch.setenv(sharding.VARIABLE, "off")
+    assert sharding.band_devices() == (jax.devices()[0],)
 
 
 def test_spread_rows_gives_every_device_a_band():
-    assert _sharding.spread_rows(40, 100, 1) == 40
-    assert _sharding.spread_rows(40, 100, 8) == 13
-    assert len(_sharding.band_starts(13, 100)) == 8
-    assert _sharding.spread_rows(5, 100, 8) == 5  # already small: kept
-    assert _sharding.spread_rows(3, 2, 8) == 1
-    assert _sharding.band_starts(30, 100) == [0, 30, 60, 70]
+    assert sharding.spread_rows(40, 100, 1) == 40
+    assert sharding.spread_rows(40, 100, 8) == 13
+    assert len(sharding.band_starts(13, 100)) == 8
+    assert sharding.spread_rows(5, 100, 8) == 5  # already small: kept
+    assert sharding.spread_rows(3, 2, 8) == 1
+    assert sharding.band_starts(30, 100) == [0, 30, 60, 70]
 
 
 def test_one_device_runs_the_bands_in_turn_and_reports_progress():
     x = np.arange(60, dtype=np.float32).reshape(20, 3)
     seen = []
-    pieces = _sharding.run_bands(
+    pieces = sharding.run_bands(
         _toy_band, (x, np.float32(1)), [0, 7, 14], row_arg=1, static=dict(rows=6),
         devices=jax.devices()[:1], progress=seen.append,
     )  # fmt: skip
@@ -81,11 +81,11 @@ def test_one_device_runs_the_bands_in_turn_and_reports_progress():
 @several
 def test_the_bands_over_every_device_equal_one_devices_and_land_on_the_first():
     x = np.arange(100 * 5, dtype=np.float32).reshape(100, 5)
-    starts = _sharding.band_starts(13, 100)  # 8 bands: not a multiple of every device count
+    starts = sharding.band_starts(13, 100)  # 8 bands: not a multiple of every device count
     seen = []
-    one = _sharding.run_bands(_toy_band, (x, np.float32(1)), starts, row_arg=1, static=dict(rows=13),
+    one = sharding.run_bands(_toy_band, (x, np.float32(1)), starts, row_arg=1, static=dict(rows=13),
                               devices=jax.devices()[:1])  # fmt: skip
-    many = _sharding.run_bands(
+    many = sharding.run_bands(
         _toy_band, (x, np.float32(1)), starts, row_arg=1, static=dict(rows=13),
         devices=tuple(jax.devices()[:3]), progress=seen.append,
     )  # fmt: skip
@@ -103,7 +103,7 @@ def test_inputs_committed_to_another_device_keep_their_pieces_there():
     the inputs), on every device count."""
     home = jax.devices()[1]
     x = jax.device_put(np.arange(40 * 3, dtype=np.float32).reshape(40, 3), home)
-    pieces = _sharding.run_bands(_toy_band, (x, np.float32(0)), [0, 10, 20, 30], row_arg=1, static=dict(rows=10))
+    pieces = sharding.run_bands(_toy_band, (x, np.float32(0)), [0, 10, 20, 30], row_arg=1, static=dict(rows=10))
     assert all(leaf.devices() == {home} for piece in pieces for leaf in jax.tree_util.tree_leaves(piece))
     np.testing.assert_array_equal(np.concatenate([np.asarray(p["scaled"]) for p in pieces]), np.asarray(x) * 2)
     a, b = _pair((60, 56))
@@ -122,7 +122,7 @@ def test_a_stop_between_steps_stops_the_work():
             raise Stop
 
     with pytest.raises(Stop):
-        _sharding.run_bands(_toy_band, (np.zeros((40, 2), np.float32), np.float32(0)), [0, 10, 20, 30], row_arg=1,
+        sharding.run_bands(_toy_band, (np.zeros((40, 2), np.float32), np.float32(0)), [0, 10, 20, 30], row_arg=1,
                             static=dict(rows=10), devices=tuple(jax.devices()[:2]), progress=stop_at)  # fmt: skip
 
 
@@ -209,14 +209,14 @@ def test_dask_mipmaps_spread_their_blocks_and_equal_one_devices(monkeypatch):
     volume = (rng.random((37, 30, 41)) > 0.97).astype(np.float32) * rng.random((37, 30, 41)).astype(np.float32)
     lazy = da.from_array(volume, chunks=(16, 16, 16))
     seen = set()
-    original = _sharding._InTurn.__call__
+    original = sharding._InTurn.__call__
 
     def noting(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         seen.update(d for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array) for d in leaf.devices())
         return out
 
-    monkeypatch.setattr(_sharding._InTurn, "__call__", noting)
+    monkeypatch.setattr(sharding._InTurn, "__call__", noting)
     for build in (partial(gm.occupancy_mipmap, threshold=0.5), gm.max_mipmap):
         one, many = _both(monkeypatch, lambda b=build: [level.compute() for level in b(lazy)])
         for p, q in zip(one, many):
@@ -229,7 +229,7 @@ def test_a_traced_call_runs_its_bands_in_turn():
 
     @jax.jit
     def traced(x):
-        pieces = _sharding.run_bands(_toy_band, (x, np.float32(0)), [0, 10], row_arg=1, static=dict(rows=10))
+        pieces = sharding.run_bands(_toy_band, (x, np.float32(0)), [0, 10], row_arg=1, static=dict(rows=10))
         return jnp.concatenate([p["scaled"] for p in pieces])
 
     np.testing.assert_array_equal(traced(x), np.asarray(x) * 2)

@@ -5,7 +5,7 @@ import pytest
 
 import napari_gridmip as gm
 from napari_gridmip._sample_data.dic_series import make_dic_series
-from napari_gridmip.core.correlation._status import Status
+from napari_gridmip.core.correlation.status import Status
 
 
 @pytest.fixture(scope="module")

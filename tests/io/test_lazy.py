@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import zarr
 
-from napari_gridmip.io._lazy import LazyLevel
+from napari_gridmip.io.lazy import LazyLevel
 
 KEYS = [np.s_[:], np.s_[2], np.s_[-1], np.s_[1:5], np.s_[::2], np.s_[::-1], np.s_[5:1:-2], np.s_[..., 3],
         np.s_[1, ..., 2:4], np.s_[np.int64(3), 2:, ::-3], np.s_[:, 0:448, 0:576], np.s_[3:3]]  # fmt: skip

@@ -13,15 +13,15 @@ import jax
 import numpy as np
 import pytest
 
-from napari_gridmip import _device_layers
-from napari_gridmip._device_layers import DeviceInput, DeviceLayerCache, LayerWatch, resolve
-from napari_gridmip._jobs import placed
+from napari_gridmip._jobs import device_layers, placed
 from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
+from napari_gridmip._jobs.device_layers import DeviceInput, DeviceLayerCache, LayerWatch, resolve
 from napari_gridmip._jobs.mipmap import MipmapRequest, make_mipmap_job
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._jobs.timeseries import TimeSeriesRequest, make_timeseries_job
-from napari_gridmip._placement import Frame
-from napari_gridmip._provenance import KEY
-from napari_gridmip.core import _backend, compute_on
+from napari_gridmip._jobs.world import Frame
+from napari_gridmip.core import compute_on
+from napari_gridmip.core.runtime import strategy
 from tests.helpers import reference_levels
 
 MiB = 2**20
@@ -143,7 +143,7 @@ def test_nothing_is_kept_without_an_accelerator_under_host_or_with_budget_0(send
 
 
 def test_the_default_budget_is_a_share_of_the_devices_memory(monkeypatch):
-    monkeypatch.setattr(_device_layers, "_device_memory", lambda device: 1000 * MiB)
+    monkeypatch.setattr(device_layers, "_device_memory", lambda device: 1000 * MiB)
     cache = DeviceLayerCache(keep_on_cpu=True)
     assert cache.stats()["budget"] is None  # not asked on the GUI thread: the device says in a worker
     cache.get(("a", ""), 1, array())
@@ -155,14 +155,14 @@ def test_the_default_budget_is_a_share_of_the_devices_memory(monkeypatch):
 def test_two_workers_asking_for_one_copy_send_it_once(sends, monkeypatch):
     cache, data = kept(), array(shape=(32, 64, 64))
     started, release = threading.Event(), threading.Event()
-    send = _device_layers._send
+    send = device_layers._send
 
     def slow_send(a, device):
         started.set()
         release.wait(10)
         return send(a, device)
 
-    monkeypatch.setattr(_device_layers, "_send", slow_send)
+    monkeypatch.setattr(device_layers, "_send", slow_send)
     results = []
     threads = [threading.Thread(target=lambda: results.append(cache.lookup(("a", ""), 1, data))) for _ in range(2)]
     threads[0].start()
@@ -177,13 +177,13 @@ def test_two_workers_asking_for_one_copy_send_it_once(sends, monkeypatch):
 
 def test_a_copy_dropped_while_it_is_sent_serves_its_run_but_is_not_kept(monkeypatch):
     cache, data = kept(), array()
-    send = _device_layers._send
+    send = device_layers._send
 
     def drop_meanwhile(a, device):  # the layer changed on the GUI thread during the transfer
         cache.drop_layer("a")
         return send(a, device)
 
-    monkeypatch.setattr(_device_layers, "_send", drop_meanwhile)
+    monkeypatch.setattr(device_layers, "_send", drop_meanwhile)
     copy, outcome, _ = cache.lookup(("a", ""), 1, data)
     assert outcome == "miss" and isinstance(copy, jax.Array)
     assert cache.keys() == [] and cache.stats()["bytes"] == 0
@@ -196,7 +196,7 @@ def test_a_failed_transfer_hands_the_host_array_to_the_kernels(monkeypatch):
     def out_of_memory(a, device):
         raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore")
 
-    monkeypatch.setattr(_device_layers, "_send", out_of_memory)
+    monkeypatch.setattr(device_layers, "_send", out_of_memory)
     out, outcome, why = cache.lookup(("a", ""), 1, data)
     assert out is data and outcome == "skipped" and why == "not sent: RESOURCE_EXHAUSTED: out of memory"
     assert cache.keys() == []  # the kernel needs the memory more than the copies do
@@ -204,7 +204,7 @@ def test_a_failed_transfer_hands_the_host_array_to_the_kernels(monkeypatch):
     def interrupted(a, device):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_device_layers, "_send", interrupted)
+    monkeypatch.setattr(device_layers, "_send", interrupted)
     with pytest.raises(KeyboardInterrupt):
         cache.lookup(("a", ""), 1, data)
     monkeypatch.undo()
@@ -378,15 +378,15 @@ def test_float64_work_on_a_tpu_takes_the_host_arrays(monkeypatch):
     cache = kept()
     img = array(shape=(3, 24, 24))
     handles = (DeviceInput(("a", ""), 1, img, "a", None, cache), DeviceInput(("b", ""), 1, img, "b", None, cache))
-    monkeypatch.setattr(_backend, "_platform", lambda: "tpu")
-    assert not _device_layers.runs_on_device("float64") and _device_layers.runs_on_device("float32")
+    monkeypatch.setattr(strategy, "_platform", lambda: "tpu")
+    assert not device_layers.runs_on_device("float64") and device_layers.runs_on_device("float32")
     assert resolve(handles[0], img, "img1", wanted=False) is img
     assert cache.keys() == []
 
 
 def test_a_run_out_of_device_memory_runs_again_without_the_copies(monkeypatch):
     cache = kept()
-    monkeypatch.setattr(_device_layers, "_CACHE", cache)
+    monkeypatch.setattr(device_layers, "_CACHE", cache)
     cache.get(("other layer", ""), 1, array())
     attempts = []
 
@@ -396,11 +396,11 @@ def test_a_run_out_of_device_memory_runs_again_without_the_copies(monkeypatch):
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00G")
         return "result"
 
-    assert _device_layers.run_freeing_copies(job_run, None) == "result"
+    assert device_layers.run_freeing_copies(job_run, None) == "result"
     assert attempts == [1, 0]  # the second run had the device to itself
     attempts.clear()
     with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):  # nothing kept to free: the error stands
-        _device_layers.run_freeing_copies(job_run, None)
+        device_layers.run_freeing_copies(job_run, None)
     assert attempts == [0]
 
     def failing(progress):
@@ -408,5 +408,5 @@ def test_a_run_out_of_device_memory_runs_again_without_the_copies(monkeypatch):
 
     cache.get(("other layer", ""), 1, array())
     with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
-        _device_layers.run_freeing_copies(failing, None)
+        device_layers.run_freeing_copies(failing, None)
     assert cache.stats()["entries"] == 1  # kept: the copies were not the cause

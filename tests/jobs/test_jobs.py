@@ -10,7 +10,7 @@ from napari_gridmip._jobs import correlation as correlation_jobs
 from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
 from napari_gridmip._jobs.mipmap import MipmapRequest, default_level, make_mipmap_job
 from napari_gridmip._jobs.patches import MergeRequest, make_merge_job
-from napari_gridmip._placement import Frame
+from napari_gridmip._jobs.world import Frame
 from napari_gridmip.core import extract_patches, find_displacement, windowed_pearson
 from tests.helpers import two_balls
 
@@ -152,7 +152,7 @@ def test_jobs_run_without_qt():
     code = (
         "import sys, numpy as np\n"
         "from napari_gridmip._jobs.mipmap import MipmapRequest, make_mipmap_job\n"
-        "from napari_gridmip._placement import Frame\n"
+        "from napari_gridmip._jobs.world import Frame\n"
         "f = Frame(3, np.ones(3), np.zeros(3), np.eye(3), np.zeros(3), np.eye(4))\n"
         "make_mipmap_job(MipmapRequest('v', np.ones((4, 4, 4)), f, 0.5)).run(lambda d, t: None)\n"
         "gui = ('qtpy', 'PyQt5', 'PyQt6', 'PySide2', 'PySide6', 'vispy', 'napari')\n"
@@ -262,7 +262,7 @@ def test_copy_as_python_remakes_layers_of_different_runs(monkeypatch):
 
     import napari
 
-    from napari_gridmip._provenance import script_from_layers
+    from napari_gridmip._jobs.plan import script_from_layers
 
     volume = two_balls() * np.linspace(0, 1, 64, dtype=np.float32)[:, None, None]  # brighter with depth
     layers = []

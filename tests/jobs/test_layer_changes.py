@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 
 
 def result_layers(run: int, *, inputs: str = "img"):
@@ -23,7 +23,7 @@ def result_layers(run: int, *, inputs: str = "img"):
 def test_a_rerun_replaces_its_outputs_and_keeps_the_users_choices():
     from napari.components import ViewerModel
 
-    from napari_gridmip._layer_changes import LayerChanges
+    from napari_gridmip._jobs.layer_changes import LayerChanges
 
     viewer = ViewerModel()
     viewer.add_image(np.zeros((4, 5)), name="other")
@@ -50,7 +50,7 @@ def test_layer_changes_load_no_qt():
     code = (
         "import sys\n"
         "from napari.components import ViewerModel\n"
-        "from napari_gridmip._layer_changes import LayerChanges\n"
+        "from napari_gridmip._jobs.layer_changes import LayerChanges\n"
         "from tests.jobs.test_layer_changes import result_layers\n"
         "viewer = ViewerModel()\n"
         "LayerChanges(viewer).apply(result_layers(1), replace=True)\n"

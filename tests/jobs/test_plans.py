@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from napari_gridmip._cli import main as cli
 from napari_gridmip._jobs.correlation import CorrelationRequest, make_correlation_job
-from napari_gridmip._provenance import KEY, Call, Plan, Source, script_from_layers
+from napari_gridmip._jobs.plan import KEY, Call, Plan, Source, script_from_layers
+from napari_gridmip.cli import main as cli
 from napari_gridmip.io import read_array
 from tests.jobs.test_jobs import Steps, plain_frame
 
@@ -313,7 +313,7 @@ def test_tiled_script_reproduces_the_job(monkeypatch):
 
 
 def test_correlate_help_names_phase_and_strain():
-    from napari_gridmip._cli import build_parser
+    from napari_gridmip.cli import build_parser
 
     parser = build_parser()
     correlate = next(a for a in parser._subparsers._group_actions if a.choices).choices["correlate"]

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import napari_gridmip as gm
-from napari_gridmip._cli import main as cli
 from napari_gridmip._jobs.correlation import SERIES_OUTPUTS, SeriesRequest, make_series_job, series_plan
-from napari_gridmip._provenance import KEY, Source
+from napari_gridmip._jobs.plan import KEY, Source
 from napari_gridmip._sample_data.dic_series import make_dic_series, true_displacement
+from napari_gridmip.cli import main as cli
 from tests.jobs.test_jobs import Steps, plain_frame
 from tests.jobs.test_plans import by_role, replay_file, replay_layers
 

@@ -36,10 +36,10 @@ def docked(make_napari_viewer, qtbot):
 
 @pytest.fixture(autouse=True)
 def _runs_ahead_end(qtbot):
-    """A sample's run ahead (napari_gridmip._widgets._samples) belongs to no widget: it ends before the next test,
+    """A sample's run ahead (napari_gridmip._sample_data.ahead) belongs to no widget: it ends before the next test,
     which would otherwise share the cores with it."""
     yield
-    from napari_gridmip._widgets._samples import running_ahead
+    from napari_gridmip._sample_data.ahead import running_ahead
 
     qtbot.waitUntil(lambda: not running_ahead(), timeout=120_000)
 
@@ -80,7 +80,7 @@ def small_samples(monkeypatch, tmp_path):
     from napari_gridmip._sample_data import _cache, calcium, dic
 
     monkeypatch.setattr(_cache, "_folder", lambda: tmp_path / "samples")
-    # the sizes the samples and their stand-ins (napari_gridmip._widgets._samples) read as they are made
+    # the sizes the samples and their stand-ins (napari_gridmip._sample_data.ahead) read as they are made
     monkeypatch.setattr(dic, "DIC_SHAPE", (128, 144))
     monkeypatch.setattr(samples, "SPECKLE_FRAMES", 6)
     monkeypatch.setattr(samples, "SPECKLE_SHAPE", (64, 72))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import jax
 import pytest
 
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
-from napari_gridmip.core import _backend
+from napari_gridmip.core.runtime import strategy
 from tests.widgets.test_settings_in_napari import napari_settings_here  # noqa: F401 - a fixture
 
 
@@ -44,7 +44,7 @@ def test_the_preference_reaches_the_run_and_its_provenance(sample, wait_idle, mo
         "calls": [{"function": "napari_gridmip.occupancy_mipmap", "platform": "cpu", "device_kind": cpu_kind}],
     }
 
-    monkeypatch.setattr(_backend, "_on_tpu", lambda: True)  # a TPU machine: the rule moves the pyramid to the host
+    monkeypatch.setattr(strategy, "_on_tpu", lambda: True)  # a TPU machine: the rule moves the pyramid to the host
     settings.general.compute_on = "auto"
     run(widget, wait_idle)
     (call,) = ran_on(viewer, result)["calls"]

@@ -9,7 +9,7 @@ import pytest
 from qtpy.QtWidgets import QApplication
 
 from napari_gridmip._jobs import correlation as correlation_jobs
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets.correlation_widget import PAIR, STACKS, TIME_SERIES, CorrelationWidget
 from napari_gridmip.core import find_displacement, windowed_pearson
 
@@ -630,7 +630,7 @@ def test_cancel_stops_a_taken_over_job_and_adds_nothing(viewer_and_widget, qtbot
 
 @pytest.mark.parametrize("how", ["environment", "settings"])
 def test_nothing_starts_early_when_switched_off(viewer_and_widget, qtbot, monkeypatch, how):
-    from napari_gridmip import _settings
+    from napari_gridmip._jobs import settings as _settings
 
     if how == "environment":
         monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")

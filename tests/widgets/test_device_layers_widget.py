@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from napari_gridmip import _device_layers, _settings
-from napari_gridmip._device_layers import DeviceLayerCache
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs import device_layers as _device_layers
+from napari_gridmip._jobs import settings as _settings
+from napari_gridmip._jobs.device_layers import DeviceLayerCache
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets.correlation_widget import PAIR, STACKS, CorrelationWidget
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 from tests.helpers import reference_levels

@@ -9,7 +9,7 @@ import pytest
 from qtpy.QtWidgets import QApplication
 
 import napari_gridmip as gm
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets.correlation_widget import PAIR, SERIES, CorrelationWidget
 
 FRAMES, SHAPE = 4, (128, 128)

@@ -1,5 +1,6 @@
 """``napari-gridmip --prepare`` compiles the programs of each widget's first Run on its sample: its requests
-(napari_gridmip._prepare, made without napari) are the ones the widget captures when the sample is opened and Run
+(napari_gridmip._sample_data.prepare, made without napari) are the ones the widget captures when the sample is opened
+and Run
 is clicked with a new user's options. A changed default or sample suggestion in a widget fails here, not silently
 as a first Run that compiles again."""
 
@@ -8,11 +9,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from napari_gridmip import _prepare
-from napari_gridmip._device_layers import DeviceInput, DeviceLayerCache
 from napari_gridmip._jobs import Job
-from napari_gridmip._placement import Frame
-from napari_gridmip._provenance import Source
+from napari_gridmip._jobs.device_layers import DeviceInput, DeviceLayerCache
+from napari_gridmip._jobs.plan import Source
+from napari_gridmip._jobs.world import Frame
+from napari_gridmip._sample_data import prepare as _prepare
 
 # each job: its widget's module and class, the job maker the widget calls there, the sample, what the user changes
 WIDGETS = {

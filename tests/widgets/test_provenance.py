@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from qtpy.QtWidgets import QApplication
 
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 from napari_gridmip._widgets.patches_widget import FLAT_STACK, PatchesWidget

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import napari_gridmip
-from napari_gridmip._cli import WIDGET_NAMES
+from napari_gridmip.cli import WIDGET_NAMES
 
 # napari's deprecations as errors: those of napari's own code, and those our calls into napari cause, which napari
 # attributes to its caller (its stacklevel): a module of napari_gridmip. A filter's module is a regular expression

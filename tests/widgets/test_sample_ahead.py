@@ -1,5 +1,5 @@
 """Opening the DIC pair (or the speckle pair with contrast) in napari starts that sample's first Run on stand-in
-inputs of its shapes (napari_gridmip._widgets._samples): the widget's Run then compiles none of its large programs
+inputs of its shapes (napari_gridmip._sample_data.ahead): the widget's Run then compiles none of its large programs
 again, whether it comes after the run ahead or while it still compiles, and nothing starts where early starts are
 off."""
 
@@ -10,9 +10,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from napari_gridmip import _prepare
+from napari_gridmip._jobs import settings
+from napari_gridmip._sample_data import ahead as _samples
 from napari_gridmip._sample_data import dic as dic_module
-from napari_gridmip._widgets import _samples
+from napari_gridmip._sample_data import prepare
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from tests.widgets.test_prepare_requests import _same
 
@@ -39,15 +40,15 @@ def compiles():
 
 
 def _band_compiles(seen):
-    """The band program's compiles: its own on one device, the sharded one on several (core/_sharding.py)."""
+    """The band program's compiles: its own on one device, the sharded one on several (core/runtime/sharding.py)."""
     return sum(name in ("jit(_band)", "jit(on_each_device)") for name in seen)
 
 
-@pytest.mark.parametrize("name", [job.name for job in _prepare.JOBS if job.ahead_of_sample])
+@pytest.mark.parametrize("name", [job.name for job in prepare.JOBS if job.ahead_of_sample])
 def test_a_stand_in_makes_the_samples_request_but_its_values(name, small_samples):
     """The stand-in's request is the sample's in every field, its arrays of the same shapes and dtypes: the same
     programs (the values differ, and no truth is made)."""
-    job = next(j for j in _prepare.JOBS if j.name == name)
+    job = next(j for j in prepare.JOBS if j.name == name)
     stand_ins = {"dic": dic_module.dic_stand_in}
     from napari_gridmip import _sample_data
 
@@ -158,7 +159,6 @@ def test_a_sessions_first_run_ahead_starts_after_napari_adds_the_sample(make_nap
 def test_no_run_ahead_for_remembered_options_that_change_the_programs(make_napari_viewer, monkeypatch):
     """A returning user's remembered subset shape, precision or full map would make other programs: no run ahead
     then. The defaults assumed are the widget's own."""
-    from napari_gridmip import _settings
 
     viewer = make_napari_viewer()
     widget = CorrelationWidget(viewer)
@@ -167,10 +167,10 @@ def test_no_run_ahead_for_remembered_options_that_change_the_programs(make_napar
     widget.close()
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
     stored = {"subset_shape": "translation", "precision": "float32", "full_map": False}
-    monkeypatch.setattr(_settings, "load", lambda key, **kwargs: dict(stored) if key == "correlation" else {})
+    monkeypatch.setattr(settings, "load", lambda key, **kwargs: dict(stored) if key == "correlation" else {})
     assert _samples._default_options()
     for name, other in (("subset_shape", "affine"), ("precision", "float64"), ("full_map", True)):
-        monkeypatch.setattr(_settings, "load", lambda key, n=name, o=other, **kwargs: {**stored, n: o})
+        monkeypatch.setattr(settings, "load", lambda key, n=name, o=other, **kwargs: {**stored, n: o})
         assert _samples.start_run_ahead("dic", dic_module.dic_stand_in) is None, name
     assert not _samples.running_ahead()
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from napari_gridmip import _settings
+from napari_gridmip._jobs import settings as _settings
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 from napari_gridmip._widgets.patches_widget import PatchesWidget

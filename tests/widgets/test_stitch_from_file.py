@@ -7,7 +7,7 @@ import tifffile
 import zarr
 
 from napari_gridmip import read_mosaic, write_ome_zarr, write_tile_configuration
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets import stitch_widget
 from napari_gridmip._widgets.stitch_widget import FROM_FILE, FROM_LAYER, StitchWidget
 

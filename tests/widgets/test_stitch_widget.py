@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from qtpy.QtWidgets import QApplication
 
-from napari_gridmip._provenance import KEY
+from napari_gridmip._jobs.plan import KEY
 from napari_gridmip._widgets.stitch_widget import FROM_FOLDER, StitchWidget
 
 
@@ -134,7 +134,7 @@ def test_flat_field_checkbox_evens_out_vignetted_tiles(viewer_and_widget, wait_i
 def test_text_labels_are_shown_a_turn_after_their_layer(make_napari_viewer):
     from napari.layers import Points
 
-    from napari_gridmip._layer_changes import LayerChanges
+    from napari_gridmip._jobs.layer_changes import LayerChanges
     from napari_gridmip._widgets._runner import _text_after_insert
 
     viewer = make_napari_viewer()

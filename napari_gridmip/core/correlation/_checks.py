@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core import validate
+from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
 
 
 def check_pair(
@@ -20,17 +20,17 @@ def check_pair(
     a vector needs 2 frames and the window must fit; with one (any, ``(1, 1)`` with a step included), 2 values
     and the window plus the subset."""
     for name, img in zip(names, (img1, img2)):
-        _validate.check_real(name, img)
-        _validate.check_ndim(name, img, min_ndim=3)
-    shape1, shape2 = _validate.shape_of(img1), _validate.shape_of(img2)
+        validate.check_real(name, img)
+        validate.check_ndim(name, img, min_ndim=3)
+    shape1, shape2 = validate.shape_of(img1), validate.shape_of(img2)
     if shape1 != shape2:
         raise ValueError(
             f"{names[0]} and {names[1]} must have the same shape (..., K, M, N); got {shape1} and {shape2}"
         )
-    window = _validate.int_tuple("window", window, 2)
+    window = validate.int_tuple("window", window, 2)
     if any(w % 2 == 0 for w in window):
         raise ValueError(f"window sizes must be odd (2m + 1, 2n + 1); got {window}")
-    _validate.check_nonempty(names[0], shape1)
+    validate.check_nonempty(names[0], shape1)
     k, rows, cols = shape1[-3:]
     if subset is None:
         if k < 2:
@@ -58,16 +58,16 @@ def check_dtypes(named: dict[str, Any], dtype: Any) -> np.dtype:
     """
     dtype = compute_dtype(dtype)
     for name, img in named.items():
-        if _validate.is_dask(img):
+        if validate.is_dask(img):
             continue
-        with precision_scope(_validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
-            _validate.check_exact_integers(name, img, dtype)
+        with precision_scope(validate.dtype_of(img)):  # a JAX int64 array's min/max, not truncated ones
+            validate.check_exact_integers(name, img, dtype)
     return dtype
 
 
 def check_subset(subset: Any, step: Any) -> tuple[tuple[int, int], int]:
     """The ``subset`` (odd sizes) and ``step`` (a positive integer) options, checked."""
-    subset = _validate.int_tuple("subset", subset, 2)
+    subset = validate.int_tuple("subset", subset, 2)
     if any(v % 2 == 0 for v in subset):
         raise ValueError(f"subset sizes must be odd (2hs + 1, 2hw + 1); got {subset}")
     if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):

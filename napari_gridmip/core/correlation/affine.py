@@ -44,10 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend
-from napari_gridmip.core._executables import kept
-from napari_gridmip.core._sharding import wait_for
 from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.executables import kept
+from napari_gridmip.core.runtime.sharding import wait_for
 
 MAX_ITERATIONS = 30  # IC-GN steps at most (from the translation's start, 3 to 6 are typical)
 # px: a point whose increment moves no corner of its subset by more than this has converged, and stops (each
@@ -686,7 +686,7 @@ def affine_plan(out_shape: tuple[int, int], subset: tuple[int, int], frames: int
     """
     out_rows, out_cols = out_shape
     per_row = out_cols * subset[0] * subset[1] * frames
-    values = TOGETHER_BAND_VALUES if _backend.ic_gn_rows_together() else BAND_VALUES
+    values = TOGETHER_BAND_VALUES if strategy.ic_gn_rows_together() else BAND_VALUES
     band = int(max(1, min(out_rows, values // max(per_row, 1))))
     return band, sorted({min(s, out_rows - band) for s in range(0, out_rows, band)})
 
@@ -755,10 +755,10 @@ def affine_refine(
 def _band_options(band: int, *, window: tuple[int, int], subset: tuple[int, int], step: int) -> dict[str, Any]:
     """:func:`_band`'s static options on this backend: the windows and rows together where it takes them, and
     the band's grid of points read by rows and columns (with a margin, the steps' windows from tiles too)."""
-    windows = _backend.spline_windows()
+    windows = strategy.spline_windows()
     margin = max(window) // 2 + TILE_SLACK if TILE_WINDOWS else 0
     grid = (step, margin) if windows and (GRID_SUBSETS or TILE_WINDOWS) else None
-    return dict(subset=subset, band=band, windows=windows, together=_backend.ic_gn_rows_together(), grid=grid)
+    return dict(subset=subset, band=band, windows=windows, together=strategy.ic_gn_rows_together(), grid=grid)
 
 
 def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, window: tuple[int, int],
@@ -774,7 +774,7 @@ def compile_ahead(x1: Any, x2: Any, out_shape: tuple[int, int], dtype: Any, *, w
     nothing is started: off, traced or 64-bit stacks, or stacks placed on a device by the caller (committed:
     their calls would key on that placement, not the compile's). The thread lowers on the caller's default
     device."""
-    ahead = _backend.ic_gn_compile_ahead() if COMPILE_AHEAD is None else COMPILE_AHEAD
+    ahead = strategy.ic_gn_compile_ahead() if COMPILE_AHEAD is None else COMPILE_AHEAD
     if not ahead or np.dtype(dtype).itemsize > 4:
         return None
     if any(isinstance(a, jax.core.Tracer) or (isinstance(a, jax.Array) and a.committed) for a in (x1, x2)):

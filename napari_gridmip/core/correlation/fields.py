@@ -28,10 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _validate
-from napari_gridmip.core._precision import compute_dtype, precision_scope
-from napari_gridmip.core._transfer import to_device
+from napari_gridmip.core import validate
 from napari_gridmip.core.correlation._dct import dct2, idct2
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
+from napari_gridmip.core.runtime.transfer import to_device
 
 __all__ = ["integrate_gradient", "phase_from_displacement", "strain_field"]
 
@@ -66,12 +67,12 @@ class Strain(NamedTuple):
 
 def _check_pair(names: tuple[str, str], a: Any, b: Any, *, min_ndim: int = 2) -> tuple[int, ...]:
     for name, value in zip(names, (a, b)):
-        _validate.check_real(name, value)
-        _validate.check_ndim(name, value, min_ndim=min_ndim)
-    shape_a, shape_b = _validate.shape_of(a), _validate.shape_of(b)
+        validate.check_real(name, value)
+        validate.check_ndim(name, value, min_ndim=min_ndim)
+    shape_a, shape_b = validate.shape_of(a), validate.shape_of(b)
     if shape_a != shape_b:
         raise ValueError(f"{names[0]} and {names[1]} must have the same shape; got {shape_a} and {shape_b}")
-    _validate.check_nonempty(names[0], shape_a)
+    validate.check_nonempty(names[0], shape_a)
     return shape_a
 
 
@@ -80,14 +81,14 @@ def _positive_pair(name: str, value: Any) -> tuple[float, float]:
     items = [value, value] if np.ndim(value) == 0 else list(value)
     if len(items) != 2:
         raise ValueError(f"{name} must be a number or a (y, x) pair; got {value!r}")
-    out = tuple(_validate.check_finite_scalar(name, item) for item in items)
+    out = tuple(validate.check_finite_scalar(name, item) for item in items)
     if any(v <= 0 for v in out):
         raise ValueError(f"{name} must be positive; got {value!r}")
     return out  # type: ignore[return-value]
 
 
 def _positive(name: str, value: Any) -> float:
-    out = _validate.check_finite_scalar(name, value)
+    out = validate.check_finite_scalar(name, value)
     if out <= 0:
         raise ValueError(f"{name} must be positive; got {value!r}")
     return out
@@ -527,12 +528,12 @@ def _strain_of_gradients(gradients: Any, shape: tuple[int, ...], kind: str, dtyp
         raise TypeError(f"gradients must be four arrays {names}; got {type(gradients).__name__}")
     parts = []
     for name, g in zip(names, gradients):
-        g = _validate.as_array(f"gradients' {name}", g)
-        _validate.check_real(f"gradients' {name}", g)
-        if _validate.shape_of(g) != shape:
-            raise ValueError(f"gradients' {name} must have dy's shape {shape}; got {_validate.shape_of(g)}")
+        g = validate.as_array(f"gradients' {name}", g)
+        validate.check_real(f"gradients' {name}", g)
+        if validate.shape_of(g) != shape:
+            raise ValueError(f"gradients' {name} must have dy's shape {shape}; got {validate.shape_of(g)}")
         parts.append(g)
-    if any(_validate.is_dask(g) for g in parts):
+    if any(validate.is_dask(g) for g in parts):
         import dask.array as da
 
         return _tensor(*(da.asarray(g).astype(dtype) for g in parts), kind=kind)
@@ -689,11 +690,11 @@ def integrate_gradient(
     >>> bool(np.allclose(out, z - z.mean()))
     True
     """
-    gy, gx = _validate.as_array("gy", gy), _validate.as_array("gx", gx)
+    gy, gx = validate.as_array("gy", gy), validate.as_array("gx", gx)
     _check_pair(("gy", "gx"), gy, gx)
-    method = _validate.check_choice("method", method, INTEGRATION_METHODS)
-    sampling = _validate.check_choice("sampling", sampling, SAMPLINGS)
-    mirror = _validate.check_bool("mirror", mirror)
+    method = validate.check_choice("method", method, INTEGRATION_METHODS)
+    sampling = validate.check_choice("sampling", sampling, SAMPLINGS)
+    mirror = validate.check_bool("mirror", mirror)
     spacing = _positive_pair("spacing", spacing)
     if method == "frankot-chellappa" and sampling != "centred":
         raise ValueError('sampling="forward" is a least-squares discretisation; Frankot-Chellappa samples at pixels')
@@ -701,7 +702,7 @@ def integrate_gradient(
         raise ValueError("mirror is a Frankot-Chellappa option: least squares never assumes periodicity")
     dtype = compute_dtype(dtype)
     kernel = partial(_integrated, dtype=dtype, method=method, sampling=sampling, mirror=mirror, spacing=spacing)
-    if _validate.is_dask(gy) or _validate.is_dask(gx):
+    if validate.is_dask(gy) or validate.is_dask(gx):
         from napari_gridmip.core.correlation import _chunked
 
         return _chunked.integrate_gradient(gy, gx, dtype, kernel)
@@ -711,7 +712,7 @@ def integrate_gradient(
 def _integrated(gy, gx, *, dtype, spacing, **options) -> jax.Array:
     """:func:`integrate_gradient`'s in-memory kernel, for arguments already checked (the dask twin runs it on
     every block)."""
-    shape = _validate.shape_of(gy)
+    shape = validate.shape_of(gy)
     with precision_scope(dtype):
         gy, gx = _flat(_as_compute(gy, dtype)), _flat(_as_compute(gx, dtype))
         spacing = jnp.asarray(spacing, dtype)
@@ -798,7 +799,7 @@ def phase_from_displacement(
     magnification = _positive("magnification", magnification)
     surface = integrate_gradient(dy, dx, method=method, mirror=mirror, dtype=dtype)
     scale = 2 * math.pi * pixel_size**2 / (wavelength * distance * magnification)
-    if _validate.is_dask(surface):
+    if validate.is_dask(surface):
         return surface * np.asarray(scale, surface.dtype)
     with precision_scope(surface.dtype):
         return surface * jnp.asarray(scale, surface.dtype)
@@ -884,18 +885,18 @@ def strain_field(
     two-dimensional Savitzky-Golay digital differentiator in digital image
     correlation", Opt. Eng. 46(3), 033601 (2007).
     """
-    dy, dx = _validate.as_array("dy", dy), _validate.as_array("dx", dx)
+    dy, dx = validate.as_array("dy", dy), validate.as_array("dx", dx)
     shape = _check_pair(("dy", "dx"), dy, dx)
-    window = _validate.int_tuple("window", window, 2, minimum=3)
+    window = validate.int_tuple("window", window, 2, minimum=3)
     if any(w % 2 == 0 for w in window):
         raise ValueError(f"window sizes must be odd; got {window}")
-    kind = _validate.check_choice("kind", kind, STRAIN_KINDS)
+    kind = validate.check_choice("kind", kind, STRAIN_KINDS)
     spacing = _positive_pair("spacing", spacing)
     dtype = compute_dtype(dtype)
     if gradients is not None:
         return Strain(*_strain_of_gradients(gradients, shape, kind, dtype))
     kernel = partial(_strained, dtype=dtype, window=window, kind=kind, spacing=spacing)
-    if _validate.is_dask(dy) or _validate.is_dask(dx):
+    if validate.is_dask(dy) or validate.is_dask(dx):
         from napari_gridmip.core.correlation import _chunked
 
         return Strain(*_chunked.strain_field(dy, dx, window, dtype, kernel))
@@ -905,10 +906,10 @@ def strain_field(
 def _strained(dy, dx, *, dtype, spacing, window, kind) -> Strain:
     """:func:`strain_field`'s in-memory kernel (the plane fits), for arguments already checked (the dask twin
     runs it on every block)."""
-    shape = _validate.shape_of(dy)
+    shape = validate.shape_of(dy)
     # NumPy for small fields on the host or the CPU backend (an accelerator's array stays there: the round trip and
     # NumPy's speed there would cost more than the one compile)
-    on_device = any(isinstance(a, jax.Array) for a in (dy, dx)) and not _backend.on_cpu()
+    on_device = any(isinstance(a, jax.Array) for a in (dy, dx)) and not strategy.on_cpu()
     traced = isinstance(dy, jax.core.Tracer) or isinstance(dx, jax.core.Tracer)
     small = math.prod(shape) * (window[0] + window[1]) <= NUMPY_STRAIN_MAX and max(window) <= DIRECT_WINDOW
     if small and not traced and not on_device:

@@ -36,18 +36,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _validate
-from napari_gridmip.core._executables import kept
-from napari_gridmip.core._options import SUBPIXEL_METHODS
+from napari_gridmip.core import validate
 from napari_gridmip.core._peak import subpixel_offset
-from napari_gridmip.core._precision import is_wide, precision_scope
-from napari_gridmip.core._sharding import band_devices, band_starts, run_bands, spread_rows, wait_for
-from napari_gridmip.core._transfer import aligned_empty, owned_to_device, to_device
 from napari_gridmip.core.correlation import subsets
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
+from napari_gridmip.core.options import SUBPIXEL_METHODS
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.executables import kept
+from napari_gridmip.core.runtime.precision import is_wide, precision_scope
+from napari_gridmip.core.runtime.sharding import band_devices, band_starts, run_bands, spread_rows, wait_for
+from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device, to_device
 
 __all__ = ["find_displacement", "windowed_pearson"]
 
@@ -569,16 +570,16 @@ def _on_device(img: Any, dtype: np.dtype) -> jax.Array:
     by NumPy: JAX would narrow int64 to int32 (wrapping values above 2**31)
     before any float conversion; those that reach here fit float32 exactly.
     """
-    source = _validate.dtype_of(img)
+    source = validate.dtype_of(img)
     if is_wide(source) and dtype == np.float32:
         if isinstance(img, jax.Array):  # made under x64: work while x64 is on, so nothing is narrowed
             with precision_scope(img.dtype):
-                if _validate.is_float(source):
+                if validate.is_float(source):
                     return _minus_first_frame(img)
                 return img.astype(np.float32)
         host = np.asarray(img)
         buffer = aligned_empty(host.shape, np.float32)
-        if _validate.is_float(source):
+        if validate.is_float(source):
             # computed in float64 (the inputs' loop), rounded once into the float32 buffer
             np.subtract(host, host[..., :1, :, :], out=buffer, casting="unsafe")
         else:
@@ -595,7 +596,7 @@ def _minus_first_frame(img: jax.Array) -> jax.Array:
 def _prepare(img1, img2, dtype, *, k_last=False):
     """Flatten batch axes and standardise both stacks (float ``dtype``) on the device: ``(batch, z1, z2)``, and
     with ``k_last`` also img1's with K last (see :func:`_standardize_pair`)."""
-    batch = _validate.shape_of(img1)[:-3]
+    batch = validate.shape_of(img1)[:-3]
     pair = (_on_device(img1, dtype), _on_device(img2, dtype))
     return (batch, *_standardize_pair(*pair, dtype=np.dtype(dtype).name, k_last=k_last))
 
@@ -698,7 +699,7 @@ def windowed_pearson(
     TypeError
         If ``step`` is not an integer, or ``offsets_first`` not a bool.
     """
-    img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
+    img1, img2 = validate.as_array("img1", img1), validate.as_array("img2", img2)
     subset, step = check_subset(subset, step)
     if subset != (1, 1) or step != 1:
         return subsets.subset_map(
@@ -706,8 +707,8 @@ def windowed_pearson(
         )
     shape, window = check_pair(img1, img2, window)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
-    offsets_first = _validate.check_bool("offsets_first", offsets_first)
-    if _validate.is_dask(img1) or _validate.is_dask(img2):
+    offsets_first = validate.check_bool("offsets_first", offsets_first)
+    if validate.is_dask(img1) or validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
         kernel = partial(_pearson, window=window, dtype=dtype, offsets_first=offsets_first)
@@ -718,7 +719,7 @@ def windowed_pearson(
 def _pearson(img1, img2, *, window, dtype, offsets_first, progress=None) -> jax.Array:
     """:func:`windowed_pearson`'s in-memory kernel, for arguments already checked (the dask twin runs it on
     every block)."""
-    shape = _validate.shape_of(img1)
+    shape = validate.shape_of(img1)
     with precision_scope(dtype):
         batch, z1, z2 = _prepare(img1, img2, dtype)
         pixels = (shape[-2] - 2 * (window[0] // 2), shape[-1] - 2 * (window[1] // 2))
@@ -728,7 +729,7 @@ def _pearson(img1, img2, *, window, dtype, offsets_first, progress=None) -> jax.
             wait_for(out)
             _report(progress, 1, 1)
             return _reshape_in_place(out, batch + out.shape[1:])
-        sweeps = _backend.offset_sweeps()
+        sweeps = strategy.offset_sweeps()
         if sweeps:
             band, starts = _sweep_plan(z1.shape, window, z1.dtype.itemsize)
         else:
@@ -834,7 +835,7 @@ def find_displacement(
     >>> round(float(np.nanmedian(dy)), 1), round(float(np.nanmedian(dx)), 1)
     (1.3, -0.7)
     """
-    img1, img2 = _validate.as_array("img1", img1), _validate.as_array("img2", img2)
+    img1, img2 = validate.as_array("img1", img1), validate.as_array("img2", img2)
     subset, step = check_subset(subset, step)
     if subset != (1, 1) or step != 1 or shape != "translation":
         kind = AffineDisplacement if shape == "affine" else Displacement
@@ -853,10 +854,10 @@ def find_displacement(
             )  # fmt: skip
         )
     shape, window = check_pair(img1, img2, window)
-    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    subpixel = validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     sigma = check_prefilter(prefilter, default=0.0)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
-    if _validate.is_dask(img1) or _validate.is_dask(img2):
+    if validate.is_dask(img1) or validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
         if sigma > 0:
@@ -870,11 +871,11 @@ def find_displacement(
 def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) -> Displacement:
     """:func:`find_displacement`'s in-memory kernel without a subset or step, for arguments already checked (the
     dask twin runs it on every block)."""
-    shape = _validate.shape_of(img1)
+    shape = validate.shape_of(img1)
     with precision_scope(dtype):
         if sigma > 0:  # on the device copy: a per-pixel constant that _on_device subtracts is smoothed away too
             img1, img2 = (smooth_frames(_on_device(img, dtype).astype(dtype), sigma=sigma) for img in (img1, img2))
-        sweeps = _backend.offset_sweeps()
+        sweeps = strategy.offset_sweeps()
         batch, z1, z2, *z1k = _prepare(img1, img2, dtype, k_last=not sweeps)
         out_rows = shape[-2] - 2 * (window[0] // 2)
         devices = band_devices()  # every local device of the call's platform (core._sharding)

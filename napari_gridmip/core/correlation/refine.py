@@ -33,13 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend
-from napari_gridmip.core._executables import kept
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import int32_indices
-from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._normalised import normalised_derivatives
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.executables import kept
+from napari_gridmip.core.runtime.precision import HIGHEST
 
 ITERATIONS = 2  # from the Hessian estimate (~0.2 px off): median error 0.0065 px; 3 give 0.0058 at 1.6x the time
 MAX_STEP = 0.5  # px per iteration: a step past this leaves the region the estimate came from
@@ -203,7 +203,7 @@ def refine_plan(out_shape: tuple[int, int], frames: int, dtype: Any) -> tuple[in
     """(rows per band, band start rows) for an ``out_shape = (Mo, No)`` refinement; the last band ends flush."""
     out_rows, out_cols = out_shape
     per_row = out_cols * 16 * frames * np.dtype(dtype).itemsize  # one row's gathered blocks
-    if _backend.cache_sized_bands():
+    if strategy.cache_sized_bands():
         block = max(1, min(BAND_BYTES // per_row, MAX_BAND_ROWS, out_rows))
     else:
         block = max(1, min(max(DEVICE_BAND_BYTES // per_row, math.ceil(out_rows / MAX_BANDS)), out_rows))
@@ -228,7 +228,7 @@ def refine_displacement(
     """
     img1k = _padded_k_last(img1, dtype=np.dtype(dtype).name)
     block, starts = refine_plan(dy.shape[1:], img1.shape[-3], dtype)
-    table = not _backend.cache_sized_bands()  # an accelerator's large bands look their blocks up in a table
+    table = not strategy.cache_sized_bands()  # an accelerator's large bands look their blocks up in a table
     pieces = []
     for done, row0 in enumerate(starts):
         if on_band is not None:

@@ -50,14 +50,15 @@ import numpy as np
 from jax import lax
 from scipy import ndimage
 
-from napari_gridmip.core import _backend, _validate
-from napari_gridmip.core._precision import HIGHEST
+from napari_gridmip.core import validate
 from napari_gridmip.core.correlation._checks import check_subset
 from napari_gridmip.core.correlation._global_motion import estimate_motion
-from napari_gridmip.core.correlation._status import Status
 from napari_gridmip.core.correlation.affine import _cholesky, _cholesky_solve, _compose, _weights
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius, smooth_frames
+from napari_gridmip.core.correlation.status import Status
 from napari_gridmip.core.correlation.subsets import _spline_coefficients
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.precision import HIGHEST
 
 REFERENCES = ("accumulated", "incremental", "auto")
 MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 10 are typical
@@ -341,10 +342,10 @@ def _disagreement(grid, origin, position, gradient, found) -> np.ndarray:
 
 
 def _check_frames(frames: Any) -> tuple[Any, tuple[int, int, int]]:
-    frames = _validate.as_array("frames", frames)
-    _validate.check_real("frames", frames)
-    shape = _validate.check_ndim("frames", frames, ndim=3)
-    _validate.check_nonempty("frames", shape)
+    frames = validate.as_array("frames", frames)
+    validate.check_real("frames", frames)
+    shape = validate.check_ndim("frames", frames, ndim=3)
+    validate.check_nonempty("frames", shape)
     return frames, shape
 
 
@@ -360,7 +361,7 @@ def _check_roi(roi: Any, shape: tuple[int, int]) -> np.ndarray:
 
 
 def _unit_interval(name: str, value: Any) -> float:
-    value = _validate.check_finite_scalar(name, value)
+    value = validate.check_finite_scalar(name, value)
     if not 0 <= value <= 1:
         raise ValueError(f"{name} must be in [0, 1]; got {value}")
     return value
@@ -444,7 +445,7 @@ def correlate_series(
     B. Pan, K. Li, W. Tong, Exp. Mech. 53, 1277-1289 (2013); J. Blaber, B. Adair, A. Antoniou, Exp. Mech. 55,
     1105-1122 (2015); D. Z. Turner, DICe (2015); D. Padfield, IEEE Trans. Image Process. 21, 2706-2718 (2012).
     """
-    place = _backend.on_host() if _backend.series_on_host() else contextlib.nullcontext()
+    place = strategy.on_host() if strategy.series_on_host() else contextlib.nullcontext()
     with place:
         return _correlate_series(frames, subset=subset, step=step, roi=roi, reference=reference, min_zncc=min_zncc,
                                  refresh_zncc=refresh_zncc, min_inside=min_inside, max_disagreement=max_disagreement,
@@ -454,20 +455,20 @@ def correlate_series(
 def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh_zncc, min_inside, max_disagreement,
                       prefilter, rotation, progress) -> Series:  # fmt: skip
     frames, (count, rows, cols) = _check_frames(frames)
-    subset = _validate.int_tuple("subset", subset, 2)
+    subset = validate.int_tuple("subset", subset, 2)
     subset, step = check_subset(subset, step)
     if subset[0] > rows or subset[1] > cols:
         raise ValueError(f"subset {subset} is larger than the frames' (M, N) = ({rows}, {cols})")
-    reference = _validate.check_choice("reference", reference, REFERENCES)
+    reference = validate.check_choice("reference", reference, REFERENCES)
     mask = _check_roi(roi, (rows, cols))
     min_zncc = _unit_interval("min_zncc", min_zncc)
     refresh_zncc = _unit_interval("refresh_zncc", refresh_zncc)
     min_inside = _unit_interval("min_inside", min_inside)
-    max_disagreement = _validate.check_finite_scalar("max_disagreement", max_disagreement)
+    max_disagreement = validate.check_finite_scalar("max_disagreement", max_disagreement)
     if max_disagreement <= 0:
         raise ValueError(f"max_disagreement must be positive (px); got {max_disagreement}")
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA)
-    rotation = _validate.check_bool("rotation", rotation)
+    rotation = validate.check_bool("rotation", rotation)
 
     # the pixels a subset may use: the ROI less the reach of the prefilter and of the spline's taps around its
     # edge, so that no value outside the ROI enters a match (the frame's own border is no edge: it is edge-padded)

@@ -66,13 +66,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _validate
-from napari_gridmip.core._executables import kept
-from napari_gridmip.core._options import SUBPIXEL_METHODS
+from napari_gridmip.core import validate
 from napari_gridmip.core._peak import subpixel_offset
-from napari_gridmip.core._precision import is_wide, precision_scope
-from napari_gridmip.core._sharding import band_devices, band_starts, run_bands, spread_rows
-from napari_gridmip.core._transfer import aligned_empty, owned_to_device
 from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation._subset_newton import (
@@ -86,6 +81,12 @@ from napari_gridmip.core.correlation._subset_newton import (
     uncertainty,
 )
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
+from napari_gridmip.core.options import SUBPIXEL_METHODS
+from napari_gridmip.core.runtime import strategy as _backend
+from napari_gridmip.core.runtime.executables import kept
+from napari_gridmip.core.runtime.precision import is_wide, precision_scope
+from napari_gridmip.core.runtime.sharding import band_devices, band_starts, run_bands, spread_rows
+from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device
 
 __all__: list[str] = []
 
@@ -448,7 +449,7 @@ def _take_first(x: jax.Array, index: jax.Array, span: int, pixel_axis: int) -> j
     ``x``'s first axis is the one indexed, ``pixel_axis`` holds the pixels ``j`` (``index`` is ``(Ns,)``, each
     ``index[j] + p`` within the first axis). Every position of the first axis is compared with each pixel's and
     the one kept is summed with zeros: exact, whatever the others hold (NaN and infinities included). The
-    accelerators' form (:func:`napari_gridmip.core._backend.per_pixel_gathers`)."""
+    accelerators' form (:func:`napari_gridmip.core.runtime.strategy.per_pixel_gathers`)."""
     positions = jnp.arange(x.shape[0], dtype=jnp.int32)
     wanted = index.astype(jnp.int32)[None, :] + jnp.arange(span, dtype=jnp.int32)[:, None]  # (span, Ns)
     shape = [1] * (x.ndim + 1)
@@ -848,8 +849,8 @@ def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progre
     """:func:`windowed_pearson` with a subset or a step (checked and dispatched here)."""
     shape, window = check_pair(img1, img2, window, subset)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
-    offsets_first = _validate.check_bool("offsets_first", offsets_first)
-    if _validate.is_dask(img1) or _validate.is_dask(img2):
+    offsets_first = validate.check_bool("offsets_first", offsets_first)
+    if validate.is_dask(img1) or validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
         kernel = partial(run, window=window, subset=subset, step=step, method="map", track=(), dtype=dtype)
@@ -875,7 +876,7 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
     from napari_gridmip.core.correlation.affine import check_shape
 
     _, window = check_pair(img1, img2, window, subset)
-    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    subpixel = validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     shape = check_shape(shape)
     if shape == "affine":
         if subset == (1, 1):
@@ -886,7 +887,7 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
             )
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
-    if _validate.is_dask(img1) or _validate.is_dask(img2):
+    if validate.is_dask(img1) or validate.is_dask(img2):
         from napari_gridmip.core.correlation import _chunked
 
         kernel = partial(
@@ -914,15 +915,15 @@ def _centre_of(img: Any) -> Any:
     unless x64 is on), on the device, so that a caller's ``jax.jit`` can trace it; the mean is only the
     reference subtracted before the sums, and the same value is used wherever it enters (the transmission).
     """
-    shape = _validate.shape_of(img)
+    shape = validate.shape_of(img)
     lead = (-1,) + tuple(shape[-3:])
     if isinstance(img, jax.Array):
         flat = img.reshape(lead)
-        x = flat if _validate.is_float(np.dtype(flat.dtype)) else flat.astype(jnp.result_type(float))
+        x = flat if validate.is_float(np.dtype(flat.dtype)) else flat.astype(jnp.result_type(float))
         x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
         return jnp.nanmean(jnp.where(jnp.isfinite(x), x, jnp.nan), axis=(1, 2, 3))
     flat = np.asarray(img).reshape(lead)
-    if _validate.is_float(flat.dtype):
+    if validate.is_float(flat.dtype):
         finite = np.isfinite(flat)
         total = np.where(finite, flat, 0).sum(axis=(1, 2, 3), dtype=np.float64)
         return total / np.maximum(finite.sum(axis=(1, 2, 3)), 1)
@@ -935,8 +936,8 @@ def _centred(img: Any, centre: Any, dtype: np.dtype) -> jax.Array:
     The subtraction runs in the input's own precision when that is at least ``dtype``'s (float64 data
     computed in float32 keeps its variations), else in ``dtype``.
     """
-    source = _validate.dtype_of(img)
-    shape = _validate.shape_of(img)
+    source = validate.dtype_of(img)
+    shape = validate.shape_of(img)
     wide_enough = source in (np.dtype(np.float32), np.dtype(np.float64)) and source.itemsize >= dtype.itemsize
     work = source if wide_enough else dtype
     lead = (-1,) + tuple(shape[-3:])
@@ -1036,8 +1037,8 @@ def _compile_band_ahead(prepare: Any, x1: Any, x2: Any, centres: Any, *, plan: P
 
 def _has_nonfinite(img: Any) -> bool:
     """Whether a float stack holds NaN or infinity (a traced one is assumed to: that path is always right)."""
-    dtype = _validate.dtype_of(img)
-    if not _validate.is_float(dtype):
+    dtype = validate.dtype_of(img)
+    if not validate.is_float(dtype):
         return False
     if _is_traced(img):
         return True
@@ -1076,7 +1077,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     dy_x, dx_y, dx_x)``; ``negate``: the outputs (by position) to return negated; ``progress(done, total)``: called
     before each band (the search's, then with ``"affine"`` the IC-GN's, ``total`` counting both) and once at the
     end, and may raise to stop the call between bands."""
-    shape = _validate.shape_of(img1)
+    shape = validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
     track = tuple(track)

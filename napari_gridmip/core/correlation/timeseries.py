@@ -34,10 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _rates, _sharding, _validate
-from napari_gridmip.core._precision import compute_dtype, is_wide, precision_scope
-from napari_gridmip.core._sharding import wait_for
-from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core import validate
+from napari_gridmip.core.runtime import rates as _rates
+from napari_gridmip.core.runtime import sharding as _sharding
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.precision import compute_dtype, is_wide, precision_scope
+from napari_gridmip.core.runtime.sharding import wait_for
+from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device
 
 __all__ = ["local_correlation_image"]
 
@@ -341,12 +344,12 @@ def _prefetched(send: Callable[[int], Any], starts: list[int], dtype: np.dtype) 
     the one before: off the host CPU, where a chunk's read, host copy and transfer (the host's and the link's work)
     then overlap the merge of the chunk before it (the moments' trip back and the float64 merge on the host of a
     TPU), one chunk ahead. On the CPU, where JAX aliases the host's buffer and nothing crosses, in turn."""
-    if _backend.on_cpu() or len(starts) == 1:
+    if strategy.on_cpu() or len(starts) == 1:
         yield from (send(start) for start in starts)
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    device = _backend._target_device()  # JAX's default device is the thread's: the caller's, named for the worker
+    device = strategy._target_device()  # JAX's default device is the thread's: the caller's, named for the worker
     context = contextvars.copy_context()  # the placement setting and the job's log follow into the worker
 
     def in_turn(start: int) -> Any:
@@ -404,7 +407,7 @@ def sent_as_held(source: np.dtype) -> bool:
     half of float32's bytes, over a link that is the memory-bound kernels' cost (core._rates). On the CPU the
     host's one pass writes the difference where JAX aliases it: nothing crosses.
     """
-    return not _backend.on_cpu() and np.dtype(source).itemsize <= 2
+    return not strategy.on_cpu() and np.dtype(source).itemsize <= 2
 
 
 def held_chunk(chunk: np.ndarray, reference: np.ndarray, frames: int) -> tuple[np.ndarray, np.ndarray]:
@@ -540,24 +543,24 @@ def local_correlation_image(
     >>> bool(image[5, 5] > 0.8 and abs(image[12, 12]) < 0.2)
     True
     """
-    movie = _validate.as_array("movie", movie)
-    _validate.check_real("movie", movie)
-    shape = _validate.check_ndim("movie", movie, min_ndim=3)
-    _validate.check_nonempty("movie", shape)
+    movie = validate.as_array("movie", movie)
+    validate.check_real("movie", movie)
+    shape = validate.check_ndim("movie", movie, min_ndim=3)
+    validate.check_nonempty("movie", shape)
     if isinstance(neighbours, (bool, np.bool_)) or neighbours not in NEIGHBOURS:
         raise ValueError(f"neighbours must be 8 or 4; got {neighbours!r}")
     dtype = compute_dtype(dtype)
     if chunk_frames is not None:
-        (chunk_frames,) = _validate.int_tuple("chunk_frames", [chunk_frames])
+        (chunk_frames,) = validate.int_tuple("chunk_frames", [chunk_frames])
     offsets = OFFSETS[int(neighbours)]
     # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
-    with _backend.memory_bound_place(movie, kernel="local_correlation_image"):
+    with strategy.memory_bound_place(movie, kernel="local_correlation_image"):
         return _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress)
 
 
 def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress):
     lead, (frames_total, rows, cols) = shape[:-3], shape[-3:]
-    if _validate.is_dask(movie):
+    if validate.is_dask(movie):
         from napari_gridmip.core.correlation import _chunked
 
         return _chunked.local_correlation_image(
@@ -571,9 +574,9 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
             # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
             # (and on every local device in turn: core._sharding.spread_blocks)
             moments_of=_sharding.spread_blocks(
-                _backend.keep_place(partial(_block_moments, dtype=dtype, offsets=offsets))
+                strategy.keep_place(partial(_block_moments, dtype=dtype, offsets=offsets))
             ),
-            image_of=_backend.keep_place(partial(_packed_image, offsets=offsets)),
+            image_of=strategy.keep_place(partial(_packed_image, offsets=offsets)),
         )
     batch = math.prod(lead)
     # a NumPy (or Zarr) movie's chunks are split over every local device of the platform the work runs on (inside

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._options import SUBPIXEL_METHODS
+from napari_gridmip.core import validate
 from napari_gridmip.core.correlation import subsets
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter
+from napari_gridmip.core.options import SUBPIXEL_METHODS
 
 __all__ = ["track_speckles"]
 
@@ -170,13 +170,13 @@ def track_speckles(
     >>> [round(float(np.median(np.asarray(a)[inner])), 2) for a in (out.dy, out.dx, out.transmission)]
     [1.3, -0.7, 0.8]
     """
-    sample, reference = _validate.as_array("sample", sample), _validate.as_array("reference", reference)
+    sample, reference = validate.as_array("sample", sample), validate.as_array("reference", reference)
     subset, step = check_subset(subset, step)
     shape, window = check_pair(sample, reference, window, subset, names=("sample", "reference"))
-    subpixel = _validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
+    subpixel = validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"sample": sample, "reference": reference}, dtype)
-    if _validate.is_dask(sample) or _validate.is_dask(reference):
+    if validate.is_dask(sample) or validate.is_dask(reference):
         from napari_gridmip.core.correlation import _chunked
 
         kernel = partial(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import validate
 
 __all__ = ["displacement_vectors"]
 
@@ -38,11 +38,11 @@ def displacement_vectors(dy: Any, dx: Any, *, spacing: int = 8, origin: Sequence
         If ``dy`` and ``dx`` are not 2D arrays of one shape, ``spacing`` is below 1 or ``origin`` does
         not have two entries.
     """
-    dy = np.asarray(_validate.as_array("dy", dy))
-    dx = np.asarray(_validate.as_array("dx", dx))
+    dy = np.asarray(validate.as_array("dy", dy))
+    dx = np.asarray(validate.as_array("dx", dx))
     if dy.ndim != 2 or dy.shape != dx.shape:
         raise ValueError(f"dy and dx must be 2D arrays of one shape; got {dy.shape} and {dx.shape}")
-    (step,) = _validate.int_tuple("spacing", spacing, 1)
+    (step,) = validate.int_tuple("spacing", spacing, 1)
     if len(origin) != 2:
         raise ValueError(f"origin must have two entries (row, column); got {origin!r}")
     i, j = np.meshgrid(np.arange(0, dy.shape[0], step), np.arange(0, dy.shape[1], step), indexing="ij")

@@ -64,7 +64,7 @@ def chunk_reader(volume: Any) -> Callable[[tuple[int, ...]], np.ndarray] | None:
 
 def zarr_behind(volume: Any) -> Any:
     """The Zarr array behind a lazy view of all of it, chunk for chunk, else ``volume`` itself: a
-    :class:`~napari_gridmip.io._lazy.LazyLevel` of a whole array (its ``stored_array``), or a dask array
+    :class:`~napari_gridmip.io.lazy.LazyLevel` of a whole array (its ``stored_array``), or a dask array
     made by ``da.from_array``/``da.from_zarr`` with the array's own chunks and nothing after (the OME-Zarr reader's
     levels).
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core import _backend
+from napari_gridmip.core.runtime import strategy
 
 WORD = 32
 MAX_LEVELS = 40  # tables are padded to this many levels, so that one program serves every pyramid
@@ -86,7 +86,7 @@ def flatten(levels: list[Any]) -> FlatPyramid:
 
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     offsets, table = layout(shapes)
-    on_host = all(isinstance(level, np.ndarray) for level in levels) or _backend.on_cpu()
+    on_host = all(isinstance(level, np.ndarray) for level in levels) or strategy.on_cpu()
     if on_host:
         levels = [np.asarray(level) for level in levels]  # free for JAX arrays on the CPU backend
     words = _pack_host(levels) if on_host else _pack_all([jnp.asarray(level) for level in levels])

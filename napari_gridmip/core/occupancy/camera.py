@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import validate
 
 __all__ = ["camera_rays"]
 
@@ -41,7 +41,7 @@ class CameraRays(NamedTuple):
 
 
 def _vector(name: str, value: Any, length: int = 3) -> np.ndarray:
-    vector = np.asarray(_validate.as_array(name, value), dtype=np.float64)
+    vector = np.asarray(validate.as_array(name, value), dtype=np.float64)
     if vector.shape != (length,) or not np.all(np.isfinite(vector)):
         raise ValueError(f"{name} must be {length} finite numbers (z, y, x); got {value!r}")
     return vector
@@ -120,14 +120,14 @@ def camera_rays(
     if np.linalg.norm(up) < 1e-9:
         raise ValueError("up must not be parallel to view (it gives the canvas's vertical direction)")
     up /= np.linalg.norm(up)
-    handedness = _validate.check_choice("handedness", str(handedness), ("right", "left"))
+    handedness = validate.check_choice("handedness", str(handedness), ("right", "left"))
     right = np.cross(view, up) if handedness == "right" else np.cross(up, view)
-    height, width = _validate.int_tuple("canvas_size", canvas_size, 2)
-    rows, columns = (height, width) if image_shape is None else _validate.int_tuple("image_shape", image_shape, 2)
-    zoom = _validate.check_finite_scalar("zoom", zoom)
+    height, width = validate.int_tuple("canvas_size", canvas_size, 2)
+    rows, columns = (height, width) if image_shape is None else validate.int_tuple("image_shape", image_shape, 2)
+    zoom = validate.check_finite_scalar("zoom", zoom)
     if zoom <= 0:
         raise ValueError(f"zoom must be positive; got {zoom}")
-    fov = _validate.check_finite_scalar("perspective", perspective)
+    fov = validate.check_finite_scalar("perspective", perspective)
     if not 0 <= fov < 180:
         raise ValueError(f"perspective must be a field of view in [0, 180) degrees; got {fov}")
     scale, translate = _vector("scale", scale), _vector("translate", translate)

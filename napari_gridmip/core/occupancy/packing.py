@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import validate
 
 __all__ = ["pack_occupancy", "unpack_occupancy"]
 
@@ -133,11 +133,11 @@ def pack_occupancy(level: Any, *, order: str = "morton") -> jax.Array:
     >>> pack_occupancy(level, order="c").tolist()  # cell 11 in C order: byte 1, bit 3
     [0, 8]
     """
-    order = _validate.check_choice("order", order, ORDERS)
-    level = _validate.as_array("level", level)
-    shape = _check_level_shape("level", _validate.shape_of(level))
-    if _validate.dtype_of(level) != np.bool_:
-        raise ValueError(f"level must be a bool occupancy level; got dtype {_validate.dtype_of(level)}")
+    order = validate.check_choice("order", order, ORDERS)
+    level = validate.as_array("level", level)
+    shape = _check_level_shape("level", validate.shape_of(level))
+    if validate.dtype_of(level) != np.bool_:
+        raise ValueError(f"level must be a bool occupancy level; got dtype {validate.dtype_of(level)}")
     table = None
     if order == "morton":
         table = jnp.asarray(morton_permutation(tuple(-(-n // 2) for n in shape)))
@@ -169,15 +169,15 @@ def unpack_occupancy(bits: Any, shape: Any, *, order: str = "morton") -> jax.Arr
         If ``bits`` is not a 1D uint8 array of the expected length, ``shape``
         is not 3 sizes >= 1, or ``order`` is not one of the two.
     """
-    order = _validate.check_choice("order", order, ORDERS)
-    shape = _check_level_shape("shape", _validate.int_tuple("shape", shape, 3) if np.ndim(shape) else shape)
-    bits = _validate.as_array("bits", bits)
-    dtype = _validate.dtype_of(bits)
+    order = validate.check_choice("order", order, ORDERS)
+    shape = _check_level_shape("shape", validate.int_tuple("shape", shape, 3) if np.ndim(shape) else shape)
+    bits = validate.as_array("bits", bits)
+    dtype = validate.dtype_of(bits)
     size = packed_size(shape, order)
-    if dtype != np.uint8 or len(_validate.shape_of(bits)) != 1 or _validate.shape_of(bits)[0] != size:
+    if dtype != np.uint8 or len(validate.shape_of(bits)) != 1 or validate.shape_of(bits)[0] != size:
         raise ValueError(
             f"bits must be a 1D uint8 array of {size} bytes for shape {shape} in {order!r} order; "
-            f"got dtype {dtype}, shape {_validate.shape_of(bits)}"
+            f"got dtype {dtype}, shape {validate.shape_of(bits)}"
         )
     table = None
     if order == "morton":
@@ -188,5 +188,5 @@ def unpack_occupancy(bits: Any, shape: Any, *, order: str = "morton") -> jax.Arr
 def _check_level_shape(name: str, shape: Any) -> tuple[int, int, int]:
     if np.ndim(shape) == 0 or len(shape) != 3:
         raise ValueError(f"{name} must be 3D (D, H, W); got shape {shape}")
-    _validate.check_nonempty(name, shape)
+    validate.check_nonempty(name, shape)
     return tuple(int(n) for n in shape)

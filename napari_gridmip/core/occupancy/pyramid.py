@@ -23,11 +23,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _rates, _validate
-from napari_gridmip.core._precision import precision_scope
-from napari_gridmip.core._sharding import spread_blocks
-from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy._shapes import mipmap_shapes
+from napari_gridmip.core.runtime import rates as _rates
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.precision import precision_scope
+from napari_gridmip.core.runtime.sharding import spread_blocks
+from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device
 
 __all__ = ["max_mipmap", "mipmap_shapes", "occupancy_mipmap", "threshold_mipmap"]
 
@@ -173,21 +175,21 @@ def _threshold_key(dtype: np.dtype, threshold: float) -> np.generic:
 
 def _device_threshold(dtype: np.dtype, threshold: float) -> np.generic:
     """What :func:`_compare` compares a JAX volume of ``dtype`` against: a float key, or ``floor(t)``."""
-    if _validate.is_float(dtype):
+    if validate.is_float(dtype):
         return _threshold_key(dtype, threshold)
     return _threshold_for(dtype, threshold)
 
 
 def _compare(volume: jax.Array, threshold: jax.Array) -> jax.Array:
     """``volume > threshold`` exactly, ``threshold`` from :func:`_device_threshold`; NaN counts as empty."""
-    if _validate.is_float(np.dtype(volume.dtype)):
+    if validate.is_float(np.dtype(volume.dtype)):
         return float_key(volume) > threshold
     return volume.astype(threshold.dtype) > threshold
 
 
 def _compare_dtype(dtype: np.dtype) -> np.dtype:
     """Floats compare in float32 (float16, bfloat16, float32: exact widening) or float64; integers in their own."""
-    if _validate.is_float(dtype):
+    if validate.is_float(dtype):
         return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
     return dtype
 
@@ -317,27 +319,27 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     NumPy volume is thresholded on the host straight into a buffer that JAX's
     CPU backend aliases, so the volume crosses to the device once, as bools.
     """
-    volume = _validate.as_array("volume", volume)
-    dtype = _validate.check_real("volume", volume)
-    shape = _validate.check_ndim("volume", volume, min_ndim=3)
-    _validate.check_nonempty("volume", shape)
-    threshold = _validate.check_finite_scalar("threshold", threshold)
+    volume = validate.as_array("volume", volume)
+    dtype = validate.check_real("volume", volume)
+    shape = validate.check_ndim("volume", volume, min_ndim=3)
+    validate.check_nonempty("volume", shape)
+    threshold = validate.check_finite_scalar("threshold", threshold)
     # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
-    with _backend.memory_bound_place(volume, kernel="occupancy_mipmap"):
+    with strategy.memory_bound_place(volume, kernel="occupancy_mipmap"):
         return _occupancy_mipmap(volume, shape, dtype, threshold)
 
 
 def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, threshold: float) -> list[Any]:
-    if _validate.is_dask(volume):  # block by block, each block by the validated kernel
+    if validate.is_dask(volume):  # block by block, each block by the validated kernel
         import functools
 
         from napari_gridmip.core.occupancy import _chunked
 
         # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
         # and on every local device, block by block in turn (core._sharding.spread_blocks)
-        kernel = spread_blocks(_backend.keep_place(functools.partial(_occupancy_kernel, threshold=threshold)))
+        kernel = spread_blocks(strategy.keep_place(functools.partial(_occupancy_kernel, threshold=threshold)))
         # a bool level with threshold 0.5 is its own level 0: the coarsest levels come from level b that way
-        coarse = spread_blocks(_backend.keep_place(functools.partial(_occupancy_kernel, threshold=0.5)))
+        coarse = spread_blocks(strategy.keep_place(functools.partial(_occupancy_kernel, threshold=0.5)))
         return _chunked.pyramid(volume, kernel, coarse, np.dtype(bool))
     if len(shape) == 3:
         return _volume_levels(volume, dtype, threshold)
@@ -350,14 +352,14 @@ def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, thre
 
 def _occupancy_kernel(block: np.ndarray, *, threshold: float) -> list[jax.Array]:
     """:func:`occupancy_mipmap` of one 3D NumPy block of a validated volume (the dask twin's kernel)."""
-    return _volume_levels(block, _validate.dtype_of(block), threshold)
+    return _volume_levels(block, validate.dtype_of(block), threshold)
 
 
 def _max_kernel(block: np.ndarray) -> list[jax.Array]:
     """:func:`max_mipmap` of one 3D NumPy block of a validated volume (the dask twin's kernel)."""
-    from napari_gridmip.core._transfer import to_device
+    from napari_gridmip.core.runtime.transfer import to_device
 
-    with precision_scope(_validate.dtype_of(block)):
+    with precision_scope(validate.dtype_of(block)):
         level0 = to_device(block)
         return [level0, *_max_levels(level0)]
 
@@ -382,7 +384,7 @@ def _volume_levels(volume: Any, dtype: np.dtype, threshold: float) -> list[jax.A
 def max_levels(volume: jax.Array) -> list[jax.Array]:
     """All levels of the max pyramid of a ``(D, H, W)`` array, level 0 (the volume) first. Pure and traceable."""
     dtype = np.dtype(volume.dtype)
-    if not _validate.is_float(dtype):
+    if not validate.is_float(dtype):
         return pyramid_levels(volume, max_reduction(dtype))
     keys = pyramid_levels(float_key(volume), max_reduction(_key_dtype(dtype)))
     return [volume] + [from_float_key(level, dtype) for level in keys[1:]]
@@ -447,23 +449,23 @@ def max_mipmap(volume: Any) -> list[Any]:
     >>> [bool(level.any()) for level in threshold_mipmap(levels, threshold=6.5)]
     [True, True]
     """
-    volume = _validate.as_array("volume", volume)
-    dtype = _validate.check_real("volume", volume)
-    shape = _validate.check_ndim("volume", volume, min_ndim=3)
-    _validate.check_nonempty("volume", shape)
+    volume = validate.as_array("volume", volume)
+    dtype = validate.check_real("volume", volume)
+    shape = validate.check_ndim("volume", volume, min_ndim=3)
+    validate.check_nonempty("volume", shape)
     # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
-    with _backend.memory_bound_place(volume, kernel="max_mipmap"):
+    with strategy.memory_bound_place(volume, kernel="max_mipmap"):
         return _max_mipmap(volume, shape, dtype)
 
 
 def _max_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[Any]:
-    if _validate.is_dask(volume):  # block by block, each block by the validated kernel
+    if validate.is_dask(volume):  # block by block, each block by the validated kernel
         from napari_gridmip.core.occupancy import _chunked
 
         # where memory_bound_place put this call, in dask's threads too, on every local device in turn
-        kernel = spread_blocks(_backend.keep_place(_max_kernel))
+        kernel = spread_blocks(strategy.keep_place(_max_kernel))
         return _chunked.pyramid(volume, kernel, kernel, volume.dtype)
-    from napari_gridmip.core._transfer import to_device
+    from napari_gridmip.core.runtime.transfer import to_device
 
     with precision_scope(dtype):
         if len(shape) == 3:
@@ -527,19 +529,19 @@ def threshold_mipmap(max_levels: Sequence[Any], *, threshold: float = 0.0) -> li
         raise TypeError(f"max_levels must be a list of arrays (from max_mipmap); got {type(max_levels).__name__}")
     if len(max_levels) == 0:
         raise ValueError("max_levels must hold at least one level; got an empty list")
-    levels = [_validate.as_array(f"max_levels[{k}]", level) for k, level in enumerate(max_levels)]
-    dtypes = {_validate.check_real(f"max_levels[{k}]", level) for k, level in enumerate(levels)}
+    levels = [validate.as_array(f"max_levels[{k}]", level) for k, level in enumerate(max_levels)]
+    dtypes = {validate.check_real(f"max_levels[{k}]", level) for k, level in enumerate(levels)}
     if len(dtypes) > 1:
         raise ValueError(f"max_levels must all have one dtype; got {', '.join(sorted(d.name for d in dtypes))}")
     (dtype,) = dtypes
-    threshold = _validate.check_finite_scalar("threshold", threshold)
+    threshold = validate.check_finite_scalar("threshold", threshold)
     constant = _constant_occupancy(dtype, threshold)
-    if any(_validate.is_dask(level) for level in levels):
+    if any(validate.is_dask(level) for level in levels):
         import dask.array as da
 
         return [da.asarray(level).map_blocks(threshold_block, threshold, dtype=bool) for level in levels]
     if constant is not None:
-        return [jnp.full(_validate.shape_of(level), constant, dtype=bool) for level in levels]
+        return [jnp.full(validate.shape_of(level), constant, dtype=bool) for level in levels]
     if all(isinstance(level, np.ndarray) for level in levels):
         return [owned_to_device(_host_occupancy(level, threshold)) for level in levels]
     if dtype == np.bool_:  # 0 <= threshold < 1: each level is its own occupancy
@@ -552,7 +554,7 @@ def threshold_mipmap(max_levels: Sequence[Any], *, threshold: float = 0.0) -> li
 def _reject_dask(name: str, levels: list[Any], *, first: int = 0) -> None:
     """TypeError if a level is a dask array (``levels`` are ``name[first:]``)."""
     for k, level in enumerate(levels, start=first):
-        if _validate.is_dask(level):
+        if validate.is_dask(level):
             raise TypeError(f"{name}[{k}] is a dask array: compute the levels first (they are small next to the data)")
 
 
@@ -566,9 +568,9 @@ def check_pyramid(name: str, levels: Any, *, allow_dask: bool = True) -> list[An
         )
     if len(levels) == 0:
         raise ValueError(f"{name} must hold at least one level; got an empty list")
-    out = [_validate.as_array(f"{name}[{k}]", level) for k, level in enumerate(levels)]
+    out = [validate.as_array(f"{name}[{k}]", level) for k, level in enumerate(levels)]
     for k, level in enumerate(out):
-        dtype = _validate.dtype_of(level)
+        dtype = validate.dtype_of(level)
         if dtype != np.bool_:
             raise ValueError(
                 f"{name}[{k}] must be a bool occupancy level (from occupancy_mipmap or threshold_mipmap); "
@@ -576,15 +578,15 @@ def check_pyramid(name: str, levels: Any, *, allow_dask: bool = True) -> list[An
             )
         if not allow_dask:
             _reject_dask(name, out[k : k + 1], first=k)
-    shape = _validate.shape_of(out[0])
+    shape = validate.shape_of(out[0])
     if len(shape) != 3:
         raise ValueError(
             f"{name} must be the pyramid of one 3D volume; level 0 has shape {shape} "
             "(index a stack's leading axes first, e.g. [level[t, c] for level in levels])"
         )
-    _validate.check_nonempty(f"{name}[0]", shape)
+    validate.check_nonempty(f"{name}[0]", shape)
     expected = mipmap_shapes(shape)
-    got = [tuple(_validate.shape_of(level)) for level in out]
+    got = [tuple(validate.shape_of(level)) for level in out]
     if got != expected:
         raise ValueError(f"{name} must hold every level of a pyramid, shapes {expected}; got shapes {got}")
     return out

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy import _bbox, _flat
 from napari_gridmip.core.occupancy._bbox import BoundingBox
 from napari_gridmip.core.occupancy.pyramid import check_pyramid
+from napari_gridmip.core.runtime.precision import precision_scope
 
 __all__ = ["is_empty", "occupied_bbox", "occupied_chunks"]
 
@@ -136,7 +136,7 @@ def _empty_boxes(flat: _flat.FlatPyramid, lo: jax.Array, hi: jax.Array) -> tuple
 
 
 def _box_argument(name: str, value: Any) -> np.ndarray:
-    array = np.asarray(_validate.as_array(name, value))
+    array = np.asarray(validate.as_array(name, value))
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
             array = array.astype(np.int64)
@@ -233,10 +233,10 @@ def _chunk_bounds(chunks: Any, shape: tuple[int, ...]) -> list[np.ndarray]:
     bounds = []
     for axis, (entry, n) in enumerate(zip(chunks, shape)):
         if np.ndim(entry) == 0:
-            (size,) = _validate.int_tuple(f"chunks[{axis}]", (entry,))
+            (size,) = validate.int_tuple(f"chunks[{axis}]", (entry,))
             sizes = [size] * (n // size) + ([n % size] if n % size else [])
         else:
-            sizes = list(_validate.int_tuple(f"chunks[{axis}]", entry, minimum=0))
+            sizes = list(validate.int_tuple(f"chunks[{axis}]", entry, minimum=0))
             if sum(sizes) != n:
                 raise ValueError(f"chunks[{axis}] must add up to the volume's {n} voxels on that axis; got {entry!r}")
         bounds.append(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
@@ -313,7 +313,7 @@ def occupied_chunks(levels: Sequence[Any], chunks: Any) -> np.ndarray:
     [[1, 0, 1]]
     """
     levels = check_pyramid("levels", levels)
-    shape = tuple(int(n) for n in _validate.shape_of(levels[0]))
+    shape = tuple(int(n) for n in validate.shape_of(levels[0]))
     bounds = _chunk_bounds(chunks, shape)
     m = _aligned_level(bounds, len(levels) - 1)
     level = levels[m]

@@ -38,9 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core import _backend, _validate
+from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy._chunk_files import chunk_reader
+from napari_gridmip.core.runtime import strategy
 
 __all__ = ["colorize_view", "render_view"]
 
@@ -148,7 +149,7 @@ class ChunkCache:
         # reference would see the change on both sides and keep the old bricks)
         if self._cells is not None and self.cell == cell and np.array_equal(cells, self._cells):
             return
-        from napari_gridmip.core._transfer import aligned_empty
+        from napari_gridmip.core.runtime.transfer import aligned_empty
 
         self._clear()
         self._cells, self.cell = np.array(cells, dtype=bool, copy=True), int(cell)
@@ -214,7 +215,7 @@ class ChunkCache:
         if self._reader is not None:  # the whole stored chunk: the part inside the volume
             return self._reader(index)[tuple(slice(0, r.stop - r.start) for r in region)]
         block = self.volume[region]
-        return np.asarray(block.compute() if _validate.is_dask(block) else block)
+        return np.asarray(block.compute() if validate.is_dask(block) else block)
 
     def _read_bricks(self, flat: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunk ``flat``'s bricks ``(k, *brick)`` and which of its cells they are (bool ``per_chunk``)."""
@@ -304,7 +305,7 @@ class ChunkCache:
         each time (its capacity, 512 MiB by default, over a host link of a few GB/s) was a copy per band of
         bricks mostly there already. The first call starts from a pool of zeros (only written bricks are read).
         """
-        if _backend.host_pool_aliased():
+        if strategy.host_pool_aliased():
             self._written, self._written_slots = [], []  # nothing to bring up to date
             return jax.device_put(self.atlas), jax.device_put(self.tables)
         if self._on_device is None:
@@ -800,17 +801,17 @@ def render_view(
     >>> float(render_view(volume, cells, o, d, mode="minip").values[0])
     0.0
     """
-    volume = _validate.as_array("volume", volume)
-    _validate.check_real("volume", volume)
-    shape = _validate.check_ndim("volume", volume, ndim=3)
+    volume = validate.as_array("volume", volume)
+    validate.check_real("volume", volume)
+    shape = validate.check_ndim("volume", volume, ndim=3)
     cells = np.asarray(cells)
     if cells.dtype != np.bool_ or cells.ndim != 3:
         raise ValueError(f"cells must be a 3D bool occupancy grid; got {cells.dtype} of shape {cells.shape}")
     cell = cell_side(shape, cells.shape)
     if cell is None:
         raise ValueError(f"cells must have shape ceil({shape} / 2**k) for some k >= 2; got {cells.shape}")
-    mode = _validate.check_choice("mode", mode, MODES)
-    step = _validate.check_finite_scalar("step", step)
+    mode = validate.check_choice("mode", mode, MODES)
+    step = validate.check_finite_scalar("step", step)
     if not 0 < step <= (cell - 1) / 3:
         raise ValueError(f"step must be in (0, {(cell - 1) / 3:g}] voxels for cells of {cell}; got {step}")
     if cancel is not None and not callable(cancel):
@@ -826,20 +827,20 @@ def render_view(
     if mode == "iso":
         if iso_threshold is None:
             raise ValueError("mode='iso' needs iso_threshold")
-        params[0] = _validate.check_finite_scalar("iso_threshold", iso_threshold)
+        params[0] = validate.check_finite_scalar("iso_threshold", iso_threshold)
     if mode == "attenuated_mip":
         if contrast_limits is None:
             raise ValueError("mode='attenuated_mip' needs contrast_limits (lo, hi)")
         lo, hi = (float(v) for v in contrast_limits)
         if not hi > lo:
             raise ValueError(f"contrast_limits must have hi > lo; got {contrast_limits}")
-        params[:] = lo, hi, _validate.check_finite_scalar("attenuation", attenuation)
-    background = _validate.check_finite_scalar("background", background)
+        params[:] = lo, hi, validate.check_finite_scalar("attenuation", attenuation)
+    background = validate.check_finite_scalar("background", background)
     arguments = dict(volume=volume, cells=cells, o=o, d=d, shape=shape, cell=cell, out_shape=out_shape, mode=mode,
                      step=step, t_near=t_near, params=params, background=background, cache=cache,
                      cache_bytes=cache_bytes, cancel=cancel, skip_by_maxima=skip_by_maxima)  # fmt: skip
-    if _backend.render_on_host():  # a TPU gathers slowly (core._backend.render_on_host)
-        with _backend.on_host():
+    if strategy.render_on_host():  # a TPU gathers slowly (core._backend.render_on_host)
+        with strategy.on_host():
             return _render(**arguments)
     return _render(**arguments)
 
@@ -1203,7 +1204,7 @@ def colorize_view(
     lo, hi = (float(v) for v in contrast_limits)
     if not hi > lo:
         raise ValueError(f"contrast_limits must have hi > lo; got {contrast_limits}")
-    gamma = _validate.check_finite_scalar("gamma", gamma)
+    gamma = validate.check_finite_scalar("gamma", gamma)
     if gamma <= 0:
         raise ValueError(f"gamma must be positive; got {gamma}")
     if not callable(getattr(colormap, "map", None)):

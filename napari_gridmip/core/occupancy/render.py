@@ -18,9 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._precision import compute_dtype, precision_scope
-from napari_gridmip.core._transfer import to_device
+from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy import _flat, traverse
 from napari_gridmip.core.occupancy._shapes import mipmap_shapes
 from napari_gridmip.core.occupancy.pyramid import (
@@ -34,6 +32,8 @@ from napari_gridmip.core.occupancy.pyramid import (
     from_float_key,
     threshold_block,
 )
+from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
+from napari_gridmip.core.runtime.transfer import to_device
 
 __all__ = ["orthographic_rays", "render_volume"]
 
@@ -49,7 +49,7 @@ class Rays(NamedTuple):
 
 
 def _unit(name: str, value: Any) -> np.ndarray:
-    vector = np.asarray(_validate.as_array(name, value), dtype=np.float64)
+    vector = np.asarray(validate.as_array(name, value), dtype=np.float64)
     if vector.shape != (3,) or not np.all(np.isfinite(vector)):
         raise ValueError(f"{name} must be 3 finite numbers (z, y, x); got {value!r}")
     norm = np.linalg.norm(vector)
@@ -106,7 +106,7 @@ def orthographic_rays(center: Any, view: Any, up: Any, image_shape: Any, *, pixe
     >>> rays.origins[0, 0].tolist(), rays.directions[0, 0].tolist()
     ([8.0, 7.5, 7.0], [1.0, 0.0, 0.0])
     """
-    center = np.asarray(_validate.as_array("center", center), dtype=np.float64)
+    center = np.asarray(validate.as_array("center", center), dtype=np.float64)
     if center.shape != (3,) or not np.all(np.isfinite(center)):
         raise ValueError(f"center must be 3 finite numbers (z, y, x); got {center!r}")
     view = _unit("view", view)
@@ -116,8 +116,8 @@ def orthographic_rays(center: Any, view: Any, up: Any, image_shape: Any, *, pixe
         raise ValueError("up must not be parallel to view (it gives the image's vertical direction)")
     up /= np.linalg.norm(up)
     right = np.cross(up, view)
-    rows, columns = _validate.int_tuple("image_shape", image_shape, 2)
-    pixel_size = _validate.check_finite_scalar("pixel_size", pixel_size)
+    rows, columns = validate.int_tuple("image_shape", image_shape, 2)
+    pixel_size = validate.check_finite_scalar("pixel_size", pixel_size)
     if pixel_size <= 0:
         raise ValueError(f"pixel_size must be positive; got {pixel_size}")
     i = (np.arange(rows) - (rows - 1) / 2) * pixel_size
@@ -132,7 +132,7 @@ def orthographic_rays(center: Any, view: Any, up: Any, image_shape: Any, *, pixe
 
 def _initial_best(volume_dtype: np.dtype, batch: int) -> jax.Array:
     """The running maximum before any voxel: the lowest float key, the integer minimum, or False."""
-    if _validate.is_float(volume_dtype):
+    if validate.is_float(volume_dtype):
         key = _key_dtype(volume_dtype)
         return jnp.full(batch, jnp.iinfo(key).min, key)
     if volume_dtype == np.bool_:
@@ -147,7 +147,7 @@ def _render_run(flat, volume, o, d, t_stop, state, carry, threshold, limit, keep
     ``best`` holds float keys for float volumes (exact maxima; see ``float_key``).
     """
     batch = o.shape[0]
-    floats = _validate.is_float(np.dtype(volume.dtype))
+    floats = validate.is_float(np.dtype(volume.dtype))
 
     def consume(carry, emitted, records, new):
         found, best, first = carry
@@ -201,7 +201,7 @@ def _in_memory(volume, flat, shapes, o, d, near, far, mode, threshold, batch_siz
             ray_o, ray_d, t_stop = traverse.compact((ray_o, ray_d, t_stop), index, size, (-1, 0, 0))
         if progress is not None:
             progress(stop, n)
-    if mode == "mip" and _validate.is_float(vdtype):
+    if mode == "mip" and validate.is_float(vdtype):
         best = np.array(from_float_key(jnp.asarray(best), vdtype))
     return found, best, first
 
@@ -264,13 +264,13 @@ class _ChunkCache:
 def _chunked(volume, flat, shapes, o, d, near, far, mode, threshold, batch_size, progress, dtype, cache_bytes):
     import dask.array as da
 
-    if not _validate.is_dask(volume):
+    if not validate.is_dask(volume):
         chunks = getattr(volume, "chunks", None)
         volume = da.from_array(volume, chunks=chunks if chunks is not None else "auto")
     cache = _ChunkCache(volume, cache_bytes)
     n = o.shape[0]
     found = np.zeros(n, bool)
-    floats = _validate.is_float(np.dtype(volume.dtype))
+    floats = validate.is_float(np.dtype(volume.dtype))
     if floats:  # the maximum in float64, which holds every float dtype exactly; NaN ignored by fmax
         best = np.full(n, np.nan)
     else:
@@ -416,9 +416,9 @@ def render_volume(
     >>> float(render_volume(lazy, occupancy_mipmap(lazy)[1:], *rays, threshold=0.0)[8, 8])
     5.0
     """
-    volume = _validate.as_array("volume", volume)
-    vdtype = _validate.check_real("volume", volume)
-    shape = _validate.check_ndim("volume", volume, ndim=3)
+    volume = validate.as_array("volume", volume)
+    vdtype = validate.check_real("volume", volume)
+    shape = validate.check_ndim("volume", volume, ndim=3)
     levels = check_pyramid("levels", levels)
     full_shapes = mipmap_shapes(tuple(shape))
     from_level_1 = len(full_shapes) > 1 and tuple(levels[0].shape) == full_shapes[1]
@@ -429,7 +429,7 @@ def render_volume(
                 f"{levels[0].shape}, volume {shape}"
             )
         _reject_dask("levels", levels)  # check_pyramid's allow_dask=False, without validating the levels again
-    mode = _validate.check_choice("mode", mode, MODES)
+    mode = validate.check_choice("mode", mode, MODES)
     mip_threshold = None  # a MIP from level 1: a ray's maximum counts above it
     if threshold is None and from_level_1:
         raise ValueError(
@@ -438,7 +438,7 @@ def render_volume(
     if threshold is not None:
         if mode == "mip" and not from_level_1:
             raise ValueError("threshold is for mode='first_hit'; a MIP takes every occupied voxel (set it in levels)")
-        threshold = _validate.check_finite_scalar("threshold", threshold)
+        threshold = validate.check_finite_scalar("threshold", threshold)
         constant = _constant_occupancy(vdtype, threshold)
         if constant is False:  # no value passes: no ray meets anything
             if mode == "first_hit":
@@ -453,7 +453,7 @@ def render_volume(
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable as progress(done, total); got {type(progress).__name__}")
     dtype = compute_dtype(dtype)
-    (batch_size,) = _validate.int_tuple("batch_size", (batch_size,))
+    (batch_size,) = validate.int_tuple("batch_size", (batch_size,))
     o, d, near, far, batch = traverse.ray_arguments(origins, directions, t_near, t_far, dtype)
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     kind = _flat.index_dtype(shapes)
@@ -475,13 +475,13 @@ def render_volume(
 
 def _fill(dtype: np.dtype) -> Any:
     """A MIP's default value of a ray that meets nothing: NaN, the integer minimum, or False."""
-    return np.nan if _validate.is_float(dtype) else (False if dtype == np.bool_ else np.iinfo(dtype).min)
+    return np.nan if validate.is_float(dtype) else (False if dtype == np.bool_ else np.iinfo(dtype).min)
 
 
 def _with_level_0(levels: list[Any], shape: tuple[int, ...]) -> list[np.ndarray]:
     """The pyramid from level 1 (computed, if dask) with a level 0 of every voxel of an occupied level-1 cell: a
     superset of the occupied voxels with the same level 1, made without reading the volume."""
-    if any(_validate.is_dask(level) for level in levels):
+    if any(validate.is_dask(level) for level in levels):
         import dask
 
         levels = dask.compute(*levels, scheduler="threads")

@@ -26,10 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _validate
-from napari_gridmip.core._precision import compute_dtype, precision_scope
+from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy.pyramid import check_pyramid
+from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
 
 __all__ = ["traverse_occupied"]
 
@@ -284,7 +285,7 @@ def _record(flat, o, d, t_stop, state, limit, keep, capacity, ring=0):
     ``ring=0``: each step scatters its rays' crossings into their next slots (the CPU's way). ``ring > 0``:
     each step writes its crossings into row ``capacity + step % ring`` of a ring of steps, whole rows and no
     scatter, and every ``ring`` steps a stable sort down each ray's column moves the ring's crossings after the
-    ones kept (``_backend.step_record_ring``). Both give the same records, slot for slot; unused slots hold 0.
+    ones kept (``strategy.step_record_ring``). Both give the same records, slot for slot; unused slots hold 0.
     """
     state = state._replace(count=jnp.zeros_like(state.count))
     if ring:
@@ -362,8 +363,8 @@ def flush_subnormals(x: np.ndarray) -> np.ndarray:
 
 def ray_arguments(origins: Any, directions: Any, t_near: Any, t_far: Any, dtype: np.dtype):
     """Validated rays: origins and directions ``(n, 3)``, t_near/t_far ``(n,)`` in ``dtype``, and the batch shape."""
-    origins = np.asarray(_validate.as_array("origins", origins))
-    directions = np.asarray(_validate.as_array("directions", directions))
+    origins = np.asarray(validate.as_array("origins", origins))
+    directions = np.asarray(validate.as_array("directions", directions))
     for name, value in (("origins", origins), ("directions", directions)):
         if value.dtype == np.bool_ or not (np.issubdtype(value.dtype, np.number) and value.dtype.kind in "iuf"):
             raise ValueError(f"{name} must hold real numbers; got dtype {value.dtype}")
@@ -507,8 +508,8 @@ def traverse_occupied(
     """
     levels = check_pyramid("levels", levels, allow_dask=False)
     dtype = compute_dtype(dtype)
-    (capacity,) = _validate.int_tuple("capacity", (capacity,))
-    (batch_size,) = _validate.int_tuple("batch_size", (batch_size,))
+    (capacity,) = validate.int_tuple("capacity", (capacity,))
+    (batch_size,) = validate.int_tuple("batch_size", (batch_size,))
     o, d, near, far, _ = ray_arguments(origins, directions, t_near, t_far, dtype)
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     kind = _flat.index_dtype(shapes)
@@ -539,7 +540,7 @@ def record_batch(flat, shapes, o, d, near, far, size, capacity):
     """
     n = o.shape[0]
     limit = _step_limit(shapes[0], len(shapes), capacity)
-    ring = _backend.step_record_ring()
+    ring = strategy.step_record_ring()
     ray_o, ray_d = jax.device_put(_pad(o, size, -1)), jax.device_put(_pad(d, size, 0))
     state, t_stop = _start(flat, ray_o, ray_d, jax.device_put(_pad(near, size, 0)), jax.device_put(_pad(far, size, 0)))
     pieces, lookups = [], np.zeros(n, np.int64)

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._options import WEIGHTED_BLENDS
-from napari_gridmip.core._precision import precision_scope
-from napari_gridmip.core._transfer import to_device
+from napari_gridmip.core import validate
+from napari_gridmip.core.options import WEIGHTED_BLENDS
+from napari_gridmip.core.runtime.precision import precision_scope
+from napari_gridmip.core.runtime.transfer import to_device
 
 _WEIGHTED = WEIGHTED_BLENDS
 _MIN_WEIGHT = 1e-6  # windows are clipped here, so a pixel seen by one patch only still comes back
@@ -305,6 +305,6 @@ def merge_dtypes(dtype: np.dtype, blend: str) -> tuple[np.dtype, np.dtype]:
         return dtype, dtype
     if dtype == np.float64 or (np.issubdtype(dtype, np.integer) and dtype.itemsize >= 4):
         return np.dtype(np.float64), np.dtype(np.float64)
-    if _validate.is_float(dtype):  # float16, bfloat16, float32
+    if validate.is_float(dtype):  # float16, bfloat16, float32
         return np.dtype(np.float32), dtype
     return np.dtype(np.float32), np.dtype(np.float32)

@@ -16,10 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _compile_cache
 from napari_gridmip.core._interpolation import keys_weights
 from napari_gridmip.core._peak import quadratic_peak
-from napari_gridmip.core._precision import HIGHEST
 from napari_gridmip.core.patches._stitch_shared import (
     GN_ITERATIONS,
     MARGIN,
@@ -32,10 +30,12 @@ from napari_gridmip.core.patches._stitch_shared import (
     filter_halo,
     filters,
 )
+from napari_gridmip.core.runtime import compile_cache
+from napari_gridmip.core.runtime.precision import HIGHEST
 
 __all__: list[str] = []
 
-_compile_cache.enable()  # the JAX engine's programs outlive the process (core.__init__ left it to this module)
+compile_cache.enable()  # the JAX engine's programs outlive the process (core.__init__ left it to this module)
 
 
 # -- the pair kernel (JAX) ----------------------------------------------------------------

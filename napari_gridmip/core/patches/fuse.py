@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _validate
+from napari_gridmip.core import validate
 from napari_gridmip.core._interpolation import TAPS, keys_weights
-from napari_gridmip.core._options import FUSE_BLENDS, FUSE_INTERPOLATIONS
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core.options import FUSE_BLENDS, FUSE_INTERPOLATIONS
 from napari_gridmip.core.patches.grid import merge_dtypes
+from napari_gridmip.core.runtime.precision import precision_scope
 
 __all__ = ["fuse_tiles"]
 
@@ -322,19 +322,19 @@ def fuse_tiles(
     """
     from napari_gridmip.core.patches.stitch import _check_tiles
 
-    blend = _validate.check_choice("blend", blend, FUSE_BLENDS)
-    interpolation = _validate.check_choice("interpolation", interpolation, FUSE_INTERPOLATIONS)
-    fill = fill if isinstance(fill, float) and np.isnan(fill) else _validate.check_finite_scalar("fill", fill)
-    chunk = _validate.int_tuple("chunk", [chunk])[0]
-    tiles = _validate.as_array("tiles", tiles)
+    blend = validate.check_choice("blend", blend, FUSE_BLENDS)
+    interpolation = validate.check_choice("interpolation", interpolation, FUSE_INTERPOLATIONS)
+    fill = fill if isinstance(fill, float) and np.isnan(fill) else validate.check_finite_scalar("fill", fill)
+    chunk = validate.int_tuple("chunk", [chunk])[0]
+    tiles = validate.as_array("tiles", tiles)
     stage, n, shape, has_channels = _check_tiles(tiles, positions)
     tiles = _flat_fielded(tiles, flat_field, has_channels, shape)
-    dtype = _validate.dtype_of(tiles)
+    dtype = validate.dtype_of(tiles)
     compute, weighted_result = merge_dtypes(dtype, "mean")
     exact = interpolation == "nearest" or bool(np.all(stage == np.round(stage)))
     result = dtype if blend in ("max", "overwrite") and exact else weighted_result
     origin, extent = mosaic_frame(stage, shape, interpolation)
-    if _validate.is_dask(tiles):
+    if validate.is_dask(tiles):
         from napari_gridmip.core.patches import _chunked
 
         image = _chunked.fuse_tiles(
@@ -367,7 +367,7 @@ def _flat_fielded(tiles: Any, flat_field: Any, has_channels: bool, shape: tuple[
             return tiles
         flat = estimate_flat_field(tiles, has_channels=has_channels, d=len(shape))
     else:
-        flat = np.asarray(_validate.as_array("flat_field", flat_field), np.float32)
+        flat = np.asarray(validate.as_array("flat_field", flat_field), np.float32)
         expected = ((int(tiles.shape[1]),) if has_channels else ()) + shape
         if flat.shape not in (expected, shape):
             raise ValueError(f"flat_field must have shape {expected} (or {shape}); got {flat.shape}")
@@ -375,6 +375,6 @@ def _flat_fielded(tiles: Any, flat_field: Any, has_channels: bool, shape: tuple[
             raise ValueError("flat_field must be finite and positive")
     if has_channels and flat.ndim == len(shape):
         flat = np.broadcast_to(flat, (int(tiles.shape[1]), *shape))
-    if _validate.is_dask(tiles):
+    if validate.is_dask(tiles):
         return tiles.astype(np.float32) / flat
     return np.asarray(tiles, np.float32) / flat

@@ -20,10 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._options import BLEND_MODES
-from napari_gridmip.core._precision import precision_scope
-from napari_gridmip.core._transfer import to_device
+from napari_gridmip.core import validate
+from napari_gridmip.core.options import BLEND_MODES
 from napari_gridmip.core.patches._merge import (  # the merge engine, shared with the dask twin
     _merge_kernel,
     blend_window,  # noqa: F401 - tiled, stitch and the tests read it here
@@ -31,6 +29,8 @@ from napari_gridmip.core.patches._merge import (  # the merge engine, shared wit
     patch_grid,
     patch_origins,
 )
+from napari_gridmip.core.runtime.precision import precision_scope
+from napari_gridmip.core.runtime.transfer import to_device
 
 __all__ = ["extract_patches", "merge_patches"]
 
@@ -39,15 +39,15 @@ def _check_tiling(
     image_shape: Sequence[int], patch_size: Any, stride: Any, *, image_name: str = "image"
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Validate patch_size and stride against the image's shape; return them as tuples."""
-    patch_size = _validate.int_tuple("patch_size", patch_size)
+    patch_size = validate.int_tuple("patch_size", patch_size)
     if not 1 <= len(patch_size) <= 3:
         raise ValueError(f"patch_size must tile 1 to 3 axes; got {patch_size}")
     d = len(patch_size)
-    stride = _validate.int_tuple("stride", stride, d)
+    stride = validate.int_tuple("stride", stride, d)
     image_shape = tuple(int(n) for n in image_shape)
     if len(image_shape) < d:
         raise ValueError(f"{image_name} has shape {image_shape}, fewer axes than patch_size {patch_size} tiles")
-    _validate.check_nonempty(image_name, image_shape)
+    validate.check_nonempty(image_name, image_shape)
     tiled = image_shape[len(image_shape) - d :]
     if any(p > n for p, n in zip(patch_size, tiled)):
         raise ValueError(f"patch_size {patch_size} is larger than the {image_name}'s tiled axes {tiled}")
@@ -110,9 +110,9 @@ def extract_patches(image: Any, patch_size: Sequence[int], stride: Sequence[int]
         the image has a zero-length axis, or its dtype is not a number
         (object, text).
     """
-    image = _validate.as_array("image", image)
-    dtype = _validate.check_numeric("image", image)
-    patch_size, stride = _check_tiling(_validate.shape_of(image), patch_size, stride)
+    image = validate.as_array("image", image)
+    dtype = validate.check_numeric("image", image)
+    patch_size, stride = _check_tiling(validate.shape_of(image), patch_size, stride)
     with precision_scope(dtype):  # 64-bit data stays 64-bit: patches are moved, never rounded
         return _extract_jit(to_device(image), patch_size, stride)
 
@@ -167,16 +167,16 @@ def merge_patches(
         When the shapes disagree, the stride is below 1 or larger than the
         patch, a patch is larger than the image, or ``blend`` is unknown.
     """
-    blend = _validate.check_choice("blend", blend, BLEND_MODES)
-    sigma_scale = _validate.check_finite_scalar("sigma_scale", sigma_scale)
+    blend = validate.check_choice("blend", blend, BLEND_MODES)
+    sigma_scale = validate.check_finite_scalar("sigma_scale", sigma_scale)
     if sigma_scale <= 0:
         raise ValueError(f"sigma_scale must be > 0; got {sigma_scale}")
-    patches = _validate.as_array("patches", patches)
-    dtype = _validate.check_real("patches", patches)
-    stride = _validate.int_tuple("stride", stride)
+    patches = validate.as_array("patches", patches)
+    dtype = validate.check_real("patches", patches)
+    stride = validate.int_tuple("stride", stride)
     d = len(stride)
-    shape = _validate.shape_of(patches)
-    image_shape = _validate.int_tuple("image_shape", image_shape)
+    shape = validate.shape_of(patches)
+    image_shape = validate.int_tuple("image_shape", image_shape)
     lead = len(image_shape) - d
     if lead < 0 or len(shape) != 2 * d + lead:
         raise ValueError(
@@ -192,7 +192,7 @@ def merge_patches(
             f"{stride} needs {expected}"
         )
     compute, result = merge_dtypes(dtype, blend)
-    if _validate.is_dask(patches):  # output chunk by output chunk, each by the merge engine's kernel
+    if validate.is_dask(patches):  # output chunk by output chunk, each by the merge engine's kernel
         from napari_gridmip.core.patches import _chunked_merge
 
         return _chunked_merge.merge_patches(

@@ -79,8 +79,8 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._options import GRID_ORDERS, STITCH_SUBPIXEL
+from napari_gridmip.core import validate
+from napari_gridmip.core.options import GRID_ORDERS, STITCH_SUBPIXEL
 from napari_gridmip.core.patches import _stitch_numpy
 from napari_gridmip.core.patches._stitch_shared import (  # noqa: F401 - re-exported for the tests
     CACHE_BYTES,
@@ -207,11 +207,11 @@ def grid_positions(
     >>> grid_positions((2, 2), (100, 100), 0.1, order="snake").tolist()
     [[0.0, 0.0], [0.0, 90.0], [90.0, 90.0], [90.0, 0.0]]
     """
-    grid_shape = _validate.int_tuple("grid_shape", grid_shape)
+    grid_shape = validate.int_tuple("grid_shape", grid_shape)
     if not 1 <= len(grid_shape) <= 3:
         raise ValueError(f"grid_shape must have 1 to 3 axes; got {grid_shape}")
-    tile_shape = _validate.int_tuple("tile_shape", tile_shape, len(grid_shape))
-    order = _validate.check_choice("order", order, GRID_ORDERS)
+    tile_shape = validate.int_tuple("tile_shape", tile_shape, len(grid_shape))
+    order = validate.check_choice("order", order, GRID_ORDERS)
     overlap = _overlap_fractions(overlap, len(grid_shape))
     step = np.asarray(tile_shape, np.float64) * (1 - overlap)
     return grid_indices(grid_shape, order).astype(np.float64) * step
@@ -221,7 +221,7 @@ def _overlap_fractions(overlap: Any, d: int) -> np.ndarray:
     values = [overlap] * d if np.ndim(overlap) == 0 else list(overlap)
     if len(values) != d:
         raise ValueError(f"overlap must be one fraction or {d}; got {overlap!r}")
-    out = np.array([_validate.check_finite_scalar("overlap", v) for v in values])
+    out = np.array([validate.check_finite_scalar("overlap", v) for v in values])
     if np.any(out < 0) or np.any(out >= 1):
         raise ValueError(f"overlap is a fraction of the tile, 0 <= overlap < 1; got {overlap!r}")
     return out
@@ -518,23 +518,23 @@ def _is_ambiguous(peak: float, rival: float) -> bool:
 
 def _check_tiles(tiles: Any, positions: Any) -> tuple[np.ndarray, int, tuple[int, ...], bool]:
     """(stage positions float64, n, spatial shape, has a channel axis)."""
-    positions = _validate.as_array("positions", positions)
-    _validate.check_real("positions", positions)
+    positions = validate.as_array("positions", positions)
+    validate.check_real("positions", positions)
     pos = np.asarray(positions, dtype=np.float64)
     if pos.ndim != 2 or pos.shape[1] not in (2, 3):
         raise ValueError(f"positions must be (n, d) with d = 2 or 3 spatial axes; got shape {pos.shape}")
     if not np.all(np.isfinite(pos)):
         raise ValueError("positions must be finite; got NaN or infinity")
     n, d = pos.shape
-    _validate.check_real("tiles", tiles)
-    shape = _validate.shape_of(tiles)
+    validate.check_real("tiles", tiles)
+    shape = validate.shape_of(tiles)
     if len(shape) not in (d + 1, d + 2):
         raise ValueError(
             f"tiles must be (n, [C,] *shape) with {d} spatial axes (positions are {d}D); got shape {shape}"
         )
     if shape[0] != n:
         raise ValueError(f"tiles hold {shape[0]} tiles but positions give {n} origins")
-    _validate.check_nonempty("tiles", shape)
+    validate.check_nonempty("tiles", shape)
     return pos, n, tuple(int(s) for s in shape[len(shape) - d :]), len(shape) == d + 2
 
 
@@ -748,24 +748,24 @@ def register_tiles(
     >>> bool(np.abs(error - error.mean(axis=0)).max() < 0.1)
     True
     """
-    tiles = _validate.as_array("tiles", tiles)
+    tiles = validate.as_array("tiles", tiles)
     stage, n, shape, has_channels = _check_tiles(tiles, positions)
     d = len(shape)
     if isinstance(max_shift, str):
         if max_shift != "auto":
             raise ValueError(f'max_shift must be a positive integer or "auto"; got {max_shift!r}')
     else:
-        max_shift = _validate.int_tuple("max_shift", [max_shift])[0]
-    min_overlap = _validate.int_tuple("min_overlap", [min_overlap])[0]
-    seed = _validate.int_tuple("seed", [seed], minimum=0)[0]
-    subpixel = _validate.check_choice("subpixel", subpixel, STITCH_SUBPIXEL)
-    alpha = _validate.check_finite_scalar("false_positive_rate", false_positive_rate)
+        max_shift = validate.int_tuple("max_shift", [max_shift])[0]
+    min_overlap = validate.int_tuple("min_overlap", [min_overlap])[0]
+    seed = validate.int_tuple("seed", [seed], minimum=0)[0]
+    subpixel = validate.check_choice("subpixel", subpixel, STITCH_SUBPIXEL)
+    alpha = validate.check_finite_scalar("false_positive_rate", false_positive_rate)
     if not 0 < alpha < 0.5:
         raise ValueError(f"false_positive_rate must be in (0, 0.5); got {false_positive_rate!r}")
-    sigma = _validate.check_finite_scalar("filter_sigma", filter_sigma)
+    sigma = validate.check_finite_scalar("filter_sigma", filter_sigma)
     if sigma < 0:
         raise ValueError(f"filter_sigma must be >= 0 pixels; got {filter_sigma!r}")
-    max_residual = _validate.check_finite_scalar("max_residual", max_residual)
+    max_residual = validate.check_finite_scalar("max_residual", max_residual)
     if max_residual <= 0:
         raise ValueError(f"max_residual must be > 0 pixels; got {max_residual!r}")
     if channel is not None:

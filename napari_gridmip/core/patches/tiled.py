@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core import _validate
-from napari_gridmip.core._options import PAD_MODES, TILED_BACKENDS, TILED_BLENDS
+from napari_gridmip.core import validate
+from napari_gridmip.core.options import PAD_MODES, TILED_BACKENDS, TILED_BLENDS
 from napari_gridmip.core.patches._merge import blend_window, merge_dtypes, patch_origins
 
 __all__ = ["apply_tiled"]
@@ -235,7 +235,7 @@ class _JaxRunner:
     def __init__(self, fn: Callable, batched: bool, shape: tuple[int, ...], dtype: np.dtype, batch: int) -> None:
         import jax
 
-        from napari_gridmip.core._precision import precision_scope
+        from napari_gridmip.core.runtime.precision import precision_scope
 
         self.arguments = (fn, batched, shape, dtype, batch)
         self.shape, self.dtype, self.batch = shape, np.dtype(dtype), batch
@@ -253,7 +253,7 @@ class _JaxRunner:
         return (_JaxRunner, self.arguments)
 
     def __call__(self, tiles: list[np.ndarray]) -> np.ndarray:
-        from napari_gridmip.core._transfer import aligned_empty, owned_to_device
+        from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device
 
         buffer = aligned_empty((self.batch, *self.shape), self.dtype)
         for i in range(self.batch):
@@ -558,7 +558,7 @@ def run_windows(
 
 def _weighted_compute(dtype: np.dtype) -> np.dtype:
     if np.issubdtype(dtype, np.complexfloating) or not (
-        np.issubdtype(dtype, np.number) or dtype == np.bool_ or _validate.is_float(dtype)
+        np.issubdtype(dtype, np.number) or dtype == np.bool_ or validate.is_float(dtype)
     ):
         raise ValueError(
             f'fn returned dtype {dtype}, which a weighted blend cannot average; use blend="crop" or overlap=0'
@@ -739,28 +739,28 @@ def apply_tiled(
         raise TypeError(f"fn must be callable; got {type(fn).__name__}")
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None; got {type(progress).__name__}")
-    image = _validate.as_array("image", image)
-    dtype = _validate.check_numeric("image", image)
-    shape = _validate.shape_of(image)
-    tile = _validate.int_tuple("tile", tile)
+    image = validate.as_array("image", image)
+    dtype = validate.check_numeric("image", image)
+    shape = validate.shape_of(image)
+    tile = validate.int_tuple("tile", tile)
     if not 1 <= len(tile) <= 3:
         raise ValueError(f"tile must tile 1 to 3 axes; got {tile}")
     d = len(tile)
     if len(shape) < d:
         raise ValueError(f"image has shape {shape}, fewer axes than tile {tile} tiles")
-    _validate.check_nonempty("image", shape)
-    halo = _validate.int_tuple("halo", halo, d, minimum=0)
-    blend = _validate.check_choice("blend", blend, TILED_BLENDS)
-    sigma_scale = _validate.check_finite_scalar("sigma_scale", sigma_scale)
+    validate.check_nonempty("image", shape)
+    halo = validate.int_tuple("halo", halo, d, minimum=0)
+    blend = validate.check_choice("blend", blend, TILED_BLENDS)
+    sigma_scale = validate.check_finite_scalar("sigma_scale", sigma_scale)
     if sigma_scale <= 0:
         raise ValueError(f"sigma_scale must be > 0; got {sigma_scale}")
-    (batch_size,) = _validate.int_tuple("batch_size", (batch_size,) if np.ndim(batch_size) == 0 else batch_size, 1)
-    labels = _validate.check_bool("labels", labels)
-    batched = _validate.check_bool("batched", batched)
-    backend = _validate.check_choice("backend", backend, TILED_BACKENDS)
+    (batch_size,) = validate.int_tuple("batch_size", (batch_size,) if np.ndim(batch_size) == 0 else batch_size, 1)
+    labels = validate.check_bool("labels", labels)
+    batched = validate.check_bool("batched", batched)
+    backend = validate.check_choice("backend", backend, TILED_BACKENDS)
     if pad_mode is not None:
-        pad_mode = _validate.check_choice("pad_mode", pad_mode, PAD_MODES)
-    lazy = _validate.is_dask(image)
+        pad_mode = validate.check_choice("pad_mode", pad_mode, PAD_MODES)
+    lazy = validate.is_dask(image)
     if lazy and progress is not None:
         raise ValueError("progress is for in-memory images; for a dask image use dask's own (dask.diagnostics)")
 

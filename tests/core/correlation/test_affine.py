@@ -17,6 +17,7 @@ from napari_gridmip._sample_data import dic as dic_module
 from napari_gridmip._sample_data.dic import make_dic_pair
 from napari_gridmip.core.correlation import affine as affine_module
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA
+from napari_gridmip.core.runtime import strategy
 from tests.core.correlation.subset_reference import affine_spread
 from tests.helpers import examples
 
@@ -204,15 +205,14 @@ def test_the_grid_reads_give_the_windows_field(stretched, monkeypatch, read):
     in bands of rows together and row by row (the same subsets and windows, bit for bit, as tested below;
     another program, whose later sums may round otherwise: 7.1e-6 px row by row on the CPU). No point leaves
     its tile on this pair: the gathers' band never runs."""
-    from napari_gridmip.core import _backend
 
     img1, img2, _ = stretched
     args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
-    monkeypatch.setattr(_backend, "spline_windows", lambda: True)
+    monkeypatch.setattr(strategy, "spline_windows", lambda: True)
     flag = "GRID_SUBSETS" if read == "grid subsets" else "TILE_WINDOWS"
     band = affine_module._band
     for together in (True, False):
-        monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda together=together: together)
+        monkeypatch.setattr(strategy, "ic_gn_rows_together", lambda together=together: together)
         monkeypatch.setattr(affine_module, "GRID_SUBSETS", False)  # one window per point
         monkeypatch.setattr(affine_module, "TILE_WINDOWS", False)
         windows = find_displacement(img1, img2, (15, 15), **args)
@@ -346,16 +346,14 @@ def test_points_the_windows_do_not_serve_take_the_gathers_band(stretched, monkey
     under jit (a lax.cond there)."""
     import jax
 
-    from napari_gridmip.core import _backend
-
     img1, img2, _ = stretched
     args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
-    monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda: True)
+    monkeypatch.setattr(strategy, "ic_gn_rows_together", lambda: True)
     cols = find_displacement(img1, img2, (15, 15), **args).dy.shape[1]
     monkeypatch.setattr(affine_module, "TOGETHER_BAND_VALUES", 3 * cols * 31 * 31)
-    monkeypatch.setattr(_backend, "spline_windows", lambda: False)  # an accelerator's default is on
+    monkeypatch.setattr(strategy, "spline_windows", lambda: False)  # an accelerator's default is on
     gathered = find_displacement(img1, img2, (15, 15), **args)  # the gathers' IC-GN (windows off)
-    monkeypatch.setattr(_backend, "spline_windows", lambda: True)
+    monkeypatch.setattr(strategy, "spline_windows", lambda: True)
     band = affine_module._band
     band.clear_cache()  # programs traced with the margin of 2
     monkeypatch.setattr(affine_module, "SPLINE_MARGIN", 0)
@@ -388,14 +386,14 @@ def test_the_accelerators_ic_gn_gives_the_cpus_field(stretched, monkeypatch):
     a TPU, the chip's against the host's."""
     import jax
 
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy
 
     img1, img2, _ = stretched
     args = dict(subset=(31, 31), step=12, subpixel="refine", shape="affine")
-    with _backend.on_host():
+    with strategy.on_host():
         cpu = find_displacement(img1, img2, (15, 15), **args)
     for name in ("spline_windows", "ic_gn_rows_together"):
-        monkeypatch.setattr(_backend, name, lambda: True)
+        monkeypatch.setattr(strategy, name, lambda: True)
     assert affine_module.affine_plan(cpu.dy.shape, (31, 31), 1)[0] == cpu.dy.shape[0]  # one band: rows together
     accelerated = find_displacement(img1, img2, (15, 15), **args)
     per_row = cpu.dy.shape[1] * 31 * 31
@@ -420,14 +418,14 @@ def test_the_accelerators_ic_gn_gives_the_cpus_field(stretched, monkeypatch):
 def test_only_accelerators_take_windows_and_rows_together():
     import jax
 
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy
 
-    assert _backend.spline_windows() is (jax.default_backend() == "tpu")
-    assert _backend.ic_gn_rows_together() is (jax.default_backend() != "cpu")
-    assert _backend.ic_gn_compile_ahead() is (jax.default_backend() != "cpu")
-    with _backend.on_host():
-        assert not _backend.spline_windows() and not _backend.ic_gn_rows_together()
-        assert not _backend.ic_gn_compile_ahead()
+    assert strategy.spline_windows() is (jax.default_backend() == "tpu")
+    assert strategy.ic_gn_rows_together() is (jax.default_backend() != "cpu")
+    assert strategy.ic_gn_compile_ahead() is (jax.default_backend() != "cpu")
+    with strategy.on_host():
+        assert not strategy.spline_windows() and not strategy.ic_gn_rows_together()
+        assert not strategy.ic_gn_compile_ahead()
 
 
 GRADIENTS = ("dy_y", "dy_x", "dx_y", "dx_x")
@@ -644,11 +642,9 @@ def test_the_ic_gn_programs_compile_ahead_and_once(monkeypatch, caplog, accelera
 
     import jax
 
-    from napari_gridmip.core import _backend
-
     if accelerator:
-        monkeypatch.setattr(_backend, "spline_windows", lambda: True)
-        monkeypatch.setattr(_backend, "ic_gn_rows_together", lambda: True)
+        monkeypatch.setattr(strategy, "spline_windows", lambda: True)
+        monkeypatch.setattr(strategy, "ic_gn_rows_together", lambda: True)
         monkeypatch.setattr(affine_module, "TILE_WINDOWS", True)
     started = []
     real = affine_module.compile_ahead

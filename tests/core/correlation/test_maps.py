@@ -83,7 +83,7 @@ def offset_strategy(request, monkeypatch):
     """Both strategies of the dense maps' offset search (core._backend.offset_sweeps) and of the refinement's
     bands (cache_sized_bands), forced whatever the backend: the CPU's and the accelerators' must each give
     the definition."""
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy as _backend
 
     monkeypatch.setattr(_backend, "offset_sweeps", lambda: request.param == "sweeps")
     monkeypatch.setattr(_backend, "cache_sized_bands", lambda: request.param == "tiles")  # the refinement's bands
@@ -461,8 +461,8 @@ def test_the_refinements_block_table_gives_the_slices_answer(monkeypatch):
     peaks as far out as the window allows (the table's rows are sized from that reach)."""
     from scipy import ndimage
 
-    from napari_gridmip.core import _backend
     from napari_gridmip.core.correlation import refine
+    from napari_gridmip.core.runtime import strategy as _backend
 
     rng = np.random.default_rng(3)
     img2 = ndimage.gaussian_filter(rng.random((2, 6, 90, 70)), (0, 0, 1.2, 1.2)).astype(np.float32)

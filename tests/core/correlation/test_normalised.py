@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.correlation._normalised import normalised_derivatives
+from napari_gridmip.core.runtime.precision import precision_scope
 
 
 def test_the_derivatives_are_those_of_the_ratio():

@@ -22,7 +22,7 @@ from tests.helpers import examples
 def test_smooth_frames_is_scipys_gaussian_filter(shape, sigma, dtype):
     """Every frame as ``scipy.ndimage.gaussian_filter`` (mirrored borders, truncate 4), frames smaller than the
     filter's reach included: to 2 float32 rounding units of the values' range, 1e-12 in float64."""
-    from napari_gridmip.core._precision import precision_scope
+    from napari_gridmip.core.runtime.precision import precision_scope
 
     x = np.random.default_rng(1).uniform(-50, 200, shape).astype(dtype)
     before = x.copy()

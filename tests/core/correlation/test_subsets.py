@@ -216,7 +216,7 @@ def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch
                 "sums all rows at once",
             )
         )
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy as _backend
 
     other = "at_once" if strategy == "running" else "running"
     monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: strategy)
@@ -245,7 +245,7 @@ def test_the_selects_read_the_blocks_the_gathers_read(strategy, step, monkeypatc
     two row-sum strategies, a 1-wide window, a step wider than the subset, and a NaN in img1
     (float64: the same sums; XLA may fuse the two programs'
     later arithmetic differently)."""
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy as _backend
 
     monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: strategy)
     sample, reference = umpa_pair(0.7, 0.6, (0.4, -0.8), frames=3, shape=(30, 32))
@@ -275,8 +275,8 @@ def test_rows_in_small_batches_give_one_batchs_fields(gathers, monkeypatch):
     """All rows summed at once, their peaks and refinements in batches (a TPU's way): batches of 5 and 7 rows (the
     last one overlapping the one before, as when the rows do not divide), and of every row, give the same fields,
     searched, refined and tracked, and the same map."""
-    from napari_gridmip.core import _backend
     from napari_gridmip.core.correlation import subsets
+    from napari_gridmip.core.runtime import strategy as _backend
 
     monkeypatch.setattr(_backend, "subset_row_sums", lambda rows: "at_once")
     monkeypatch.setattr(_backend, "per_pixel_gathers", lambda: gathers)

@@ -107,7 +107,7 @@ def test_a_lazy_view_of_a_zarr_array_chunk_for_chunk_is_read_from_the_files(tmp_
     array = write(tmp_path / "a.zarr", data)
     lazy = da.from_zarr(array)
     assert zarr_behind(lazy) is array and zarr_behind(da.from_array(array, chunks=CHUNKS)) is array
-    from napari_gridmip.io._lazy import LazyLevel
+    from napari_gridmip.io.lazy import LazyLevel
 
     assert zarr_behind(LazyLevel(array)) is array and zarr_behind(LazyLevel(array)[1:]) is not array
     assert ChunkCache(LazyLevel(array), capacity=1 << 20)._reader is not None

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from napari_gridmip import max_mipmap, mipmap_shapes, occupancy_mipmap, threshold_mipmap
-from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.occupancy.pyramid import ANY, halve, max_levels, max_reduction, pyramid_levels
+from napari_gridmip.core.runtime.precision import precision_scope
 from tests.core.occupancy import reference
 from tests.helpers import TaskCounter, examples
 

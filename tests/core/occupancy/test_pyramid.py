@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from napari_gridmip import mipmap_shapes, occupancy_mipmap
-from napari_gridmip.core._precision import precision_scope
 from napari_gridmip.core.occupancy.pyramid import halve_occupancy, occupancy_levels
+from napari_gridmip.core.runtime.precision import precision_scope
 from tests.helpers import count_traces, examples, reference_levels
 
 

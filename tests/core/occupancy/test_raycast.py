@@ -7,6 +7,7 @@ import zarr
 
 from napari_gridmip import camera_rays, colorize_view, occupancy_mipmap, render_view
 from napari_gridmip.core.occupancy.raycast import ChunkCache, RenderCancelled
+from napari_gridmip.core.runtime import strategy
 
 SHAPE = (24, 40, 56)  # non-cubic
 SCALE = (2.0, 0.7, 1.0)  # anisotropic voxels
@@ -160,15 +161,15 @@ def test_the_host_render_of_a_tpu_gives_the_same_image(monkeypatch):
     nothing (the same device), and a CPU keeps the render where it is."""
     import jax
 
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy
 
-    assert _backend.render_on_host() is (jax.default_backend() == "tpu")
+    assert strategy.render_on_host() is (jax.default_backend() == "tpu")
     volume = sparse_volume()
     rays = views(volume.shape)["perspective"]
     cells = np.asarray(occupancy_mipmap(volume)[2])
     here = render_view(volume, cells, rays.origins, rays.directions, t_near=0.0)
     calls = []
-    monkeypatch.setattr(_backend, "render_on_host", lambda: calls.append(1) or True)
+    monkeypatch.setattr(strategy, "render_on_host", lambda: calls.append(1) or True)
     moved = render_view(volume, cells, rays.origins, rays.directions, t_near=0.0)
     assert calls
     np.testing.assert_array_equal(moved.values, here.values)
@@ -216,7 +217,6 @@ def test_a_pool_kept_on_the_device_gives_the_same_image(monkeypatch, mode):
     """Off the CPU the pool is a device copy that each band brings up to date with the bricks written since
     (core._backend.host_pool_aliased): forced here, with a cache small enough that bands evict and reuse bricks
     and slots, and kept across renders, the images are the host pool's."""
-    from napari_gridmip.core import _backend
 
     volume = sparse_volume()
     lazy = da.from_array(volume, chunks=8)
@@ -225,7 +225,7 @@ def test_a_pool_kept_on_the_device_gives_the_same_image(monkeypatch, mode):
     host = ChunkCache(lazy, capacity=8 * 8**3 * 2)
     want = [render_view(lazy, cells, rays.origins, rays.directions, cache=host, mode=mode, **MODES[mode])
             for _ in range(2)]  # fmt: skip
-    monkeypatch.setattr(_backend, "host_pool_aliased", lambda: False)
+    monkeypatch.setattr(strategy, "host_pool_aliased", lambda: False)
     kept = ChunkCache(lazy, capacity=8 * 8**3 * 2)
     for view in want:  # the second render starts from the first one's pool, on the device and on the host
         got = render_view(lazy, cells, rays.origins, rays.directions, cache=kept, mode=mode, **MODES[mode])

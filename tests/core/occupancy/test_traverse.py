@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from napari_gridmip import occupancy_mipmap, traverse_occupied
-from napari_gridmip.core import _backend
+from napari_gridmip.core.runtime import strategy
 from tests.core.occupancy import reference
 
 
@@ -205,16 +205,16 @@ def test_bad_input(kwargs, error, match):
 
 @pytest.mark.parametrize(("ring", "capacity"), [(1, 64), (3, 1), (3, 2), (32, 5), (32, 64)])
 def test_a_ring_of_records_gives_the_scatters_records(monkeypatch, ring, capacity):
-    """The accelerators' records (a ring of steps sorted into the slots, _backend.step_record_ring) against the
+    """The accelerators' records (a ring of steps sorted into the slots, strategy.step_record_ring) against the
     CPU's scatters: the same voxels and times, slot for slot, with rings shorter and longer than the capacity,
     across overflowing passes and compacted batches."""
     shape = (24, 18, 28)
     volume = sparse_volume(shape, 0.25, seed=21)
     levels = occupancy_mipmap(volume)
     origins, directions = awkward_rays(shape, 1500, seed=22)
-    monkeypatch.setattr(_backend, "step_record_ring", lambda: 0)
+    monkeypatch.setattr(strategy, "step_record_ring", lambda: 0)
     scattered = traverse_occupied(levels, origins, directions, capacity=capacity, batch_size=2048)
-    monkeypatch.setattr(_backend, "step_record_ring", lambda: ring)
+    monkeypatch.setattr(strategy, "step_record_ring", lambda: ring)
     ringed = traverse_occupied(levels, origins, directions, capacity=capacity, batch_size=2048)
     for a, b in zip(ringed, scattered):
         np.testing.assert_array_equal(a, b)
@@ -246,8 +246,8 @@ def test_the_reciprocal_is_correctly_rounded_from_an_estimate_ulps_off(dtype, ul
     """A TPU's float32 ``1 / d`` can be an ulp off (and every crossing time with it): the Newton step with
     Dekker's exact residual must give NumPy's correctly rounded ``1 / d`` from an estimate up to 2 ulps off, over
     the whole range of normal directions (huge reciprocals included), on any backend."""
-    from napari_gridmip.core._precision import precision_scope
     from napari_gridmip.core.occupancy.traverse import reciprocal, rounded_reciprocal
+    from napari_gridmip.core.runtime.precision import precision_scope
 
     rng = np.random.default_rng(7)
     low = np.log10(np.finfo(dtype).tiny) + 0.7

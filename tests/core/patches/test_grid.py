@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from napari_gridmip import extract_patches, merge_patches
-from napari_gridmip.core._options import BLEND_MODES
-from napari_gridmip.core._precision import precision_scope
+from napari_gridmip.core.options import BLEND_MODES
 from napari_gridmip.core.patches.grid import blend_window, patch_grid, patch_origins
+from napari_gridmip.core.runtime.precision import precision_scope
 from tests.helpers import count_traces, examples
 
 ALL_BLENDS = list(BLEND_MODES)

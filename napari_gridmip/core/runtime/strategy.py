@@ -21,7 +21,7 @@ from typing import Any
 
 import jax
 
-from napari_gridmip.core import _compute_on
+from napari_gridmip.core.runtime import choice
 
 
 def on_cpu() -> bool:
@@ -189,28 +189,28 @@ def memory_bound_place(*inputs: object, kernel: str = "max_mipmap") -> contextli
     threads (or a cluster's processes): the kernel hands them :func:`keep_place`, so that they run where this
     placed the call.
     """
-    where = _compute_on.setting()
+    where = choice.setting()
     if where == "host":
         return on_host()
     if where == "accelerator" or not _on_accelerator() or any(isinstance(x, jax.Array) for x in inputs):
         return contextlib.nullcontext()
-    from napari_gridmip.core import _rates
+    from napari_gridmip.core.runtime import rates as _rates
 
     if _rates.place(_target_device(), kernel, inputs) == "accelerator":
         return contextlib.nullcontext()
-    _compute_on.moved_to_host("memory_bound_place")
+    choice.moved_to_host("memory_bound_place")
     return on_host()
 
 
 def _host_rule(rule: str) -> bool:
     """Whether ``rule``, which moves its work to the host CPU of a TPU, applies: under the setting ``"auto"`` on a
     TPU (noted in the job's log), always under ``"host"``, never under ``"accelerator"``."""
-    where = _compute_on.setting()
+    where = choice.setting()
     if where != "auto":
         return where == "host"
     if not _on_tpu():
         return False
-    _compute_on.moved_to_host(rule)
+    choice.moved_to_host(rule)
     return True
 
 
@@ -227,7 +227,7 @@ def compute_scope(where: str) -> Iterator[Any]:
     ``"host"`` sets JAX's default device, in this thread, to the host CPU; ``"auto"`` and ``"accelerator"`` inside
     a ``"host"`` block restore the default device from before it. No global flag of JAX changes.
     """
-    _compute_on.check(where)
+    choice.check(where)
     outer = _OUTER_DEVICE.get()
     with contextlib.ExitStack() as stack:
         if where == "host":
@@ -237,7 +237,7 @@ def compute_scope(where: str) -> Iterator[Any]:
         elif outer is not _OUTSIDE:
             stack.enter_context(_scoped_var(_OUTER_DEVICE, _OUTSIDE))
             stack.enter_context(jax.default_device(outer))
-        stack.enter_context(_compute_on.scoped(where))
+        stack.enter_context(choice.scoped(where))
         yield _target_device()
 
 
@@ -255,7 +255,7 @@ def placed() -> contextlib.AbstractContextManager:
     the host CPU under ``"host"`` where JAX's default device here is not it already (a dask task in one of
     dask's threads, which the setting follows and JAX's per-thread default device does not; a library call with
     ``NAPARI_GRIDMIP_COMPUTE_ON=host``); else nothing."""
-    if _compute_on.setting() == "host" and _platform() != "cpu":
+    if choice.setting() == "host" and _platform() != "cpu":
         return on_host()
     return contextlib.nullcontext()
 

@@ -137,11 +137,11 @@ class DeviceLayerCache:
         In a worker, inside the job's :func:`napari_gridmip.compute_on` block: JAX's default device there is where
         the copy goes. Another worker sending the same key and version is waited for, not repeated.
         """
-        from napari_gridmip.core import _backend, _compute_on
+        from napari_gridmip.core.runtime import choice, strategy
 
-        if _compute_on.setting() == "host":
+        if choice.setting() == "host":
             return array, "off", "compute_on is 'host'"
-        device = _backend._target_device()
+        device = strategy._target_device()
         if device.platform == "cpu" and not self.keep_on_cpu:
             return array, "off", "no accelerator: JAX's default device is the CPU"
         budget = self.budget(device) or 0
@@ -328,7 +328,7 @@ def resolve(handle: DeviceInput | None, data: Any, source: str, *, wanted: bool 
     ``data`` itself. ``wanted=False``: the job's kernels run on the host anyway (:func:`runs_on_device`).
 
     In the worker, inside the job's placement (:func:`napari_gridmip._jobs.placed`); notes the outcome in the job's
-    record of where it ran (``"device_inputs"``, :func:`napari_gridmip.core._compute_on.record`).
+    record of where it ran (``"device_inputs"``, :func:`napari_gridmip.core.runtime.choice.record`).
     """
     if handle is None or not wanted or handle.array is not data:
         return data
@@ -337,13 +337,13 @@ def resolve(handle: DeviceInput | None, data: Any, source: str, *, wanted: bool 
         cache.configure(percent=handle.percent)
     value, outcome, why = cache.lookup(handle.key, handle.version, data)
     if outcome != "off":
-        from napari_gridmip.core import _backend, _compute_on
+        from napari_gridmip.core.runtime import choice, strategy
 
         entry = {"source": source, "layer": handle.layer, "cache": outcome, "bytes": int(data.nbytes),
-                 **_backend.current_device()}  # fmt: skip
+                 **strategy.current_device()}  # fmt: skip
         if why:
             entry["why"] = why
-        _compute_on.note_input(entry)
+        choice.note_input(entry)
     return value
 
 
@@ -364,9 +364,9 @@ def run_freeing_copies(run: Callable[[Any], Any], progress: Any) -> Any:
 def runs_on_device(dtype: Any = None) -> bool:
     """Whether a job's kernels, computing in ``dtype``, run on JAX's default device here: not float64 on a TPU
     (the chip has none; ``core._precision`` moves that work to the host). In the worker."""
-    from napari_gridmip.core import _backend
+    from napari_gridmip.core.runtime import strategy
 
-    return not (dtype is not None and np.dtype(dtype) == np.float64 and _backend._platform() == "tpu")
+    return not (dtype is not None and np.dtype(dtype) == np.float64 and strategy._platform() == "tpu")
 
 
 def is_device_array(value: Any) -> bool:

@@ -2,8 +2,9 @@
 first Run (issue 53, item 4).
 
 A first Run on a new machine compiles its programs: on a TPU v5e, 29 s for DIC 2048^2 and 33 s for the affine DIC
-(docs/accelerator.md). JAX's persistent cache (:mod:`napari_gridmip.core._compile_cache`) and the kept executables
-(:mod:`napari_gridmip.core._executables`) keep what one process compiled for the next, so a machine needs this
+(docs/accelerator.md). JAX's persistent cache (:mod:`napari_gridmip.core.runtime.compile_cache`) and the kept
+executables
+(:mod:`napari_gridmip.core.runtime.executables`) keep what one process compiled for the next, so a machine needs this
 once. :func:`prepare` runs, in this process, each widget's job on its sample's input (:data:`JOBS`): the request
 the widget captures when the sample is opened and Run is clicked with the options a new user has (the widget's
 defaults and the sample's suggestion; ``tests/widgets/test_prepare_requests.py`` holds the two equal), made into
@@ -35,7 +36,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from napari_gridmip.core._files import write_atomically
+from napari_gridmip.core.runtime.files import write_atomically
 
 PROG = "napari-gridmip --prepare"
 MARKER_NAME = "prepared.json"
@@ -58,7 +59,7 @@ class SampleJob:
     request: Callable[..., Any]
     make: Callable[[Any], Any]
     #: the key of the sample (File > Open Sample) whose opening in napari runs this job ahead, in the background
-    #: (:mod:`napari_gridmip._widgets._samples`); "" for none. ``request(cache, layers)`` then takes its layers.
+    #: (:mod:`napari_gridmip._sample_data.ahead`); "" for none. ``request(cache, layers)`` then takes its layers.
     ahead_of_sample: str = ""
 
     @property
@@ -75,15 +76,15 @@ def _layers(sample: Callable[[], list[tuple]]) -> list[tuple[Any, dict, str]]:
 
 def _frame(data: Any) -> Any:
     """A new layer's transform: unit pixels at the origin (the samples set no scale or translate)."""
-    from napari_gridmip._placement import Frame
+    from napari_gridmip._jobs.world import Frame
 
     return Frame.unit(np.ndim(data))
 
 
 def _device(cache: Any, data: Any, name: str, index: str = "") -> Any:
-    """The widget's :class:`~napari_gridmip._device_layers.DeviceInput` of a layer (``JobWidget.device_input``):
+    """The widget's :class:`~napari_gridmip._jobs.device_layers.DeviceInput` of a layer (``JobWidget.device_input``):
     the job sends ``data`` to the accelerator where its kernels run there, as the widget's first Run does."""
-    from napari_gridmip._device_layers import DeviceInput
+    from napari_gridmip._jobs.device_layers import DeviceInput
 
     if cache is None or not isinstance(data, np.ndarray):
         return None
@@ -159,10 +160,10 @@ def tiled_request(cache: Any = None) -> Any:
 def stitch_request(cache: Any = None) -> Any:
     """The Stitch tiles widget on the mosaic tiles: the layer's stage positions and overlap, the other options the
     widget's defaults (order row-major, max shift auto, blend linear, no flat-field)."""
+    from napari_gridmip._jobs.plan import Source
     from napari_gridmip._jobs.stitch import StitchRequest
-    from napari_gridmip._provenance import Source
     from napari_gridmip._sample_data.mosaic import mosaic_sample
-    from napari_gridmip.core._options import FUSE_BLENDS, GRID_ORDERS
+    from napari_gridmip.core.options import FUSE_BLENDS, GRID_ORDERS
 
     ((data, meta, _),) = _layers(mosaic_sample)
     name, mosaic = meta["name"], meta["metadata"]["gridmip_mosaic"]
@@ -255,7 +256,7 @@ def dic_affine_request(cache: Any = None) -> Any:
 def dic_series_request(cache: Any = None) -> Any:
     """The Correlation map widget on the DIC series: subset 31, step 8, accumulated, the sample's ROI."""
     from napari_gridmip._jobs.correlation import SeriesRequest
-    from napari_gridmip._provenance import Source
+    from napari_gridmip._jobs.plan import Source
     from napari_gridmip._sample_data.dic_series import dic_series_sample
 
     (frames, meta, _), (roi, roi_meta, _) = _layers(dic_series_sample)
@@ -344,8 +345,8 @@ def run_job(job: SampleJob, where: str, cache: Any = None, *, layers: list[tuple
     from the request made to the job's result (the sample read or made before). ``layers``: the sample's layer
     data (a job with ``ahead_of_sample`` only), else the sample is read; ``progress(done, total)`` the job's
     reports, which may raise to stop it between its steps."""
-    from napari_gridmip._device_layers import DeviceLayerCache
     from napari_gridmip._jobs import placed, prepare_jax
+    from napari_gridmip._jobs.device_layers import DeviceLayerCache
 
     prepare_jax()
     copies = DeviceLayerCache() if cache is None else cache
@@ -364,7 +365,7 @@ def run_job(job: SampleJob, where: str, cache: Any = None, *, layers: list[tuple
 
 def cache_root() -> Path:
     """The library's cache folder: JAX's programs in ``jax/``, the kept executables in ``executables/``."""
-    from napari_gridmip.core._compile_cache import cache_dir
+    from napari_gridmip.core.runtime.compile_cache import cache_dir
 
     return cache_dir().parent
 
@@ -379,7 +380,7 @@ def log_path() -> Path:
 
 def cache_problem() -> str | None:
     """Why the library's cache cannot keep what a prepare compiles (without importing JAX), or None."""
-    from napari_gridmip.core._options import switched_off
+    from napari_gridmip.core.options import switched_off
 
     if switched_off("NAPARI_GRIDMIP_COMPILE_CACHE"):
         return (
@@ -403,12 +404,13 @@ def machine_key(where: str) -> dict[str, str]:
     import jaxlib
 
     from napari_gridmip import __version__
-    from napari_gridmip.core import _backend, _sharding, compute_on
-    from napari_gridmip.core._executables import _host, _sources_hash
+    from napari_gridmip.core import compute_on
+    from napari_gridmip.core.runtime import sharding, strategy
+    from napari_gridmip.core.runtime.executables import _host, _sources_hash
 
     with compute_on(where):
-        device = _backend.current_device()
-        devices = len(_sharding.band_devices())
+        device = strategy.current_device()
+        devices = len(sharding.band_devices())
     return {
         "host": _host()[:16],
         "band_devices": str(devices),
@@ -509,10 +511,11 @@ def prepare(
         if not alone:
             print(f"{PROG}: another process is preparing this machine now (log: {log_path()})", file=out, flush=True)
             return 0
-        from napari_gridmip.core import _compile_cache, _executables
+        from napari_gridmip.core.runtime import compile_cache
+        from napari_gridmip.core.runtime import executables as _executables
 
-        folder = _compile_cache.enable()
-        if not _compile_cache.is_ours():  # JAX's configuration was set in this process before (a user's script)
+        folder = compile_cache.enable()
+        if not compile_cache.is_ours():  # JAX's configuration was set in this process before (a user's script)
             raise PrepareError(f"preparing needs the library's compile cache; JAX's cache here is {folder}")
         key = machine_key(where)
         done = prepared_entry(key, [job.name for job in jobs])

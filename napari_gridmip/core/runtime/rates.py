@@ -1,5 +1,5 @@
 """Where a memory-bound call finishes first: this machine's link and compute rates, measured once and kept, and
-the estimate made from them (issue 53, item 1; :func:`napari_gridmip.core._backend.memory_bound_place`).
+the estimate made from them (issue 53, item 1; :func:`napari_gridmip.core.runtime.strategy.memory_bound_place`).
 
 A memory-bound kernel (the pyramids, the local correlation image) makes a pass or two over its input. Given a
 NumPy, dask or Zarr input on a machine with an accelerator, it can run on the accelerator, after its input has
@@ -33,7 +33,7 @@ process reads them. What is measured (:func:`measure_link`, :func:`measure_progr
 Nothing is ever measured where the device is the CPU (a machine without an accelerator: everything runs there):
 :func:`rates_for` answers None at once, as it does where a measurement fails (then the call runs on the host, the
 rule that ran before this model: 1.0x the host on a TPU v5e, docs/accelerator.md). ``python -m
-napari_gridmip._rates_report`` prints this machine's rates, measuring them if they are not kept (``--again``: anew),
+napari_gridmip.cli.rates`` prints this machine's rates, measuring them if they are not kept (``--again``: anew),
 and where the benchmark's memory-bound cases would run.
 """
 
@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core._files import write_atomically
+from napari_gridmip.core.runtime.files import write_atomically
 
 FORMAT = "napari-gridmip rates 1"
 FILE_NAME = "rates.json"
@@ -97,7 +97,7 @@ class Kernel:
 
 PYRAMID = 8 / 7  # 1 + 1/8 + 1/64 + ...: a pyramid's levels, in units of its level 0
 
-#: The memory-bound kernels placed by :func:`napari_gridmip.core._backend.memory_bound_place`.
+#: The memory-bound kernels placed by :func:`napari_gridmip.core.runtime.strategy.memory_bound_place`.
 KERNELS = {
     # level 0 is thresholded on the host in either case (common work) and crosses as bools
     "occupancy_mipmap": Kernel("any", work_itemsize=1, sent_itemsize=1, passes=PYRAMID, returned=PYRAMID),
@@ -176,7 +176,7 @@ def place(device: Any, kernel: str, inputs: tuple[object, ...]) -> str:
 
 def path() -> Path:
     """The rates file: ``rates.json`` in the library's cache folder, beside the compiled programs' folder."""
-    from napari_gridmip.core._compile_cache import cache_dir
+    from napari_gridmip.core.runtime.compile_cache import cache_dir
 
     return cache_dir().parent / FILE_NAME
 

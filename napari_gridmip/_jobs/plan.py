@@ -172,11 +172,11 @@ def now() -> str:
 
 def ran_on() -> dict[str, Any]:
     """``{"ran_on": ...}`` inside a job (the widgets' runs and the command line's record where their calls ran:
-    :func:`napari_gridmip.core._compute_on.record`), else nothing: the setting ``compute_on`` and, for each call
+    :func:`napari_gridmip.core.runtime.choice.record`), else nothing: the setting ``compute_on`` and, for each call
     that ran, JAX's platform and device kind and the rules that moved its work to the host CPU."""
-    from napari_gridmip.core import _compute_on
+    from napari_gridmip.core.runtime import choice
 
-    record = _compute_on.record()
+    record = choice.record()
     return {} if record is None else {"ran_on": record}
 
 
@@ -185,16 +185,16 @@ def _call_scope(call: Call) -> Any:
     import contextlib
     import sys
 
-    from napari_gridmip.core import _compute_on
+    from napari_gridmip.core.runtime import choice
 
-    if not _compute_on.is_recording():
+    if not choice.is_recording():
         return contextlib.nullcontext()
     device: dict[str, str] = {}
     if "jax" in sys.modules:  # a job's scope imports it (napari_gridmip.compute_on); a plan of files alone needs none
-        from napari_gridmip.core import _backend
+        from napari_gridmip.core.runtime import strategy
 
-        device = _backend.current_device()
-    return _compute_on.calling(f"napari_gridmip.{call.function}", **device)
+        device = strategy.current_device()
+    return choice.calling(f"napari_gridmip.{call.function}", **device)
 
 
 def layer_provenance(
@@ -246,7 +246,7 @@ def python_script(sources: Sequence[Source], calls: Sequence[Call], outputs: Map
     Layer sources read from ``viewer`` (napari's current viewer, or the one in napari's console); file
     sources from their paths. The script ends with ``results``, the outputs' arrays by name.
     """
-    from napari_gridmip._provenance import versions as _versions
+    from napari_gridmip._jobs.plan import versions as _versions
 
     lines = [f'"""Made by napari-gridmip {_versions()["napari_gridmip"]}: reproduces {len(outputs)} result(s)."""']
     uses_layers = any(s.layer is not None for s in sources)

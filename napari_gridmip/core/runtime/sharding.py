@@ -26,8 +26,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from napari_gridmip.core import _backend
-from napari_gridmip.core._options import switched_off
+from napari_gridmip.core.options import switched_off
+from napari_gridmip.core.runtime import strategy
 
 VARIABLE = "NAPARI_GRIDMIP_SHARD_BANDS"
 _AXIS = "bands"
@@ -43,7 +43,7 @@ def band_devices() -> tuple[Any, ...]:
     Under ``compute_on("host")`` on an accelerator machine the platform is the host CPU's, which has one device
     unless XLA was told otherwise.
     """
-    target = _backend._target_device()
+    target = strategy._target_device()
     if switched_off(VARIABLE):
         return (target,)
     try:

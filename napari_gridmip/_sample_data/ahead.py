@@ -13,7 +13,7 @@ imported JAX and the job already (a widget was used), it starts as the sample is
 making on the GUI thread (XLA's compile releases the GIL); otherwise at the event loop's next turn, once napari has
 added the sample, since those imports would hold the GIL the making needs (docs/benchmarks.md, the eighteenth
 session). The widget's run on the real layers then finds the programs made, or waits for the compile under way
-rather than starting a second one (``core/_executables.py``, ``core/correlation/_bands.py``).
+rather than starting a second one (``core/runtime/executables.py``, ``core/correlation/_bands.py``).
 
 Only those samples, only where early starts are on (napari's Preferences, "Start a run before Run is pressed") and
 the widget's remembered options that change the programs are its defaults (:data:`_PROGRAM_OPTIONS`), and only
@@ -61,7 +61,7 @@ def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
     run is submitted at the event loop's next turn, after napari has added the sample. Call on the GUI thread."""
     from qtpy.QtCore import QCoreApplication, QTimer
 
-    from napari_gridmip._prepare import JOBS, run_job
+    from napari_gridmip._sample_data.prepare import JOBS, run_job
     from napari_gridmip._widgets._base import prefetch_enabled
     from napari_gridmip._widgets._runner import BEFORE_RUN, Cancelled, compute_on_setting, import_layer_dependencies
     from napari_gridmip._widgets._workers import workers
@@ -124,7 +124,7 @@ _QUIT_WATCHED: list[Any] = []  # the application whose aboutToQuit cancels the r
 
 def _default_options() -> bool:
     """Whether the Correlation widget's remembered options are the defaults the run ahead assumes."""
-    from napari_gridmip import _settings
+    from napari_gridmip._jobs import settings as _settings
 
     stored = _settings.load("correlation")
     return all(stored.get(name, default) == default for name, default in _PROGRAM_OPTIONS.items())

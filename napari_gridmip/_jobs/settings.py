@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from napari_gridmip.core._files import write_atomically
+from napari_gridmip.core.runtime.files import write_atomically
 
 PLUGIN = "napari-gridmip"
 FILE_NAME = "widget-settings.json"
@@ -135,21 +135,21 @@ def compute_on(*, store: Any = _DEFAULT) -> str:
     command line), else napari's Preferences, napari-gridmip, "All widgets", "Compute on" (``general.compute_on``);
     a stored value that is none of its choices (nor the library's own words) means ``"auto"``. Raises ValueError for
     a bad variable."""
-    from napari_gridmip.core import _compute_on
-    from napari_gridmip.core._options import COMPUTE_ON
+    from napari_gridmip.core.options import COMPUTE_ON
+    from napari_gridmip.core.runtime import choice
 
-    if os.environ.get(_compute_on.VARIABLE, "").strip():
-        return _compute_on.default()
+    if os.environ.get(choice.VARIABLE, "").strip():
+        return choice.default()
     chosen = load("general", store=store).get("compute_on", "auto")
     return COMPUTE_ON_CHOICES.get(chosen, chosen if chosen in COMPUTE_ON else "auto")
 
 
 def device_layers_percent(*, store: Any = _DEFAULT) -> int:
     """The share of the accelerator's memory (percent) that keeps the widgets' input layers there between runs
-    (:mod:`napari_gridmip._device_layers`): napari's Preferences, napari-gridmip, "All widgets", "Keep input layers
+    (:mod:`napari_gridmip._jobs.device_layers`): napari's Preferences, napari-gridmip, "All widgets", "Keep input layers
     on the accelerator" (``general.device_layers``); 0 keeps none. A stored value that is not a number means the
     default; others are clipped to 0 to ``MAX_PERCENT``."""
-    from napari_gridmip._device_layers import DEFAULT_PERCENT, MAX_PERCENT
+    from napari_gridmip._jobs.device_layers import DEFAULT_PERCENT, MAX_PERCENT
 
     value = load("general", store=store).get("device_layers", DEFAULT_PERCENT)
     try:

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from napari_gridmip.core import _backend
+from napari_gridmip.core.runtime import strategy
 
 __all__ = ["compute_on"]
 
@@ -56,5 +56,5 @@ def compute_on(where: str) -> Iterator[Any]:
     >>> device.platform, levels[1].devices() == {device}
     ('cpu', True)
     """
-    with _backend.compute_scope(where) as device:
+    with strategy.compute_scope(where) as device:
         yield device

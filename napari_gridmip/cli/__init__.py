@@ -93,7 +93,7 @@ def _max_shift(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from napari_gridmip.core._options import COMPUTE_ON  # JAX-free
+    from napari_gridmip.core.options import COMPUTE_ON  # JAX-free
 
     parser = _Parser(
         prog="napari-gridmip",
@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run_prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """``--prepare`` (:mod:`napari_gridmip._prepare`): here, or in a detached process with ``--background``; the
+    """``--prepare`` (:mod:`napari_gridmip._sample_data.prepare`): here, or in a detached process with
+    ``--background``; the
     exit status (2 for a bad combination or a cache that cannot keep programs, 1 for a failed job)."""
     if not args.prepare:
         if args.force or args.background:
@@ -304,16 +305,16 @@ def run_prepare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         parser.error("--compute-on before a subcommand goes with --prepare; a subcommand takes it after its name")
     if args.command is not None:
         parser.error(f"--prepare takes no subcommand; got {args.command!r}")
-    from napari_gridmip import _prepare
+    from napari_gridmip._sample_data import prepare as _prepare
 
     try:
         if args.background:
             pid, log = _prepare.start_in_background(args.prepare_compute_on, force=args.force)
             print(f"{_prepare.PROG}: preparing in the background (process {pid}); its log: {log}")
             return 0
-        from napari_gridmip.core import _compute_on
+        from napari_gridmip.core.runtime import choice
 
-        where = args.prepare_compute_on or _compute_on.default()
+        where = args.prepare_compute_on or choice.default()
         return _prepare.prepare(where, force=args.force)
     except (_prepare.PrepareError, ValueError) as error:
         print(f"{_prepare.PROG}: error: {_one_line(error)}", file=sys.stderr)
@@ -330,9 +331,9 @@ def placed(where: str | None) -> Any:
     """The run's block: its kernels where ``--compute-on`` (else ``NAPARI_GRIDMIP_COMPUTE_ON``, else auto) says, and
     where each call ran logged for the outputs' provenance (``plan.record()``'s ``"ran_on"``)."""
     from napari_gridmip._jobs import placed as job_placed
-    from napari_gridmip.core import _compute_on
+    from napari_gridmip.core.runtime import choice
 
-    return job_placed(_compute_on.default() if where is None else where)
+    return job_placed(choice.default() if where is None else where)
 
 
 def _one_line(error: BaseException) -> str:
@@ -396,7 +397,7 @@ def _absolute(path: str) -> str:
 
 
 def run_mipmap(args: argparse.Namespace, compute: Any) -> None:
-    from napari_gridmip._provenance import Call, Plan, Source
+    from napari_gridmip._jobs.plan import Call, Plan, Source
     from napari_gridmip.io import read_array
 
     volume = read_array(args.input)
@@ -436,7 +437,7 @@ def bbox_line(path: Any) -> str:
 
 def run_merge(args: argparse.Namespace, compute: Any) -> None:
     from napari_gridmip._jobs.patches import MergeRequest, infer_image_shape, merge_plan
-    from napari_gridmip._provenance import Source
+    from napari_gridmip._jobs.plan import Source
     from napari_gridmip.io import read_array, write_array
 
     patches = read_array(args.input)
@@ -465,7 +466,7 @@ def parse_outputs(text: str) -> list[str]:
 def correlate_plan(args: argparse.Namespace, img1: Any, img2: Any) -> tuple[Any, dict[str, Any]]:
     """The correlation plan of ``correlate`` (the widget's, with the files as sources) and its inputs."""
     from napari_gridmip._jobs.correlation import CorrelationRequest, correlation_plan
-    from napari_gridmip._provenance import Source
+    from napari_gridmip._jobs.plan import Source
 
     names = parse_outputs(args.outputs)
     index = "[None]" if img1.ndim == 2 and img2.ndim == 2 else ""  # one image each (DIC): K = 1
@@ -605,9 +606,9 @@ def _stitch_inputs(args: argparse.Namespace) -> StitchInputs:
     if int(np.prod(grid)) != tiles.shape[0]:
         count = int(np.prod(grid))
         raise UsageError(f"--grid {' x '.join(map(str, grid))} needs {count} tiles; found {tiles.shape[0]}")
-    from napari_gridmip.core import _validate
+    from napari_gridmip.core import validate
 
-    order = _validate.check_choice("order", args.order or "row-major", ("row-major", "column-major", "snake"))
+    order = validate.check_choice("order", args.order or "row-major", ("row-major", "column-major", "snake"))
     return StitchInputs(tiles, grid_indices(grid, order), grid, names, False, tile_files=files)
 
 
@@ -615,8 +616,8 @@ def stitch_plan_of(args: argparse.Namespace, inputs: StitchInputs) -> Any:
     """The stitching plan of ``stitch`` (the widget's, with the files as sources): the stage from the file's
     positions, or from ``grid_positions``, taken in the files' order for a folder whose names give each tile's grid
     index."""
+    from napari_gridmip._jobs.plan import Source
     from napari_gridmip._jobs.stitch import StitchRequest, stitch_plan
-    from napari_gridmip._provenance import Source
 
     grid, grid_index, code = inputs.grid, inputs.grid_index, None
     if inputs.mosaic_path is not None:
@@ -764,8 +765,8 @@ def _write_positions(
 
 
 def run_corrimage(args: argparse.Namespace, compute: Any) -> None:
+    from napari_gridmip._jobs.plan import Source
     from napari_gridmip._jobs.timeseries import TimeSeriesRequest, timeseries_plan
-    from napari_gridmip._provenance import Source
     from napari_gridmip.io import read_array, write_array
 
     movie = read_array(args.movie)
@@ -783,7 +784,7 @@ def run_correlate_series(args: argparse.Namespace, compute: Any) -> None:
     from pathlib import Path
 
     from napari_gridmip._jobs.correlation import SeriesRequest, series_plan
-    from napari_gridmip._provenance import KEY, Source
+    from napari_gridmip._jobs.plan import KEY, Source
     from napari_gridmip.io import read_array
     from napari_gridmip.io._dic_csv import write_series_csv
     from napari_gridmip.io._write import atomic_path

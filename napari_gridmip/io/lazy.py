@@ -103,3 +103,17 @@ class LazyLevel:
 
     def __repr__(self) -> str:
         return f"LazyLevel(shape={self.shape}, dtype={self.dtype}, of {self._array!r})"
+
+
+def is_lazy(data: Any) -> bool:
+    """A dask or Zarr array (napari's lazy layers): read block by block, never whole."""
+    return not isinstance(data, np.ndarray) and hasattr(data, "chunks") and not hasattr(data, "device")
+
+
+def as_dask(data: Any) -> Any:
+    """A dask view of a dask or Zarr array (its stored chunks), or of a NumPy array beside one."""
+    import dask.array as da
+
+    if hasattr(data, "dask"):
+        return data
+    return da.from_array(data, chunks=getattr(data, "chunks", "auto"))

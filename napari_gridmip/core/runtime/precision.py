@@ -21,9 +21,8 @@ import jax
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core import _backend, _compute_on
+from napari_gridmip.core.runtime import choice, strategy
 
-# for products of float32 data: a TPU rounds a default-precision product's operands to bfloat16 (a GPU to TF32)
 HIGHEST = lax.Precision.HIGHEST
 
 
@@ -46,24 +45,24 @@ def precision_scope(dtype: Any) -> Iterator[None]:
     """Enable x64 inside the block when ``dtype`` is 64-bit; restore the user's setting after. The block runs
     where the user's setting places it in this thread (``core._backend.placed``)."""
     if not is_wide(dtype):
-        with _backend.placed():
+        with strategy.placed():
             yield
         return
     enable = getattr(jax, "enable_x64", None)
     if enable is None:  # older JAX
         from jax.experimental import enable_x64 as enable  # type: ignore[no-redef]
 
-        with _backend.placed(), enable(), _wide_device():
+        with strategy.placed(), enable(), _wide_device():
             yield
         return
-    with _backend.placed(), enable(True), _wide_device():
+    with strategy.placed(), enable(True), _wide_device():
         yield
 
 
 def _wide_device() -> contextlib.AbstractContextManager:
     """Where 64-bit work runs: JAX's default device, except on a TPU (no float64 there), the host CPU (noted in
     a job's log of where its calls ran)."""
-    if not _backend._on_tpu():
+    if not strategy._on_tpu():
         return contextlib.nullcontext()
-    _compute_on.moved_to_host("float64")
-    return _backend.on_host()
+    choice.moved_to_host("float64")
+    return strategy.on_host()

@@ -18,7 +18,7 @@ import os
 import threading
 from pathlib import Path
 
-from napari_gridmip.core._options import switched_off
+from napari_gridmip.core.options import switched_off
 
 #: Programs that took at least this long to compile are written to the cache (seconds).
 MIN_COMPILE_SECONDS = 0.05

@@ -1,7 +1,7 @@
 """Where the kernels run, as the user chose it, and the log of where a job's calls ran. JAX-free, and a leaf: the
 widgets, the provenance and ``core._backend`` all read it.
 
-The setting is one of :data:`~napari_gridmip.core._options.COMPUTE_ON`: the innermost
+The setting is one of :data:`~napari_gridmip.core.options.COMPUTE_ON`: the innermost
 :func:`napari_gridmip.compute_on` block's, else ``NAPARI_GRIDMIP_COMPUTE_ON``'s, else ``"auto"``. It is a context
 variable, not a thread's state: dask's threaded scheduler runs its tasks in copies of the context of the thread
 that computes, so a lazy result computed inside the block is placed as the block says, in whichever of dask's
@@ -11,7 +11,7 @@ not follow; ``core._backend.placed`` enters it again there).
 The log is what a job's provenance records (``"ran_on"``): while :func:`recording`, each public call that a plan
 runs (:func:`calling`) adds an entry with the device it was placed on, and each rule of ``core._backend`` that
 moves its work to the host CPU names itself in that entry (:func:`moved_to_host`). A widget's input that came
-from the device copies of its layers (``napari_gridmip._device_layers``) is noted beside the calls
+from the device copies of its layers (``napari_gridmip._jobs.device_layers``) is noted beside the calls
 (:func:`note_input`).
 """
 
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from napari_gridmip.core._options import COMPUTE_ON
+from napari_gridmip.core.options import COMPUTE_ON
 
 VARIABLE = "NAPARI_GRIDMIP_COMPUTE_ON"
 
@@ -149,7 +149,7 @@ def moved_to_host(rule: str) -> None:
 
 
 def note_input(entry: dict[str, Any]) -> None:
-    """Note, for the job being recorded, where one of its inputs came from (``napari_gridmip._device_layers``: the
+    """Note, for the job being recorded, where one of its inputs came from (``napari_gridmip._jobs.device_layers``: the
     device copy kept from an earlier run, or sent now); nothing outside :func:`recording`."""
     inputs = _INPUTS.get()
     if inputs is not None:

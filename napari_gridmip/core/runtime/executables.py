@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -47,9 +48,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from napari_gridmip.core import _compile_cache
-from napari_gridmip.core._backend import _target_device  # the device a call made now runs on
-from napari_gridmip.core._options import switched_off
+from napari_gridmip.core.options import switched_off
+from napari_gridmip.core.runtime import compile_cache
+from napari_gridmip.core.runtime.strategy import _target_device  # the device a call made now runs on
 
 _LOG = logging.getLogger(__name__)
 _SOURCES: dict[str, str] = {}  # the key's per-process parts, made once: the sources' hash ("core"), the host's
@@ -66,22 +67,28 @@ _KEYS: dict[tuple, str] = {}  # each key's hash by the facts it is made of (_key
 
 def folder() -> Path | None:
     """Where executables are kept, or None when this cache is off (see the module's docstring)."""
-    if not _compile_cache.is_ours():
+    if not compile_cache.is_ours():
         return None
     settings = (os.environ.get("NAPARI_GRIDMIP_EXECUTABLE_CACHE"), os.environ.get("NAPARI_GRIDMIP_CACHE_DIR"))
     if settings not in _FOLDERS:  # once per setting: a band program asks at each band
         off = switched_off("NAPARI_GRIDMIP_EXECUTABLE_CACHE")
-        _FOLDERS[settings] = None if off else _compile_cache.cache_dir().parent / "executables"
+        _FOLDERS[settings] = None if off else compile_cache.cache_dir().parent / "executables"
     return _FOLDERS[settings]
+
+
+def _package_version() -> str:
+    """The installed distribution's version (the core never imports the package above it)."""
+    try:
+        return importlib.metadata.version("napari-gridmip")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0.0.0"
 
 
 def _sources_hash() -> str:
     """SHA-256 of the package's version and every Python source of ``napari_gridmip/core``: an edited kernel is
     another program."""
     if "core" not in _SOURCES:
-        from napari_gridmip import __version__
-
-        digest = hashlib.sha256(__version__.encode())  # also where the sources are not files (a frozen app)
+        digest = hashlib.sha256(_package_version().encode())  # also where the sources are not files (a frozen app)
         root = Path(__file__).resolve().parent
         for path in sorted(root.rglob("*.py")):
             digest.update(str(path.relative_to(root)).encode())

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from napari_gridmip._jobs import DISPLAY_KEYS
-from napari_gridmip._provenance import KEY, same_output
+from napari_gridmip._jobs.plan import KEY, same_output
 
 
 class LayerChanges:

@@ -1,5 +1,5 @@
-"""``python -m napari_gridmip._rates_report [--again]``: this machine's rates for placing the memory-bound kernels
-(:mod:`napari_gridmip.core._rates`), what measuring them cost, and where the memory-bound cases of
+"""``python -m napari_gridmip.cli.rates [--again]``: this machine's rates for placing the memory-bound kernels
+(:mod:`napari_gridmip.core.runtime.rates`), what measuring them cost, and where the memory-bound cases of
 ``benchmarks/bench_accelerator.py`` would run under ``"auto"``.
 
 Apart from the core: it imports the kernels' modules, which register their probe programs with the rates module
@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from napari_gridmip.core import _rates
 from napari_gridmip.core.correlation import timeseries  # noqa: F401 - registers the "products" probe
 from napari_gridmip.core.occupancy import pyramid  # noqa: F401 - registers the "any" and "max" probes
+from napari_gridmip.core.runtime import rates as _rates
 
 #: benchmarks/bench_accelerator.py's memory-bound cases (its ``--cases`` names): kernel, shape, dtype, and where
 #: given the bytes an element takes on the link (None: as the kernel's profile says).
@@ -68,8 +68,6 @@ def _report(again: bool) -> int:
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(
-        prog="python -m napari_gridmip._rates_report", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m napari_gridmip.cli.rates", description=__doc__.split("\n\n")[0])
     parser.add_argument("--again", action="store_true", help="measure anew, replacing what is kept")
     raise SystemExit(_report(parser.parse_args().again))

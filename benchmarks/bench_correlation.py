@@ -138,7 +138,7 @@ def numba_kernels():
 
     @numba.njit(fastmath=True, inline="always")
     def hessian_step(c):
-        """The Newton step on a 3x3 neighbourhood ``c`` of the peak, as ``core/_peak.py`` (1D fallbacks)."""
+        """The Newton step on a 3x3 neighbourhood ``c`` of the peak, as ``core/peak.py`` (1D fallbacks)."""
         gy = (c[2, 1] - c[0, 1]) / 2
         gx = (c[1, 2] - c[1, 0]) / 2
         hyy = c[2, 1] - 2 * c[1, 1] + c[0, 1]

@@ -224,10 +224,10 @@ class LiveSource:
         return self._cells_cache[level]
 
     def _make_cells_at(self, level: int) -> np.ndarray:
-        from napari_gridmip.core.occupancy.raycast import _coarser
+        from napari_gridmip.core.occupancy.raycast import coarser_cells
 
         pool, cell = self._cell_at(level)
-        cells = _coarser(self.cells, pool) if pool > 1 else self.cells
+        cells = coarser_cells(self.cells, pool) if pool > 1 else self.cells
         target = tuple(-(-n // cell) for n in self.levels[level].shape)
         if cells.shape != target:  # level 0's cells cover the coarser level's edge cells too: trim or pad
             fixed = np.zeros(target, bool)

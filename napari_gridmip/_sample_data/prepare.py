@@ -406,13 +406,13 @@ def machine_key(where: str) -> dict[str, str]:
     from napari_gridmip import __version__
     from napari_gridmip.core import compute_on
     from napari_gridmip.core.runtime import sharding, strategy
-    from napari_gridmip.core.runtime.executables import _host, _sources_hash
+    from napari_gridmip.core.runtime.executables import host_fingerprint, sources_hash
 
     with compute_on(where):
         device = strategy.current_device()
         devices = len(sharding.band_devices())
     return {
-        "host": _host()[:16],
+        "host": host_fingerprint()[:16],
         "band_devices": str(devices),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "platform": str(device["platform"]),
@@ -421,7 +421,7 @@ def machine_key(where: str) -> dict[str, str]:
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "napari_gridmip": __version__,
-        "sources": _sources_hash()[:16],
+        "sources": sources_hash()[:16],
         "default_backend": jax.default_backend(),
     }
 

@@ -102,7 +102,7 @@ def read_ome_zarr(path: str) -> list[tuple]:
     from ome_zarr.io import parse_url
     from ome_zarr.reader import Reader
 
-    from napari_gridmip.core.occupancy._chunk_files import zarr_behind
+    from napari_gridmip.core.occupancy.chunk_files import zarr_behind
     from napari_gridmip.io.lazy import LazyLevel
 
     node = next(iter(Reader(parse_url(str(path)))()))

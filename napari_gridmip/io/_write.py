@@ -243,14 +243,13 @@ def _write_levels_by_block(volume: Any, group: Any, threshold: float, compute: C
     """
     import dask
 
-    from napari_gridmip.core.occupancy import _chunked
-    from napari_gridmip.core.occupancy.pyramid import mipmap_shapes
+    from napari_gridmip.core.occupancy.pyramid import BLOCK_LEVELS, mipmap_shapes
     from napari_gridmip.core.occupancy.pyramid import occupancy_mipmap as in_memory
 
     lead = volume.ndim - 3
     shapes = mipmap_shapes(volume.shape[-3:])
     top = len(shapes) - 1
-    b = min(top, _chunked.BLOCK_LEVELS)
+    b = min(top, BLOCK_LEVELS)
     step = 2**b
     spatial = tuple((step,) * (n // step) + ((n % step,) if n % step else ()) for n in volume.shape[-3:])
     volume = volume.rechunk(tuple((1,) * n for n in volume.shape[:lead]) + spatial)

@@ -21,7 +21,7 @@ class LazyLevel:
     ``np.asarray`` reads it; any other index reads the view first.
 
     ``stored_array``: the array itself when the view is all of it (the live view then reads its chunk files
-    directly: :func:`~napari_gridmip.core.occupancy._chunk_files.zarr_behind`).
+    directly: :func:`~napari_gridmip.core.occupancy.chunk_files.zarr_behind`).
     """
 
     def __init__(self, array: Any, index: tuple[range | int, ...] | None = None) -> None:

@@ -153,7 +153,7 @@ def test_reader_stops_at_a_level_napari_can_show_and_carries_the_cells(tmp_path,
     ((levels, meta, kind),) = read_ome_zarr(str(path))
     assert [level.shape[0] for level in levels] == [600, 300, 150] and 150 <= COARSEST_SIDE < 300
     # lazy views of the Zarr arrays (not dask: napari caches a dask layer's chunks), read where they are indexed
-    from napari_gridmip.core.occupancy._chunk_files import zarr_behind
+    from napari_gridmip.core.occupancy.chunk_files import zarr_behind
     from napari_gridmip.io.lazy import LazyLevel
 
     assert all(isinstance(level, LazyLevel) for level in levels)

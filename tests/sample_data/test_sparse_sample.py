@@ -52,7 +52,7 @@ def test_coarse_levels_are_strided_and_the_layer_is_multiscale(tmp_path, monkeyp
     # (napari caches dask layers' chunks), whose chunk files the live view still reads directly
     import dask
 
-    from napari_gridmip.core.occupancy._chunk_files import chunk_reader
+    from napari_gridmip.core.occupancy.chunk_files import chunk_reader
 
     assert not any(dask.is_dask_collection(level) for level in levels)
     assert all(chunk_reader(level) is not None for level in levels)

@@ -5,7 +5,7 @@ the displacement's uncertainty from its curvature.
 The sweep (:mod:`.subsets`) hands each output pixel the sums over its 5 x 5 tap block (img1's cross sums with
 img2's vector, img1's box sums and the Gram matrix of img1's tap vectors, :class:`TapSums`); everything here is
 a function of those sums and the position, with no subset loop. The weights are
-:mod:`napari_gridmip.core._interpolation`'s (Keys' cubic convolution on img1, or the cubic B-spline on its
+:mod:`napari_gridmip.core.interpolation`'s (Keys' cubic convolution on img1, or the cubic B-spline on its
 coefficients). A leaf below :mod:`.subsets`: of the correlation package it imports only :mod:`._normalised` (the
 quotient rule of ``r = N / sqrt(S)``, shared with :mod:`.refine`).
 
@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core._interpolation import bspline_weights, keys_weights
 from napari_gridmip.core.correlation._normalised import normalised_derivatives
+from napari_gridmip.core.interpolation import bspline_weights, keys_weights
 
 MAX_STEP = 0.5  # px per Newton step
 UPHILL_STEP = 0.1  # px: the step along an axis where the correlation is not concave (towards its gradient)

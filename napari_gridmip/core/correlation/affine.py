@@ -29,7 +29,7 @@ J. Blaber, B. Adair, A. Antoniou, "Ncorr: open-source 2D digital image correlati
 55, 1105-1122 (2015).
 D. Z. Turner, "Digital Image Correlation Engine (DICe)", Sandia National Laboratories (2015).
 M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
-(1999) (the cubic B-spline; its weights: :func:`napari_gridmip.core._interpolation.bspline_weights`).
+(1999) (the cubic B-spline; its weights: :func:`napari_gridmip.core.interpolation.bspline_weights`).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def _knots_fit(lost: jax.Array, axes: tuple[tuple[jax.Array, jax.Array, jax.Arra
 
 def _weights(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The cubic B-spline's weights of the taps -1, 0, 1, 2 at the fraction ``t``, as
-    :func:`napari_gridmip.core._interpolation.bspline_weights` gives them, each an array shaped as ``t``."""
+    :func:`napari_gridmip.core.interpolation.bspline_weights` gives them, each an array shaped as ``t``."""
     t2, u = t * t, 1 - t
     t3 = t2 * t
     return u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6

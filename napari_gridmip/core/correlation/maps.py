@@ -37,13 +37,13 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import validate
-from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core.correlation import subsets
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair, check_subset
 from napari_gridmip.core.correlation.prefilter import check_prefilter, smooth_frames
 from napari_gridmip.core.correlation.refine import refine_displacement, refine_plan
 from napari_gridmip.core.options import SUBPIXEL_METHODS
+from napari_gridmip.core.peak import subpixel_offset
 from napari_gridmip.core.runtime import strategy
 from napari_gridmip.core.runtime.executables import kept
 from napari_gridmip.core.runtime.precision import is_wide, precision_scope

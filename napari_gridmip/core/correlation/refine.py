@@ -33,10 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core._interpolation import keys_weights
-from napari_gridmip.core._peak import int32_indices
 from napari_gridmip.core.correlation._bands import join_bands, kept_rows
 from napari_gridmip.core.correlation._normalised import normalised_derivatives
+from napari_gridmip.core.interpolation import keys_weights
+from napari_gridmip.core.peak import int32_indices
 from napari_gridmip.core.runtime import strategy
 from napari_gridmip.core.runtime.executables import kept
 from napari_gridmip.core.runtime.precision import HIGHEST

@@ -35,7 +35,7 @@ Where the pieces are: this module holds the plan, the sweep, each band's program
 (:func:`run`, and :func:`~napari_gridmip.windowed_pearson` and :func:`~napari_gridmip.find_displacement`
 with a subset or a step); :mod:`._subset_newton` the sub-pixel step (the interpolated correlation from a
 pixel's tap sums, the Newton step, the uncertainty), with :mod:`._normalised` the quotient rule of
-``r = N / sqrt(S)`` it shares with :mod:`.refine`; :mod:`napari_gridmip.core._interpolation` the Keys and
+``r = N / sqrt(S)`` it shares with :mod:`.refine`; :mod:`napari_gridmip.core.interpolation` the Keys and
 B-spline weights; :mod:`._bands` the join of the bands (here, and for :mod:`.affine`'s IC-GN); :mod:`._checks`
 the checks of the pair and of the subset and step options; and :mod:`.tracking` the public
 :func:`~napari_gridmip.track_speckles` and its result type.
@@ -67,7 +67,6 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import validate
-from napari_gridmip.core._peak import subpixel_offset
 from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 from napari_gridmip.core.correlation._checks import check_dtypes, check_pair
 from napari_gridmip.core.correlation._subset_newton import (
@@ -82,6 +81,7 @@ from napari_gridmip.core.correlation._subset_newton import (
 )
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
 from napari_gridmip.core.options import SUBPIXEL_METHODS
+from napari_gridmip.core.peak import subpixel_offset
 from napari_gridmip.core.runtime import strategy as _backend
 from napari_gridmip.core.runtime.executables import kept
 from napari_gridmip.core.runtime.precision import is_wide, precision_scope

@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import validate
+from napari_gridmip.core.occupancy import _chunked
 from napari_gridmip.core.occupancy._shapes import mipmap_shapes
 from napari_gridmip.core.runtime import rates as _rates
 from napari_gridmip.core.runtime import strategy
@@ -32,6 +33,10 @@ from napari_gridmip.core.runtime.sharding import spread_blocks
 from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device
 
 __all__ = ["max_mipmap", "mipmap_shapes", "occupancy_mipmap", "threshold_mipmap"]
+
+BLOCK_LEVELS = _chunked.BLOCK_LEVELS
+"""The levels a dask volume's pyramid makes block by block (blocks of ``2**BLOCK_LEVELS`` voxels a side); the
+Zarr writer (:func:`napari_gridmip.write_mipmap`) stores its blocks' levels with the same blocks."""
 
 
 class Reduction(NamedTuple):
@@ -333,8 +338,6 @@ def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, thre
     if validate.is_dask(volume):  # block by block, each block by the validated kernel
         import functools
 
-        from napari_gridmip.core.occupancy import _chunked
-
         # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
         # and on every local device, block by block in turn (core._sharding.spread_blocks)
         kernel = spread_blocks(strategy.keep_place(functools.partial(_occupancy_kernel, threshold=threshold)))
@@ -460,8 +463,6 @@ def max_mipmap(volume: Any) -> list[Any]:
 
 def _max_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[Any]:
     if validate.is_dask(volume):  # block by block, each block by the validated kernel
-        from napari_gridmip.core.occupancy import _chunked
-
         # where memory_bound_place put this call, in dask's threads too, on every local device in turn
         kernel = spread_blocks(strategy.keep_place(_max_kernel))
         return _chunked.pyramid(volume, kernel, kernel, volume.dtype)

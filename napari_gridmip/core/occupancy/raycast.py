@@ -40,7 +40,7 @@ import numpy as np
 
 from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy import _flat
-from napari_gridmip.core.occupancy._chunk_files import chunk_reader
+from napari_gridmip.core.occupancy.chunk_files import chunk_reader
 from napari_gridmip.core.runtime import strategy
 
 __all__ = ["colorize_view", "render_view"]
@@ -110,7 +110,7 @@ class ChunkCache:
     a small part of the chunks' bytes (the 2048^3 sample's 3058 chunks with an occupied cell: 1.5 GiB whole, 43 MiB
     of occupied cells). Otherwise whole chunks are kept (one brick per chunk). Chunks are evicted least recently
     used first, with their bricks. A local Zarr v3 array of the plain layout (``bytes`` and one of ``zstd``,
-    ``gzip``, ``blosc``) is read from its chunk files directly (:mod:`._chunk_files`: 4x less time a chunk than
+    ``gzip``, ``blosc``) is read from its chunk files directly (:mod:`.chunk_files`: 4x less time a chunk than
     through Zarr); other volumes through their own slicing. One cache may serve many renders of the same volume (a
     live view keeps one); it is used by one render at a time, and is emptied when a render brings another occupancy
     grid.
@@ -665,7 +665,7 @@ def _pad(a: np.ndarray, size: int, value: Any = 0) -> np.ndarray:
     return out
 
 
-def _coarser(cells: np.ndarray, factor: int) -> np.ndarray:
+def coarser_cells(cells: np.ndarray, factor: int) -> np.ndarray:
     """The occupancy of cells ``factor`` times larger (any of the cells inside)."""
     padded = np.zeros(tuple(-(-n // factor) * factor for n in cells.shape), bool)
     padded[tuple(slice(0, n) for n in cells.shape)] = cells
@@ -870,7 +870,7 @@ def _render(*, volume, cells, o, d, shape, cell, out_shape, mode, step, t_near, 
     step32, shape_device = np.float32(step), jax.device_put(np.asarray(shape, np.int32))
     if "boxes" not in cache.derived:  # per level (16x and 4x coarser cells, the cells): the bits of its cells'
         # boxes (one lookup a segment), and the cells themselves (marking chunks); kept with the cache
-        grids = [_coarser(cells, f) for f in scales[:-1]] + [cells]
+        grids = [coarser_cells(cells, f) for f in scales[:-1]] + [cells]
         cache.derived["boxes"] = [jax.device_put(_box_bits(g)) for g in grids]
         cache.derived["cells"] = jax.device_put(np.asarray(cells))
     boxes, cells_device = cache.derived["boxes"], cache.derived["cells"]

@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from napari_gridmip.core._interpolation import keys_weights
-from napari_gridmip.core._peak import quadratic_peak
+from napari_gridmip.core.interpolation import keys_weights
 from napari_gridmip.core.patches._stitch_shared import (
     GN_ITERATIONS,
     MARGIN,
@@ -30,6 +29,7 @@ from napari_gridmip.core.patches._stitch_shared import (
     filter_halo,
     filters,
 )
+from napari_gridmip.core.peak import quadratic_peak
 from napari_gridmip.core.runtime import compile_cache
 from napari_gridmip.core.runtime.precision import HIGHEST
 
@@ -112,7 +112,7 @@ def _quadratic_nd(hood: jax.Array) -> jax.Array:
     unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
     grad = jnp.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit])
     if d == 2:
-        # core._peak's 2D fit (Newton step, 1D fallbacks), the solve shared. The differences are this
+        # core.peak's 2D fit (Newton step, 1D fallbacks), the solve shared. The differences are this
         # function's, written for any d: they are subpixel_offset(hood, "hessian")'s but for the order of the
         # Hessian's diagonal sums, (c+ + c-) - 2 c0 here, (c+ - 2 c0) + c- there (an ulp apart), which keeps
         # this engine's peaks as they were and equal to the NumPy engine's (_stitch_numpy.quadratic_nd)

@@ -26,9 +26,9 @@ from collections import OrderedDict
 import numpy as np
 from scipy import fft as sfft
 
-from napari_gridmip.core._interpolation import keys_weights
-from napari_gridmip.core._peak import quadratic_peak
+from napari_gridmip.core.interpolation import keys_weights
 from napari_gridmip.core.patches._stitch_shared import Band, band_widths, filters
+from napari_gridmip.core.peak import quadratic_peak
 
 __all__: list[str] = []
 
@@ -143,7 +143,7 @@ def quadratic_nd(hood: np.ndarray) -> np.ndarray:
     centre = hood[(slice(None), *c)]
     unit = [tuple(1 if k == a else 0 for k in range(d)) for a in range(d)]
     grad = np.stack([(at(u) - at(tuple(-v for v in u))) / 2 for u in unit], axis=1)  # (B, d)
-    if d == 2:  # core._peak.quadratic_peak on NumPy arrays, from the JAX engine's differences
+    if d == 2:  # core.peak.quadratic_peak on NumPy arrays, from the JAX engine's differences
         hyy = at((1, 0)) + at((-1, 0)) - 2 * centre
         hxx = at((0, 1)) + at((0, -1)) - 2 * centre
         hxy = (at((1, 1)) - at((1, -1)) - at((-1, 1)) + at((-1, -1))) / 4

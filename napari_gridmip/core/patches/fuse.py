@@ -33,7 +33,7 @@ import numpy as np
 from jax import lax
 
 from napari_gridmip.core import validate
-from napari_gridmip.core._interpolation import TAPS, keys_weights
+from napari_gridmip.core.interpolation import TAPS, keys_weights
 from napari_gridmip.core.options import FUSE_BLENDS, FUSE_INTERPOLATIONS
 from napari_gridmip.core.patches.grid import merge_dtypes
 from napari_gridmip.core.runtime.precision import precision_scope

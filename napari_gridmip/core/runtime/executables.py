@@ -84,7 +84,7 @@ def _package_version() -> str:
         return "0.0.0"
 
 
-def _sources_hash() -> str:
+def sources_hash() -> str:
     """SHA-256 of the package's version and every Python source of ``napari_gridmip/core``: an edited kernel is
     another program."""
     if "core" not in _SOURCES:
@@ -97,7 +97,7 @@ def _sources_hash() -> str:
     return _SOURCES["core"]
 
 
-def _host() -> str:
+def host_fingerprint() -> str:
     """The machine's processor and its instruction-set flags: an XLA CPU executable is built for them, and a cache
     folder may be shared between machines (a network home)."""
     if "host" not in _SOURCES:
@@ -152,7 +152,7 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
     )
     flags = (os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""))
     options = tuple(sorted((k, type(v).__qualname__, v) for k, v in static.items()))  # 2 and 2.0 are two programs
-    facts = (name, options, tree, tuple(types), device, scope, flags, _sources_hash())
+    facts = (name, options, tree, tuple(types), device, scope, flags, sources_hash())
     try:
         return _KEYS[facts]
     except KeyError:
@@ -166,11 +166,11 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
         sorted((k, type(v).__qualname__, repr(v)) for k, v in static.items()),
         str(tree),
         types,
-        (device.platform, device.device_kind, device.id, device.client.platform_version, _host()),
+        (device.platform, device.device_kind, device.id, device.client.platform_version, host_fingerprint()),
         scope,
         (jax.__version__, jaxlib.__version__, sys.version_info[:2]),
         flags,
-        _sources_hash(),
+        sources_hash(),
     )
     _KEYS[facts] = key = hashlib.sha256(repr(parts).encode()).hexdigest()
     return key

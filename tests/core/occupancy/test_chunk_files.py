@@ -7,7 +7,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from napari_gridmip import occupancy_mipmap, render_view
-from napari_gridmip.core.occupancy._chunk_files import chunk_reader, zarr_behind
+from napari_gridmip.core.occupancy.chunk_files import chunk_reader, zarr_behind
 from napari_gridmip.core.occupancy.raycast import ChunkCache
 
 SHAPE, CHUNKS = (40, 37, 21), (16, 16, 8)  # edge chunks along every axis

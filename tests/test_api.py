@@ -5,11 +5,16 @@
 - The data arguments come first and may be positional; every option after them
   is keyword-only.
 - Each function's docstring states its parameters, what it returns and what it raises.
+- The few public types (enums the functions return) are in ``__all__`` too, each documented, each member too.
+- The option lists of ``napari_gridmip.core.options`` are public: tuples of strings, each documented.
 """
 
+import ast
+import enum
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -59,12 +64,50 @@ DATA_ARGUMENTS = {
     "write_series_csv": ("series", "folder"),
 }
 
-FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name != "__version__")
+# The public types: enums that the functions' results hold (a DIC series' per-point status)
+TYPES = ("Status",)
+
+FUNCTIONS = sorted(name for name in napari_gridmip.__all__ if name not in ("__version__", *TYPES))
 
 
-def test_the_api_is_exactly_these_functions():
+def test_the_api_is_exactly_these_functions_and_types():
     assert FUNCTIONS == sorted(DATA_ARGUMENTS)
-    assert sorted(core.__all__) == [f for f in FUNCTIONS if f not in napari_gridmip._IO]
+    assert sorted(core.__all__) == sorted([f for f in FUNCTIONS if f not in napari_gridmip._IO] + list(TYPES))
+
+
+def documented_assignments(path: Path, names: set[str] | None = None) -> dict[str, bool]:
+    """Each simple assignment at the top of ``path``'s module (or of its class ``names``' bodies), and whether a
+    string (its docstring) follows it."""
+    tree = ast.parse(path.read_text())
+    bodies = [tree.body] if names is None else [n.body for n in tree.body if getattr(n, "name", None) in names]
+    found = {}
+    for body in bodies:
+        for statement, after in zip(body, [*body[1:], None]):
+            if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
+                found[statement.targets[0].id] = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+    return found
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_public_types_are_documented_enums(name):
+    kind = getattr(napari_gridmip, name)
+    assert issubclass(kind, enum.Enum) and kind.__module__.startswith("napari_gridmip.core.")
+    assert inspect.getdoc(kind)
+    members = documented_assignments(Path(inspect.getfile(kind)), {name})
+    assert sorted(members) == sorted(kind.__members__)
+    undocumented = [m for m, documented in members.items() if not documented and m != "ok"]  # ok: the class says
+    assert undocumented == [], f"{name}: members without a docstring: {undocumented}"
+
+
+def test_option_lists_are_public_tuples_of_words_each_documented():
+    from napari_gridmip.core import options
+
+    lists = {name: value for name, value in vars(options).items() if name.isupper()}
+    assert len(lists) > 10
+    for name, value in lists.items():
+        assert isinstance(value, tuple) and value and all(isinstance(v, str) for v in value), name
+    documented = documented_assignments(Path(options.__file__))
+    assert {name for name in lists if not documented.get(name)} == set()
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)
@@ -99,9 +142,9 @@ def test_core_modules_export_only_the_api():
         if info.ispkg:
             assert not exported, info.name  # subpackages export nothing: the API is flat
         elif leaf.startswith("_"):
-            assert not exported & set(FUNCTIONS) or leaf == "_options", info.name
+            assert not exported & {*FUNCTIONS, *TYPES}, info.name
         else:
-            assert exported <= set(FUNCTIONS), (info.name, exported - set(FUNCTIONS))
+            assert exported <= {*FUNCTIONS, *TYPES}, (info.name, exported - {*FUNCTIONS, *TYPES})
 
 
 def test_no_import_cycle_between_correlation_and_refine():

@@ -45,6 +45,7 @@ _API = {
     "strain_field": "correlation.fields",
     "local_correlation_image": "correlation.timeseries",
     "track_speckles": "correlation.tracking",
+    "Status": "correlation.status",
     "compute_on": "runtime.devices",
 }
 

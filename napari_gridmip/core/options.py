@@ -1,8 +1,10 @@
-"""The core's option lists, JAX-free, so that the widgets can offer them without importing JAX.
+"""The core's option lists: public, JAX-free tuples of the words each option takes, the default first.
 
-The kernels validate against these tuples and the widgets build their choices
-from them: one list per option, nothing to keep in sync.
+The kernels validate against them and the widgets and the command line build their choices from them (without
+importing JAX): one list per option, nothing to keep in sync. Import them from here.
 """
+
+import os
 
 BLEND_MODES = ("mean", "gaussian", "hann", "max", "overwrite")
 """``merge_patches(blend=...)``: weighted means first, then the two order-based modes."""
@@ -33,8 +35,6 @@ say to mean off, in any case; anything else, or unset, is on."""
 
 def switched_off(variable: str) -> bool:
     """Whether the environment variable ``variable`` is set to one of :data:`OFF_WORDS`."""
-    import os
-
     return os.environ.get(variable, "").strip().lower() in OFF_WORDS
 
 
@@ -52,5 +52,5 @@ STITCH_SUBPIXEL = ("refine", "quadratic", "none")
 
 COMPUTE_ON = ("auto", "accelerator", "host")
 """``compute_on(where)``, ``NAPARI_GRIDMIP_COMPUTE_ON`` and the command line's ``--compute-on``: where the kernels
-run, the default first: by the rules of ``core._backend`` (``"auto"``), on JAX's default device with those rules
+run, the default first: by the rules of :mod:`.runtime.strategy` (``"auto"``), on JAX's default device with those rules
 that move work to the host off (``"accelerator"``), or all on the host CPU (``"host"``)."""

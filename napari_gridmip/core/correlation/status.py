@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 
+__all__ = ["Status"]
+
 
 class Status(enum.IntEnum):
     """Why a point of a series has no value in a frame (``ok``: it has one)."""

@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--first-calls", action="store_true", help="also each mode's first call in a new process")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()
+    from _harness import record, start
+    start("devices", args)
 
     import jax
     from _harness import alternate, machine

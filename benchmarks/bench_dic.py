@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import PeakMemory, block, machine  # noqa: E402
+from _harness import PeakMemory, block, machine, record, start  # noqa: E402
 
 # -- the baseline -----------------------------------------------------------------------------------
 
@@ -618,6 +618,7 @@ def main() -> None:
     if args.first_call:
         _first_call_child(args.first_call, args.quick)
         return
+    start("dic", args)
     if args.only == "peer":
         print(peer(args), flush=True)
         return

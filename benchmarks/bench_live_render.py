@@ -290,6 +290,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
     parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
     args = parser.parse_args()
+    from _harness import record, start
+    start("live_render", args)
     if args.gui:
         rows = []
         with tempfile.TemporaryDirectory() as tmp:

@@ -33,7 +33,7 @@ import dask.array as da
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine, measure, table  # noqa: E402
+from _harness import machine, measure, record, start, table  # noqa: E402
 
 from napari_gridmip import max_mipmap, occupancy_mipmap, orthographic_rays, render_volume, threshold_mipmap  # noqa: E402
 
@@ -99,6 +99,7 @@ def main() -> None:
     )
     parser.add_argument("--slider-only", action="store_true", help="only the threshold slider rows (256^3)")
     args = parser.parse_args()
+    start("render", args)
     if args.quick:
         args.size, args.chunk, args.image, args.repeats = 256, 32, 256, 1
     dask.config.set(scheduler="threads")

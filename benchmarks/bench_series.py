@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import PeakMemory, block, machine  # noqa: E402
+from _harness import PeakMemory, block, machine, record, start  # noqa: E402
 
 import napari_gridmip as gm  # noqa: E402
 from napari_gridmip._sample_data.dic_series import KINDS, make_dic_series, true_displacement  # noqa: E402
@@ -467,6 +467,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["accuracy", "speed", "real", "mudic"])
     parser.add_argument("--real-dir", help="a folder with ohtcfrp_00 ... ohtcfrp_NN and roi.png/.tif (section real)")
     args = parser.parse_args()
+    start("series", args)
     if args.only in (None, "accuracy"):
         print(accuracy(args), end="\n\n", flush=True)
     if args.only in (None, "speed"):

@@ -674,6 +674,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("repetitive",), help="repetitive: large stage errors and repetitive "
                         "texture, accuracy only")  # fmt: skip
     args = parser.parse_args()
+    from _harness import record, start
+    start("stitch", args)
     from _harness import machine
 
     print(f"# {machine()}")

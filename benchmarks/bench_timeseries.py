@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _harness import machine, measure, table
+from _harness import machine, measure, record, start, table
 
 CHILD = textwrap.dedent(
     """
@@ -120,6 +120,7 @@ def main() -> None:
         "opencv-python-headless is installed, as CaImAn's default)",
     )  # fmt: skip
     args = parser.parse_args()
+    start("timeseries", args)
     frames, size = (200, 256) if args.quick else (2000, 512)
     folder = Path(args.folder) / f"timeseries-{frames}x{size}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -143,8 +144,8 @@ def main() -> None:
         measure("CaImAn formula, NumPy + shifted adds", lambda: caiman_formula(movie, shifted_adds=True),
                 repeats=args.repeats, note="the faster NumPy formula"),
     ]  # fmt: skip
-    if args.caiman is not None:  # CaImAn's own code, read from the checkout (benchmarks/caiman_check.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.caiman is not None:  # CaImAn's own code, read from the checkout (benchmarks/probes/caiman_check.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "probes"))
         from caiman_check import caiman_summary_images
 
         caiman = caiman_summary_images(args.caiman)

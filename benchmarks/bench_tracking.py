@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import machine, measure  # noqa: E402
+from _harness import machine, measure, record, start  # noqa: E402
 
 
 def make_data(frames: int, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    start("tracking", args)
     from mbipy.src.phase_retrieval.explicit.umpa import umpa
 
     from napari_gridmip import track_speckles

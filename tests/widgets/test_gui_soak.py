@@ -1,4 +1,4 @@
-"""A short GUI soak in the suite (benchmarks/gui_soak.py runs the long one, docs/benchmarks.md holds its figures):
+"""A short GUI soak in the suite (benchmarks/probes/gui_soak.py runs the long one, docs/benchmarks.md its figures):
 random sequences of docking, samples, layer edits, option changes mid-run, Run / Cancel / Run again, 2D / 3D with
 the full-resolution view on, and the viewer closed mid-job, in a process of its own under an outside watchdog,
 with Qt's global pool limited to one thread."""
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SOAK = Path(__file__).parents[2] / "benchmarks" / "gui_soak.py"
+SOAK = Path(__file__).parents[2] / "benchmarks" / "probes" / "gui_soak.py"
 
 
 def load_gui_soak():

@@ -1,11 +1,11 @@
-"""A short soak in the suite (benchmarks/soak.py runs the long one): every widget, a few runs with random
+"""A short soak in the suite (benchmarks/probes/soak.py runs the long one): every widget, a few runs with random
 parameters, cancels, vanishing inputs and re-docking, then the viewer closed during a run."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-SOAK = Path(__file__).parents[2] / "benchmarks" / "soak.py"
+SOAK = Path(__file__).parents[2] / "benchmarks" / "probes" / "soak.py"
 
 
 def load_soak():

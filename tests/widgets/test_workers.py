@@ -192,7 +192,7 @@ def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, q
 
 def test_a_result_arriving_after_the_viewer_closed_is_dropped(make_napari_viewer, qtbot):
     """The viewer is closed while a job runs (its docks are deleted later, by Qt): the result must not be added
-    to the closed viewer, whose canvas is gone (napari crashed in add_layer then: benchmarks/gui_soak.py)."""
+    to the closed viewer, whose canvas is gone (napari crashed in add_layer then: benchmarks/probes/gui_soak.py)."""
     from napari_gridmip._widgets._runner import BackgroundRunner
 
     viewer = make_napari_viewer()

@@ -62,7 +62,7 @@ def test_equals_caiman_fft_formula_and_constant_pixels_count_as_zero():
 def test_a_diagonal_pair_counts_for_its_own_two_pixels(pair):
     """Two diagonal neighbours sharing a signal (correlation 0.9 between them, noise elsewhere): each of the two,
     and no other pixel, gains 0.9 / 8. CaImAn's ``local_correlations`` credits two of its four diagonal pairs to
-    a pixel outside the pair (benchmarks/caiman_check.py, docs/timeseries.md)."""
+    a pixel outside the pair (benchmarks/probes/caiman_check.py, docs/timeseries.md)."""
     rng = np.random.default_rng(1)
     movie = rng.standard_normal((4000, 6, 6))
     shared = 3 * rng.standard_normal(4000)

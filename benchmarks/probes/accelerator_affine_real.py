@@ -5,11 +5,11 @@ The accelerator's strategies: one window per point, a band's rows together (``co
 steps), as published by jaredvanblitterswyk/image_deformation
 (``rigid_body_translation/reu_sample1_00_upsample_10_rigid_pixel_shift``).
 
-    python benchmarks/accelerator_affine_real.py DIR
+    python benchmarks/probes/accelerator_affine_real.py DIR
 
 On a CPU-only machine the accelerator's strategies are forced on the CPU; on an accelerator they run on it as
 its defaults, against the same call inside ``strategy.on_host()``. Prints, per shift, the largest differences
-of the fields and whether their NaN agree (issue 34's bound: 1e-3 px), and the host's dx bias.
+of the fields and whether their NaN agree (the bound: 1e-3 px), and the host's dx bias.
 """
 
 from __future__ import annotations

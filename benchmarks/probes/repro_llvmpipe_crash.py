@@ -1,10 +1,10 @@
 """A segmentation fault of Mesa 22.3's llvmpipe, reproduced with napari alone (no plugin code).
 
-    xvfb-run -a python -X faulthandler benchmarks/repro_llvmpipe_crash.py
+    xvfb-run -a python -X faulthandler benchmarks/probes/repro_llvmpipe_crash.py
 
 Two image layers; one is deleted (vispy deletes its GL program), then the canvas changes size (the
 window is resized, or the dims slider goes away because only 2D layers are left): the next draw
-crashes inside ``glDrawArrays``. Found by benchmarks/soak.py ("delete the input during a run" on the
+crashes inside ``glDrawArrays``. Found by benchmarks/probes/soak.py ("delete the input during a run" on the
 patches widget). Measured here (Debian 12, Xvfb, napari 0.9.2, vispy 0.16.2 and 0.17.0, PyQt5 and
 PyQt6): Mesa 22.3.6 crashes every time; Mesa 25.0.7 (bookworm-backports) does not; skipping vispy's
 GL ``DELETE`` of programs alone (textures and buffers still deleted) also avoids it. Exit status 0

@@ -1,13 +1,13 @@
 """Where a first call's time goes: JAX's monitoring events of one benchmark case, in a new process.
 
-    python benchmarks/first_call_split.py dic track_speckles              # compile cache off: everything compiles
-    NAPARI_GRIDMIP_CACHE_DIR=/tmp/c python benchmarks/first_call_split.py --keep-compile-cache dic   # run it twice
+    python benchmarks/probes/first_call_split.py dic track_speckles       # compile cache off: everything compiles
+    NAPARI_GRIDMIP_CACHE_DIR=/tmp/c python benchmarks/probes/first_call_split.py --keep-compile-cache dic  # twice
 
 For each case of ``benchmarks/bench_accelerator.py`` named (same inputs), in this process: the first call, then
 a warm one, each with the sum and count of every duration event JAX reported during it (tracing, lowering to
 MLIR, XLA's backend compile, the persistent cache's reads and writes), and the rest of the call, which is the
-run itself, the transfers and Python. One JSON line per case on stdout. Issue 33 item 4 (the host) and issue 34
-item 4 (an accelerator, and the next process with the persistent cache) ask where the first call goes.
+run itself, the transfers and Python. One JSON line per case on stdout: where the first call goes, on the host,
+on an accelerator, and in the next process with the persistent cache.
 
 With ``--keep-compile-cache``, the library's own cache (``NAPARI_GRIDMIP_CACHE_DIR``, programs over 0.05 s kept)
 serves the next process; a ``JAX_COMPILATION_CACHE_DIR`` of the user's wins over it and keeps JAX's own
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 

@@ -1,6 +1,6 @@
 """Soak test: every widget, many times, in one viewer, with cancels, vanishing inputs and re-docking.
 
-    xvfb-run -a python -X faulthandler benchmarks/soak.py [--iterations 30] [--rounds 3] [--census]
+    xvfb-run -a python -X faulthandler benchmarks/probes/soak.py [--iterations 30] [--rounds 3] [--census]
 
 For each widget, ``--iterations`` times in one viewer: a run with random valid parameters, and at a
 random moment one of: wait for it, press Cancel, delete the input layer, or close the dock and dock a

@@ -1,7 +1,7 @@
 """The local correlation image against CaImAn's own functions, on a movie made from CaImAn's demo recording.
 
     git clone https://github.com/flatironinstitute/CaImAn /tmp/CaImAn     # or any checkout of it
-    python benchmarks/caiman_check.py /tmp/CaImAn
+    python benchmarks/probes/caiman_check.py /tmp/CaImAn
 
 CaImAn's example movie (``example_movies/demoMovie.tif``) is not in its repository (fetched on install), but its
 test suite keeps that recording's decomposition: ``caiman/tests/comparison/groundtruth_demoMovie.npz``, the 16

@@ -1,13 +1,13 @@
 """Where a warm call's time goes on the device: JAX's profiler around one call of a benchmark case, op by op.
 
-    python benchmarks/accelerator_profile.py track_speckles dic --out $OUT/profile
+    python benchmarks/probes/accelerator_profile.py track_speckles dic --out $OUT/profile
 
 For each case of ``benchmarks/bench_accelerator.py`` named (same inputs, put on the device first), two warm-up
 calls, then one call under ``jax.profiler.trace`` with a Perfetto trace. From that trace, per device (the TPU's
 own lines, and the host's): the time of each compiled program (XLA module) and of its ops, summed by name and
 sorted, with counts, and the device's busy time against the call's wall time (the gap is the host's: Python,
 dispatch, transfers, waits). One text summary per case on stdout and in ``--out``, with the trace beside it.
-Issue 34 asks for each kernel's distance from the chip's limits; this says which ops hold a call.
+This says which ops hold a call, a first step to each kernel's distance from the chip's limits.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
 

@@ -1,10 +1,10 @@
 """How long a kernel's call keeps every other Python thread from running: the GIL it holds, measured without Qt.
 
-    python benchmarks/gil_probe.py dic track_speckles local_correlation_image      # the default backend
-    JAX_PLATFORMS=cpu python benchmarks/gil_probe.py --quick dic                   # the host, small inputs
+    python benchmarks/probes/gil_probe.py dic track_speckles local_correlation_image      # the default backend
+    JAX_PLATFORMS=cpu python benchmarks/probes/gil_probe.py --quick dic                   # the host, small inputs
 
 The plugin runs JAX in a worker thread while napari's GUI thread draws: a call that holds the GIL while it waits
-(for a compile, a transfer, a device) stops the GUI for as long (issue 33: the event loop never blocked over
+(for a compile, a transfer, a device) stops the GUI for as long (the bound: the event loop never blocked over
 250 ms by our code). ``benchmarks/bench_gui_freeze.py`` measures that in a real viewer, but an accelerator
 machine has no Qt. Here each case of ``benchmarks/bench_accelerator.py`` (same inputs) runs in a worker thread,
 first call then warm call, while the main thread sleeps ``--interval-ms`` at a time and records how late each
@@ -14,10 +14,7 @@ thread started it: docs/benchmarks.md, the GUI freeze), and for the three longes
 frames when the main thread got the GIL back (the holder has just let it go: where it was, or had just moved on
 from). On a 2-core host a wait also counts the cores being busy: a compile beside a trace leaves the main thread
 no core (0.11 to 0.13 s for DIC 256^2's first call here, the worker in XLA's compile, the GIL released).
-
-Prompted by the TPU run of 2026-12-06 (docs/accelerator.md, thirteenth session): a test's host callback and the
-main thread, in the dispatch of a program that donates its input, both stood still for minutes. A dispatch there
-may hold the GIL while it waits for the device, which this measures.
+A dispatch on an accelerator may hold the GIL while it waits for the device (a program that donates its input).
 """
 
 from __future__ import annotations
@@ -32,10 +29,10 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
 
-#: Waits beyond the interval counted in the output (seconds); 0.25 is issue 33's bound for the event loop.
+#: Waits beyond the interval counted in the output (seconds); 0.25 is the bound for the event loop.
 COUNTED = (0.05, 0.25)
 
 

@@ -1,6 +1,6 @@
 """GUI soak: random sequences of what users do, in one real napari session, under a watchdog outside the process.
 
-    xvfb-run -a python benchmarks/gui_soak.py [--actions 400] [--seed 0] [--pool N] [--watchdog 900] [--live]
+    xvfb-run -a python benchmarks/probes/gui_soak.py [--actions 400] [--seed 0] [--pool N] [--watchdog 900] [--live]
 
 Several widgets docked at once and undocked again, every small sample opened (File > Open Sample's own path,
 ``viewer.open_sample``), layers added, removed and renamed, options changed while a run is under way, Run,

@@ -6,11 +6,11 @@ Times alone mean little on a shared machine; the ratios between cases of one run
 
 How to add a benchmark, ``benchmarks/bench_NAME.py`` (``python -m benchmarks run NAME [--quick]`` runs it)::
 
-    from _harness import alternate, measure, note, record, start, table
+    from _harness import alternate, measure, note, record, start_run, table
 
     def main() -> None:
         args = parser.parse_args()          # every benchmark takes --quick: tiny sizes, seconds
-        start("NAME", args)                 # the run: machine, arguments; its JSON file is written at exit
+        start_run("NAME", args)             # the run: machine, arguments; its JSON file is written at exit
         rows = alternate([("ours", lambda: ours(x)), ("peer", lambda: peer(x), "a note")], rounds=3)
         print(table("What the rows compute", rows, "ours"))    # one group; each row's ratio against "ours"
         measure("ours alone", lambda: ours(x), group="single")  # one case: first call, best of 5, memory
@@ -20,7 +20,7 @@ How to add a benchmark, ``benchmarks/bench_NAME.py`` (``python -m benchmarks run
 One function per case (a zero-argument callable): :func:`measure` and :func:`alternate` call it, wait for JAX
 (:func:`block`), time the first call (compiles included) apart from the warm calls (best and median), and take the
 peak resident memory of one more call. Every :class:`Row` they make joins the open run; :func:`record` adds figures
-measured another way. ``with Run("NAME", args): ...`` is :func:`start` for a block (the file written at its end).
+measured another way. ``with Run("NAME", args): ...`` is :func:`start_run` for a block (the file written at its end).
 Outside a run nothing is recorded: probes and tests import these functions freely. JSON fields: ``benchmark``,
 ``argv``, ``quick``, ``params``, ``started``, ``wall_s``, ``error``, ``machine`` (platform, processor, cores,
 memory, JAX device, versions), ``cases`` (name, group, first_s, best_s, median_s, times_s, peak_mb, reference,
@@ -216,7 +216,7 @@ class Run:
         return path
 
 
-def start(benchmark: str, args: argparse.Namespace | dict[str, Any] | None = None) -> Run:
+def start_run(benchmark: str, args: argparse.Namespace | dict[str, Any] | None = None) -> Run:
     """Open the run of ``benchmark`` for the rest of the process: the file is written when the process exits
     (an uncaught exception is recorded as the run's ``error``). The one line a benchmark's ``main`` needs, after
     its arguments are parsed and after any branch that serves a child process of its own."""
@@ -365,9 +365,17 @@ def ratio(rows: list[Row], slower: str, faster: str) -> float:
     return by_name[slower].best_s / by_name[faster].best_s
 
 
+def group(title: str, rows: Iterable[Row], reference: str) -> list[Row]:
+    """Make ``rows`` one group, ``title``, whose ratios are against the row named ``reference``."""
+    rows = list(rows)
+    for r in rows:
+        r.group, r.reference = title, reference
+    return rows
+
+
 def table(title: str, rows: list[Row], reference: str) -> str:
-    """Markdown table of ``rows``, which it makes one group (``title``) with ``reference`` as the reference:
-    'x ours' is each row's best time over the reference row's, as the JSON file's ``ratio``."""
+    """Markdown table of ``rows``, which it makes one group (``title``, unless they have one) with ``reference``
+    as the reference: 'x ours' is each row's best time over the reference row's, as the JSON file's ``ratio``."""
     for r in rows:
         r.group, r.reference = r.group or title, reference
     ref = next(r for r in rows if r.name == reference)

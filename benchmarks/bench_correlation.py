@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import alternate, machine, ratio, record, start, table  # noqa: E402
+from _harness import alternate, machine, ratio, start_run, table  # noqa: E402
 
 from napari_gridmip import find_displacement, windowed_pearson  # noqa: E402
 
@@ -361,7 +361,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="160x160, window 9, 2 rounds: a check in seconds")
     args = parser.parse_args()
-    start("correlation", args)
+    start_run("correlation", args)
     if args.quick:
         args.size, args.window, args.rounds = 160, 9, 2
     k, size, w = args.frames, args.size, args.window

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import PeakMemory, block, machine, record, start  # noqa: E402
+from _harness import PeakMemory, Run, block, group, machine, measure, note, record, start_run  # noqa: E402
 
 # -- the baseline -----------------------------------------------------------------------------------
 
@@ -496,6 +496,10 @@ def peer(args) -> str:
         errors[n] = (float(np.sqrt(np.nanmean(e2))), float(np.isnan(e2).mean()), len(e2))
     rows = {r.name: r for r in alternate([(n, calls[n]) for n in names], rounds=args.repeats)}
     first = {n: _first_call(n, args.quick) for n in names}
+    group("peers", rows.values(), "ours refine")
+    for n, row in rows.items():  # the first call that counts is a new process's, its imports apart
+        row.first_s = first[n]["first"]
+        row.extra.update(import_s=first[n]["import"], rms_px=errors[n][0], failed=errors[n][1], points=errors[n][2])
     gy, _ = _peer_grid(size)
     lines = [
         f"DIC against the peers: {size}x{size} 8-bit pair (make_dic_pair: the sample's field, up to 4.6 px and "
@@ -542,36 +546,35 @@ def speed(args) -> str:
         a, b = (img1, img2) if rows is None else (img1[:, : rows + margin], img2[:, : rows + margin])
         return block(tuple(find_displacement(a, b, window, subset=subset, subpixel=subpixel)))
 
-    def best_of(fn, repeats):
-        fn()  # warm-up: compiles
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def best_of(name, fn, repeats):
+        return measure(name, fn, repeats=repeats, group="speed", memory=False).best_s
 
     run_numba = numba_search()
     a2 = np.ascontiguousarray(img1[0, : band + margin])
     b2 = np.ascontiguousarray(img2[0, : band + margin])
     # compile for these very types and layouts (a strided view would compile a second version, timed)
     run_numba(np.ascontiguousarray(a2[:, :200]), np.ascontiguousarray(b2[:, :200]), subset, window, 2)
-    start = time.perf_counter()
+    clock = time.perf_counter()
     peak_nb, index_nb = run_numba(a2, b2, subset, window, band)
-    numba_band = time.perf_counter() - start
+    numba_band = time.perf_counter() - clock
     # the baseline computes our definition: check on the band before timing anything else
     check = find_displacement(img1[:, : band + margin], img2[:, : band + margin], window, subset=subset,
                               subpixel="none")  # fmt: skip
     peak_ours = np.asarray(check.peak)
     assert np.nanmax(np.abs(peak_ours - peak_nb)) < 1e-4, np.nanmax(np.abs(peak_ours - peak_nb))
     repeats = args.repeats
-    band_ours = best_of(lambda: ours(band), repeats)
-    full_none = best_of(lambda: ours(), repeats)
-    full_hessian = best_of(lambda: ours(subpixel="hessian"), repeats)
-    full_refine = best_of(lambda: ours(subpixel="refine"), 1)
+    band_ours = best_of("ours on the Numba band", lambda: ours(band), repeats)
+    full_none = best_of("find_displacement, integer peaks (ours)", lambda: ours(), repeats)
+    full_hessian = best_of("find_displacement hessian (ours)", lambda: ours(subpixel="hessian"), repeats)
+    full_refine = best_of("find_displacement refine (ours)", lambda: ours(subpixel="refine"), 1)
     with PeakMemory() as memory:
         ours(subpixel="hessian")
     numba_full = numba_band * out_rows / band
+    record("Numba prange loop + argmax, scaled to the image", best_s=numba_full, group="speed",
+           note=f"{band} rows timed once, after a compile", band_s=numba_band)  # fmt: skip
+    speed_rows = [r for r in Run.active.rows if r.group == "speed"] if Run.active else []
+    group("speed", speed_rows, "find_displacement, integer peaks (ours)")
+    note("hessian peak extra MiB", memory.extra_mb)
     images_mib = 2 * img1.nbytes / 2**20
     uint8_mib = 2 * reference.nbytes / 2**20
     lines = [
@@ -618,19 +621,14 @@ def main() -> None:
     if args.first_call:
         _first_call_child(args.first_call, args.quick)
         return
-    start("dic", args)
-    if args.only == "peer":
-        print(peer(args), flush=True)
-        return
-    if args.only == "gradients":
-        print(gradients(args), flush=True)
-        return
-    if args.real_dir and args.only in (None, "real"):
-        print(real(args), end="\n\n", flush=True)
-    if args.only in (None, "accuracy"):
-        print(accuracy(args), end="\n\n", flush=True)
-    if args.only in (None, "speed"):
-        print(speed(args), flush=True)
+    start_run("dic", args)
+    parts = {"peer": peer, "gradients": gradients} if args.only in ("peer", "gradients") else {}
+    parts = parts or {"real": real, "accuracy": accuracy, "speed": speed}
+    for name, part in parts.items():
+        if args.only in (None, name) and (name != "real" or args.real_dir):
+            text = part(args)
+            note(name, text)  # the part's table, as printed, beside its timed cases
+            print(text, end="\n\n", flush=True)
 
 
 if __name__ == "__main__":

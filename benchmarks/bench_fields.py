@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 import scipy.fft as sfft
-from _harness import machine, measure, record, start, table
+from _harness import machine, measure, start_run, table
 from scipy import ndimage
 from scipy.sparse.linalg import LinearOperator, cg
 
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="512 x 512")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    start("fields", args)
+    start_run("fields", args)
     n = 512 if args.quick else 2048
 
     from napari_gridmip import integrate_gradient, strain_field

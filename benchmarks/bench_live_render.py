@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._harness import PeakMemory, machine  # noqa: E402
+from benchmarks._harness import PeakMemory, machine, record, start_run  # noqa: E402
 from napari_gridmip._jobs.live_render import Display, LiveSource, ViewState  # noqa: E402
 from napari_gridmip._sample_data.sparse import open_sparse_volume  # noqa: E402
 
@@ -109,6 +109,10 @@ def run_size(size: int, folder: Path, only: list[str] | None = None) -> list[str
         for c, w, k in zip(cold, warm, compiled):
             what = "full resolution" if c.final else f"coarse (level {c.level}, {c.rgba.shape[1]}x{c.rgba.shape[0]})"
             bright = int(np.sum(c.values > BRIGHT)) if c.final else ""
+            record(f"{size}^3 {name}, {'full resolution' if c.final else 'coarse'}", best_s=w.seconds,
+                   first_s=c.seconds, peak_mb=memory.extra_mb, group=f"{size}^3", note=what,
+                   chunks_read_cold=c.chunks_read, chunks_used=c.chunks_used, chunks_total=c.chunks_total,
+                   samples_share=c.samples / max(c.samples_dense, 1), new_programs_cold=k)  # fmt: skip
             rows.append(
                 f"| {name} | {what} | {c.seconds:.2f} | {w.seconds:.2f} | {c.chunks_read} / {c.chunks_used} / "
                 f"{c.chunks_total} | {c.samples / max(c.samples_dense, 1):.2%} | "
@@ -265,6 +269,10 @@ def gui(size: int, folder: Path) -> list[str]:
                  and widget._live.worker is None)  # fmt: skip
         a = alone[name]
         for label, x in (("off (napari alone)", a), ("on", r)):
+            if x["shown"]:  # the move's first pixels, and its full resolution as its one timed figure
+                record(f"in napari {size}^3, {name}, switch {label}", best_s=x["shown"][-1], first_s=x["shown"][0],
+                       group=f"in napari {size}^3", note="first_s: first pixels; best_s: full resolution",
+                       longest_gui_stall_ms=x["stall"], longest_of_ours_ms=x["ours_max"], draws=x["draws"])  # fmt: skip
             first = f"{x['shown'][0]:.2f}" if x["shown"] else ""
             full = f"{x['shown'][-1]:.2f}" if x["shown"] else ""
             rows.append(f"| {name} | {label} | {first} | {full} | {x['stall']:.0f} | {x['ours_max']:.0f} | "
@@ -290,8 +298,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
     parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
     args = parser.parse_args()
-    from _harness import record, start
-    start("live_render", args)
+    start_run("live_render", args)
     if args.gui:
         rows = []
         with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import alternate, block, machine, ratio, record, start, table  # noqa: E402
+from _harness import alternate, block, machine, ratio, start_run, table  # noqa: E402
 
 from napari_gridmip import occupancy_mipmap  # noqa: E402
 
@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="rounds of alternating calls")
     parser.add_argument("--quick", action="store_true", help="128^3, 3 rounds")
     args = parser.parse_args()
-    start("mipmap", args)
+    start_run("mipmap", args)
     if args.quick:
         args.size, args.repeats = 128, 3
     size, rounds = args.size, args.repeats

@@ -38,7 +38,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import alternate, machine, ratio, record, start, table  # noqa: E402
+from _harness import alternate, machine, ratio, start_run, table  # noqa: E402
 
 from napari_gridmip import extract_patches, merge_patches  # noqa: E402
 from napari_gridmip.core.patches.grid import patch_origins  # noqa: E402
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds of alternating calls")
     parser.add_argument("--quick", action="store_true", help="(a) 8x8 patches of 128, (b) 512x512, 3 rounds")
     args = parser.parse_args()
-    start("patches", args)
+    start_run("patches", args)
     grid, patch, side = (8, 128, 512) if args.quick else (16, 256, 2048)
     rounds = 3 if args.quick else args.repeats
     print(f"merge_patches benchmarks; {machine()}; {rounds} rounds, alternating\n")

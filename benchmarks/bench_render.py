@@ -33,7 +33,7 @@ import dask.array as da
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine, measure, record, start, table  # noqa: E402
+from _harness import machine, measure, record, start_run, table  # noqa: E402
 
 from napari_gridmip import max_mipmap, occupancy_mipmap, orthographic_rays, render_volume, threshold_mipmap  # noqa: E402
 
@@ -99,7 +99,7 @@ def main() -> None:
     )
     parser.add_argument("--slider-only", action="store_true", help="only the threshold slider rows (256^3)")
     args = parser.parse_args()
-    start("render", args)
+    start_run("render", args)
     if args.quick:
         args.size, args.chunk, args.image, args.repeats = 256, 32, 256, 1
     dask.config.set(scheduler="threads")
@@ -124,6 +124,7 @@ def render_rows(args) -> None:
         levels = [np.asarray(level) for level in dask.compute(*occupancy_mipmap(volume, threshold=100))]
         build = time.perf_counter() - start
         occupancy = levels[0].mean()
+        record("occupancy pyramid from the dask volume", first_s=build, group="build", note="every chunk read once")
         print(f"occupancy pyramid built in {build:.1f} s ({occupancy:.3%} of voxels occupied; every chunk read once)\n")
 
         z_rays = orthographic_rays((size / 2,) * 3, (1, 0, 0), (0, -1, 0), (m, m), pixel_size=size / m)

@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _harness import PeakMemory, block, machine, record, start  # noqa: E402
+from _harness import group, machine, measure, note, record, start_run  # noqa: E402
 
 import napari_gridmip as gm  # noqa: E402
 from napari_gridmip._sample_data.dic_series import KINDS, make_dic_series, true_displacement  # noqa: E402
@@ -100,6 +100,8 @@ def accuracy(args) -> str:
             result = gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=roi, reference=reference)
             seconds = time.perf_counter() - start
             rows = _frame_rows(result, truth, frames.shape, SUBSET)
+            record(f"{kind}, reference={reference}", first_s=seconds, group="accuracy", note="one call, compiled",
+                   worst_p95_px=max((r["p95"] for r in rows[1:]), default=None), frames=len(frames))  # fmt: skip
             lines += [
                 f"#### {kind}, reference={reference} ({len(frames)} frames, {seconds:.1f} s with compiles)",
                 "",
@@ -131,16 +133,12 @@ def speed(args) -> str:
     for size in (128,) if args.quick else (256, 512):
         count = 6
         frames, truth = make_dic_series("rotation", frames=count, shape=(size, size))
-        start = time.perf_counter()
-        gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=truth["roi"])
-        first = time.perf_counter() - start
-        best = np.inf
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=truth["roi"])
-            best = min(best, time.perf_counter() - start)
-        with PeakMemory() as memory:
-            gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=truth["roi"])
+
+        def whole(frames=frames, roi=truth["roi"]):
+            return gm.correlate_series(frames, subset=SUBSET, step=STEP, roi=roi)
+
+        series = measure(f"correlate_series, {count} frames (ours)", whole, repeats=args.repeats)
+        first, best = series.first_s, series.best_s
         img1, img2 = frames[1][None].astype(np.float32), frames[0][None].astype(np.float32)
 
         def pair(img1=img1, img2=img2):
@@ -148,16 +146,14 @@ def speed(args) -> str:
                 img1, img2, (11, 11), subset=(SUBSET, SUBSET), step=STEP, subpixel="refine", shape="affine"
             )
 
-        block(pair())
-        pair_best = np.inf
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            block(pair())
-            pair_best = min(pair_best, time.perf_counter() - start)
+        one_pair = measure("find_displacement, one affine pair", pair, repeats=args.repeats, memory=False)
+        pair_best = one_pair.best_s
         per_frame = best / (count - 1)
+        series.extra["per_frame_s"] = per_frame
+        group(f"{count} x {size}^2 rotation, ROI", [series, one_pair], one_pair.name)
         lines.append(
             f"| {count} x {size}^2 (rotation, ROI) | {best:.3f} | {per_frame:.3f} | {pair_best:.3f} | "
-            f"{per_frame / pair_best:.2f} | {first:.2f} | {memory.extra_mb:.0f} |"
+            f"{per_frame / pair_best:.2f} | {first:.2f} | {series.peak_mb:.0f} |"
         )
     lines += ["", "Target: a frame after the first at most the warm time of one pair (ratio <= 1)."]
     return "\n".join(lines)
@@ -273,6 +269,9 @@ def real(args) -> str:
         per_frame = np.minimum(per_frame, np.diff(stamps))
     gy, gx = np.meshgrid(ours.y.astype(int), ours.x.astype(int), indexing="ij")
     in_roi = roi[gy, gx]
+    record("correlate_series (ours), a frame", best_s=float(np.median(per_frame[1:])), first_s=first,
+           group="real sequence", reference="correlate_series (ours), a frame", note="median over frames of the "
+           "best of --repeats", times_s_per_frame=per_frame.tolist())  # fmt: skip
 
     # pyvale, one call per frame against frame 0 (its time per frame), the same subset, step and ROI; subsets
     # down to half inside the ROI (partial_subset 0.5, as our min_inside) so that it reports the hole's edge too
@@ -287,6 +286,9 @@ def real(args) -> str:
                     peer[t], seconds = _pyvale_frame(frames[0], frames[t], roi, seed, tmp, SUBSET, STEP, 0.5)
                     best = min(best, seconds)
                 peer_s[t] = best
+        record("pyvale, a frame against frame 0", best_s=float(np.nanmedian(peer_s[1:])), group="real sequence",
+               reference="correlate_series (ours), a frame", note="median over frames of the best of --repeats",
+               times_s_per_frame=peer_s.tolist())  # fmt: skip
 
     # ours at DICe's settings: its subset, its points (a regular grid: the frames cropped so ours falls on it)
     dice_ours, dice_s, dsub, dstep, oy, ox = None, np.nan, 0, 0, 0, 0
@@ -424,14 +426,9 @@ def mudic(args) -> str:
 
     rows = []
     for name, run in (("muDIC 0.2 (global DIC, Q4-spline mesh 8 x 8)", peer), ("ours, correlate_series", ours)):
-        start = time.perf_counter()
+        timed = measure(name, run, repeats=args.repeats, memory=False)
+        first, best = timed.first_s, timed.best_s
         result = run()
-        first = time.perf_counter() - start
-        best = np.inf
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            result = run()
-            best = min(best, time.perf_counter() - start)
         if run is peer:
             fields = muDIC.Fields(result)
             disp, coords = fields.disp(), fields.coords()
@@ -447,6 +444,8 @@ def mudic(args) -> str:
             errors = [np.hypot(result.dy[t] - tdy[t], result.dx[t] - tdx[t])[ok[t]] for t in range(1, len(frames))]
             points = ok[-1].sum()
         rms = max(float(np.sqrt(np.mean(e**2))) for e in errors)
+        timed.extra.update(per_frame_s=best / count, worst_rms_px=rms, points=int(points))
+        group("against muDIC", [timed], "ours, correlate_series")
         rows.append((name, first, best / count, rms, points))
     ratio = rows[0][2] / rows[1][2]
     lines = [
@@ -467,15 +466,12 @@ def main() -> None:
     parser.add_argument("--only", choices=["accuracy", "speed", "real", "mudic"])
     parser.add_argument("--real-dir", help="a folder with ohtcfrp_00 ... ohtcfrp_NN and roi.png/.tif (section real)")
     args = parser.parse_args()
-    start("series", args)
-    if args.only in (None, "accuracy"):
-        print(accuracy(args), end="\n\n", flush=True)
-    if args.only in (None, "speed"):
-        print(speed(args), end="\n\n", flush=True)
-    if args.only in (None, "real"):
-        print(real(args), end="\n\n", flush=True)
-    if args.only == "mudic":
-        print(mudic(args), flush=True)
+    start_run("series", args)
+    for name, part in {"accuracy": accuracy, "speed": speed, "real": real, "mudic": mudic}.items():
+        if args.only == name or (args.only is None and name != "mudic"):
+            text = part(args)
+            note(name, text)  # the part's table, as printed, beside its timed cases
+            print(text, end="\n\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # this checkout's package, then the harness
-# the harness (which imports JAX) is imported where it is used, so that a cold child imports nothing it needn't
 
+from _harness import machine, record, start_run  # noqa: E402 - the harness imports NumPy alone: a cold child stays cold
 
 # -- the cases --------------------------------------------------------------------------------
 
@@ -69,7 +69,7 @@ def make_case(name: str, quick: bool):
     from napari_gridmip import grid_positions
     from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles
 
-    if name == "large":  # issue 33's first-call case: a 5x5 mosaic of 1024^2 uint16 camera tiles
+    if name == "large":  # the first-call case: a 5x5 mosaic of 1024^2 uint16 camera tiles
         (grid, tile), overlap = ((3, 3), (256, 256)) if quick else ((5, 5), (1024, 1024)), 0.1
         sample = make_mosaic(grid_shape=grid, tile_shape=tile, overlap=overlap, stage_error=8, noise=0.01, seed=2)
         # quantised to uint16 (m2stitch finds no good pair on the vignetted camera tiles of ``microscope_tiles``)
@@ -292,6 +292,12 @@ def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep
         rows.append(
             Row(f"{tool}, warm", min(warm[tool]), float(np.median(warm[tool])), memory, describe(positions, note))
         )
+    for tool in tools:  # the run's record: warm times, the new process's first call and import, the accuracy
+        c, (positions, note, memory) = colds[tool], results.get(tool, (None, "not run", 0.0))
+        accuracy = note if positions is None else describe(positions, note)
+        record(tool, times_s=warm[tool], first_s=c.get("call_s"), peak_mb=memory, group=title, reference="ours",
+               note="first call: a new process", import_s=c.get("import_s"), first_peak_mb=c.get("peak_mb"),
+               accuracy=accuracy, error=c.get("error"))  # fmt: skip
     if args.ashlar and not real:
         import tifffile
 
@@ -300,6 +306,8 @@ def bench_case(title, tiles, stage, grid, overlap, truth, args, real=False, keep
                 tifffile.imwrite(Path(folder) / f"img_{t:03}.tif", image)
             (positions, note), elapsed, memory = timed(lambda: run_ashlar(folder, grid, overlap))
             rows.append(Row("ASHLAR", elapsed, elapsed, memory, describe(positions, note)))
+            record("ASHLAR", first_s=elapsed, peak_mb=memory, group=title, reference="ours",
+                   accuracy=describe(positions, note))  # fmt: skip
     if truth is not None:
         rows.append(Row("reference positions" if real else "true positions", float("nan"), float("nan"), 0,
                         describe(truth)))  # fmt: skip
@@ -466,9 +474,11 @@ def bench_strip(folder: Path, repeats: int) -> None:
             times.append(time.perf_counter() - start)
         used = f"{int(result.accepted.sum())} of {len(result.pairs)} ({int(result.broad_band.sum())} broad band)"
         rows.append((f"{label} ({result.max_shift} px)", result.positions, min(times), used))
+        record(rows[-1][0], times_s=times, group="strip", reference="ours, max_shift=80 (80 px)", pairs_used=used)
     try:
         (positions, note), elapsed, _ = timed(lambda: run_m2stitch(tiles, stage, (1, len(tiles))), memory=False)
         rows.append(("m2stitch" + note, positions, elapsed, ""))
+        record("m2stitch", first_s=elapsed, group="strip", reference="ours, max_shift=80 (80 px)", note=note)
     except Exception as error:  # noqa: BLE001 - a peer's failure is a row of the table
         failed.append(f"m2stitch: {error!r}")  # (0.7.2 on one row: KeyError('top_ncc_first'), no vertical pairs)
     try:
@@ -476,6 +486,7 @@ def bench_strip(folder: Path, repeats: int) -> None:
             lambda: run_ashlar(folder, (1, len(tiles)), 0.5, max_shift=80, pattern="{series}.tif"), memory=False
         )
         rows.append(("ASHLAR (max_shift=80)", positions, elapsed, ""))
+        record("ASHLAR (max_shift=80)", first_s=elapsed, group="strip", reference="ours, max_shift=80 (80 px)")
     except Exception as error:  # noqa: BLE001
         failed.append(f"ASHLAR: {error!r}")
     rows.append(("Fiji (its registered file)", fiji, float("nan"), ""))
@@ -564,6 +575,8 @@ def bench_scale(args) -> None:
                 elapsed = time.perf_counter() - start
             textured = ~in_hole
             rms, worst = errors(result.positions[textured], true[textured])
+            record(f"register_tiles, engine {engine}", first_s=elapsed, peak_mb=memory.extra_mb, group="scale",
+                   rms_px=rms, worst_px=worst, pairs_used=int(result.accepted.sum()))  # fmt: skip
             correction = result.positions - stage
             drift = np.abs(correction[in_hole] - correction.mean(axis=0)).max()
             print(f"| {engine} | {elapsed:.1f} | {memory.extra_mb:.0f} | {int(result.accepted.sum())}/"
@@ -649,6 +662,9 @@ def bench_first_run(repeats: int) -> None:
                    "NAPARI_GRIDMIP_CACHE_DIR": str(Path(folder) / "gridmip")}  # fmt: skip
             out = subprocess.run([sys.executable, "-c", FIRST_RUN], env=env, capture_output=True, text=True, cwd=ROOT)
             lines = [line for line in out.stdout.splitlines() if "from the click" in line]
+            if lines:
+                record("Stitch tiles widget, first Run", first_s=float(lines[-1].split()[0]), group="first run",
+                       note="a new process, empty caches", summary=lines[-1])  # fmt: skip
             print(f"- widget first Run: {lines[-1] if lines else out.stderr.strip().splitlines()[-1]}")
 
 
@@ -674,10 +690,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("repetitive",), help="repetitive: large stage errors and repetitive "
                         "texture, accuracy only")  # fmt: skip
     args = parser.parse_args()
-    from _harness import record, start
-    start("stitch", args)
-    from _harness import machine
-
+    start_run("stitch", args)
     print(f"# {machine()}")
     if args.only == "repetitive":
         bench_repetitive(ashlar=args.ashlar)

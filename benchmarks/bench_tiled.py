@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine, measure, record, start, table  # noqa: E402
+from _harness import machine, measure, start_run, table  # noqa: E402
 
 from napari_gridmip import apply_tiled  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--monai-repeats", type=int, default=2, help="MONAI's row takes seconds a call")
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
-    start("tiled", args)
+    start_run("tiled", args)
     side, tile = (1024, 128) if args.quick else (4096, 256)
     repeats = 1 if args.quick else args.repeats
 

@@ -27,11 +27,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
-from _harness import machine, measure, record, start, table
+from _harness import machine, measure, record, start_run, table
 
 CHILD = textwrap.dedent(
     """
@@ -120,7 +119,7 @@ def main() -> None:
         "opencv-python-headless is installed, as CaImAn's default)",
     )  # fmt: skip
     args = parser.parse_args()
-    start("timeseries", args)
+    start_run("timeseries", args)
     frames, size = (200, 256) if args.quick else (2000, 512)
     folder = Path(args.folder) / f"timeseries-{frames}x{size}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -178,12 +177,11 @@ def main() -> None:
         print("| path | time s | peak RSS MiB (whole process) |")
         print("|---|---:|---:|")
         for mode, name in (("dask", "dask.array.from_zarr, lazy, computed"), ("memory", "loaded into NumPy first")):
-            best = None
-            for _ in range(max(1, args.repeats - 1)):
-                result = run_child(mode, store)
-                best = result if best is None or result[0] < best[0] else best
+            results = [run_child(mode, store) for _ in range(max(1, args.repeats - 1))]
+            best = min(results)
+            record(name, times_s=[r[0] for r in results], peak_mb=best[1], group="through dask from Zarr",
+                   reference="dask.array.from_zarr, lazy, computed", note="a new process each, whole RSS")  # fmt: skip
             print(f"| {name} | {best[0]:.2f} | {best[1]:.0f} |")
-    print(f"\n(ran {time.strftime('%Y-%m-%d %H:%M')})")
 
 
 if __name__ == "__main__":

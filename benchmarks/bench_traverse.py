@@ -35,7 +35,7 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine, measure, record, start, table  # noqa: E402
+from _harness import machine, measure, start_run, table  # noqa: E402
 
 from napari_gridmip import (  # noqa: E402
     occupancy_mipmap,
@@ -217,7 +217,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="64^3 and 64^2 rays, one repeat: a check in seconds")
     args = parser.parse_args()
-    start("traverse", args)
+    start_run("traverse", args)
     if args.quick:
         args.size, args.rays, args.repeats = 64, 64, 1
     size, m = args.size, args.rays

@@ -129,12 +129,33 @@ def test_another_compute_on_setting_is_prepared_apart(fake_machine, capsys):
     assert code == 0 and fake_machine["runs"] == ["one", "two"] * 2 and "compute_on 'host'" in out
 
 
-def test_a_failed_job_is_one_line_and_leaves_no_marker(fake_machine, capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(_prepare, "JOBS", (fake_machine["job"]("bad", fail=True), fake_machine["job"]("one")))
+def test_a_failed_job_is_one_line_and_the_others_still_run(fake_machine, capsys, tmp_path, monkeypatch):
+    job = fake_machine["job"]
+    monkeypatch.setattr(_prepare, "JOBS", (job("bad", fail=True), job("one"), job("worse", fail=True), job("two")))
     code, out, _ = _main(capsys)
-    assert code == 1 and fake_machine["runs"] == ["bad"]
-    assert out.splitlines()[-1] == f"{_prepare.PROG}: failed: bad: RuntimeError: out of memory on the device"
-    assert not (tmp_path / _prepare.MARKER_NAME).exists()
+    assert code == 1 and fake_machine["runs"] == ["bad", "one", "worse", "two"]  # every job tried, in order
+    failures = [line for line in out.splitlines() if line.startswith(f"{_prepare.PROG}: failed: ")]
+    assert failures == [  # one line each: the job's name, its error's type and first line
+        f"{_prepare.PROG}: failed: bad: RuntimeError: out of memory",
+        f"{_prepare.PROG}: failed: worse: RuntimeError: out of memory",
+    ]
+    assert [line.split()[0] for line in out.splitlines() if line.startswith("  ")] == ["one", "two"]
+    assert "prepared 2 of 4 jobs" in out.splitlines()[-1] and "2 failed (bad, worse)" in out.splitlines()[-1]
+    assert not (tmp_path / _prepare.MARKER_NAME).exists()  # not every job prepared: the next call tries them all
+
+
+def test_a_job_that_cannot_import_its_dependency_leaves_the_others_prepared(fake_machine, capsys, monkeypatch):
+    """As on a machine without scikit-image: the patches sample's job fails before it runs, the rest do."""
+    job = fake_machine["job"]
+
+    def missing(cache):
+        raise ModuleNotFoundError("No module named 'skimage'")
+
+    patches = _prepare.SampleJob("patches", "Reassemble patches", "image tiles", missing, lambda request: None)
+    monkeypatch.setattr(_prepare, "JOBS", (job("one"), patches, job("two")))
+    code, out, _ = _main(capsys)
+    assert code == 1 and fake_machine["runs"] == ["one", "two"]
+    assert f"{_prepare.PROG}: failed: patches: ModuleNotFoundError: No module named 'skimage'" in out.splitlines()
 
 
 def test_a_second_prepare_at_the_same_time_leaves_it_to_the_first(fake_machine, capsys, tmp_path):

@@ -20,11 +20,11 @@ How to add a benchmark, ``benchmarks/bench_NAME.py`` (``python -m benchmarks run
 One function per case (a zero-argument callable): :func:`measure` and :func:`alternate` call it, wait for JAX
 (:func:`block`), time the first call (compiles included) apart from the warm calls (best and median), and take the
 peak resident memory of one more call. Every :class:`Row` they make joins the open run; :func:`record` adds figures
-measured another way. ``with Run("NAME", args): ...`` is :func:`start_run` for a block (the file written at its end).
-Outside a run nothing is recorded: probes and tests import these functions freely. JSON fields: ``benchmark``,
-``argv``, ``quick``, ``params``, ``started``, ``wall_s``, ``error``, ``machine`` (platform, processor, cores,
-memory, JAX device, versions), ``cases`` (name, group, first_s, best_s, median_s, times_s, peak_mb, reference,
-ratio, note, extra) and ``info``.
+measured another way, and :func:`device` the device its children used. ``with Run("NAME", args): ...`` is
+:func:`start_run` for a block (the file written at its end). Outside a run nothing is recorded: probes and tests
+import these functions freely. JSON fields: ``benchmark``, ``argv``, ``quick``, ``params``, ``started``, ``wall_s``,
+``error``, ``machine`` (platform, processor, cores, memory, JAX device, versions), ``cases`` (name, group, first_s,
+best_s, median_s, times_s, peak_mb, reference, ratio, note, extra) and ``info``.
 """
 
 from __future__ import annotations
@@ -274,6 +274,13 @@ def record(
     best = float(best_s) if best_s is not None else (min(times) if times else math.nan)
     median = float(np.median(times)) if times else best
     return _join(Row(name, best, median, peak_mb, note, first_s, times, group, reference, extra))
+
+
+def device(platform: str, kind: str, count: int | None = None) -> None:
+    """The device the cases ran on, where they ran in child processes (a parent must not start JAX itself:
+    an accelerator serves one process at a time)."""
+    if Run.active is not None:
+        Run.active.device = {"platform": platform, "kind": kind, "count": count}
 
 
 def note(key: str, value: Any) -> None:

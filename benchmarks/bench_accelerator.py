@@ -1,16 +1,49 @@
-"""The library on an accelerator against the same library on the CPU: speed, transfers and agreement, per case.
+"""The library on an accelerator against the same library on the host CPU: speed, transfers and agreement.
 
-    python benchmarks/bench_accelerator.py                         # every case, default backend then CPU
-    python benchmarks/bench_accelerator.py --quick                 # every case ~8x smaller a side: a check
-    python benchmarks/bench_accelerator.py --cases dic,dic_affine --table accelerator.md
+Peers: the same cases on the CPU (``JAX_PLATFORMS=cpu``), each backend in a worker process of its own; per case the
+first call, warm calls with host inputs, device inputs and device-resident outputs, and the outputs' differences.
+
+    python -m benchmarks run accelerator [--quick] [--cases dic,dic_affine] [--table accelerator.md]
     python benchmarks/bench_accelerator.py --list                  # the cases and their full sizes
-    python benchmarks/bench_accelerator.py --workdir DIR --cases A,B   # a run in parts: the same DIR, other cases
-    python benchmarks/bench_accelerator.py --table-only --workdir DIR  # then the table of every case in DIR
-    python benchmarks/bench_accelerator.py --cases dic_affine --set core.correlation.affine.TILE_WINDOWS=False
-                                                                   # a variant on the accelerator, not the library's
+    python benchmarks/bench_accelerator.py --table-only --workdir DIR  # the table of every case in DIR
+"""
 
-Why: the kernels are written once for XLA, and a backend may be fast and wrong (issue 34: on a TPU the subset
-sweep's running sums came out 80% off). Each case is run on the default backend and on the CPU, each backend in
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _path in (str(HERE), str(ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from _harness import device, note, record, start_run  # noqa: E402 - the harness imports NumPy alone, not JAX
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+SUBSAMPLE = 1_000_000
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Why: the kernels are written once for XLA, and a backend may be fast and wrong (on a TPU the subset sweep's running
+sums once came out 80% off). Each case is run on the default backend and on the CPU, each backend in
 one process of its own (the CPU one with ``JAX_PLATFORMS=cpu``: the parent never imports JAX, and runs the two
 workers one after the other, as one process holds a TPU chip), and the outputs are compared element by element.
 
@@ -52,35 +85,6 @@ view's warm render: the chunks' occupied cells already in the pool). The 2048^3 
 Only napari_gridmip's core, NumPy, SciPy, dask and zarr are imported (no napari, no Qt): it runs on a bare
 accelerator host from the repository root.
 """
-
-from __future__ import annotations
-
-import argparse
-import dataclasses
-import datetime
-import gc
-import json
-import os
-import shlex
-import subprocess
-import sys
-import tempfile
-import time
-import traceback
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
-import numpy as np
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-for _path in (str(HERE), str(ROOT)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-SUBSAMPLE = 1_000_000
 
 
 @dataclasses.dataclass
@@ -621,7 +625,7 @@ def worker(args: argparse.Namespace) -> None:
     settings = [_set_constant(setting) for setting in args.set]
     compiles = Compiles()
     opts = Options(args.quick, args.render_size, args.sample_dir)
-    record: dict[str, Any] = {
+    report: dict[str, Any] = {
         "backend": args.backend,
         "platform": jax.default_backend(),
         "device_kind": device.device_kind,
@@ -641,15 +645,15 @@ def worker(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():  # an earlier run into the same record (the other half of the cases): keep its other cases
         earlier = json.loads(out.read_text()).get("cases", {})
-        record["cases"] = {name: case for name, case in earlier.items() if name not in selected(args.cases)}
+        report["cases"] = {name: case for name, case in earlier.items() if name not in selected(args.cases)}
     print(f"worker {args.backend}: JAX {jax.__version__}, {device.device_kind} ({jax.default_backend()})", flush=True)
     for name in selected(args.cases):
-        record["cases"][name] = run_case(BY_NAME[name], opts, args, device, compiles)
+        report["cases"][name] = run_case(BY_NAME[name], opts, args, device, compiles)
         partial = out.with_name(out.name + ".partial")
-        partial.write_text(json.dumps(record, indent=1))
+        partial.write_text(json.dumps(report, indent=1))
         os.replace(partial, out)
-    record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
-    out.write_text(json.dumps(record, indent=1))
+    report["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    out.write_text(json.dumps(report, indent=1))
 
 
 # -- the parent: two workers, then the table ------------------------------------------------------------------
@@ -820,8 +824,8 @@ def make_table(folder: Path, names: list[str] | None, default_json: Path, cpu_js
                 text += f"; {label}: {r['status']}"
             if r.get("warm_device_compiled_first"):
                 text += f"; {label}: device inputs compiled {r['warm_device_compiled_first']} more programs"
-            for note in r.get("notes", []):
-                text += f"; {label}: {note}"
+            for remark in r.get("notes", []):
+                text += f"; {label}: {remark}"
         notes.append(text)
     stored_path.write_text(json.dumps(stored, indent=1))
     lines += ["", *notes]
@@ -830,6 +834,30 @@ def make_table(folder: Path, names: list[str] | None, default_json: Path, cpu_js
               "device); \"host inputs\" starts from an empty one each call. Device peak: the process's peak so far "
               "(JAX cannot reset it), \"<=\" where the case did not raise it."]  # fmt: skip
     return "\n".join(lines)
+
+
+def _record_cases(folder: Path, names: list[str] | None, paths: dict[str, Path]) -> None:
+    """The workers' cases into the run's record: per case and backend, the first call and the warm host-input
+    calls, each backend's ratio against the CPU's; the device-input and device-resident times as extras."""
+    runs = {label: json.loads(path.read_text()) for label, path in paths.items() if path.exists()}
+    default = runs.get("default")
+    if default:
+        device(default.get("platform", "?"), default.get("device_kind", "?"), len(default.get("devices", [])))
+    if names is None:
+        names = [case.name for case in CASES if any(case.name in r.get("cases", {}) for r in runs.values())]
+    for name in names:
+        for label, run in runs.items():
+            r = run.get("cases", {}).get(name)
+            if not r:
+                continue
+            record(f"{name}, {label}", first_s=r.get("first_s"), times_s=r.get("warm_host_all_s", []), group=name,
+                   reference=f"{name}, cpu", note="warm: host inputs, outputs fetched", status=r.get("status"),
+                   warm_device_s=r.get("warm_device_s"), warm_resident_s=r.get("warm_resident_s"),
+                   first_compiled=r.get("first_compiled"), first_compile_s=r.get("first_compile_s"),
+                   description=r.get("description"), device_kind=run.get("device_kind"))  # fmt: skip
+    differences = folder / "differences.json"
+    if differences.exists():
+        note("differences, default against cpu", json.loads(differences.read_text()))
 
 
 def parent(args: argparse.Namespace) -> None:
@@ -857,6 +885,7 @@ def parent(args: argparse.Namespace) -> None:
             code = subprocess.run(command, env=env).returncode  # one at a time: a TPU chip is one process's
             print(f"worker {backend}: exit {code} after {time.perf_counter() - start:.0f} s", flush=True)
     text = make_table(folder, names, paths["default"], paths["cpu"])
+    _record_cases(folder, names, paths)
     if args.table:
         Path(args.table).write_text(text + "\n")
         print(f"table written to {args.table}")
@@ -868,7 +897,9 @@ def parent(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all; see --list)")
     parser.add_argument("--quick", action="store_true", help="every case ~8x smaller a side")
     parser.add_argument("--repeats", type=int, default=3, help="warm calls per variant (best taken)")
@@ -901,6 +932,7 @@ def main() -> None:
         return
     if args.table_only and not args.workdir:
         parser.error("--table-only needs --workdir")
+    start_run("accelerator", args)
     parent(args)
 
 

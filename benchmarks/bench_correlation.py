@@ -1,8 +1,27 @@
 """Windowed Pearson maps and displacement fields: ours against the problem statement's Numba recipe.
 
-    python benchmarks/bench_correlation.py [--size 900] [--frames 10] [--window 15] [--rounds 3]
-    python benchmarks/bench_correlation.py --quick      # small sizes, a few seconds
+Peers: the statement's ``@njit(parallel=True)`` recipe (float64 and float32), the same recipe with its loops
+reordered, and the recipe fused into the peak search; alternating in one process.
 
+    python -m benchmarks run correlation [--quick] [--size 900 --frames 10 --window 15 --rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import alternate, machine, ratio, start_run, table  # noqa: E402
+
+from napari_gridmip import find_displacement, windowed_pearson  # noqa: E402
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 Every row of a table is timed in one process, alternating (``--rounds`` rounds,
 each calling every row once, after a warm-up); the tables give the best and the
 median, and the ratios between rows of one run are the figures to read.
@@ -20,20 +39,6 @@ an argmax and the same 3x3 Hessian step as ours, and against the recipe fused
 into the peak search (the strongest Numba we wrote: no map, a running argmax
 per column, the 3x3 neighbourhood recomputed at the peak).
 """
-
-from __future__ import annotations
-
-import argparse
-import os
-import sys
-from pathlib import Path
-
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _harness import alternate, machine, ratio, start_run, table  # noqa: E402
-
-from napari_gridmip import find_displacement, windowed_pearson  # noqa: E402
 
 
 def numba_kernels():
@@ -354,7 +359,9 @@ def check(kernels, img1, img2, w):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=900)
     parser.add_argument("--frames", type=int, default=10)
     parser.add_argument("--window", type=int, default=15)

@@ -1,31 +1,9 @@
 """A widget's second Run on the same layer, its copy kept on the device, against the same Run on the host CPU.
 
-    python benchmarks/bench_device_layers.py                       # mipmap 512^3, maps K=10 1024^2, DIC 2048^2
-    python benchmarks/bench_device_layers.py --quick               # small sizes: a check of the script
-    python benchmarks/bench_device_layers.py --cases mipmap,dic --repeats 5 --table runs.md
+Peers: the same jobs in a child process with ``JAX_PLATFORMS=cpu`` (nothing kept); cases mipmap, maps and dic;
+the first Run (a miss), the second Run (a hit) and the process's first Run (compiles).
 
-Issue 53, item 2 (``napari_gridmip/_jobs/device_layers.py``): a widget's input layer is sent to the accelerator once and
-kept there while it is unchanged; its target is a second Run at least 10x the host CPU's time for the same Run.
-
-The jobs are those the widgets run (``napari_gridmip._jobs``), made from requests built as the widgets build them,
-each input layer's data with a ``DeviceInput`` as the widget's ``LayerWatch`` makes it, and run as the runner runs
-them (inside ``placed("auto")``, the layers' data NumPy at the end); no napari, no Qt. Per case:
-
-- *cold*: the process's first Run of the case, on another array of the layer's shape and dtype (compiling, or
-  reading the programs from the library's persistent compile cache as a napari session does, and sending that
-  array); then the second Run's options on it, so that both Runs' programs are compiled before the timed ones (a
-  new window or subset is a new program);
-- *first Run*: options A on the layer, its copy dropped before (a miss: the layer's data sent to the device);
-- *second Run*: options B (a new threshold, window or subset) on the same layer: a hit, nothing sent;
-
-the first and second Run repeated ``--repeats`` times (the best of each kept). The same sequence then runs in a
-child process with ``JAX_PLATFORMS=cpu``: the host CPU, where nothing is kept (as in napari on a machine without an
-accelerator). The table gives both, the ratios host / device, the cache's outcomes from the runs' provenance
-(``ran_on["device_inputs"]``) and how far the second Runs' outputs differ between the two.
-
-Cases (options A -> B): ``mipmap``, the occupancy mipmap of a float32 volume (threshold 0.999 -> 0.9999);
-``maps``, the correlation widget's stacks mode on a K=10 speckle pair (window 15 -> 13, hessian); ``dic``, its
-single-pair mode on the 8-bit DIC sample as the layers hold it (uint8; window 11, subset 31 -> 29, step 4, refine).
+    python -m benchmarks run device_layers [--quick] [--cases mipmap,dic --repeats 5 --table runs.md]
 """
 
 from __future__ import annotations
@@ -48,7 +26,36 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
+from _harness import record, start_run  # noqa: E402
+
 CASES = ("mipmap", "maps", "dic")
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+``napari_gridmip/_jobs/device_layers.py``: a widget's input layer is sent to the accelerator once and
+kept there while it is unchanged; its target is a second Run at least 10x the host CPU's time for the same Run.
+
+The jobs are those the widgets run (``napari_gridmip._jobs``), made from requests built as the widgets build them,
+each input layer's data with a ``DeviceInput`` as the widget's ``LayerWatch`` makes it, and run as the runner runs
+them (inside ``placed("auto")``, the layers' data NumPy at the end); no napari, no Qt. Per case:
+
+- *cold*: the process's first Run of the case, on another array of the layer's shape and dtype (compiling, or
+  reading the programs from the library's persistent compile cache as a napari session does, and sending that
+  array); then the second Run's options on it, so that both Runs' programs are compiled before the timed ones (a
+  new window or subset is a new program);
+- *first Run*: options A on the layer, its copy dropped before (a miss: the layer's data sent to the device);
+- *second Run*: options B (a new threshold, window or subset) on the same layer: a hit, nothing sent;
+
+the first and second Run repeated ``--repeats`` times (the best of each kept). The same sequence then runs in a
+child process with ``JAX_PLATFORMS=cpu``: the host CPU, where nothing is kept (as in napari on a machine without an
+accelerator). The table gives both, the ratios host / device, the cache's outcomes from the runs' provenance
+(``ran_on["device_inputs"]``) and how far the second Runs' outputs differ between the two.
+
+Cases (options A -> B): ``mipmap``, the occupancy mipmap of a float32 volume (threshold 0.999 -> 0.9999);
+``maps``, the correlation widget's stacks mode on a K=10 speckle pair (window 15 -> 13, hessian); ``dic``, its
+single-pair mode on the 8-bit DIC sample as the layers hold it (uint8; window 11, subset 31 -> 29, step 4, refine).
+"""
 
 
 @dataclasses.dataclass
@@ -168,7 +175,7 @@ def measure(names: list[str], *, quick: bool, repeats: int, keep_on_cpu: bool, o
     cache = device_cache()
     cache.keep_on_cpu = keep_on_cpu
     device = jax.devices()[0]
-    record: dict[str, Any] = {
+    report: dict[str, Any] = {
         "device": f"{device.platform} ({device.device_kind})",
         "jax": jax.__version__,
         "keep_on_cpu": keep_on_cpu,
@@ -193,7 +200,7 @@ def measure(names: list[str], *, quick: bool, repeats: int, keep_on_cpu: bool, o
                 times.append(seconds_taken)
                 outcomes.append(_outcomes(result))
         np.savez(out.with_suffix(f".{name}.npz"), **_outputs(result, case.roles))
-        record["cases"][name] = {
+        report["cases"][name] = {
             "cold": cold,
             "first": min(firsts),
             "second": min(seconds),
@@ -203,10 +210,10 @@ def measure(names: list[str], *, quick: bool, repeats: int, keep_on_cpu: bool, o
             "bytes": int(sum(a.nbytes for a in layers.values())),
         }
         cache.drop_layer(name)
-        print(f"{record['device']} {name}: cold {cold:.3f} s, first {min(firsts):.3f} s, second {min(seconds):.3f} "
+        print(f"{report['device']} {name}: cold {cold:.3f} s, first {min(firsts):.3f} s, second {min(seconds):.3f} "
               f"s ({' / '.join(outcomes[:2])})", file=sys.stderr, flush=True)  # fmt: skip
-    out.write_text(json.dumps(record, indent=1))
-    return record
+    out.write_text(json.dumps(report, indent=1))
+    return report
 
 
 # -- the table ----------------------------------------------------------------------------------------------------
@@ -258,7 +265,9 @@ def table(device: dict[str, Any], host: dict[str, Any], quick: bool, folder: Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: a check of the script")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--repeats", type=int, default=3, help="first and second Runs per process (best kept)")
@@ -280,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker is not None:  # the host CPU's child
         measure(names, quick=args.quick, repeats=args.repeats, keep_on_cpu=False, out=folder / f"{args.worker}.json")
         return 0
+    start_run("device_layers", args)
     device = measure(
         names, quick=args.quick, repeats=args.repeats, keep_on_cpu=args.keep_on_cpu, out=folder / "device.json"
     )
@@ -290,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the host CPU's run failed ({done.returncode})", file=sys.stderr)
         return done.returncode
     host = json.loads((folder / "host.json").read_text())
+    for name, d in device["cases"].items():  # the second Run is the timed case; the process's first Run, first_s
+        for where, r in (("device", d), ("host", host["cases"].get(name))):
+            if r is not None:
+                record(f"{name}, {where}", first_s=r["cold"], times_s=r["seconds"], group=name,
+                       reference=f"{name}, device", note="times: second Runs; first_s: the process's first Run",
+                       first_runs_s=r["firsts"], cache=r["outcomes"], layer_bytes=r["bytes"])  # fmt: skip
     text = table(device, host, args.quick, folder)
     print(text)
     if args.table:

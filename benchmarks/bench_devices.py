@@ -1,21 +1,10 @@
 """The band programs over every local device against the same calls on one device, in one process.
 
-    python benchmarks/bench_devices.py                                     # this machine's devices
+Peers: each case with ``NAPARI_GRIDMIP_SHARD_BANDS=0`` (one device), alternating; ``--first-calls`` adds each
+mode's first call in a new process. Cases dic, maps, tracking, corrimage, mipmap.
+
+    python -m benchmarks run devices [--quick] [--cases dic,corrimage] [--first-calls]
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/bench_devices.py   # 8 host devices
-    python benchmarks/bench_devices.py --quick --cases dic,corrimage       # small sizes: a check of the script
-    python benchmarks/bench_devices.py --first-calls                       # and each mode's first call, new process
-
-Issue 53, item 3 (``napari_gridmip/core/sharding.py``): the band programs of DIC, speckle tracking and the maps'
-displacement search, the correlation image's chunks and the dask mipmap's blocks run on every local device of the
-call's platform; ``NAPARI_GRIDMIP_SHARD_BANDS=0`` keeps them on the call's device. Each case runs both ways,
-alternating (warm-up first, best of ``--repeats`` rounds), with NumPy inputs as a napari layer gives them, and
-reports the ratio and how far the outputs differ. On a machine with one device both rows run the same code: the
-table then shows that nothing is lost there. ``--first-calls`` adds each mode's first call in a new process with an
-empty compile cache.
-
-Cases: ``dic`` (a 1024^2 pair, window 11, subset 31, step 4, refine), ``maps`` (K=10 512^2 stacks, window 15,
-hessian), ``tracking`` (K=10 512^2, window 7, subset 5), ``corrimage`` (1000 x 256^2 float32 movie), ``mipmap``
-(the occupancy mipmap of a dask 256^3 float32 volume in 64^3 chunks).
 """
 
 from __future__ import annotations
@@ -38,6 +27,22 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 CASES = ("dic", "maps", "tracking", "corrimage", "mipmap")
 SWITCH = "NAPARI_GRIDMIP_SHARD_BANDS"
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+``napari_gridmip/core/runtime/sharding.py``: the band programs of DIC, speckle tracking and the maps'
+displacement search, the correlation image's chunks and the dask mipmap's blocks run on every local device of the
+call's platform; ``NAPARI_GRIDMIP_SHARD_BANDS=0`` keeps them on the call's device. Each case runs both ways,
+alternating (warm-up first, best of ``--repeats`` rounds), with NumPy inputs as a napari layer gives them, and
+reports the ratio and how far the outputs differ. On a machine with one device both rows run the same code: the
+table then shows that nothing is lost there. ``--first-calls`` adds each mode's first call in a new process with an
+empty compile cache.
+
+Cases: ``dic`` (a 1024^2 pair, window 11, subset 31, step 4, refine), ``maps`` (K=10 512^2 stacks, window 15,
+hessian), ``tracking`` (K=10 512^2, window 7, subset 5), ``corrimage`` (1000 x 256^2 float32 movie), ``mipmap``
+(the occupancy mipmap of a dask 256^3 float32 volume in 64^3 chunks).
+"""
 
 
 def _speckles(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -120,7 +125,9 @@ def first_call(name: str, sharded: bool, quick: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, from: " + ", ".join(CASES))
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--repeats", type=int, default=3)

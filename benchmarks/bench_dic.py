@@ -1,10 +1,30 @@
-"""Digital image correlation: accuracy at known sub-pixel shifts, and speed against a Numba loop.
+"""Digital image correlation: accuracy at known sub-pixel shifts, and speed against Numba loops and pyvale.
 
-    python benchmarks/bench_dic.py            # full size (the docs' tables)
-    python benchmarks/bench_dic.py --quick    # small, seconds to minutes
-    python benchmarks/bench_dic.py --only peer        # 3. ours against a Numba IC-GN and pyvale at 1024^2
-    python benchmarks/bench_dic.py --only gradients   # the affine gradients' per-point error and its prediction
+Peers: a Numba search loop (speed), a Numba IC-GN written as ncorr and DICe write theirs (``_numba_icgn.py``) and
+pyvale's C++ engine (``--only peer``); accuracy against the known shifts.
 
+    python -m benchmarks run dic [--quick] [--only accuracy|speed|real|peer|gradients]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _harness import PeakMemory, Run, block, group, machine, measure, note, record, start_run  # noqa: E402
+
+# -- the baseline -----------------------------------------------------------------------------------
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 1. Accuracy: 8-bit speckle pairs (napari_gridmip._sample_data.dic: analytic Gaussian dots, shot and read
    noise, quantised) moved rigidly by 0 to 1 px in 0.1 px steps (the same shift along both axes), subset 31,
    on a grid of points (step 4): bias (mean error) and spread (standard deviation of the error) per shift,
@@ -25,22 +45,6 @@
 4. Gradients (``--only gradients``): the affine subsets' per-point gradient errors against the spread least
    squares predicts (``tests/core/correlation/subset_reference.affine_spread``), per noise level.
 """
-
-from __future__ import annotations
-
-import argparse
-import sys
-import time
-from pathlib import Path
-
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _harness import PeakMemory, Run, block, group, machine, measure, note, record, start_run  # noqa: E402
-
-# -- the baseline -----------------------------------------------------------------------------------
 
 
 def numba_search():
@@ -605,7 +609,9 @@ def speed(args) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds to minutes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["accuracy", "speed", "real", "peer", "gradients"])

@@ -1,7 +1,27 @@
 """Phase and strain from a displacement field: integrate_gradient and strain_field against NumPy/SciPy.
 
-    python benchmarks/bench_fields.py [--quick] [--repeats 5]
+Peers: the same Poisson solve by ``scipy.fft.dctn``, ``scipy.sparse.linalg.cg`` on the weighted problem, a
+Frankot-Chellappa projection by ``scipy.fft.rfft2``, and plane fits from ``scipy.ndimage.correlate1d`` moments.
 
+    python -m benchmarks run fields [--quick] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import scipy.fft as sfft
+from _harness import machine, measure, start_run, table
+from scipy import ndimage
+from scipy.sparse.linalg import LinearOperator, cg
+
+WORKERS = os.cpu_count()
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 Fields of 2048 x 2048 float32 (``--quick``: 512 x 512). Each row is timed best
 of ``--repeats`` after a warm-up (compile), with the peak extra memory of one
 call; NumPy inputs, NumPy-convertible results.
@@ -17,19 +37,6 @@ call; NumPy inputs, NumPy-convertible results.
   fused by XLA) against the same plane fits with the moments from
   ``scipy.ndimage.correlate1d`` (separable, window-long kernels).
 """
-
-from __future__ import annotations
-
-import argparse
-import os
-
-import numpy as np
-import scipy.fft as sfft
-from _harness import machine, measure, start_run, table
-from scipy import ndimage
-from scipy.sparse.linalg import LinearOperator, cg
-
-WORKERS = os.cpu_count()
 
 
 def surface_and_gradient(n: int):
@@ -125,7 +132,9 @@ def scipy_strain(dy: np.ndarray, dx: np.ndarray, window: int) -> tuple[np.ndarra
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="512 x 512")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()

@@ -1,21 +1,10 @@
 """First calls: where a new user's first click goes, library, widgets and CLI, cold and warm.
 
-    python benchmarks/bench_first_run.py [--part library widgets cli] [--only NAME ...]
-    xvfb-run -a python benchmarks/bench_first_run.py --part widgets
+Every case in new processes with an empty persistent cache: its first call (tracing, lowering and compiling apart),
+its warm call and the next session's first call, against the targets (no peer: the figure is first against warm).
 
-Every row runs in new Python processes, so "first" means the process's first:
-
-- **library**: each public workflow at the sizes of issue 25's table. A new process with an empty
-  persistent cache (its own temporary ``NAPARI_GRIDMIP_CACHE_DIR``) imports the package, starts the
-  backend and times the first call, split by JAX's monitoring events into tracing, lowering (to
-  MLIR) and compiling, the rest being running and Python; then the best of two more calls (warm).
-  A second process on the now-filled cache times the "second session". Target: first call at most
-  ``max(2 x warm, 1.5 s)``.
-- **widgets**: each widget's first Run on its own sample in a real viewer (``bench_gui_freeze.py``'s
-  scenarios: click to last layer added), in a first session (empty cache) and the next one (the
-  cache filled). Targets: 3 s and 1.5 s.
-- **cli**: each subcommand's documented example (README) on the samples written to files, in a
-  first session and a second one (warm: the programs come from the cache). Target: at most 2x warm.
+    python -m benchmarks run first_run [--quick] [--part library widgets cli] [--only NAME ...]
+    xvfb-run -a python -m benchmarks run first_run --part widgets
 """
 
 from __future__ import annotations
@@ -31,6 +20,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+from _harness import record, start_run  # noqa: E402 - this folder is on the path (run as a script)
 
 LIBRARY = textwrap.dedent(
     """
@@ -112,6 +103,24 @@ WORKFLOWS = [
 WIDGETS = ["mipmap", "patches", "stitch", "tiled", "correlation", "correlation-dic", "correlation-calcium"]
 
 
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Every row runs in new Python processes, so "first" means the process's first:
+
+- **library**: each public workflow at the sizes of the first-call table. A new process with an empty
+  persistent cache (its own temporary ``NAPARI_GRIDMIP_CACHE_DIR``) imports the package, starts the
+  backend and times the first call, split by JAX's monitoring events into tracing, lowering (to
+  MLIR) and compiling, the rest being running and Python; then the best of two more calls (warm).
+  A second process on the now-filled cache times the "second session". Target: first call at most
+  ``max(2 x warm, 1.5 s)``.
+- **widgets**: each widget's first Run on its own sample in a real viewer (``bench_gui_freeze.py``'s
+  scenarios: click to last layer added), in a first session (empty cache) and the next one (the
+  cache filled). Targets: 3 s and 1.5 s.
+- **cli**: each subcommand's documented example (README) on the samples written to files, in a
+  first session and a second one (warm: the programs come from the cache). Target: at most 2x warm.
+"""
+
+
 def _env(cache: str) -> dict[str, str]:
     # a new user: an empty cache, and a new napari settings file (the plugin's settings are kept beside it), so
     # that no widget setting remembered from earlier runs (a scenario that switched on the full map or per-level
@@ -145,6 +154,10 @@ def library(only: list[str]) -> None:
             again = _result([sys.executable, "-c", LIBRARY, kind], cache)
         rest = cold["first"] - cold["trace"] - cold["lower"] - cold["compile"] - cold["cache"]
         target = max(2 * cold["warm"], 1.5)
+        record(kind, first_s=cold["first"], times_s=[cold["warm"]], group="library", note="a new process, empty cache",
+               import_s=cold["import"] + cold["backend"], trace_s=cold["trace"], lower_s=cold["lower"],
+               compile_s=cold["compile"], programs=cold["programs"], second_session_s=again["first"],
+               target_s=target)  # fmt: skip
         print(
             f"| {kind} | {cold['import'] + cold['backend']:.2f} | {cold['first']:.2f} | {cold['trace']:.2f} "
             f"| {cold['lower']:.2f} | {cold['compile']:.2f} | {rest:.2f} | {cold['programs']} | {cold['warm']:.3f} "
@@ -175,6 +188,10 @@ def widgets(only: list[str], settle: float) -> None:
                 rows.append((_result(command, cache), _result(command, cache)))
         os.environ.pop("NAPARI_GRIDMIP_PREFETCH")
         (first, second), (plain_first, plain_second) = rows
+        record(scenario, first_s=first["run_s"], group="widgets", note="click to last layer, first session",
+               worst_gap_ms=first["worst_gap_ms"], next_session_s=second["run_s"],
+               next_worst_gap_ms=second["worst_gap_ms"], nothing_early_first_s=plain_first["run_s"],
+               nothing_early_next_s=plain_second["run_s"])  # fmt: skip
         print(
             f"| {scenario} | {first['run_s']:.2f} | {first['worst_gap_ms']:.0f} | {second['run_s']:.2f} "
             f"| {second['worst_gap_ms']:.0f} | {plain_first['run_s']:.2f} | {plain_second['run_s']:.2f} |",
@@ -249,16 +266,23 @@ def cli(only: list[str]) -> None:
                     if done.returncode:
                         raise RuntimeError(f"{name}: {done.stderr.strip()}")
             ratio = times[0] / times[1]
+            record(name, first_s=times[0], times_s=times[1:], group="cli", note="first and second session")
             print(f"| {name} | {times[0]:.2f} | {times[1]:.2f} | {ratio:.1f} | {'yes' if ratio <= 2 else 'no'} |")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parts = ["library", "widgets", "cli"]
     parser.add_argument("--part", nargs="+", default=parts, choices=parts)
     parser.add_argument("--only", nargs="*", default=[], help="rows whose name contains one of these")
     parser.add_argument("--settle", type=float, default=0.5, help="widgets: seconds from the sample to the click")
+    parser.add_argument("--quick", action="store_true", help="the library's mipmap row alone (unless --part, --only)")
     args = parser.parse_args()
+    if args.quick and args.part == parts and not args.only:
+        args.part, args.only = ["library"], ["occupancy_mipmap"]
+    start_run("first_run", args)
     import jax
 
     print(f"JAX {jax.__version__} on {jax.default_backend()}, {os.cpu_count()} CPUs")

@@ -1,19 +1,9 @@
 """How long the GUI thread stops answering while a widget runs and its layers are added, and where.
 
-    xvfb-run -a python benchmarks/bench_gui_freeze.py [--scenario all] [--threshold-ms 100]
+Each scenario's first Run in a new process with a real napari viewer: the longest gap of a 5 ms timer on the GUI
+thread, what held the thread, and Python's full garbage collections (no peer: the bound is 250 ms).
 
-Each scenario runs in a fresh Python process (so "first run" means the session's first): a real napari
-viewer, the widget docked, its sample loaded, Run clicked through the button. A 5 ms QTimer on the GUI
-thread records when the event loop gets to run; the longest gap between two ticks is the freeze. A
-watchdog thread samples the GUI thread's Python stack (``sys._current_frames``) whenever it has not
-ticked for ``--threshold-ms``, so each long freeze comes with the code that held the thread. The
-durations of Python's full (generation 2) garbage collections during the run are listed too: one scans
-every object of the process and holds the GIL in whichever thread started it, so the GUI thread waits.
-
-Scenarios: ``mipmap`` (first run), ``mipmap-per-level`` (first run with one image layer per level),
-``mipmap-second`` (a second run in the same session), ``patches``, ``stitch`` (the mosaic sample),
-``tiled`` (a Gaussian in tiles of the occupancy volume), ``correlation``, ``correlation-map`` (with the 4D
-map), ``correlation-dic`` (single pair, subsets, strain) and ``correlation-calcium`` (time series).
+    xvfb-run -a python -m benchmarks run gui_freeze [--quick] [--scenario all] [--threshold-ms 100]
 """
 
 from __future__ import annotations
@@ -42,6 +32,23 @@ SCENARIOS = [
     "correlation-dic",
     "correlation-calcium",
 ]
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Each scenario runs in a fresh Python process (so "first run" means the session's first): a real napari
+viewer, the widget docked, its sample loaded, Run clicked through the button. A 5 ms QTimer on the GUI
+thread records when the event loop gets to run; the longest gap between two ticks is the freeze. A
+watchdog thread samples the GUI thread's Python stack (``sys._current_frames``) whenever it has not
+ticked for ``--threshold-ms``, so each long freeze comes with the code that held the thread. The
+durations of Python's full (generation 2) garbage collections during the run are listed too: one scans
+every object of the process and holds the GIL in whichever thread started it, so the GUI thread waits.
+
+Scenarios: ``mipmap`` (first run), ``mipmap-per-level`` (first run with one image layer per level),
+``mipmap-second`` (a second run in the same session), ``patches``, ``stitch`` (the mosaic sample),
+``tiled`` (a Gaussian in tiles of the occupancy volume), ``correlation``, ``correlation-map`` (with the 4D
+map), ``correlation-dic`` (single pair, subsets, strain) and ``correlation-calcium`` (time series).
+"""
 
 
 def child(scenario: str, threshold_ms: float, settle: float = 0.5) -> dict:
@@ -195,7 +202,9 @@ def _run_child(scenario: str, args: argparse.Namespace, config: str) -> subproce
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scenario", default="all", choices=["all", *SCENARIOS])
     parser.add_argument("--threshold-ms", type=float, default=100.0)
     parser.add_argument("--stacks", action="store_true", help="print where the GUI thread was during long freezes")
@@ -203,10 +212,16 @@ def main() -> None:
     parser.add_argument(
         "--settle", type=float, default=0.5, help="seconds between the sample opening and the click (default 0.5)"
     )
+    parser.add_argument("--quick", action="store_true", help="the mipmap scenario alone (unless --scenario)")
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.threshold_ms, args.settle)))
         return
+    if args.quick and args.scenario == "all":
+        args.scenario = "mipmap"
+    from _harness import record, start_run
+
+    start_run("gui_freeze", args)
     scenarios = SCENARIOS if args.scenario == "all" else [args.scenario]
     print(
         "| scenario | longest GUI freeze (ms) | run (s) | full garbage collections (ms) | GUI thread held by (ms) |\n"
@@ -226,6 +241,9 @@ def main() -> None:
         held = ", ".join(f"{kind} {ms}" for kind, ms in result["kinds_ms"].items())
         full = ", ".join(map(str, result["full_gc_ms"])) or "none"
         print(f"| {scenario} | {result['worst_gap_ms']:.0f} | {result['run_s']:.2f} | {full} | {held} |")
+        record(scenario, first_s=result["run_s"], group="scenarios", note="a new process: the session's first Run",
+               longest_freeze_ms=result["worst_gap_ms"], full_gc_ms=result["full_gc_ms"],
+               held_ms=result["kinds_ms"])  # fmt: skip
         details.append(result)
     if args.stacks:
         for result in details:

@@ -1,7 +1,25 @@
-"""Data larger than memory: the CLI's OME-Zarr pyramid of a 1 GiB Zarr volume, and a displacement field through dask.
+"""Data larger than memory: the CLI's OME-Zarr pyramid of a Zarr volume, and a displacement field through dask.
 
-    python benchmarks/bench_large.py [--folder /tmp/gridmip-bench] [--size 1024]
+Peers: the in-memory paths (the volume or stacks loaded into NumPy first), each in a process of its own: time and
+the process's peak resident memory.
 
+    python -m benchmarks run large [--quick] [--folder /tmp/gridmip-bench] [--size 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from _harness import record, start_run
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 1. A 1024^3 uint8 Zarr volume (1 GiB; sparse balls, chunks of 128^3) is turned
    into an OME-Zarr occupancy pyramid by ``napari-gridmip mipmap`` (a separate
    process, whose peak resident memory is measured), against the in-memory path
@@ -14,16 +32,6 @@
 Each row is the best of ``--repeats`` runs; peak RSS is the process's maximum
 resident memory (VmHWM), JAX, dask and zarr themselves included (about 260 MiB).
 """
-
-from __future__ import annotations
-
-import argparse
-import shutil
-import subprocess
-import sys
-import textwrap
-import time
-from pathlib import Path
 
 
 def make_inputs(folder: Path, size: int, frames: int, image: int) -> None:
@@ -85,6 +93,8 @@ def peak_of(code: str, *args: str) -> tuple[float, float]:
     return seconds, int(line) / 1024
 
 
+PYRAMID_REFERENCE = "napari-gridmip mipmap (dask, block by block)"
+FIELD_REFERENCE = "find_displacement through dask (row bands)"
 CLI = "import sys; from napari_gridmip.cli import main; main(sys.argv[1:])"
 IN_MEMORY_MIPMAP = textwrap.dedent(
     """
@@ -111,29 +121,39 @@ FIELD = textwrap.dedent(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--folder", type=Path, default=Path("/tmp/gridmip-bench"))
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--frames", type=int, default=20)
     parser.add_argument("--image", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a 256^3 volume, K=4 stacks of 512^2: seconds")
     args = parser.parse_args()
-    args.folder.mkdir(parents=True, exist_ok=True)
-    make_inputs(args.folder, args.size, args.frames, args.image)
-    volume = str(args.folder / "volume.zarr")
+    if args.quick:
+        args.size, args.frames, args.image = 256, 4, 512
+    start_run("large", args)
+    # inputs are kept between runs, in a folder of their own sizes
+    folder = args.folder / f"large-{args.size}-{args.frames}x{args.image}"
+    folder.mkdir(parents=True, exist_ok=True)
+    make_inputs(folder, args.size, args.frames, args.image)
+    volume = str(folder / "volume.zarr")
     gib = args.size**3 / 2**30
 
     rows = []
     for label, code, extra in (
-        ("napari-gridmip mipmap (dask, block by block)", CLI, ["mipmap", volume, "{out}", "--quiet"]),
+        (PYRAMID_REFERENCE, CLI, ["mipmap", volume, "{out}", "--quiet"]),
         ("in memory: load + write_mipmap", IN_MEMORY_MIPMAP, [volume, "{out}"]),
     ):
-        best = None
+        runs = []
         for _ in range(args.repeats):
-            out = args.folder / "pyramid.ome.zarr"
+            out = folder / "pyramid.ome.zarr"
             shutil.rmtree(out, ignore_errors=True)
-            seconds, peak = peak_of(code, *(e.format(out=out) for e in extra))
-            best = (seconds, peak) if best is None or seconds < best[0] else best
+            runs.append(peak_of(code, *(e.format(out=out) for e in extra)))
+        best = min(runs)
+        record(label, times_s=[r[0] for r in runs], peak_mb=best[1], group="pyramid", reference=PYRAMID_REFERENCE,
+               note="a new process each (start-up included), its whole RSS")  # fmt: skip
         rows.append((label, *best))
     print(f"occupancy pyramid of a {args.size}^3 uint8 Zarr volume ({gib:.2f} GiB) to OME-Zarr\n")
     print("| path | best s | GiB/s | x dask | peak RSS MiB |")
@@ -141,16 +161,16 @@ def main() -> None:
     for label, seconds, peak in rows:
         print(f"| {label} | {seconds:.1f} | {gib / seconds:.2f} | {seconds / rows[0][1]:.2f} | {peak:.0f} |")
 
-    img1, img2 = str(args.folder / "img1.zarr"), str(args.folder / "img2.zarr")
+    img1, img2 = str(folder / "img1.zarr"), str(folder / "img2.zarr")
     rows = []
     for label, mode in (
-        ("find_displacement through dask (row bands)", "dask"),
+        (FIELD_REFERENCE, "dask"),
         ("in memory (loaded stacks)", "memory"),
     ):
-        best = None
-        for _ in range(args.repeats):
-            seconds, peak = peak_of(FIELD, img1, img2, mode)
-            best = (seconds, peak) if best is None or seconds < best[0] else best
+        runs = [peak_of(FIELD, img1, img2, mode) for _ in range(args.repeats)]
+        best = min(runs)
+        record(label, times_s=[r[0] for r in runs], peak_mb=best[1], group="displacement field",
+               reference=FIELD_REFERENCE, note="a new process each (start-up included), its whole RSS")  # fmt: skip
         rows.append((label, *best))
     stack_mib = 2 * args.frames * args.image**2 * 4 / 2**20
     print(f"\ndisplacement field, K={args.frames}, {args.image}x{args.image} float32 from Zarr (two stacks: "

@@ -1,14 +1,9 @@
 """What napari itself costs the GUI thread to show one new layer, by kind, first of its kind and again.
 
-    xvfb-run -a python benchmarks/bench_layer_insert.py [--repeat 3]
+No plugin code runs: ``viewer.layers.append`` of a layer made beforehand and the first paint, in a new process per
+kind (no peer: the first layer of a kind against the second).
 
-The part of a result's display that no plugin code runs: ``viewer.layers.append(layer)`` of a layer
-model made beforehand (the widgets make theirs in the worker), then the first paint of the canvas
-(where vispy compiles shaders and uploads data). Each kind in a fresh process beside an input Image
-layer already shown, as when a widget's result arrives: "first" is the session's first layer of the
-kind, "again" a second one. The cProfile line names napari's or vispy's function that took the
-longest inside the first insert (from one more process, profiled; its times are not used).
-bench_gui_freeze.py measures the freezes these add up to.
+    xvfb-run -a python -m benchmarks run layer_insert [--quick] [--repeat 3] [--kinds image labels]
 """
 
 from __future__ import annotations
@@ -23,6 +18,18 @@ KINDS = [
     "image", "labels", "shapes-rectangles", "shapes-rectangles-text", "shapes-lines", "vectors", "points",
     "points-text",
 ]  # fmt: skip
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+The part of a result's display that no plugin code runs: ``viewer.layers.append(layer)`` of a layer
+model made beforehand (the widgets make theirs in the worker), then the first paint of the canvas
+(where vispy compiles shaders and uploads data). Each kind in a fresh process beside an input Image
+layer already shown, as when a widget's result arrives: "first" is the session's first layer of the
+kind, "again" a second one. The cProfile line names napari's or vispy's function that took the
+longest inside the first insert (from one more process, profiled; its times are not used).
+bench_gui_freeze.py measures the freezes these add up to.
+"""
 
 
 def _layer(kind: str):
@@ -111,15 +118,23 @@ def child(kind: str, profiled: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=3, help="fresh processes per kind; the best is shown")
     parser.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS, help="layer kinds (default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--profiled", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="one process per kind, image and labels only")
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args.child, args.profiled)))
         return
+    if args.quick:
+        args.repeat, args.kinds = 1, [k for k in args.kinds if k in ("image", "labels")] or args.kinds[:1]
+    from _harness import record, start_run
+
+    start_run("layer_insert", args)
     print(
         "| layer kind | first: insert (ms) | first: paint (ms) | again: insert (ms) | again: paint (ms) "
         "| inside the first insert |\n|---|---:|---:|---:|---:|---|"
@@ -140,6 +155,11 @@ def main() -> None:
             continue
         best = min(timed, key=lambda r: r["first_insert_ms"] + r["first_paint_ms"])
         best["held_most_by"] = next((r["held_most_by"] for r in results if "held_most_by" in r), [])
+        for what in ("insert", "paint"):  # first: the session's first layer of the kind; best: the second one
+            record(f"{kind}: {what}", first_s=best[f"first_{what}_ms"] / 1e3,
+                   times_s=[r[f"again_{what}_ms"] / 1e3 for r in timed], group=kind,
+                   note="a new process each; the best process's first, every process's second",
+                   held_most_by=best["held_most_by"] if what == "insert" else None)  # fmt: skip
         print(
             f"| {kind} | {best['first_insert_ms']:.0f} | {best['first_paint_ms']:.0f} | {best['again_insert_ms']:.0f} "
             f"| {best['again_paint_ms']:.0f} | {'; '.join(best['held_most_by'])} |"

@@ -1,22 +1,9 @@
-"""Full resolution in 3D: resident memory over a 20-move camera tour in a real viewer (issue 35, item 2).
+"""Full resolution in 3D: resident memory and time to full resolution over a camera tour in a real viewer.
 
-A shown napari viewer (1400 x 900, the Occupancy mipmap widget docked) opens the "Sparse volume (large)" sample
-(what File > Open Sample calls; ``--size 4096`` the same generator at 4096^3, written once to disk chunk by chunk
-in a child process: only the occupied voxels' coordinates are ever in memory, never a dense volume), switches to
-3D, clicks "Full resolution in 3D" and runs a scripted tour: rotations, zooms in and out, pans, a perspective
-close-up, the switch off and on, and 2D and back to 3D once. After each move it waits for the full-resolution
-picture (the widget's live view holds a final state and no worker), or, for the moves that render nothing (the
-switch off, 2D), a second of the event loop. Resident memory (RSS) is sampled every 50 ms by a thread (psutil) and
-the kernel's own peak (``ru_maxrss``) is read after each move.
+Peer: the same tour with the switch left off (``--napari-alone``: napari alone). Needs a display (Xvfb).
 
-Per move: the time from the move to the full-resolution picture (it includes the widget's 300 ms wait for the
-camera to rest and the coarse pass), the render's own time, RSS after the move, the sampled peak during it and the
-peak so far, the bytes held by the live view's pools (committed bricks) and by JAX's live arrays.
-
-Run (a display: Xvfb with Mesa's software OpenGL):
-
-    xvfb-run -a python benchmarks/bench_live_memory.py                         # 2048^3, the sample's cache
-    xvfb-run -a python benchmarks/bench_live_memory.py --size 4096 --cache /tmp/live4096 --json /tmp/tour4096.json
+    xvfb-run -a python -m benchmarks run live_memory [--quick] [--size 2048] [--napari-alone]
+    xvfb-run -a python benchmarks/bench_live_memory.py --size 4096 --cache /tmp/live4096
 """
 
 from __future__ import annotations
@@ -37,8 +24,27 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _harness import note, record, start_run  # noqa: E402 - this folder is on the path (run as a script)
+
 GIB = 2**30
 WINDOW = (1400, 900)
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+A shown napari viewer (1400 x 900, the Occupancy mipmap widget docked) opens the "Sparse volume (large)" sample
+(what File > Open Sample calls; ``--size 4096`` the same generator at 4096^3, written once to disk chunk by chunk
+in a child process: only the occupied voxels' coordinates are ever in memory, never a dense volume), switches to
+3D, clicks "Full resolution in 3D" and runs a scripted tour: rotations, zooms in and out, pans, a perspective
+close-up, the switch off and on, and 2D and back to 3D once. After each move it waits for the full-resolution
+picture (the widget's live view holds a final state and no worker), or, for the moves that render nothing (the
+switch off, 2D), a second of the event loop. Resident memory (RSS) is sampled every 50 ms by a thread (psutil) and
+the kernel's own peak (``ru_maxrss``) is read after each move.
+
+Per move: the time from the move to the full-resolution picture (it includes the widget's 300 ms wait for the
+camera to rest and the coarse pass), the render's own time, RSS after the move, the sampled peak during it and the
+peak so far, the bytes held by the live view's pools (committed bricks) and by JAX's live arrays.
+"""
 
 
 class RssSampler:
@@ -313,18 +319,31 @@ def table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=2048)
     parser.add_argument("--cache", type=Path, default=None, help="where the sample is written (default: its cache)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a move may wait for full resolution")
     parser.add_argument("--napari-alone", action="store_true", help="the same tour with the switch left off")
     parser.add_argument("--rounds", type=int, default=1, help="the tour this many times over (does memory creep?)")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    parser.add_argument("--quick", action="store_true", help="the tour over a 512^3 sample")
     args = parser.parse_args()
+    if args.quick:
+        args.size = 512
+    start_run("live_memory", args)
     import tempfile
 
     os.environ.setdefault("NAPARI_GRIDMIP_CONFIG_DIR", tempfile.mkdtemp())
     result = run(args.size, args.cache, args.timeout, alone=args.napari_alone, rounds=args.rounds)
+    for move in result["moves"]:  # each move's time to full resolution and the resident peak during it
+        if move["full_resolution_s"] is not None:
+            record(f"{move['move']} {move['name']}", first_s=move["full_resolution_s"], group="tour",
+                   peak_mb=(move["window_peak"] - result["stages"]["3D, napari's coarse level"]) / 2**20,
+                   note="first_s: the move to its full-resolution picture; peak above the RSS before the tour",
+                   render_s=move["render_s"], rss_gib=move["rss"] / GIB, chunks_read=move["chunks_read"])  # fmt: skip
+    note("tour", {k: v for k, v in result.items() if k != "moves"})
     print(table(result))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1, default=str))

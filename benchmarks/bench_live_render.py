@@ -1,19 +1,10 @@
 """Full resolution in 3D: per view of the sparse sample, what the live view costs and what it shows.
 
-For each size (the "Sparse volume (large)" sample's generator at that size, written into a temporary cache on
-first use) and each view (an orthographic overview of the whole volume, a perspective close-up), the live
-view's two passes as the widget runs them (``LiveSource.progressive``):
+Peers: a dense ray march with the same step (samples per ray) and napari's own coarse view from the same camera;
+cold (compiles, reads chunks) and warm per pass; ``--gui``: the same moves in a real viewer, switch off and on.
 
-- time to first pixels (the coarse pass) and to full resolution, cold (first render: compiles, reads chunks)
-  and warm (the same view again: chunks in the cache);
-- chunks read against chunks in the volume's box;
-- peak resident memory above the start (the pool of occupied cells is 512 MiB at most, 43 MiB for the whole 2048^3
-  sample; no dense copy is made);
-- samples per ray against a dense ray march with the same step;
-- napari's coarse view from the same camera (its coarsest level, which napari shows in 3D) against ours: pixels
-  brighter than the filaments' floor (700) in each.
-
-Run:  flock /tmp/bench.lock python benchmarks/bench_live_render.py --sizes 512 2048
+    python -m benchmarks run live_render [--quick] [--sizes 512 2048] [--views overview]
+    xvfb-run -a python benchmarks/bench_live_render.py --gui --sizes 512
 """
 
 from __future__ import annotations
@@ -34,6 +25,23 @@ from napari_gridmip._sample_data.sparse import open_sparse_volume  # noqa: E402
 
 CANVAS = (600, 800)
 BRIGHT = 700  # the filaments' values start near here (their floor is 700 - 250)
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+For each size (the "Sparse volume (large)" sample's generator at that size, written into a temporary cache on
+first use) and each view (an orthographic overview of the whole volume, a perspective close-up), the live
+view's two passes as the widget runs them (``LiveSource.progressive``):
+
+- time to first pixels (the coarse pass) and to full resolution, cold (first render: compiles, reads chunks)
+  and warm (the same view again: chunks in the cache);
+- chunks read against chunks in the volume's box;
+- peak resident memory above the start (the pool of occupied cells is 512 MiB at most, 43 MiB for the whole 2048^3
+  sample; no dense copy is made);
+- samples per ray against a dense ray march with the same step;
+- napari's coarse view from the same camera (its coarsest level, which napari shows in 3D) against ours: pixels
+  brighter than the filaments' floor (700) in each.
+"""
 
 
 def views(size: int) -> dict[str, ViewState]:
@@ -292,7 +300,9 @@ def gui(size: int, folder: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--views", nargs="+", default=None, help="only these views (overview, close-up)")
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")

@@ -1,20 +1,9 @@
 """Occupancy mipmap of a 512^3 bool volume: ours against the problem statement's method and the usual answers.
 
-    python benchmarks/bench_mipmap.py [--size 512] [--repeats 7]
-    python benchmarks/bench_mipmap.py --quick      # 128^3, a few seconds
+Peers: the statement's ``lax.reduce_window`` (eager and jitted), the strongest reduce_window variant, a strided
+ones-kernel conv and NumPy reshape-and-any; on the device and end to end from NumPy, alternating.
 
-Baselines, all in one process, timed alternating (``--repeats`` rounds, each
-calling every row once, after a warm-up; best and median):
-(s) the statement's method, written here to its recipe: ``lax.reduce_window``
-    with ``lax.max`` over 2x2x2 windows, stride 2, ``'SAME'`` padding, every
-    level kept as int32, one dispatch per level (eager, as written);
-(s') the same jitted as a whole (one program for all levels, int32 levels);
-(a) the strongest reduce_window variant we found: jitted as a whole, bool
-    levels (no int32 copies), ``lax.bitwise_or``, ``'VALID'``;
-(b) a 2x2x2 ones-kernel strided conv per level (the question's own code, jitted per level),
-(c) NumPy reshape-and-any.
-Twice: with the volume already on the JAX device, and end to end from a NumPy
-array to NumPy levels (what the widget does).
+    python -m benchmarks run mipmap [--quick] [--size 512 --repeats 7]
 """
 
 from __future__ import annotations
@@ -33,6 +22,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import alternate, block, machine, ratio, start_run, table  # noqa: E402
 
 from napari_gridmip import occupancy_mipmap  # noqa: E402
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Baselines, all in one process, timed alternating (``--repeats`` rounds, each
+calling every row once, after a warm-up; best and median):
+(s) the statement's method, written here to its recipe: ``lax.reduce_window``
+    with ``lax.max`` over 2x2x2 windows, stride 2, ``'SAME'`` padding, every
+    level kept as int32, one dispatch per level (eager, as written);
+(s') the same jitted as a whole (one program for all levels, int32 levels);
+(a) the strongest reduce_window variant we found: jitted as a whole, bool
+    levels (no int32 copies), ``lax.bitwise_or``, ``'VALID'``;
+(b) a 2x2x2 ones-kernel strided conv per level (the question's own code, jitted per level),
+(c) NumPy reshape-and-any.
+Twice: with the volume already on the JAX device, and end to end from a NumPy
+array to NumPy levels (what the widget does).
+"""
 
 
 def statement_mipmap(grid):
@@ -94,7 +99,9 @@ def make_volume(size: int) -> np.ndarray:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=7, help="rounds of alternating calls")
     parser.add_argument("--quick", action="store_true", help="128^3, 3 rounds")

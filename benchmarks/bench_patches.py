@@ -1,8 +1,31 @@
 """Reassembling images from patches: ours against the problem statement's two methods, NumPy and tiler.
 
-    python benchmarks/bench_patches.py [--repeats 5]
-    python benchmarks/bench_patches.py --quick      # smaller images, a few seconds
+Peers: the statement's jitted reshape/transpose and its ``lax.scatter``, NumPy's transpose-and-copy, and tiler's
+Merger (boxcar, hann) for overlapping tiles; alternating in one process.
 
+    python -m benchmarks run patches [--quick] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import alternate, machine, ratio, start_run, table  # noqa: E402
+
+from napari_gridmip import extract_patches, merge_patches  # noqa: E402
+from napari_gridmip.core.patches.grid import patch_origins  # noqa: E402
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 (a) Non-overlapping (16, 16, 3, 256, 256) float32 patches -> (3, 4096, 4096):
     merge_patches with the patches already on the JAX device, against the
     statement's two methods written here to its recipe: its jitted
@@ -24,24 +47,6 @@
 All rows of a table in one process, timed alternating (``--repeats`` rounds,
 each calling every row once, after a warm-up; best and median).
 """
-
-from __future__ import annotations
-
-import argparse
-import sys
-from functools import partial
-from pathlib import Path
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax import lax
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _harness import alternate, machine, ratio, start_run, table  # noqa: E402
-
-from napari_gridmip import extract_patches, merge_patches  # noqa: E402
-from napari_gridmip.core.patches.grid import patch_origins  # noqa: E402
 
 
 def numpy_transpose_copy(patches: np.ndarray) -> np.ndarray:
@@ -114,7 +119,9 @@ def tiler_merge(image_hwc: np.ndarray, window: str, tile: int, overlap: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=5, help="rounds of alternating calls")
     parser.add_argument("--quick", action="store_true", help="(a) 8x8 patches of 128, (b) 512x512, 3 rounds")
     args = parser.parse_args()

@@ -1,22 +1,9 @@
 """Each widget's first Run on its sample in a new process: on an empty cache, and after ``napari-gridmip --prepare``.
 
-    python benchmarks/bench_prepare.py                      # every job of napari_gridmip._sample_data.prepare.JOBS
-    python benchmarks/bench_prepare.py --only dic dic-affine    # some jobs (prepares only those)
-    xvfb-run -a python benchmarks/bench_prepare.py --widgets    # also the real widgets' first Runs (napari)
+Peer: the same first Run on an empty cache; ``--widgets`` adds the real widgets' first Runs in napari.
 
-Issue 53, item 4: on a new machine, ``napari-gridmip --prepare`` compiles and keeps the programs of the widgets'
-first Runs, which then take at most 3 s. For each job, in its own new process (``NAPARI_GRIDMIP_CACHE_DIR`` a new
-temporary folder): the job's first Run on an empty cache, as the widget's worker runs it
-(``napari_gridmip._sample_data.prepare.run_job``: the request made and JAX started first, as the widget does before
-Run is
-clicked), with the XLA compiles it made (JAX's monitoring events; a program read from JAX's persistent cache is
-not counted, one loaded from the kept executables makes no event at all); then a second call (warm). Then one
-``napari-gridmip --prepare`` into another new folder (with ``--only``, the same preparation of those jobs alone),
-and each job's first Run again in a new process on it: what a user's first Run after the preparation takes, and
-what it still compiles.
-
-``--widgets``: the same two first Runs through the real widget in napari (``bench_gui_freeze.py``'s scenarios,
-click to last layer added), for the jobs that have one; needs a display.
+    python -m benchmarks run prepare [--quick] [--only dic dic-affine] [--compute-on auto]
+    xvfb-run -a python benchmarks/bench_prepare.py --widgets
 """
 
 from __future__ import annotations
@@ -33,6 +20,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from _harness import device, record, start_run  # noqa: E402
 
 CHILD = textwrap.dedent(
     """
@@ -78,6 +67,23 @@ SCENARIOS = {
 }
 
 
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+On a new machine, ``napari-gridmip --prepare`` compiles and keeps the programs of the widgets' first Runs, which
+then take at most 3 s. For each job, in its own new process (``NAPARI_GRIDMIP_CACHE_DIR`` a new temporary folder):
+the job's first Run on an empty cache, as the widget's worker runs it
+(``napari_gridmip._sample_data.prepare.run_job``: the request made and JAX started first, as the widget does before
+Run is clicked), with the XLA compiles it made (JAX's monitoring events; a program read from JAX's persistent cache
+is not counted, one loaded from the kept executables makes no event at all); then a second call (warm). Then one
+``napari-gridmip --prepare`` into another new folder (with ``--only``, the same preparation of those jobs alone),
+and each job's first Run again in a new process on it: what a user's first Run after the preparation takes, and what
+it still compiles.
+
+``--widgets``: the same two first Runs through the real widget in napari (``bench_gui_freeze.py``'s scenarios, click
+to last layer added), for the jobs that have one; needs a display.
+"""
+
+
 def _child(name: str, where: str, cache: str) -> dict:
     from bench_first_run import _result
 
@@ -91,9 +97,8 @@ def _prepare_into(cache: str, names: list[str] | None, where: str) -> tuple[floa
     if names is None:
         command = [sys.executable, "-m", "napari_gridmip", "--prepare", "--compute-on", where]
     else:
-        code = (
-            "import sys; from napari_gridmip import _prepare as p; sys.exit(p.prepare(sys.argv[1], names=sys.argv[2:]))"
-        )
+        code = "import sys; from napari_gridmip._sample_data import prepare as p; "
+        code += "sys.exit(p.prepare(sys.argv[1], names=sys.argv[2:]))"
         command = [sys.executable, "-c", code, where, *names]
     start = time.perf_counter()
     done = subprocess.run(command, env=_env(cache), capture_output=True, text=True, timeout=1800)
@@ -120,17 +125,25 @@ def _largest(result: dict) -> str:
 def main() -> None:
     from napari_gridmip._sample_data.prepare import JOB_NAMES
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="+", choices=JOB_NAMES, help="these jobs (default: all)")
     parser.add_argument("--compute-on", default="auto", choices=["auto", "accelerator", "host"])
     parser.add_argument("--widgets", action="store_true", help="also the widgets' first Runs in napari (a display)")
+    parser.add_argument("--quick", action="store_true", help="the mipmap and patches jobs alone (unless --only)")
     args = parser.parse_args()
+    if args.quick and not args.only:
+        args.only = ["mipmap", "patches"]
+    start_run("prepare", args)
     names = list(args.only) if args.only else list(JOB_NAMES)
     cold = {}
     for name in names:  # JAX is never started here: a TPU serves one process at a time, each child in turn
         with tempfile.TemporaryDirectory() as cache:
             cold[name] = _child(name, args.compute_on, cache)
     print(f"{cold[names[0]]['device']}, {os.cpu_count()} CPUs, compute_on {args.compute_on!r}")
+    platform, _, kind = cold[names[0]]["device"].partition(" (")
+    device(platform, kind.rstrip(")"))
     with tempfile.TemporaryDirectory() as work:
         cache, pristine = str(Path(work) / "cache"), Path(work) / "prepared"
         wall, output = _prepare_into(cache, args.only and names, args.compute_on)
@@ -166,6 +179,11 @@ def main() -> None:
     )
     for name in names:
         a, b = cold[name], prepared[name]
+        for label, r in (("empty cache", a), ("after --prepare", b)):
+            record(f"{name}, {label}", first_s=r["first"], times_s=[r["warm"]], group=name,
+                   reference=f"{name}, empty cache", note="first Run in a new process; warm: its second",
+                   compile_s=r["compile"], programs=r["programs"], largest=r["largest"],
+                   prepare_s=seconds.get(name) if label == "after --prepare" else None)  # fmt: skip
         print(
             f"| {name} | {a['first']:.2f} | {a['compile']:.2f} ({a['programs']}) | {seconds.get(name, 0.0):.1f} "
             f"| {b['first']:.2f} | {b['compile']:.2f} ({b['programs']}) | {min(a['warm'], b['warm']):.3f} "
@@ -176,6 +194,8 @@ def main() -> None:
         print("\n| widget scenario | first Run, empty cache s | first Run after --prepare s |\n|---|---:|---:|")
         for name, (empty, ready) in widgets.items():
             print(f"| {SCENARIOS[name]} ({name}) | {empty:.2f} | {ready:.2f} |")
+            record(f"widget {SCENARIOS[name]}", first_s=empty, group="widgets", note="first Run, empty cache",
+                   after_prepare_s=ready)  # fmt: skip
 
 
 if __name__ == "__main__":

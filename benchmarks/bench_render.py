@@ -1,23 +1,9 @@
 """Full-resolution render of a sparse Zarr volume, reading only the chunks the rays need; and the threshold slider.
 
-    python benchmarks/bench_render.py [--size 1024] [--chunk 64] [--image 1024] [--repeats 2] [--quick] [--slider-only]
+Peers: the dense MIP over every chunk (``volume.max(axis=0)`` on the same dask array), chunks read counted; the
+slider's move against the mipmap widget's NumPy path.
 
-1. A ``size``^3 uint16 volume is written to a Zarr array in a temporary folder
-   (chunks ``chunk``^3, zstd-compressed, empty chunks not stored unless
-   ``--store-empty``): a few balls
-   and thin shells of values 200-1000 on a background of 0, in a small share
-   of the chunks. Its occupancy pyramid (threshold 100) is built once from
-   the dask array (timed on its own row: it reads every chunk once, and the
-   viewer already has it when the user asks for a render).
-2. ``render_volume`` makes a ``image``^2 maximum intensity projection of the
-   dask volume along z (every pixel one ray through a column), and one along
-   an oblique direction. Its baseline for the z view is the dense MIP over
-   all chunks, ``volume.max(axis=0)`` on the same dask array (the same image,
-   checked). Chunks read are counted by a wrapper that dask reads through.
-3. The threshold slider: from the max pyramid of a 256^3 float32 volume to the
-   bool level the viewer shows (``threshold_mipmap`` of one level, to NumPy), and the
-   mipmap widget's own move (NumPy threshold of the shown level, its count, and
-   setting a napari Labels layer's data; no canvas).
+    python -m benchmarks run render [--quick] [--size 1024 --chunk 64 --image 1024] [--slider-only]
 """
 
 from __future__ import annotations
@@ -36,6 +22,26 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _harness import machine, measure, record, start_run, table  # noqa: E402
 
 from napari_gridmip import max_mipmap, occupancy_mipmap, orthographic_rays, render_volume, threshold_mipmap  # noqa: E402
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+1. A ``size``^3 uint16 volume is written to a Zarr array in a temporary folder
+   (chunks ``chunk``^3, zstd-compressed, empty chunks not stored unless
+   ``--store-empty``): a few balls
+   and thin shells of values 200-1000 on a background of 0, in a small share
+   of the chunks. Its occupancy pyramid (threshold 100) is built once from
+   the dask array (timed on its own row: it reads every chunk once, and the
+   viewer already has it when the user asks for a render).
+2. ``render_volume`` makes a ``image``^2 maximum intensity projection of the
+   dask volume along z (every pixel one ray through a column), and one along
+   an oblique direction. Its baseline for the z view is the dense MIP over
+   all chunks, ``volume.max(axis=0)`` on the same dask array (the same image,
+   checked). Chunks read are counted by a wrapper that dask reads through.
+3. The threshold slider: from the max pyramid of a 256^3 float32 volume to the
+   bool level the viewer shows (``threshold_mipmap`` of one level, to NumPy), and the
+   mipmap widget's own move (NumPy threshold of the shown level, its count, and
+   setting a napari Labels layer's data; no canvas).
+"""
 
 
 class CountingArray:
@@ -88,7 +94,9 @@ def stored_chunks(folder: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--image", type=int, default=1024, help="pixels per image side (one ray each)")

@@ -1,11 +1,34 @@
 """DIC of whole sequences (``correlate_series``): accuracy on sequences with known truth, and time per frame.
 
-    python benchmarks/bench_series.py                 # every sequence and policy (256 x 256), a few minutes
-    python benchmarks/bench_series.py --quick         # 128 x 128, fewer frames
-    python benchmarks/bench_series.py --only speed    # the time per frame against one pair of the same size
-    python benchmarks/bench_series.py --only real --real-dir .bench-data/ohtcfrp   # a real sequence, 2 peers
-    python benchmarks/bench_series.py --only mudic    # time per frame and error against muDIC (pip install mudic)
+Peers: one affine pair of the same size (time per frame), pyvale and DICe's stored solution on a real sequence
+(``--only real``), muDIC's global DIC (``--only mudic``).
 
+    python -m benchmarks run series [--quick] [--only accuracy|speed|real|mudic] [--real-dir FOLDER]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _harness import group, machine, measure, note, record, start_run  # noqa: E402
+
+import napari_gridmip as gm  # noqa: E402
+from napari_gridmip._sample_data.dic_series import KINDS, make_dic_series, true_displacement  # noqa: E402
+from napari_gridmip.core.correlation.status import Status  # noqa: E402
+
+SUBSET, STEP = 31, 8
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 1. Accuracy (``--only accuracy``): the four synthetic sequences of ``napari_gridmip._sample_data.dic_series``
    (8-bit camera noise; a drift out of view and back, a speckled disk turning a full turn in 20 degree steps
    inside its mask, a plate with a hole under growing tension, a stretch growing to 25%), subset 31, step 8,
@@ -28,26 +51,6 @@
    cubic B-spline elements over the centre, its defaults otherwise) and its RMS error against the truth at its
    21 x 21 evaluation points, beside ours (subset 31, step 8) on the same frames, RMS over our valid points.
 """
-
-from __future__ import annotations
-
-import argparse
-import sys
-import time
-from pathlib import Path
-
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _harness import group, machine, measure, note, record, start_run  # noqa: E402
-
-import napari_gridmip as gm  # noqa: E402
-from napari_gridmip._sample_data.dic_series import KINDS, make_dic_series, true_displacement  # noqa: E402
-from napari_gridmip.core.correlation.status import Status  # noqa: E402
-
-SUBSET, STEP = 31, 8
 
 
 def _frame_rows(result, truth, frames_shape, subset) -> list[dict]:
@@ -460,7 +463,9 @@ def mudic(args) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["accuracy", "speed", "real", "mudic"])

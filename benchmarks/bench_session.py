@@ -1,14 +1,9 @@
-"""First Runs in a real session: several samples one after the other in one napari, each widget docked in turn
-and its dock removed after (issue 33, item 3), in a first session (empty compile cache) and the next one.
+"""First Runs in a real session: several samples one after the other in one napari, each widget docked in turn.
 
-    xvfb-run -a python benchmarks/bench_session.py [--sessions 2] [--settle 0.5]
+A first session (empty compile cache) and the next ones, each a new process: click to last layer, and the time
+File > Open Sample held the GUI thread (no peer: the targets are 3 s and 1.5 s).
 
-Each step: File > Open Sample's path (``viewer.open_sample``), the widget docked, ``--settle`` seconds for the
-user to look (the early run may start then, as it would), Run clicked, and the time from the click to the last
-result layer in (Run enabled again, status "Done"); and the time File > Open Sample held the GUI thread (the
-sample made, or read from its cache, and added). Layers are cleared and the dock removed before the next step.
-Each session is a new process; the first has an empty persistent cache, the next reuses it. Targets: every
-first Run at most 3 s in the first session, 1.5 s in the next.
+    xvfb-run -a python -m benchmarks run session [--quick] [--sessions 2] [--settle 0.5] [--samples dic mosaic]
 """
 
 from __future__ import annotations
@@ -32,7 +27,18 @@ STEPS = (
 )
 
 
-def session(settle: float) -> list[dict]:
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Each step: File > Open Sample's path (``viewer.open_sample``), the widget docked, ``--settle`` seconds for the
+user to look (the early run may start then, as it would), Run clicked, and the time from the click to the last
+result layer in (Run enabled again, status "Done"); and the time File > Open Sample held the GUI thread (the
+sample made, or read from its cache, and added). Layers are cleared and the dock removed before the next step.
+Each session is a new process; the first has an empty persistent cache, the next reuses it. Targets: every
+first Run at most 3 s in the first session, 1.5 s in the next.
+"""
+
+
+def session(settle: float, steps: tuple = STEPS) -> list[dict]:
     import napari
     from qtpy.QtWidgets import QApplication
 
@@ -54,7 +60,7 @@ def session(settle: float) -> list[dict]:
             time.sleep(0.002)
 
     rows = []
-    for sample, kind, label in STEPS:
+    for sample, kind, label in steps:
         viewer.layers.clear()
         opening = time.perf_counter()
         viewer.open_sample("napari-gridmip", sample)  # on the GUI thread: the sample made (or read), then added
@@ -79,21 +85,32 @@ def session(settle: float) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sessions", type=int, default=2)
     parser.add_argument("--settle", type=float, default=0.5, help="seconds between docking and the click")
+    parser.add_argument("--samples", nargs="+", choices=[s[0] for s in STEPS], help="these steps (default: all)")
+    parser.add_argument("--quick", action="store_true", help="one session, the occupancy step alone")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.samples = 1, args.samples or ["occupancy"]
+    steps = tuple(s for s in STEPS if not args.samples or s[0] in args.samples)
     if args.child:
-        print("ROWS " + json.dumps(session(args.settle)), flush=True)
+        print("ROWS " + json.dumps(session(args.settle, steps)), flush=True)
         return
+    from _harness import record, start_run
+
+    start_run("session", args)
     with tempfile.TemporaryDirectory() as folder:
         env = {**os.environ, "NAPARI_GRIDMIP_CACHE_DIR": os.path.join(folder, "cache"),
                "NAPARI_CONFIG": os.path.join(folder, "napari.yaml"),  # a new user's settings
                "NAPARI_GRIDMIP_CONFIG_DIR": os.path.join(folder, "config")}  # fmt: skip
         results = []
         for number in range(args.sessions):
-            done = subprocess.run([sys.executable, __file__, "--child", "--settle", str(args.settle)], env=env,
+            only = ["--samples", *args.samples] if args.samples else []
+            done = subprocess.run([sys.executable, __file__, "--child", "--settle", str(args.settle), *only], env=env,
                                   capture_output=True, text=True, timeout=1200)  # fmt: skip
             lines = [line for line in done.stdout.splitlines() if line.startswith("ROWS ")]
             if not lines:
@@ -101,14 +118,17 @@ def main() -> None:
             results.append(json.loads(lines[-1][5:]))
     print(f"| step | {' | '.join(f'session {i + 1} (s)' for i in range(len(results)))} |")
     print(f"|---|{'---:|' * len(results)}")
-    for i, (_, _, label) in enumerate(STEPS):
+    for i, (_, _, label) in enumerate(steps):
         print(f"| {label} | {' | '.join(str(r[i]['seconds']) for r in results)} |")
+        record(label, first_s=results[0][i]["seconds"], times_s=[r[i]["seconds"] for r in results[1:]],
+               group="first Runs", note="click to last layer: the first session, then the next ones (times_s)",
+               open_sample_s=[r[i]["open"] for r in results], status=results[-1][i]["status"])  # fmt: skip
     print("\nFile > Open Sample, the sample made (or read from the cache) and added, on the GUI thread:\n")
     print(f"| sample | {' | '.join(f'session {i + 1} (s)' for i in range(len(results)))} |")
     print(f"|---|{'---:|' * len(results)}")
-    for i, (sample, _, _) in enumerate(STEPS):
+    for i, (sample, _, _) in enumerate(steps):
         print(f"| {sample} | {' | '.join(str(r[i]['open']) for r in results)} |")
-    statuses = {r[i]["status"][:60] for r in results for i in range(len(STEPS))}
+    statuses = {r[i]["status"][:60] for r in results for i in range(len(steps))}
     print("statuses:", sorted(statuses))
 
 

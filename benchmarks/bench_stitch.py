@@ -1,23 +1,48 @@
 """Stitching a mosaic with rough stage positions: register_tiles against m2stitch (and ASHLAR), cold and warm.
 
-    python benchmarks/bench_stitch.py [--case small|camera|synthetic|all] [--quick] [--repeats 5] [--ashlar]
-                                      [--skip-m2stitch] [--real FOLDER --grid R C --overlap F]
-    python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax] [--peers 600]
-    xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
-    python benchmarks/bench_stitch.py --only repetitive [--ashlar]
-    python benchmarks/bench_stitch.py --strip FOLDER --repeats 3
+Peers: m2stitch (MIST's algorithm) and ASHLAR (``--ashlar``); cold is a new process's first call, warm the best of
+``--repeats`` alternating; accuracy against the truth.
 
+    python -m benchmarks run stitch [--quick] [--case small|camera|synthetic|all] [--ashlar] [--skip-m2stitch]
+    python benchmarks/bench_stitch.py --scale 30 [--engines auto numpy jax] [--peers 600]
+    python benchmarks/bench_stitch.py --only repetitive | --strip FOLDER | --real FOLDER --grid R C --overlap F
+    xvfb-run -a python benchmarks/bench_stitch.py --first-run --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # this checkout's package, then the harness
+
+from _harness import machine, record, start_run  # noqa: E402 - the harness imports NumPy alone: a cold child stays cold
+
+# -- the cases --------------------------------------------------------------------------------
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 Cases (each tool gets the tiles and the regular grid the stage reports, the same information):
 
 - ``small``: a 5x5 mosaic of 183x245 float32 tiles, 6% overlap (11 and 15 px), +-3 px stage errors, Gaussian
-  noise: the size of the real mosaic of issue 22, clean enough for m2stitch to run.
+  noise: the size of a real mosaic, clean enough for m2stitch to run.
 - ``camera``: the same grid as a camera records it (``microscope_tiles``: cos^4 vignetting off-centre, shot noise
   at 2000 photo-electrons, a dark offset, uint16) with one background-only corner. (m2stitch 0.7 stops on it:
   "no good left pair" even at ``ncc_threshold=0.1``, and a NaN edge weight with the blank corner.) RMS errors
   count the tiles with texture.
 - ``synthetic``: a 6x6 mosaic of 512x512 float32 tiles, 10% overlap, +-8 px stage errors, Gaussian noise.
 - ``large``: a 5x5 mosaic of 1024x1024 uint16 tiles (the textured mosaic with 1% noise, quantised), 10%
-  overlap, +-8 px stage errors (issue 33's first-call case; not in ``all``).
+  overlap, +-8 px stage errors (the first-call case; not in ``all``).
 - ``--only repetitive``: accuracy only (no timing): large stage errors (a quarter of the tile between neighbours)
   with ``max_shift="auto"`` against the former 16 px, and repetitive textures (a lattice of 18 px, alone or beside
   texture) with the ambiguity rule on and off; per case the position error, the pairs used, ambiguous and rejected,
@@ -42,26 +67,6 @@ sampling thread kept out of the timed calls; cold: the child's ``ru_maxrss``). A
 against the truth, common translation removed; and "exact pairs": neighbour pairs whose overlap at the integer
 positions correlates above 0.999 (the measure of MIST's paper; meaningful on real, integer-shifted tiles).
 """
-
-from __future__ import annotations
-
-import argparse
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
-
-import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # this checkout's package, then the harness
-
-from _harness import machine, record, start_run  # noqa: E402 - the harness imports NumPy alone: a cold child stays cold
-
-# -- the cases --------------------------------------------------------------------------------
 
 
 def make_case(name: str, quick: bool):
@@ -672,7 +677,9 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--case", choices=("small", "camera", "synthetic", "large", "all"), default="all")
     parser.add_argument("--quick", action="store_true", help="3x3 mosaics")
     parser.add_argument("--repeats", type=int, default=5)

@@ -1,7 +1,26 @@
 """Tiled inference: apply_tiled against MONAI's sliding_window_inference, tiling and merging only.
 
-    python benchmarks/bench_tiled.py [--quick] [--repeats 5]
+Peers: MONAI's ``sliding_window_inference`` (torch, no grad) and the floor, one NumPy copy of the image; ours with
+a NumPy, a JAX and a batched callable, and on dask.
 
+    python -m benchmarks run tiled [--quick] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _harness import machine, measure, start_run, table  # noqa: E402
+
+from napari_gridmip import apply_tiled  # noqa: E402
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
 A (3, 4096, 4096) float32 image (MONAI: (1, 3, 4096, 4096)), 256 x 256 tiles,
 overlap 0.25 (a step of 192 pixels, 21 x 21 = 441 tiles; both use the same
 origins), Gaussian blend (sigma 0.125 x tile), 8 tiles per batch, and an
@@ -20,26 +39,15 @@ already there); compare it with the output (the size of the image here) and
 one tile (3 x 256 x 256 x 4 bytes = 0.75 MiB).
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
-
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _harness import machine, measure, start_run, table  # noqa: E402
-
-from napari_gridmip import apply_tiled  # noqa: E402
-
 
 def identity(t):
     return t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a 3x1024x1024 image, 128-pixel tiles, one repeat")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--monai-repeats", type=int, default=2, help="MONAI's row takes seconds a call")

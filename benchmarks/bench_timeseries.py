@@ -1,23 +1,9 @@
 """The local correlation image of a movie: ours against CaImAn's FFT formula in NumPy, and through dask from Zarr.
 
-    python benchmarks/bench_timeseries.py [--quick] [--repeats 2] [--folder /tmp/gridmip-bench]
+Peers: CaImAn's ``local_correlations_fft`` formula in NumPy (ndimage.convolve and shifted adds), CaImAn's own code
+(``--caiman CHECKOUT``), and the in-memory call against dask from Zarr in new processes.
 
-Movie: 2000 x 512 x 512 float32 (2 GiB; ``--quick``: 200 x 256 x 256), noise
-with flickering 9 x 9 patches, 8 neighbours.
-
-1. In memory, one process: ``local_correlation_image`` on the NumPy movie; the
-   same on the movie memory-mapped from a ``.npy`` file (its chunks reach JAX
-   without a copy); and CaImAn's ``local_correlations_fft`` formula written
-   with NumPy (z-score each pixel over time, sum each frame's 8 neighbours,
-   mean product over time, divided by the neighbour count): once with the
-   neighbour sum by ``scipy.ndimage.convolve`` (what CaImAn calls without
-   OpenCV), once by 8 in-place shifted-slice additions (faster; the baseline
-   to beat). Best of ``--repeats`` after a warm-up; peak extra resident
-   memory of one call.
-2. Through dask, each in a fresh process: the movie stored as Zarr (chunks of
-   100 frames), ``local_correlation_image`` of ``da.from_zarr`` computed with
-   the threaded scheduler; the process's peak resident memory (VmHWM, JAX and
-   dask included) against the in-memory call on the loaded movie.
+    python -m benchmarks run timeseries [--quick] [--repeats 2] [--folder /tmp/gridmip-bench]
 """
 
 from __future__ import annotations
@@ -51,6 +37,27 @@ CHILD = textwrap.dedent(
     print(elapsed, peak, float(np.nanmean(image)))
     """
 )
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Movie: 2000 x 512 x 512 float32 (2 GiB; ``--quick``: 200 x 256 x 256), noise
+with flickering 9 x 9 patches, 8 neighbours.
+
+1. In memory, one process: ``local_correlation_image`` on the NumPy movie; the
+   same on the movie memory-mapped from a ``.npy`` file (its chunks reach JAX
+   without a copy); and CaImAn's ``local_correlations_fft`` formula written
+   with NumPy (z-score each pixel over time, sum each frame's 8 neighbours,
+   mean product over time, divided by the neighbour count): once with the
+   neighbour sum by ``scipy.ndimage.convolve`` (what CaImAn calls without
+   OpenCV), once by 8 in-place shifted-slice additions (faster; the baseline
+   to beat). Best of ``--repeats`` after a warm-up; peak extra resident
+   memory of one call.
+2. Through dask, each in a fresh process: the movie stored as Zarr (chunks of
+   100 frames), ``local_correlation_image`` of ``da.from_zarr`` computed with
+   the threaded scheduler; the process's peak resident memory (VmHWM, JAX and
+   dask included) against the in-memory call on the loaded movie.
+"""
 
 
 def make_movie(frames: int, size: int, seed: int = 0) -> np.ndarray:
@@ -108,7 +115,9 @@ def run_child(mode: str, path: Path) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="200 x 256 x 256: a check in seconds")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--folder", default="/tmp/gridmip-bench", help="where the .npy and Zarr copies go")

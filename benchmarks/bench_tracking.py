@@ -1,17 +1,9 @@
-"""Speckle tracking: ``track_speckles`` against mbipy's UMPA (plain NumPy), same data and parameters, one run.
+"""Speckle tracking: ``track_speckles`` against mbipy's UMPA (plain NumPy), same data and parameters.
 
-    pip install mbipy
-    python benchmarks/bench_tracking.py            # K = 20, 256 x 256, search 9 x 9, subset 5 x 5 and 1 x 1
-    python benchmarks/bench_tracking.py --quick
+Peer: mbipy's ``umpa`` (``pip install mbipy``), subsets 5 x 5 and 1 x 1: warm best, peak memory, and our first call
+in a new process.
 
-The data: a reference stack of K Gaussian-smoothed random speckle frames (1 + 0.3 n), and a sample that is
-the reference shifted by (1.3, -0.7) px, with 0.9 transmission and its speckle visibility scaled by 0.8
-(dark-field), plus 1% noise. mbipy is called as its authors intend (``umpa(sample, reference,
-search_window, template_window, df=True)``, its default Hamming-weighted template); ours is
-``track_speckles(sample, reference, window, subset=...)`` with its defaults (Newton refinement, dark-field,
-uncertainty). Warm: best of ``--repeats`` after one call (and one call's peak memory); cold: ours in a new
-process with an empty JAX cache.
-mbipy's 1 x 1 template cannot fit a dark-field, so that row is without it.
+    python -m benchmarks run tracking [--quick] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -29,6 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _harness import group, machine, measure, start_run  # noqa: E402
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+The data: a reference stack of K Gaussian-smoothed random speckle frames (1 + 0.3 n), and a sample that is
+the reference shifted by (1.3, -0.7) px, with 0.9 transmission and its speckle visibility scaled by 0.8
+(dark-field), plus 1% noise. mbipy is called as its authors intend (``umpa(sample, reference,
+search_window, template_window, df=True)``, its default Hamming-weighted template); ours is
+``track_speckles(sample, reference, window, subset=...)`` with its defaults (Newton refinement, dark-field,
+uncertainty). Warm: best of ``--repeats`` after one call (and one call's peak memory); cold: ours in a new
+process with an empty JAX cache.
+mbipy's 1 x 1 template cannot fit a dark-field, so that row is without it.
+"""
 
 
 def make_data(frames: int, size: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +71,9 @@ def cold(frames: int, size: int, subset: tuple[int, int]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

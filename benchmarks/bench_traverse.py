@@ -1,25 +1,9 @@
 """Empty-space skipping: steps per ray and wall time of our hierarchical DDA against a flat DDA and dense sampling.
 
-    python benchmarks/bench_traverse.py [--size 256] [--rays 256] [--repeats 3] [--quick]
+Peers: a flat Amanatides-Woo DDA over level 0 and dense sampling every 0.5 voxel, all in JAX, same MIP; volumes at
+0.1%, 1% and 10% occupancy, clustered and uniform.
 
-Volumes of ``size``^3 at 0.1%, 1% and 10% occupancy, made of three solid balls
-and three thin spherical shells spread through the volume ("clustered"), and the
-same fractions as uniform random voxels. ``rays``^2 orthographic rays through the whole volume along an
-oblique direction. The three methods compute the same thing, the maximum
-intensity projection of the occupied voxels (nearest voxel), all in JAX, one
-jitted program per batch, after a warm-up:
-
-- ours: ``render_volume`` (hierarchical DDA over the occupancy pyramid, the
-  volume read inside the traversal); steps = cells looked up (``lookups``);
-- flat DDA: Amanatides-Woo over level 0 only, one voxel per step (tMax/tDelta
-  increments), the same MIP; steps = voxels of the path inside the box;
-- dense sampling: a sample every 0.5 voxel along the path, nearest voxel,
-  masked by level 0; steps = samples.
-
-All three clip the rays to the occupied bounding box first (ours finds it in
-the pyramid; the baselines are handed it). ``traverse_occupied`` (the packed
-list of every occupied voxel crossed, moved to the host) is timed too. Steps
-per ray are means over all rays (rays that miss the box count 0 for everyone).
+    python -m benchmarks run traverse [--quick] [--size 256 --rays 256 --repeats 3]
 """
 
 from __future__ import annotations
@@ -47,6 +31,29 @@ from napari_gridmip import (  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------------
 # volumes
+
+
+# The method in full: ``--help`` prints it after the options.
+DETAILS = """\
+Volumes of ``size``^3 at 0.1%, 1% and 10% occupancy, made of three solid balls
+and three thin spherical shells spread through the volume ("clustered"), and the
+same fractions as uniform random voxels. ``rays``^2 orthographic rays through the whole volume along an
+oblique direction. The three methods compute the same thing, the maximum
+intensity projection of the occupied voxels (nearest voxel), all in JAX, one
+jitted program per batch, after a warm-up:
+
+- ours: ``render_volume`` (hierarchical DDA over the occupancy pyramid, the
+  volume read inside the traversal); steps = cells looked up (``lookups``);
+- flat DDA: Amanatides-Woo over level 0 only, one voxel per step (tMax/tDelta
+  increments), the same MIP; steps = voxels of the path inside the box;
+- dense sampling: a sample every 0.5 voxel along the path, nearest voxel,
+  masked by level 0; steps = samples.
+
+All three clip the rays to the occupied bounding box first (ours finds it in
+the pyramid; the baselines are handed it). ``traverse_occupied`` (the packed
+list of every occupied voxel crossed, moved to the host) is timed too. Steps
+per ray are means over all rays (rays that miss the box count 0 for everyone).
+"""
 
 
 def clustered(size: int, fraction: float, seed: int = 0) -> np.ndarray:
@@ -211,7 +218,9 @@ def timings(vol_dev, occ_dev, levels, origins, directions, o_dev, d_dev, box, re
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--rays", type=int, default=256, help="rays per image side")
     parser.add_argument("--repeats", type=int, default=3)

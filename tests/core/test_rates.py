@@ -1,4 +1,4 @@
-"""The per-machine rates model that places the memory-bound kernels (core._rates, core._backend.memory_bound_place;
+"""The per-machine rates model that places the memory-bound kernels (runtime.rates, runtime.strategy.memory_bound_place;
 issue 53, item 1): the estimate from rates and bytes, the rates file written once and read back, and nothing
 measured where there is no accelerator.
 

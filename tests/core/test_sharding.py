@@ -1,4 +1,4 @@
-"""Band programs over every local device (``core._sharding``): the same answers as on one device.
+"""Band programs over every local device (``core.runtime.sharding``): the same answers as on one device.
 
 The comparisons need several devices: CI runs this file on 8 host devices
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``, ``.ci/run``), where each public kernel that shards is run
@@ -190,13 +190,13 @@ def _ahead(prefetched, send, starts, dtype):
     CPU's): each next chunk read and sent in a thread."""
     from napari_gridmip.core.correlation import timeseries
 
-    real = timeseries._backend.on_cpu
-    timeseries._backend.on_cpu = lambda: False
+    real = timeseries.strategy.on_cpu
+    timeseries.strategy.on_cpu = lambda: False
     try:
         generator = prefetched(send, starts, dtype)
         first = next(generator)  # the thread started while "off the CPU"
     finally:
-        timeseries._backend.on_cpu = real
+        timeseries.strategy.on_cpu = real
     yield first
     yield from generator
 

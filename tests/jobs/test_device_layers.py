@@ -374,7 +374,7 @@ def test_the_time_series_job_gives_the_same_image_from_the_copy():
 
 
 def test_float64_work_on_a_tpu_takes_the_host_arrays(monkeypatch):
-    """The chip has no float64: the kernels run on its host (core._precision), so the copies would only cross back."""
+    """The chip has no float64: the kernels run on its host (runtime.precision): copies would only cross back."""
     cache = kept()
     img = array(shape=(3, 24, 24))
     handles = (DeviceInput(("a", ""), 1, img, "a", None, cache), DeviceInput(("b", ""), 1, img, "b", None, cache))

@@ -103,7 +103,7 @@ def _warped(rng, n, subset, gradient, shape, centres=None):
     ],
 )
 def test_windowed_interpolation_gives_the_gathers_values(subset, gradient, where, windows):
-    """An accelerator's interpolation from one window per point (core._backend.spline_windows) gives the 16
+    """An accelerator's interpolation from one window per point (core.runtime.strategy.spline_windows) gives the 16
     gathers' values within float32 rounding (the same terms in the same order, plus selected zeros), K = 3
     frames: warps within its margin, subsets at the image's last rows and columns; where some point's subset
     is off the image or its warp past the margin, it serves no point (``windows``: it serves them)."""
@@ -380,7 +380,7 @@ def test_points_the_windows_do_not_serve_take_the_gathers_band(stretched, monkey
 
 
 def test_the_accelerators_ic_gn_gives_the_cpus_field(stretched, monkeypatch):
-    """An accelerator's IC-GN (core._backend.spline_windows, ic_gn_rows_together), forced on the CPU, gives the
+    """An accelerator's IC-GN (core.runtime.strategy.spline_windows, ic_gn_rows_together), forced on the CPU, gives the
     CPU's field within 1e-4 px and 1e-5 in the gradients (measured 1.2e-5 px, 1.9e-6: the rows together start
     from their own translations, not from the row above), and under jit (traced inputs) the same program. On
     a TPU, the chip's against the host's."""
@@ -624,7 +624,7 @@ def test_one_ic_gn_program_serves_every_prefilter_width():
     reference, deformed, _ = make_dic_pair((96, 96), field=_affine_field(96), seed=5, noise=0.005)
     options = {"subset": (15, 15), "step": 8, "subpixel": "refine", "shape": "affine"}
     first = find_displacement(deformed[None], reference[None], (7, 7), prefilter=0.8, **options)
-    band = affine_module._band.jitted  # a kept program (core._executables); the suite runs it through its jit
+    band = affine_module._band.jitted  # a kept program (core.runtime.executables); the suite runs it through its jit
     compiled = band._cache_size()
     second = find_displacement(deformed[None], reference[None], (7, 7), prefilter=1.3, **options)
     assert band._cache_size() == compiled

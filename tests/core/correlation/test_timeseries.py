@@ -298,7 +298,7 @@ def test_chunks_read_ahead_in_a_thread_give_the_same_image(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(timeseries, "sent_chunk", noting)
-    monkeypatch.setattr(timeseries._backend, "on_cpu", lambda: False)
+    monkeypatch.setattr(timeseries.strategy, "on_cpu", lambda: False)
     monkeypatch.setattr(timeseries, "sent_as_held", lambda source: False)  # the widening path: float32 here
     ahead = np.asarray(local_correlation_image(movie, chunk_frames=16))
     np.testing.assert_array_equal(ahead, in_turn)

@@ -157,7 +157,7 @@ def test_equals_a_dense_numpy_ray_cast(camera, mode):
 
 
 def test_the_host_render_of_a_tpu_gives_the_same_image(monkeypatch):
-    """A TPU renders on the host CPU (core._backend.render_on_host): the scope, forced on the CPU, changes
+    """A TPU renders on the host CPU (core.runtime.strategy.render_on_host): the scope, forced on the CPU, changes
     nothing (the same device), and a CPU keeps the render where it is."""
     import jax
 
@@ -215,7 +215,7 @@ def test_a_small_cache_renders_in_bands_with_the_same_image(mode):
 @pytest.mark.parametrize("mode", ["mip", "attenuated_mip"])
 def test_a_pool_kept_on_the_device_gives_the_same_image(monkeypatch, mode):
     """Off the CPU the pool is a device copy that each band brings up to date with the bricks written since
-    (core._backend.host_pool_aliased): forced here, with a cache small enough that bands evict and reuse bricks
+    (core.runtime.strategy.host_pool_aliased): forced here, with a cache small enough that bands evict and reuse bricks
     and slots, and kept across renders, the images are the host pool's."""
 
     volume = sparse_volume()

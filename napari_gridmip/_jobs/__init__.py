@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from napari_gridmip._jobs.plan import KEY, Call, Plan, Source, now, ran_on, versions
+from napari_gridmip.core.runtime import choice, compile_cache
 from napari_gridmip.io.lazy import as_dask, is_lazy  # noqa: F401 - the jobs' shared helpers
 
 ProgressCallback = Callable[[int, int], None]
@@ -114,9 +115,7 @@ def prepare_jax() -> str:
     napari restarts, so a second session skips the compile (docs/benchmarks.md,
     "First calls"). Returns e.g. ``'JAX device: cpu (cpu, 1 available)'``.
     """
-    import jax
-
-    from napari_gridmip.core.runtime import compile_cache
+    import jax  # in the worker: the widgets' modules load without JAX
 
     compile_cache.enable()
     device = jax.devices()[0]
@@ -128,8 +127,7 @@ def placed(where: str) -> Iterator[dict[str, Any]]:
     """Run a job's work in the block where the setting ``where`` says (:func:`napari_gridmip.compute_on`: "auto",
     "accelerator" or "host"), logging where each of its calls ran for its provenance; yields the log's record
     (``"ran_on"``, :func:`napari_gridmip.core.runtime.choice.record`). In the worker: it imports JAX."""
-    from napari_gridmip.core import compute_on
-    from napari_gridmip.core.runtime import choice
+    from napari_gridmip.core import compute_on  # imports JAX: in the worker, not as the widgets load
 
     with compute_on(where), choice.recording() as record:
         yield record
@@ -189,7 +187,7 @@ def computed(value: Any, progress: ProgressCallback) -> Any:
     """``value`` in memory: a dask array (or a named tuple of them) computed with one progress step per task,
     JAX arrays fetched to NumPy; anything else as it is."""
     if is_lazy_value(value):
-        import dask
+        import dask  # a lazy value's job only (dask takes 0.1 s to import)
 
         with DaskProgress(progress):
             if isinstance(value, tuple):
@@ -212,7 +210,7 @@ class DaskProgress:
     """Reports each finished dask task as ``progress(done, total)``; an exception from it stops the compute."""
 
     def __init__(self, progress: ProgressCallback) -> None:
-        from dask.callbacks import Callback
+        from dask.callbacks import Callback  # as in computed: lazy values only
 
         outer = self
 

@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip.core.runtime import choice
+
 DEFAULT_PERCENT = 50  # of the device's memory: the kernels need the rest (DIC 2048^2 peaks at a few GB on a TPU)
 MAX_PERCENT = 90
 FALLBACK_DEVICE_BYTES = 8 * 2**30  # a device that does not report its memory (the CPU, when tests keep copies)
@@ -137,7 +139,7 @@ class DeviceLayerCache:
         In a worker, inside the job's :func:`napari_gridmip.compute_on` block: JAX's default device there is where
         the copy goes. Another worker sending the same key and version is waited for, not repeated.
         """
-        from napari_gridmip.core.runtime import choice, strategy
+        from napari_gridmip.core.runtime import strategy  # imports JAX: in the worker, not as the widgets load
 
         if choice.setting() == "host":
             return array, "off", "compute_on is 'host'"
@@ -277,7 +279,7 @@ def _not_kept(array: Any, budget: int) -> str:
 
 def _send(array: np.ndarray, device: Any) -> Any:
     """``array`` on ``device``, the transfer finished (the layer's array may be edited once the job has its copy)."""
-    import jax
+    import jax  # imports JAX: in the worker, not as the widgets load
 
     if device.platform == "cpu":  # JAX's CPU client may alias an aligned host array: a copy of our own, as elsewhere
         array = np.array(array, copy=True)
@@ -337,7 +339,7 @@ def resolve(handle: DeviceInput | None, data: Any, source: str, *, wanted: bool 
         cache.configure(percent=handle.percent)
     value, outcome, why = cache.lookup(handle.key, handle.version, data)
     if outcome != "off":
-        from napari_gridmip.core.runtime import choice, strategy
+        from napari_gridmip.core.runtime import strategy  # imports JAX: in the worker, not as the widgets load
 
         entry = {"source": source, "layer": handle.layer, "cache": outcome, "bytes": int(data.nbytes),
                  **strategy.current_device()}  # fmt: skip
@@ -364,7 +366,7 @@ def run_freeing_copies(run: Callable[[Any], Any], progress: Any) -> Any:
 def runs_on_device(dtype: Any = None) -> bool:
     """Whether a job's kernels, computing in ``dtype``, run on JAX's default device here: not float64 on a TPU
     (the chip has none; ``core._precision`` moves that work to the host). In the worker."""
-    from napari_gridmip.core.runtime import strategy
+    from napari_gridmip.core.runtime import strategy  # imports JAX: in the worker, not as the widgets load
 
     return not (dtype is not None and np.dtype(dtype) == np.float64 and strategy._platform() == "tpu")
 

@@ -10,9 +10,12 @@ through the camera's centre, where a textured quad shows it aligned with the vol
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from napari_gridmip._jobs import is_lazy
+from napari_gridmip.core.occupancy.camera import camera_rays
+from napari_gridmip.core.runtime import compile_cache
 
 SUPPORTED = ("mip", "minip", "attenuated_mip", "iso")
 # the full-resolution level's cache: the occupied cells of the chunks read (a whole 2048^3 sample in view: 43 MiB
@@ -135,9 +140,6 @@ def canvas_corners(state: ViewState) -> np.ndarray:
 @functools.cache
 def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, looked up once; None on other C libraries (musl, macOS, Windows)."""
-    import ctypes
-    import sys
-
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -164,7 +166,7 @@ def release_free_memory() -> None:
 
 def occupancy_cells(volume: Any, threshold: float, cell: int = CELL) -> np.ndarray:
     """Bool occupancy of ``cell``^3 cells of a 3D volume (``> threshold``), block by block through dask."""
-    import dask.array as da
+    import dask.array as da  # in the worker: dask.array takes 0.5 s to import
 
     lazy = volume if is_lazy(volume) and hasattr(volume, "map_blocks") else None
     if lazy is None:
@@ -188,8 +190,7 @@ class LiveSource:
 
     def __init__(self, levels: list, cells: np.ndarray, cell: int, scale: Any, translate: Any, *,
                  threshold: float = 0.0, cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
-        from napari_gridmip.core.occupancy.raycast import ChunkCache
-        from napari_gridmip.core.runtime import compile_cache
+        from napari_gridmip.core.occupancy.raycast import ChunkCache  # JAX: in the worker
 
         compile_cache.enable()  # the render's programs then load from disk in a later session (once per process)
         self.levels = levels
@@ -224,7 +225,7 @@ class LiveSource:
         return self._cells_cache[level]
 
     def _make_cells_at(self, level: int) -> np.ndarray:
-        from napari_gridmip.core.occupancy.raycast import coarser_cells
+        from napari_gridmip.core.occupancy.raycast import coarser_cells  # JAX: in the worker
 
         pool, cell = self._cell_at(level)
         cells = coarser_cells(self.cells, pool) if pool > 1 else self.cells
@@ -239,7 +240,7 @@ class LiveSource:
     def _render_rays(self, display: Display, level: int, origins: np.ndarray, directions: np.ndarray,
                      t_near: float, cancel: Callable[[], bool] | None) -> Any:  # fmt: skip
         """:func:`~napari_gridmip.render_view` of ``level`` along rays in its voxel index coordinates."""
-        from napari_gridmip.core.occupancy.raycast import render_view
+        from napari_gridmip.core.occupancy.raycast import render_view  # JAX: in the worker
 
         mode = display.mode if display.mode in SUPPORTED else "mip"
         _, cell = self._cell_at(level)
@@ -265,7 +266,7 @@ class LiveSource:
         """Compile ``level``'s render programs for ``display`` (or load them from the disk cache): a render of one
         ray through an occupied cell, which calls every program a view's render calls (each batch is padded to
         the same size, and the pool's arrays have the same shapes), reading the few chunks along that ray."""
-        from napari_gridmip.core.occupancy.raycast import RenderCancelled
+        from napari_gridmip.core.occupancy.raycast import RenderCancelled  # JAX: in the worker
 
         key = (display.mode, display.step, level)
         if key in self._warmed:
@@ -287,7 +288,7 @@ class LiveSource:
         :data:`PRELOAD_CHUNKS`, :data:`PRELOAD_BATCH` at a time. A render asking for the cache is let in before
         the next batch, so it waits for one batch at most, and then reads only the chunks not read yet. None is
         evicted: they all fit. Returns False where ``cancel`` stopped it."""
-        from napari_gridmip.core.occupancy.raycast import cell_side
+        from napari_gridmip.core.occupancy.raycast import cell_side  # JAX: in the worker
 
         cache, cells = self.caches[level], self._cells_at(level)
         cell = cell_side(self.levels[level].shape, cells.shape)  # as render_view lays the cache out
@@ -368,10 +369,7 @@ class LiveSource:
     def render(self, state: ViewState, *, level: int, image_shape: tuple[int, int],
                cancel: Callable[[], bool] | None = None) -> Picture:  # fmt: skip
         """One picture of ``state`` from ``level`` at ``image_shape`` pixels covering the canvas."""
-        import time
-
-        from napari_gridmip.core.occupancy.camera import camera_rays
-        from napari_gridmip.core.occupancy.raycast import colorize_view
+        from napari_gridmip.core.occupancy.raycast import colorize_view  # JAX: in the worker
 
         start = time.perf_counter()
         factor = self.factors[level]
@@ -427,7 +425,7 @@ def has_stored_cells(layer: Any, threshold: float) -> bool:
 def source_for_layer(layer: Any, index: tuple[int, ...], threshold: float, *, cache_bytes: int = CACHE_BYTES
                      ) -> LiveSource:  # fmt: skip
     """The :class:`LiveSource` of ``layer`` at the leading ``index`` (run it in a worker: cells may need a pass)."""
-    import dask.array as da
+    import dask.array as da  # in the worker: dask.array takes 0.5 s to import
 
     levels = list(layer.data) if layer.multiscale else [layer.data]
     if index:  # a lazy view of the 3D volume at the dims point (a Zarr array indexed directly would be read)

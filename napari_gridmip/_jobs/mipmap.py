@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from napari_gridmip._jobs import (
 )
 from napari_gridmip._jobs.device_layers import DeviceInput, is_device_array, resolve
 from napari_gridmip._jobs.plan import Call, Plan, Source
-from napari_gridmip._jobs.world import Frame, derived_placement
+from napari_gridmip._jobs.world import Frame, _shear_matrix, derived_placement
 
 WIDGET = "mipmap"
 MAX_BLOCKS = 4096  # the default level shown is the finest with at most this many occupied cells
@@ -131,7 +132,7 @@ class Pyramid:
     def level(self, k: int, threshold: float) -> Any:
         """Level ``k`` of the occupancy pyramid at ``threshold`` (``max > threshold`` exactly; NaN empty): NumPy,
         or a lazy dask threshold for level 0 of a lazy volume (napari reads the slices it shows)."""
-        from napari_gridmip.core.occupancy.pyramid import threshold_block
+        from napari_gridmip.core.occupancy.pyramid import threshold_block  # JAX: loaded by the run that made it
 
         level = self.max_levels[k]
         if isinstance(level, np.ndarray):
@@ -153,7 +154,7 @@ class Pyramid:
         """(chunks holding an occupied voxel, chunks) of a lazy volume's chunk grid; ``None`` in memory."""
         if self.chunk_max is None:
             return None
-        from napari_gridmip.core.occupancy.pyramid import threshold_block
+        from napari_gridmip.core.occupancy.pyramid import threshold_block  # JAX: loaded by the run that made it
 
         return int(np.count_nonzero(threshold_block(self.chunk_max, threshold))), int(self.chunk_max.size)
 
@@ -182,8 +183,6 @@ def make_mipmap_job(request: MipmapRequest) -> Job:
         def through_max_pyramid(call: Call, namespace: dict, runtime: dict) -> list:
             """The planned ``occupancy_mipmap`` (its recorded threshold) as the max pyramid thresholded, which the
             widget keeps: any other threshold is then NumPy alone."""
-            import dataclasses
-
             planned = dataclasses.replace(request, data=namespace["volume"], threshold=call.kwargs["threshold"])
             if is_lazy(planned.data):
                 pyramid, on_device = _lazy_pyramid(planned, progress), None
@@ -234,7 +233,7 @@ def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tu
     else None): the job thresholds and counts level 0 there. The pyramid keeps NumPy alone (the widget keeps it:
     a device array in it would hold the chip's memory after the cache let the copy go).
     """
-    from napari_gridmip.core import max_mipmap, mipmap_shapes
+    from napari_gridmip.core import max_mipmap, mipmap_shapes  # imports JAX: in the worker, not as the widgets load
 
     volume = np.asarray(request.data)
     source = resolve(request.device, request.data, "volume")
@@ -263,7 +262,7 @@ def _pyramid_in_memory(request: MipmapRequest, progress: ProgressCallback) -> tu
 def _minimum(volume: Any) -> Any:
     """The volume's minimum, NaN ignored (NaN if all of it is): NumPy's, or JAX's for a device array (equal)."""
     if is_device_array(volume):
-        import jax.numpy as jnp
+        import jax.numpy as jnp  # a device array: JAX is loaded
 
         return (jnp.nanmin if volume.dtype.kind == "f" else jnp.min)(volume)
     return np.nanmin(volume) if volume.dtype.kind == "f" else volume.min()
@@ -275,7 +274,7 @@ def _occupancy_levels(pyramid: Pyramid, threshold: float, on_device: Any) -> lis
     takes longer than the chip's whole pyramid."""
     if on_device is None:
         return pyramid.levels(threshold)
-    from napari_gridmip.core import threshold_mipmap
+    from napari_gridmip.core import threshold_mipmap  # imports JAX: in the worker, not as the widgets load
 
     coarse = [pyramid.level(k, threshold) for k in range(1, len(pyramid.max_levels))]
     return [threshold_mipmap([on_device], threshold=threshold)[0], *coarse]
@@ -284,7 +283,7 @@ def _occupancy_levels(pyramid: Pyramid, threshold: float, on_device: Any) -> lis
 def _count(pyramid: Pyramid, k: int, threshold: float, level: Any) -> int | None:
     """Occupied cells of level ``k`` (:meth:`Pyramid.count`), counted on the device for a device level."""
     if is_device_array(level):
-        import jax.numpy as jnp
+        import jax.numpy as jnp  # a device array: JAX is loaded
 
         return int(jnp.count_nonzero(level))
     return pyramid.count(k, threshold, level)
@@ -309,6 +308,7 @@ def _lazy_pyramid(request: MipmapRequest, progress: ProgressCallback) -> Pyramid
     """A dask/Zarr volume, block by block, every chunk read once: the max levels 1 and up in memory (an eighth of
     the voxels, and less), level 0 left lazy, each chunk's maximum, the minimum, and level 0's count at the
     request's threshold; one progress step per task. Cancel stops between tasks."""
+    # in the worker: dask.array takes 0.5 s to import, the kernels import JAX
     import dask
     import dask.array as da
 
@@ -429,8 +429,6 @@ class Camera:
 
 def data_to_world(frame: Frame) -> tuple[np.ndarray, np.ndarray]:
     """``(M, b)`` with ``world = M @ data + b`` for a 3D frame (napari's scale, shear, rotate, translate, affine)."""
-    from napari_gridmip._jobs.world import _shear_matrix
-
     linear = frame.rotate @ _shear_matrix(frame.shear, 3) @ np.diag(frame.scale)
     affine = frame.affine
     return affine[:3, :3] @ linear, affine[:3, :3] @ frame.translate + affine[:3, 3]
@@ -456,7 +454,7 @@ def view_rays(
     world coordinates into the layer's data (voxel index ``data + 0.5``), kept to the rows and columns whose rays
     meet the volume's box. Directions are the unit view direction mapped to data, so a depth ``t`` is a world
     distance from the plane through the camera's centre."""
-    from napari_gridmip.core import orthographic_rays
+    from napari_gridmip.core import orthographic_rays  # imports JAX: in the worker, not as the widgets load
 
     rows, columns = (max(int(n), 1) for n in camera.canvas)
     factor = max(1.0, max(rows, columns) / max_side)

@@ -17,13 +17,21 @@ of which evaluates itself) and its outputs (Python expressions over the calls' r
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
+import inspect
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+import napari_gridmip
+from napari_gridmip.core.runtime import choice
 
 KEY = "napari_gridmip"  # the layer.metadata entry, and the attribute name in files
 
@@ -98,8 +106,6 @@ class Call:
         what the script and the provenance say; ``runtime`` adds keywords that change how, never what, it
         computes (``progress``).
         """
-        import napari_gridmip
-
         function = getattr(napari_gridmip, self.function)
         data = [_evaluate(name, namespace) for name in self.data]
         args = [_from_plain(_plain(a)) for a in self.args]
@@ -144,18 +150,12 @@ class Call:
 @functools.cache
 def _parameters(function: str) -> frozenset[str]:
     """The parameter names of ``napari_gridmip.<function>`` (read once: ``inspect.signature`` is slow)."""
-    import inspect
-
-    import napari_gridmip
-
     return frozenset(inspect.signature(getattr(napari_gridmip, function)).parameters)
 
 
 def versions() -> dict[str, str]:
     """The package's and JAX's versions, read from the installed metadata (JAX is not imported)."""
-    from importlib import metadata
-
-    import napari_gridmip
+    from importlib import metadata  # 10 ms to import: only once a run stamps its results
 
     def installed(name: str) -> str:
         try:
@@ -174,24 +174,17 @@ def ran_on() -> dict[str, Any]:
     """``{"ran_on": ...}`` inside a job (the widgets' runs and the command line's record where their calls ran:
     :func:`napari_gridmip.core.runtime.choice.record`), else nothing: the setting ``compute_on`` and, for each call
     that ran, JAX's platform and device kind and the rules that moved its work to the host CPU."""
-    from napari_gridmip.core.runtime import choice
-
     record = choice.record()
     return {} if record is None else {"ran_on": record}
 
 
 def _call_scope(call: Call) -> Any:
     """The scope of one call of a plan in a job's log of where its calls ran (nothing outside a job)."""
-    import contextlib
-    import sys
-
-    from napari_gridmip.core.runtime import choice
-
     if not choice.is_recording():
         return contextlib.nullcontext()
     device: dict[str, str] = {}
     if "jax" in sys.modules:  # a job's scope imports it (napari_gridmip.compute_on); a plan of files alone needs none
-        from napari_gridmip.core.runtime import strategy
+        from napari_gridmip.core.runtime import strategy  # imports JAX: only where it is loaded already
 
         device = strategy.current_device()
     return choice.calling(f"napari_gridmip.{call.function}", **device)
@@ -246,9 +239,7 @@ def python_script(sources: Sequence[Source], calls: Sequence[Call], outputs: Map
     Layer sources read from ``viewer`` (napari's current viewer, or the one in napari's console); file
     sources from their paths. The script ends with ``results``, the outputs' arrays by name.
     """
-    from napari_gridmip._jobs.plan import versions as _versions
-
-    lines = [f'"""Made by napari-gridmip {_versions()["napari_gridmip"]}: reproduces {len(outputs)} result(s)."""']
+    lines = [f'"""Made by napari-gridmip {versions()["napari_gridmip"]}: reproduces {len(outputs)} result(s)."""']
     uses_layers = any(s.layer is not None for s in sources)
     lines += ["import numpy as np", ""]
     if uses_layers:
@@ -367,10 +358,6 @@ def _literal(value: Any) -> str:
 def _evaluate(expression: str, namespace: Mapping[str, Any]) -> Any:
     """The value of ``expression`` (code a plan wrote: a result's name, ``"tracked.dy"``, ``"levels[3]"``) as the
     script computes it, with ``np`` and ``gm`` bound as the script binds them."""
-    import numpy as np
-
-    import napari_gridmip
-
     # one dict of globals: a comprehension in the expression sees only globals
     return eval(expression, {"np": np, "gm": napari_gridmip, **namespace})  # noqa: S307 - our own code
 

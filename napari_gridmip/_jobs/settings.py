@@ -20,6 +20,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+
+from napari_gridmip._jobs.device_layers import DEFAULT_PERCENT, MAX_PERCENT
+from napari_gridmip.core.options import COMPUTE_ON
+from napari_gridmip.core.runtime import choice
 from napari_gridmip.core.runtime.files import write_atomically
 
 PLUGIN = "napari-gridmip"
@@ -37,8 +42,6 @@ def settings_file() -> Path:
     override = os.environ.get("NAPARI_GRIDMIP_CONFIG_DIR")
     if override:
         return Path(override) / FILE_NAME
-    import platformdirs
-
     return Path(platformdirs.user_config_dir("napari-gridmip")) / FILE_NAME
 
 
@@ -49,7 +52,7 @@ def napari_settings() -> Any | None:
     if os.environ.get("NAPARI_GRIDMIP_CONFIG_DIR"):
         return None
     try:
-        from napari.settings import get_plugin_settings
+        from napari.settings import get_plugin_settings  # napari takes seconds to import: not for the CLI
     except ImportError:  # napari before 0.9: no plugin configurations
         return None
     try:
@@ -135,9 +138,6 @@ def compute_on(*, store: Any = _DEFAULT) -> str:
     command line), else napari's Preferences, napari-gridmip, "All widgets", "Compute on" (``general.compute_on``);
     a stored value that is none of its choices (nor the library's own words) means ``"auto"``. Raises ValueError for
     a bad variable."""
-    from napari_gridmip.core.options import COMPUTE_ON
-    from napari_gridmip.core.runtime import choice
-
     if os.environ.get(choice.VARIABLE, "").strip():
         return choice.default()
     chosen = load("general", store=store).get("compute_on", "auto")
@@ -149,8 +149,6 @@ def device_layers_percent(*, store: Any = _DEFAULT) -> int:
     (:mod:`napari_gridmip._jobs.device_layers`): napari's Preferences, napari-gridmip, "All widgets", "Keep input layers
     on the accelerator" (``general.device_layers``); 0 keeps none. A stored value that is not a number means the
     default; others are clipped to 0 to ``MAX_PERCENT``."""
-    from napari_gridmip._jobs.device_layers import DEFAULT_PERCENT, MAX_PERCENT
-
     value = load("general", store=store).get("device_layers", DEFAULT_PERCENT)
     try:
         percent = int(value)

@@ -259,7 +259,7 @@ def write_registered(
     before any is written (ValueError if one exists and ``overwrite`` is false). ``progress(done, total)`` is
     called once per tile written.
     """
-    import tifffile
+    import tifffile  # an optional dependency (the io extra): needed only here
 
     from napari_gridmip.io import write_tile_configuration
     from napari_gridmip.io._write import atomic_path

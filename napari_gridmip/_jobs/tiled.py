@@ -11,6 +11,7 @@ import numpy as np
 from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._jobs.plan import Call, Plan, Source
 from napari_gridmip._jobs.world import Frame, derived_placement
+from napari_gridmip.core.patches.tiled_filters import TILED_FILTERS, load_callable
 
 WIDGET = "tiled"
 CUSTOM = "function (import path)"  # the filter choice that runs the user's own function
@@ -75,8 +76,6 @@ def _placement(frame: Frame, ndim: int) -> dict[str, Any]:
 def tiled_plan(request: TiledRequest, *, source: Source | None = None) -> Plan:
     """``filter_tiled(image, tile, name=, ...)``, or ``apply_tiled(fn, image, tile, ...)`` with the user's function
     bound by its import path (and its keywords, by ``functools.partial``); output ``"result"``."""
-    from napari_gridmip.core.patches.tiled_filters import TILED_FILTERS
-
     image = source or Source("image", layer=request.name)
     if request.filter == CUSTOM:
         labels = request.labels
@@ -99,8 +98,6 @@ def tiled_plan(request: TiledRequest, *, source: Source | None = None) -> Plan:
 
 
 def make_tiled_job(request: TiledRequest) -> Job:
-    from napari_gridmip.core.patches.tiled_filters import TILED_FILTERS, load_callable
-
     d = len(request.tile)
     if len(request.data.shape) < d:
         raise ValueError(f"layer {request.name!r} has {len(request.data.shape)} axes, fewer than the {d} to tile")

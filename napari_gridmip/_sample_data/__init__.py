@@ -88,6 +88,7 @@ def make_image_tiles() -> tuple[np.ndarray, dict]:
 
     Returns the patches and the tiling (image shape, patch size, stride) that reassembles them.
     """
+    # skimage.data takes 0.35 s to import, and the patches' module JAX: only this sample loads them
     from skimage import data  # bundled with scikit-image, which napari requires
 
     from napari_gridmip.core.patches.grid import patch_origins
@@ -139,7 +140,7 @@ def make_speckle_pair(
     quintic spline). Returns ``(sample, reference, (dy, dx))``, float32 stacks of
     shape ``(frames, *shape)``.
     """
-    from scipy import ndimage
+    from scipy import ndimage  # 0.3 s to import: only the samples that blur load it
 
     rng = np.random.default_rng(seed)
     rows, cols = shape
@@ -189,7 +190,7 @@ def speckle_sample() -> list[tuple]:
 def _reference_positions(shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(qy, qx, py, px)``: each sample pixel ``q`` and the reference position ``p`` its speckle came from, with
     ``q = p + d(p)`` for :func:`speckle_field`'s ``d``, solved as ``p = q - d(p)`` by fixed-point iteration."""
-    from scipy import ndimage
+    from scipy import ndimage  # 0.3 s to import: only the samples that blur load it
 
     rows, cols = shape
     dy, dx = speckle_field(shape)
@@ -215,7 +216,7 @@ def contrast_maps(shape: tuple[int, int] = SPECKLE_SHAPE) -> tuple[np.ndarray, n
     ``T = exp(-0.7 t)`` and ``D = exp(-0.6 t)`` for the ball's normalised thickness ``t`` in [0, 1], smoothed
     by a Gaussian of 2 px so that both change little across a subset: T from 1 down to 0.50, D to 0.55.
     """
-    from scipy import ndimage
+    from scipy import ndimage  # 0.3 s to import: only the samples that blur load it
 
     rows, cols = shape
     y, x = np.meshgrid(np.arange(rows, dtype=np.float64), np.arange(cols, dtype=np.float64), indexing="ij")

@@ -19,12 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from napari_gridmip._sample_data.sparse import cache_folder
 from napari_gridmip.core.runtime.files import write_atomically
 
 
 def _folder() -> Path:
-    from napari_gridmip._sample_data.sparse import cache_folder
-
     return cache_folder()
 
 

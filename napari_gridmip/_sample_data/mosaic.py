@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from scipy import ndimage
+
+from napari_gridmip.core.patches.stitch import grid_positions
 
 MOSAIC_GRID = (3, 4)
 MOSAIC_TILE = (192, 192)
@@ -40,8 +43,6 @@ class MosaicSample(NamedTuple):
 
 def texture(shape: Sequence[int], seed: int = 0) -> np.ndarray:
     """A fluorescence-like picture of any size and dimension: blobs and fibres at several scales, in [0, 1]."""
-    from scipy import ndimage
-
     rng = np.random.default_rng(seed)
     shape = tuple(int(s) for s in shape)
     out = np.zeros(shape, np.float64)
@@ -100,10 +101,6 @@ def make_mosaic(
     -------
     MosaicSample
     """
-    from scipy import ndimage
-
-    from napari_gridmip.core.patches.stitch import grid_positions
-
     grid_shape = tuple(int(g) for g in grid_shape)
     tile_shape = tuple(int(t) for t in tile_shape)
     d = len(tile_shape)
@@ -225,8 +222,6 @@ def lattice_picture(
     bright spots (Gaussian, 2 px) at random places are its only unique marks
     there. Values about ``[0, 1]``, float32.
     """
-    from scipy import ndimage
-
     shape = tuple(int(s) for s in shape)
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[: shape[0], : shape[1]].astype(np.float64)
@@ -263,8 +258,6 @@ def cut_mosaic(
     ``picture`` must hold the mosaic (a ``ValueError`` says so otherwise).
     Gaussian ``noise`` (relative to the picture's range) is added per tile.
     """
-    from napari_gridmip.core.patches.stitch import grid_positions
-
     picture = np.asarray(picture, dtype=np.float32)
     grid_shape = tuple(int(g) for g in grid_shape)
     tile_shape = tuple(int(t) for t in tile_shape)

@@ -110,6 +110,13 @@ def test_another_source_is_another_key_and_an_option_of_ours_is_not(kept_on, mon
     assert _executables._key("p", dynamic, {"k": 1}, device) != key
 
 
+def test_the_key_hashes_every_kernel_source():
+    import napari_gridmip.core
+
+    assert _executables.CORE == Path(napari_gridmip.core.__file__).resolve().parent
+    assert (_executables.CORE / "correlation" / "maps.py").is_file()
+
+
 def test_traced_arguments_go_through_jit(kept_on, k):
     program = KeptProgram(_scaled, static_argnames=("k", "flip"))
     x, y = np.arange(6, dtype=np.float32), np.ones(6, np.float32)

@@ -13,12 +13,16 @@ tests/core/test_chunked.py states the tolerance).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import dask
+import dask.array as da
 import numpy as np
 
 from napari_gridmip.core.correlation._checks import check_dtypes
+from napari_gridmip.core.correlation.prefilter import radius, smooth_frames
 
 # the in-memory kernel a public function hands in, its options bound (checked once, by that function): the
 # twins here call it on NumPy blocks and import nothing back from the public functions' modules
@@ -31,8 +35,6 @@ def _halo_blocks(img1: Any, img2: Any, window: tuple[int, int]) -> tuple[Any, An
     Returns the overlapped stacks and the output chunks along M and N: the
     outer blocks lose the half-window that has no neighbour.
     """
-    import dask.array as da
-
     m, n = window[0] // 2, window[1] // 2
     k_axis = img1.ndim - 3
     chunks = list(img1.chunks)
@@ -77,8 +79,6 @@ def windowed_pearson(
     """The full map of dask stacks as a dask array ``(..., M - 2m, N - 2n, wm, wn)``
     (``(..., wm, wn, M - 2m, N - 2n)`` with ``offsets_first``); ``kernel(a, b)`` is the in-memory map of two
     blocks."""
-    import dask.array as da
-
     ov1, ov2, (rows, cols) = _halo_blocks(img1, img2, window)
     lead = ov1.ndim - 3
 
@@ -97,8 +97,6 @@ def windowed_pearson(
 def find_displacement(img1: Any, img2: Any, window: tuple[int, int], dtype: np.dtype, kernel: Kernel) -> tuple:
     """``(dy, dx, peak)`` of dask stacks, each a dask array ``(..., M - 2m, N - 2n)`` computed block by block;
     ``kernel(a, b)`` is the in-memory ``(dy, dx, peak)`` of two blocks."""
-    import dask.array as da
-
     ov1, ov2, (rows, cols) = _halo_blocks(img1, img2, window)
     lead = ov1.ndim - 3
 
@@ -115,9 +113,6 @@ def find_displacement(img1: Any, img2: Any, window: tuple[int, int], dtype: np.d
 def prefiltered(img: Any, sigma: float, dtype: np.dtype) -> Any:
     """Every frame of a dask stack smoothed by the Gaussian prefilter (``dtype``), block by block with a halo of
     its reach; borders mirrored as in memory (dask's ``"reflect"`` boundary is NumPy's ``"symmetric"``)."""
-    import dask.array as da
-
-    from napari_gridmip.core.correlation.prefilter import radius, smooth_frames
 
     def block(b: np.ndarray) -> np.ndarray:
         return np.asarray(smooth_frames(np.asarray(b, dtype), sigma=sigma))
@@ -136,8 +131,6 @@ def prefiltered(img: Any, sigma: float, dtype: np.dtype) -> Any:
 
 def _whole_images(array: Any) -> Any:
     """``array`` as a dask array whose blocks hold whole images (the last two axes unsplit)."""
-    import dask.array as da
-
     array = da.asarray(array)
     return array.rechunk(array.chunks[:-2] + ((array.shape[-2],), (array.shape[-1],)))
 
@@ -145,8 +138,6 @@ def _whole_images(array: Any) -> Any:
 def integrate_gradient(gy: Any, gx: Any, dtype: np.dtype, kernel: Kernel) -> Any:
     """The surface of dask gradients: lazily, one task per block of whole images (a Poisson solve is global);
     ``kernel(a, b)`` is the in-memory surface of a block's gradients."""
-    import dask.array as da
-
     gy = _whole_images(gy)
     gx = _whole_images(gx).rechunk(gy.chunks)
 
@@ -163,8 +154,6 @@ def strain_field(dy: Any, dx: Any, window: tuple[int, int], dtype: np.dtype, ker
     The blocks' outer edges are the image's (``boundary="none"``): the kernel treats what lies
     beyond a block as outside the image, which is right there and, inside, covered by the halo.
     """
-    import dask.array as da
-
     half = (window[0] // 2, window[1] // 2)
     dy = da.asarray(dy)
     chunks = list(dy.chunks)
@@ -211,10 +200,6 @@ def local_correlation_image(
     own chunks along T are kept unless one item's exceed ``largest`` bytes of ``dtype`` (then
     ``default_frames`` each), or ``chunk_frames`` is given.
     """
-    import threading
-
-    import dask.array as da
-
     movie = da.asarray(movie)
     lead = movie.ndim - 3
     frames_total, rows, cols = movie.shape[-3:]
@@ -277,8 +262,6 @@ SUBSET_BAND_ROWS = 256  # output rows per band when the input's own row chunks s
 
 def _means(img: Any) -> Any:
     """Each batch item's mean over its finite values, lazily: a dask array of the batch shape."""
-    import dask.array as da
-
     x = da.asarray(img)
     if np.issubdtype(x.dtype, np.floating):
         x = da.where(da.isfinite(x), x, np.nan)
@@ -291,9 +274,6 @@ def _subset_bands(
 ):
     """Assemble ``run(block1, block2, centres)`` over output row bands: a tuple of ``outputs`` dask arrays of
     shape ``(..., rows, cols, *trailing)``; ``run`` returns the outputs of its block."""
-    import dask
-    import dask.array as da
-
     img1, img2 = da.asarray(img1), da.asarray(img2)
     lead = img1.ndim - 3
     rows = img1.shape[-2]
@@ -341,8 +321,6 @@ def _extra(subpixel: str, track: bool, prefilter: float, reach: int) -> int:
     """Real rows beyond a band where the kernel would pad: ``reach`` (the ring, the Gram planes and the B-spline
     prefilter) where it refines, and beyond those the Gaussian prefilter's reach (the rows they read must be
     filtered as in the whole image)."""
-    from napari_gridmip.core.correlation.prefilter import radius
-
     return (reach if (track or subpixel == "refine") else 0) + radius(prefilter)
 
 
@@ -362,8 +340,6 @@ def subset_map(
 
 
 def da_moveaxis_offsets_first(full_map: Any) -> Any:
-    import dask.array as da
-
     return da.moveaxis(full_map, (-2, -1), (-4, -3))
 
 

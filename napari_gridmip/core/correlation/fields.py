@@ -534,7 +534,7 @@ def _strain_of_gradients(gradients: Any, shape: tuple[int, ...], kind: str, dtyp
             raise ValueError(f"gradients' {name} must have dy's shape {shape}; got {validate.shape_of(g)}")
         parts.append(g)
     if any(validate.is_dask(g) for g in parts):
-        import dask.array as da
+        import dask.array as da  # only dask input needs it: dask.array takes 0.5 s to import
 
         return _tensor(*(da.asarray(g).astype(dtype) for g in parts), kind=kind)
     with precision_scope(dtype):
@@ -703,7 +703,7 @@ def integrate_gradient(
     dtype = compute_dtype(dtype)
     kernel = partial(_integrated, dtype=dtype, method=method, sampling=sampling, mirror=mirror, spacing=spacing)
     if validate.is_dask(gy) or validate.is_dask(gx):
-        from napari_gridmip.core.correlation import _chunked
+        from napari_gridmip.core.correlation import _chunked  # the dask twin: dask.array takes 0.5 s to import
 
         return _chunked.integrate_gradient(gy, gx, dtype, kernel)
     return kernel(gy, gx)
@@ -897,7 +897,7 @@ def strain_field(
         return Strain(*_strain_of_gradients(gradients, shape, kind, dtype))
     kernel = partial(_strained, dtype=dtype, window=window, kind=kind, spacing=spacing)
     if validate.is_dask(dy) or validate.is_dask(dx):
-        from napari_gridmip.core.correlation import _chunked
+        from napari_gridmip.core.correlation import _chunked  # the dask twin: dask.array takes 0.5 s to import
 
         return Strain(*_chunked.strain_field(dy, dx, window, dtype, kernel))
     return kernel(dy, dx)

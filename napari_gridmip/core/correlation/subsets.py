@@ -79,6 +79,7 @@ from napari_gridmip.core.correlation._subset_newton import (
     tap_sums,
     uncertainty,
 )
+from napari_gridmip.core.correlation.affine import affine_plan, affine_refine, check_shape, compile_ahead
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
 from napari_gridmip.core.options import SUBPIXEL_METHODS
 from napari_gridmip.core.peak import subpixel_offset
@@ -851,7 +852,7 @@ def subset_map(img1, img2, window, subset, step, *, dtype, offsets_first, progre
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
     offsets_first = validate.check_bool("offsets_first", offsets_first)
     if validate.is_dask(img1) or validate.is_dask(img2):
-        from napari_gridmip.core.correlation import _chunked
+        from napari_gridmip.core.correlation import _chunked  # the dask twin: dask.array takes 0.5 s to import
 
         kernel = partial(run, window=window, subset=subset, step=step, method="map", track=(), dtype=dtype)
         return _chunked.subset_map(img1, img2, window, subset, step, dtype, kernel, offsets_first=offsets_first)
@@ -873,8 +874,6 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
     """:func:`find_displacement` with a subset or a step: ``(dy, dx, peak)``, or with ``shape="affine"`` also
     the four gradients. ``prefilter``: the option as given (``"auto"``:
     :data:`~napari_gridmip.core.correlation.prefilter.DEFAULT_SIGMA` for ``"refine"`` and ``"affine"``)."""
-    from napari_gridmip.core.correlation.affine import check_shape
-
     _, window = check_pair(img1, img2, window, subset)
     subpixel = validate.check_choice("subpixel", subpixel, SUBPIXEL_METHODS)
     shape = check_shape(shape)
@@ -888,7 +887,7 @@ def subset_displacement(img1, img2, window, subset, step, *, subpixel, dtype, pr
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"img1": img1, "img2": img2}, dtype)
     if validate.is_dask(img1) or validate.is_dask(img2):
-        from napari_gridmip.core.correlation import _chunked
+        from napari_gridmip.core.correlation import _chunked  # the dask twin: dask.array takes 0.5 s to import
 
         kernel = partial(
             run, window=window, subset=subset, step=step, method=subpixel, track=(), dtype=dtype,
@@ -1114,8 +1113,6 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
             ahead = _compile_band_ahead(prepare, x1, x2, device_centres, plan=plan, rows=band, dtype=dtype)
         ic_gn_ahead = None
         if subset_shape == "affine":  # the IC-GN's stacks are the centred ones, smoothed, not padded: their shapes
-            from napari_gridmip.core.correlation.affine import compile_ahead
-
             ic_gn_ahead = compile_ahead(x1, x2, plan.out, dtype, window=window, subset=subset, step=step,
                                         prefilter=prefilter, coefficients=_spline_coefficients)  # fmt: skip
         unpadded, (x1, bad1, x2, bad2), coefficients = prepare(x1, x2)
@@ -1123,8 +1120,6 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
             ahead.join()
         affine_bands = 0
         if subset_shape == "affine":
-            from napari_gridmip.core.correlation.affine import affine_plan, affine_refine
-
             affine_bands = unpadded[0].shape[0] * len(affine_plan(plan.out, subset, k)[1])
         total = len(starts) + affine_bands  # the search's bands, then (affine) the IC-GN's
         pieces = run_bands(

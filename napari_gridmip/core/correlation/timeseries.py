@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -347,8 +348,6 @@ def _prefetched(send: Callable[[int], Any], starts: list[int], dtype: np.dtype) 
     if strategy.on_cpu() or len(starts) == 1:
         yield from (send(start) for start in starts)
         return
-    from concurrent.futures import ThreadPoolExecutor
-
     device = strategy._target_device()  # JAX's default device is the thread's: the caller's, named for the worker
     context = contextvars.copy_context()  # the placement setting and the job's log follow into the worker
 
@@ -561,7 +560,7 @@ def local_correlation_image(
 def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress):
     lead, (frames_total, rows, cols) = shape[:-3], shape[-3:]
     if validate.is_dask(movie):
-        from napari_gridmip.core.correlation import _chunked
+        from napari_gridmip.core.correlation import _chunked  # the dask twin: dask.array takes 0.5 s to import
 
         return _chunked.local_correlation_image(
             movie,

@@ -177,7 +177,7 @@ def track_speckles(
     sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA if subpixel == "refine" else 0.0)
     dtype = check_dtypes({"sample": sample, "reference": reference}, dtype)
     if validate.is_dask(sample) or validate.is_dask(reference):
-        from napari_gridmip.core.correlation import _chunked
+        from napari_gridmip.core.correlation import _chunked  # the dask twin: dask.array takes 0.5 s to import
 
         kernel = partial(
             subsets.run, window=window, subset=subset, step=step, method=subpixel, track=TRACK_OUTPUTS,

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from napari_gridmip.core.occupancy._bbox import bbox_of
 from napari_gridmip.core.runtime import strategy
 
 WORD = 32
@@ -82,8 +83,6 @@ def flatten(levels: list[Any]) -> FlatPyramid:
     Packed by NumPy on the CPU backend (reading a JAX CPU array costs nothing),
     by a jitted program where the levels live on an accelerator.
     """
-    from napari_gridmip.core.occupancy._bbox import bbox_of
-
     shapes = [tuple(int(n) for n in level.shape) for level in levels]
     offsets, table = layout(shapes)
     on_host = all(isinstance(level, np.ndarray) for level in levels) or strategy.on_cpu()

@@ -22,7 +22,7 @@ def chunk_reader(volume: Any) -> Callable[[tuple[int, ...]], np.ndarray] | None:
     """A function from a chunk's grid index to its whole stored chunk (``volume.chunks``, the edge chunks too, as
     Zarr v3 stores them), or None where ``volume`` is not a local Zarr v3 array of that simple layout (or a dask
     view or dask array that only wraps one, chunk for chunk: :func:`zarr_behind`)."""
-    try:
+    try:  # zarr (0.1 to 0.3 s to import) loads with the first chunked volume, not with the renderer
         import zarr
         from zarr.codecs import BytesCodec
         from zarr.storage import LocalStore
@@ -94,7 +94,7 @@ def zarr_behind(volume: Any) -> Any:
 
 def _decoder(codec: Any) -> Callable[[bytes], Any] | None:
     """numcodecs' decoder for Zarr's bytes-to-bytes codec ``codec`` (the frames are self-describing)."""
-    import numcodecs
+    import numcodecs  # as zarr above: only for a Zarr volume
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
     if isinstance(codec, ZstdCodec):  # a checksum, where written, is in the frame and checked

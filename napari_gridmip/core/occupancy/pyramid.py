@@ -13,6 +13,7 @@ any threshold without rebuilding.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from napari_gridmip.core.runtime import rates as _rates
 from napari_gridmip.core.runtime import strategy
 from napari_gridmip.core.runtime.precision import precision_scope
 from napari_gridmip.core.runtime.sharding import spread_blocks
-from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device
+from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device, to_device
 
 __all__ = ["max_mipmap", "mipmap_shapes", "occupancy_mipmap", "threshold_mipmap"]
 
@@ -336,8 +337,6 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
 
 def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, threshold: float) -> list[Any]:
     if validate.is_dask(volume):  # block by block, each block by the validated kernel
-        import functools
-
         # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
         # and on every local device, block by block in turn (core._sharding.spread_blocks)
         kernel = spread_blocks(strategy.keep_place(functools.partial(_occupancy_kernel, threshold=threshold)))
@@ -360,7 +359,6 @@ def _occupancy_kernel(block: np.ndarray, *, threshold: float) -> list[jax.Array]
 
 def _max_kernel(block: np.ndarray) -> list[jax.Array]:
     """:func:`max_mipmap` of one 3D NumPy block of a validated volume (the dask twin's kernel)."""
-    from napari_gridmip.core.runtime.transfer import to_device
 
     with precision_scope(validate.dtype_of(block)):
         level0 = to_device(block)
@@ -466,7 +464,6 @@ def _max_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[An
         # where memory_bound_place put this call, in dask's threads too, on every local device in turn
         kernel = spread_blocks(strategy.keep_place(_max_kernel))
         return _chunked.pyramid(volume, kernel, kernel, volume.dtype)
-    from napari_gridmip.core.runtime.transfer import to_device
 
     with precision_scope(dtype):
         if len(shape) == 3:
@@ -538,7 +535,7 @@ def threshold_mipmap(max_levels: Sequence[Any], *, threshold: float = 0.0) -> li
     threshold = validate.check_finite_scalar("threshold", threshold)
     constant = _constant_occupancy(dtype, threshold)
     if any(validate.is_dask(level) for level in levels):
-        import dask.array as da
+        import dask.array as da  # only dask input needs it: dask.array takes 0.5 s to import
 
         return [da.asarray(level).map_blocks(threshold_block, threshold, dtype=bool) for level in levels]
     if constant is not None:

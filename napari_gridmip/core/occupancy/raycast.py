@@ -42,6 +42,7 @@ from napari_gridmip.core import validate
 from napari_gridmip.core.occupancy import _flat
 from napari_gridmip.core.occupancy.chunk_files import chunk_reader
 from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime.transfer import aligned_empty
 
 __all__ = ["colorize_view", "render_view"]
 
@@ -149,8 +150,6 @@ class ChunkCache:
         # reference would see the change on both sides and keep the old bricks)
         if self._cells is not None and self.cell == cell and np.array_equal(cells, self._cells):
             return
-        from napari_gridmip.core.runtime.transfer import aligned_empty
-
         self._clear()
         self._cells, self.cell = np.array(cells, dtype=bool, copy=True), int(cell)
         self.bricked = all(c % cell == 0 for c in self.chunk)

@@ -18,6 +18,8 @@ import os
 import threading
 from pathlib import Path
 
+import platformdirs
+
 from napari_gridmip.core.options import switched_off
 
 #: Programs that took at least this long to compile are written to the cache (seconds).
@@ -32,8 +34,6 @@ def cache_dir() -> Path:
     override = os.environ.get("NAPARI_GRIDMIP_CACHE_DIR")
     if override:
         return Path(override) / "jax"
-    import platformdirs
-
     return Path(platformdirs.user_cache_dir("napari-gridmip")) / "jax"
 
 
@@ -45,7 +45,7 @@ def enable() -> Path | None:
     pathlib.Path or None
         The cache folder in use (the user's own, if they set one), or None when it is off.
     """
-    import jax
+    import jax  # the kernels' first use: this module is imported before JAX, by the lazy API
 
     user_dir = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
     if user_dir:

@@ -39,6 +39,7 @@ import inspect
 import logging
 import os
 import pickle
+import platform
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -46,13 +47,18 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jaxlib
 import numpy as np
+from jax.experimental import serialize_executable
 
 from napari_gridmip.core.options import switched_off
 from napari_gridmip.core.runtime import compile_cache
+from napari_gridmip.core.runtime.files import write_atomically
 from napari_gridmip.core.runtime.strategy import _target_device  # the device a call made now runs on
 
 _LOG = logging.getLogger(__name__)
+CORE = Path(__file__).resolve().parents[1]
+"""The folder of ``napari_gridmip.core``, whose every source is part of a kept program's key."""
 _SOURCES: dict[str, str] = {}  # the key's per-process parts, made once: the sources' hash ("core"), the host's
 # processor and flags ("host")
 #: Where kept executables are used by default: the CPU, where they are tested and measured, and a TPU, where a
@@ -89,9 +95,8 @@ def sources_hash() -> str:
     another program."""
     if "core" not in _SOURCES:
         digest = hashlib.sha256(_package_version().encode())  # also where the sources are not files (a frozen app)
-        root = Path(__file__).resolve().parent
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root)).encode())
+        for path in sorted(CORE.rglob("*.py")):
+            digest.update(str(path.relative_to(CORE)).encode())
             digest.update(path.read_bytes())
         _SOURCES["core"] = digest.hexdigest()
     return _SOURCES["core"]
@@ -101,8 +106,6 @@ def host_fingerprint() -> str:
     """The machine's processor and its instruction-set flags: an XLA CPU executable is built for them, and a cache
     folder may be shared between machines (a network home)."""
     if "host" not in _SOURCES:
-        import platform
-
         flags = ""
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
@@ -159,8 +162,6 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
         pass
     except TypeError:  # an option that cannot be hashed: jax.jit rejects it too
         return None
-    import jaxlib
-
     parts = (
         name,
         sorted((k, type(v).__qualname__, repr(v)) for k, v in static.items()),
@@ -178,8 +179,6 @@ def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str 
 
 def _load(path: Path, device: Any) -> Any:
     """The executable stored at ``path`` loaded onto ``device``, or None (missing, or unreadable: then removed)."""
-    from jax.experimental import serialize_executable
-
     try:
         if not path.is_file():
             return None
@@ -208,15 +207,10 @@ _WRITES_LOCK = threading.Lock()
 def _save(path: Path, compiled: Any) -> None:
     """Write ``compiled`` to ``path`` in a daemon thread (a first call does not wait for it); a file appears whole
     or not at all (written aside, then renamed)."""
-    from jax.experimental import serialize_executable
 
     def write() -> None:
         try:
-            data = pickle.dumps(serialize_executable.serialize(compiled))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            aside = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.part")
-            aside.write_bytes(data)
-            os.replace(aside, path)
+            write_atomically(path, pickle.dumps(serialize_executable.serialize(compiled)))
         except Exception:  # noqa: BLE001 - not kept: the next process compiles it again
             _LOG.debug("could not keep %s", path, exc_info=True)
         finally:

@@ -47,14 +47,17 @@ import json
 import logging
 import math
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
+from napari_gridmip.core.runtime.compile_cache import cache_dir
 from napari_gridmip.core.runtime.files import write_atomically
 
 FORMAT = "napari-gridmip rates 1"
@@ -176,15 +179,11 @@ def place(device: Any, kernel: str, inputs: tuple[object, ...]) -> str:
 
 def path() -> Path:
     """The rates file: ``rates.json`` in the library's cache folder, beside the compiled programs' folder."""
-    from napari_gridmip.core.runtime.compile_cache import cache_dir
-
     return cache_dir().parent / FILE_NAME
 
 
 def machine(device: Any) -> dict[str, str]:
     """What the rates depend on: the device's platform and kind, the host's processor and cores, JAX's version."""
-    import jax
-
     return {"platform": device.platform, "device_kind": device.device_kind, "host": _host(), "jax": jax.__version__}
 
 
@@ -195,8 +194,6 @@ def key_of(facts: Mapping[str, str]) -> str:
 @functools.cache
 def _host() -> str:
     """The host's processor (its model name where Linux gives it) and the cores this process may use."""
-    import platform
-
     name = ""
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
@@ -338,8 +335,6 @@ def measure_link(device: Any, nbytes: int = LINK_BYTES) -> dict[str, float]:
     a ``device_put`` of ``nbytes`` of NumPy data waited for (``block_until_ready``), the copy back of a fresh
     device array (``np.asarray``), and the round trip of :data:`LATENCY_BYTES`. The rates include each transfer's
     fixed cost."""
-    import jax
-
     buffer = np.ones(max(nbytes, LATENCY_BYTES) // 4, np.float32)
     small = np.ones(LATENCY_BYTES // 4, np.float32)
     there: list[Any] = []
@@ -383,8 +378,6 @@ def measure_program(program: str, device: Any, *, host: Any = None, scale: float
     """``{"host": B/s, "accelerator": B/s}``: bytes of input per second of ``program`` (:data:`PROGRAMS`) on the host
     CPU backend (``host``, default its first device) and on ``device``, the data already there, each compiled
     first; best of :data:`REPEATS`. ``scale`` shrinks the data per side (a test's)."""
-    import jax
-
     function, make = PROGRAMS[program]()  # registered by the kernel's module, imported by its caller
     compiled = jax.jit(function)
     data = make(scale)

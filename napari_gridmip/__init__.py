@@ -30,7 +30,7 @@ def __getattr__(name: str):
     if name in _core.__all__:
         value = getattr(_core, name)
     elif name in _IO:
-        import napari_gridmip.io
+        import napari_gridmip.io  # 0.06 s (NumPy, the readers): only when a reader or writer is first used
 
         value = getattr(napari_gridmip.io, name)
     else:

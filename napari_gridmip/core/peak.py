@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def int32_indices(*values: Any) -> tuple[jax.Array, ...]:
     """Start indices for dynamic slices, all int32 (Python ints turn int64 when x64 is on)."""
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # not at the top: the stitching's NumPy engine imports this module without JAX
 
     return tuple(jnp.asarray(v).astype(jnp.int32) for v in values)
 
@@ -46,7 +46,7 @@ def subpixel_offset(c: jax.Array, method: str) -> tuple[jax.Array, jax.Array]:
     speckle-tracking tools). ``"paraboloid"``: the least-squares 2D quadratic
     through all 9 values. ``"none"``: zeros.
     """
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # not at the top: the stitching's NumPy engine imports this module without JAX
 
     if method == "none":
         zero = jnp.zeros(c.shape[:-2], c.dtype)

@@ -1,7 +1,7 @@
-"""The benchmarks, probes and soaks behind docs/benchmarks.md and docs/accelerator.md, one script each.
+"""The benchmarks (``bench_*.py``, one harness: ``_harness.py``) and, in ``probes/``, the probes, soaks and
+reproducers behind docs/benchmarks.md and docs/accelerator.md.
 
-From the repository root, ``python -m benchmarks`` lists them with the first line of each docstring, and
-``python -m benchmarks NAME [args...]`` runs ``benchmarks/bench_NAME.py`` (or ``benchmarks/NAME.py``) with those
-arguments, as ``python benchmarks/bench_NAME.py [args...]`` does. ``_harness.py`` is their shared harness
-(warm-up, best of N, peak memory, ratio tables); files whose names start with ``_`` are helpers, not listed.
+``python -m benchmarks`` lists them, runs benchmarks (``run NAME... [--quick]``: one JSON result file each, in
+``$NAPARI_GRIDMIP_BENCH_RESULTS`` or ``benchmarks/results/``) and compares result files (``compare``). Files whose
+names start with ``_`` are helpers, not listed.
 """

@@ -432,6 +432,16 @@ def _jax_device() -> dict[str, Any] | None:
     return {"platform": devices[0].platform, "kind": devices[0].device_kind, "count": len(devices)}
 
 
+def _unasked_device() -> dict[str, Any]:
+    """What a run says of the device where its cases ran in children and none reported it (asking would start JAX
+    in this process)."""
+    return {
+        "platform": os.environ.get("JAX_PLATFORMS") or "default",
+        "kind": None,
+        "note": "not asked: JAX not started here",
+    }
+
+
 def machine_info(device: dict[str, Any] | None = None) -> dict[str, Any]:
     """The machine as a run records it: platform, processor, cores, memory, the JAX device and the versions.
 
@@ -453,7 +463,7 @@ def machine_info(device: dict[str, Any] | None = None) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "usable_cores": usable,
         "memory_gib": memory,
-        "device": device or _jax_device() or {"platform": os.environ.get("JAX_PLATFORMS") or "not started"},
+        "device": device or _jax_device() or _unasked_device(),
         "versions": _versions(),
     }
 

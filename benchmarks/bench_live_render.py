@@ -307,7 +307,10 @@ def main() -> None:
     parser.add_argument("--views", nargs="+", default=None, help="only these views (overview, close-up)")
     parser.add_argument("--cache", type=Path, default=None, help="where the samples are written (default: a temp)")
     parser.add_argument("--gui", action="store_true", help="the live view in a real viewer (under xvfb-run)")
+    parser.add_argument("--quick", action="store_true", help="a 256^3 sample, the overview alone")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.views = [256], args.views or ["overview"]
     start_run("live_render", args)
     if args.gui:
         rows = []

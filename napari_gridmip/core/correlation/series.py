@@ -51,19 +51,20 @@ from jax import lax
 from scipy import ndimage
 
 from napari_gridmip.core import validate
+from napari_gridmip.core.correlation import warp
 from napari_gridmip.core.correlation._checks import check_subset
 from napari_gridmip.core.correlation._global_motion import estimate_motion
-from napari_gridmip.core.correlation.affine import _cholesky, _cholesky_solve, _compose, _weights
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius, smooth_frames
 from napari_gridmip.core.correlation.status import Status
 from napari_gridmip.core.correlation.subsets import _spline_coefficients
 from napari_gridmip.core.runtime import strategy
-from napari_gridmip.core.runtime.precision import HIGHEST
 
 REFERENCES = ("accumulated", "incremental", "auto")
 MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 10 are typical
-TOLERANCE = 1e-3  # px: an increment that moves no corner of the subset by more than this has converged
-MIN_BUCKET = 64  # the points of one IC-GN call are padded to one of a few sizes from here (:func:`_bucket`)
+# px: an increment that moves no corner of the subset by more than this along either axis has converged
+# (:func:`.warp.corner_move`; half of 1e-3 px on the sum of both axes' moves)
+TOLERANCE = 5e-4
+MIN_BUCKET = 64  # points of a batch of IC-GN steps at least (:func:`_bucket`)
 PROPAGATION_ROUNDS = 8  # neighbour-propagation passes per frame at most (each one reaches one grid step further)
 MIN_GLOBAL_SCORE = 0.2  # a whole-image motion whose masked NCC is below this is no guess
 MIN_FIT_POINTS = 6  # points found in a frame for an affine fit of the whole field
@@ -113,25 +114,17 @@ class Series(NamedTuple):
 # -- the IC-GN kernel ------------------------------------------------------------------------------------------
 
 
-def _bspline(t: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """The cubic B-spline's weights of taps -1, 0, 1, 2 at fraction ``t``, and their derivatives."""
-    t2, u = t * t, 1 - t
-    slopes = (-u * u / 2, (3 * t2 - 4 * t) / 2, (-3 * t2 + 2 * t + 1) / 2, t2 / 2)
-    return _weights(t), slopes
-
-
-def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool, layer: jax.Array | None = None):
-    """The spline through ``padded`` (coefficients extended by 2, ``(M + 4, N + 4)``, or a stack of them
-    ``(K, M + 4, N + 4)`` with ``layer``, the stack index of each row of positions ``(P, 1)``) at ``(py, px)``
-    (any shape; clipped to the frame): the values, and with ``gradient`` the derivatives along y and x."""
+def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
+    """The spline through ``padded`` (coefficients extended by 2, ``(M + 4, N + 4)``) at ``(py, px)`` (any shape;
+    clipped to the frame): the values, and with ``gradient`` the derivatives along y and x."""
     rows, cols = padded.shape[-2:]
     py = jnp.clip(py, 0, rows - 5)
     px = jnp.clip(px, 0, cols - 5)
     y0, x0 = jnp.floor(py), jnp.floor(px)
-    (wy, dwy), (wx, dwx) = _bspline(py - y0), _bspline(px - x0)
+    wy, wx = warp.spline_weights(py - y0), warp.spline_weights(px - x0)
+    if gradient:
+        dwy, dwx = warp.spline_slopes(py - y0), warp.spline_slopes(px - x0)
     base = (y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
-    if layer is not None:
-        base = base + layer * (rows * cols)
     flat = padded.ravel()
     value = gy = gx = 0
     for a in range(4):
@@ -148,27 +141,31 @@ def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool, 
     return (value, gy, gx) if gradient else value
 
 
+class _Reference(NamedTuple):
+    """Each point's subset in its key frame, what IC-GN linearises about: computed once per key frame (the
+    inverse-compositional scheme's point: the frames matched against a key reuse it), ``(P, ...)``."""
+
+    centre: jax.Array  # (P, 2): the point's position in its key frame
+    f: jax.Array  # (P, S): the key subset's values less their mean, 0 outside the used pixels
+    fy: jax.Array  # (P, S): its spline's gradient along y, 0 outside
+    fx: jax.Array  # (P, S): along x
+    used: jax.Array  # (P, S): 1 where the pixel is used (inside the ROI and the key frame), else 0
+    count: jax.Array  # (P,): used pixels (at least 7)
+    norm: jax.Array  # (P,): the norm of f
+    factor: jax.Array  # (P, 21): the Hessian's packed Cholesky factor (warp.cholesky)
+    enough: jax.Array  # (P,) bool: enough of the subset is used (MIN_USED_SHARE)
+
+
 @partial(jax.jit, static_argnames=("subset",))
-def _icgn(keys, slot, target, roi, centre, origin, inverse, start, min_used, *, subset):
-    """IC-GN of ``P`` points from ``start``.
-
-    ``keys`` ``(K, M + 4, N + 4)``: the key frames' spline coefficients, ``slot`` ``(P,)`` int32 each point's
-    among them; ``target`` ``(M + 4, N + 4)``: the frame's (each as :func:`_prepared_frame` makes them); ``roi``
-    ``(M, N)`` float (1 inside) on the reference; ``centre`` ``(P, 2)``: each point's position in the key frame;
-    ``origin`` ``(P, 2)``: its reference position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key
-    frame back to the reference (the inverse of the point's gradient there); ``start`` ``(P, 6)``: the warp
-    ``(v, v_y, v_x, u, u_y, u_x)`` from the key frame's subset to the frame.
-
-    Returns the warp ``(P, 6)``, the ZNCC, ``sigma`` ``(P, 2)``, whether it converged, whether the warped subset
-    lies in the frame at the end and at the start, and whether enough of the subset is inside the ROI and the key
-    frame.
-    """
-    hs, hw = subset[0] // 2, subset[1] // 2
-    dtype = keys.dtype
-    eta, zeta = (a.ravel().astype(dtype) for a in jnp.meshgrid(jnp.arange(-hs, hs + 1), jnp.arange(-hw, hw + 1),
-                                                                 indexing="ij"))  # fmt: skip
-    key_shape = (keys.shape[1] - 4, keys.shape[2] - 4)
-    frame_shape = (target.shape[0] - 4, target.shape[1] - 4)
+def _reference(key, roi, centre, origin, inverse, moved, old, min_used, *, subset):
+    """The :class:`_Reference` of the points ``moved`` ``(P,)`` from the key frame ``key`` (its spline coefficients
+    as :func:`_prepared_frame` makes them), ``old``'s elsewhere. ``roi`` ``(M, N)`` float (1 inside) on the
+    reference; ``centre`` ``(P, 2)``: each point's position in the key frame; ``origin`` ``(P, 2)``: its reference
+    position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key frame back to the reference (the inverse
+    of the point's gradient there). One program for every key frame of a sequence."""
+    dtype = key.dtype
+    eta, zeta = warp.subset_offsets(subset, dtype)
+    key_shape = (key.shape[0] - 4, key.shape[1] - 4)
     ky = centre[:, :1] + eta  # (P, S): the key frame's subset pixels
     kx = centre[:, 1:] + zeta
     in_key = (ky >= 0) & (ky <= key_shape[0] - 1) & (kx >= 0) & (kx <= key_shape[1] - 1)
@@ -182,63 +179,121 @@ def _icgn(keys, slot, target, roi, centre, origin, inverse, start, min_used, *, 
     count = jnp.sum(m, axis=1)
     enough = count >= min_used * eta.shape[0]
     n = jnp.maximum(count, 7)
-
-    f, fy, fx = _sample(keys, ky, kx, gradient=True, layer=slot[:, None])
+    f, fy, fx = _sample(key, ky, kx, gradient=True)
     fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
-    df = jnp.sqrt(jnp.sum(fc * fc, 1))
-    steepest = jnp.stack([fy, fy * eta, fy * zeta, fx, fx * eta, fx * zeta], -1) * m[..., None]  # (P, S, 6)
-    hessian = jnp.einsum("psi,psj->pij", steepest, steepest, precision=HIGHEST)
-    factor = _cholesky(hessian)
-    corner = jnp.asarray(max(hs, hw), dtype)
+    fy, fx = fy * m, fx * m
+    monomials = warp.moments(eta, zeta)
+    factor = warp.cholesky(warp.hessian(fy * fy, fy * fx, fx * fx, monomials))
+    new = _Reference(centre.astype(dtype), fc, fy, fx, m, n, jnp.sqrt(jnp.sum(fc * fc, 1)), factor, enough)
+    return jax.tree.map(lambda a, b: jnp.where(moved.reshape(-1, *(1,) * (a.ndim - 1)), a, b), new, old)
 
-    def warped(p):
-        v, vy, vx, u, uy, ux = (p[:, i : i + 1] for i in range(6))
-        return centre[:, :1] + eta + v + vy * eta + vx * zeta, centre[:, 1:] + zeta + u + uy * eta + ux * zeta
 
-    def in_view(p):  # every used pixel within the frame's pixels' own footprint (the spline's edge padding)
-        py, px = warped(p)
+def _no_reference(points: int, subset: tuple[int, int], dtype) -> _Reference:
+    """A :class:`_Reference` of ``points`` with nothing in it (the first :func:`_reference`'s ``old``)."""
+    s = subset[0] * subset[1]
+    zeros = [np.zeros((points, *shape), dtype) for shape in ((2,), (s,), (s,), (s,), (s,), (), (), (21,))]
+    return _Reference(*zeros, np.zeros(points, bool))
+
+
+@partial(jax.jit, static_argnames=("subset", "bucket"))
+def _icgn(ref: _Reference, target, start, live, *, subset, bucket):
+    """IC-GN of the points ``live`` ``(P,)`` from ``start`` ``(P, 6)`` (the warp ``(v, v_y, v_x, u, u_y, u_x)``
+    from each point's key subset, :class:`_Reference`, to the frame; ``target``: the frame's spline coefficients
+    ``(M + 4, N + 4)``, as :func:`_prepared_frame` makes them).
+
+    Only the points still going take a step: while more than a quarter of them go, every point steps together
+    (the others' updates masked); then the ones going are gathered ``bucket`` at a time into a batch of fixed
+    size for each step, and scattered back. A frame then costs about the sum of its points' steps, not its
+    slowest point's times the grid, and a pass over a few points (a neighbour's guess) costs their own steps: one
+    program, of fixed shapes, for every pass of every frame.
+
+    Returns the warp ``(P, 6)``, the ZNCC, ``sigma`` ``(P, 2)``, whether it converged, whether the warped subset
+    lies in the frame at the end and at the start, whether enough of the subset is inside the ROI and the key
+    frame, and each point's steps ``(P,)`` int32; only the values of ``live`` points mean anything.
+    """
+    hs, hw = subset[0] // 2, subset[1] // 2
+    dtype = target.dtype
+    points = start.shape[0]
+    eta, zeta = warp.subset_offsets(subset, dtype)
+    monomials = warp.moments(eta, zeta)
+    frame_shape = (target.shape[0] - 4, target.shape[1] - 4)
+    corner = (float(max(hs, hw)),) * 2  # the metric's corner: the longer half side on both axes
+
+    def in_view(r, p):  # every used pixel within the frame's pixels' own footprint (the spline's edge padding)
+        py, px = warp.positions(r.centre[:, 0], r.centre[:, 1], eta, zeta, p)
         view = (py >= -0.5) & (py <= frame_shape[0] - 0.5) & (px >= -0.5) & (px <= frame_shape[1] - 0.5)
-        return jnp.all(view | (m == 0), 1)
+        return jnp.all(view | (r.used == 0), 1)
 
-    def residual(p):
-        py, px = warped(p)
+    def residual(r, p):
+        py, px = warp.positions(r.centre[:, 0], r.centre[:, 1], eta, zeta, p)
         g = _sample(target, py, px, gradient=False)
-        gc = (g - jnp.sum(m * g, 1, keepdims=True) / n[:, None]) * m
+        gc = (g - jnp.sum(r.used * g, 1, keepdims=True) / r.count[:, None]) * r.used
         dg = jnp.sqrt(jnp.sum(gc * gc, 1))
-        scale = df / jnp.where(dg > 0, dg, 1)
-        return fc - scale[:, None] * gc, gc, dg
+        scale = r.norm / jnp.where(dg > 0, dg, 1)
+        return r.f - scale[:, None] * gc, gc, dg
 
-    def step(state):
-        i, p, active = state
-        r, _, _ = residual(p)
-        b = jnp.einsum("psi,ps->pi", steepest, r, precision=HIGHEST)
-        dp = -_cholesky_solve(factor, b)
-        moved = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 3]) + corner * jnp.sum(jnp.abs(dp[:, (1, 2, 4, 5)]), 1)
-        new = _compose(p, dp)
+    def step(r, p, active, steps):
+        """One step of the points ``active`` among those of ``r``: the new warps, which go on, their steps."""
+        res, _, _ = residual(r, p)
+        dp = -warp.cholesky_solve(r.factor, warp.steepest_descent(r.fy * res, r.fx * res, monomials))
+        new = warp.compose_inverse(p, dp)
         good = jnp.all(jnp.isfinite(new), 1)
+        steps = steps + active
         p = jnp.where((active & good)[:, None], new, p)
-        active = active & good & (moved > TOLERANCE)
-        return i + 1, p, active
+        return p, active & good & (warp.corner_move(dp, corner) > TOLERANCE), steps
 
-    def going(state):
-        i, _, active = state
-        return (i < MAX_ITERATIONS) & jnp.any(active)
+    def take(tree, at):
+        return jax.tree.map(lambda a: jnp.take(a, at, axis=0, mode="clip"), tree)
+
+    def running(state):  # a point still going that has steps left (one at the limit stays active: not converged)
+        _, active, steps = state
+        return active & (steps < MAX_ITERATIONS)
+
+    def all_together(state):
+        p, active, steps = state
+        go = running(state)
+        p, going, steps = step(ref, p, go, steps)
+        return p, jnp.where(go, going, active), steps
+
+    def some(state):
+        p, active, steps = state
+        at = jnp.nonzero(running(state), size=bucket, fill_value=points)[0]  # points: an empty slot
+        safe = jnp.minimum(at, points - 1)
+        q, going, counted = step(take(ref, safe), p[safe], at < points, steps[safe])
+        return (p.at[at].set(q, mode="drop"), active.at[at].set(going, mode="drop"),
+                steps.at[at].set(counted, mode="drop"))  # fmt: skip
 
     start = start.astype(dtype)
-    started_in_view = in_view(start)
-    live = enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(factor), 1)
-    _, p, active = lax.while_loop(going, step, (0, start, live))
-    r, gc, dg = residual(p)
-    zncc = jnp.sum(fc * gc, 1) / (df * dg)
-    variance = jnp.sum(r * r, 1) / jnp.maximum(n - 6, 1)
+    started_in_view = in_view(ref, start)
+    # a point whose guess takes its subset out of the frame stops at once: from there the warp never came back
+    # into view (its steps read the frame's clipped edge) and took every step allowed
+    live = live & ref.enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(ref.factor), 1)
+    live = live & started_in_view
+    state = (start, live, jnp.zeros(points, jnp.int32))  # a point not run keeps its start
+    state = lax.while_loop(lambda s: jnp.sum(running(s)) > points // 4, all_together, state)
+    p, active, steps = lax.while_loop(lambda s: jnp.any(running(s)), some, state)
+
+    # the match at the converged warp, for the live points only (a bucket at a time)
+    def finish(state):
+        todo, zncc, variance = state
+        at = jnp.nonzero(todo, size=bucket, fill_value=points)[0]
+        safe = jnp.minimum(at, points - 1)
+        r = take(ref, safe)
+        res, gc, dg = residual(r, p[safe])
+        z = jnp.sum(r.f * gc, 1) / (r.norm * dg)
+        var = jnp.sum(res * res, 1) / jnp.maximum(r.count - 6, 1)
+        return (todo.at[at].set(False, mode="drop"), zncc.at[at].set(z, mode="drop"),
+                variance.at[at].set(var, mode="drop"))  # fmt: skip
+
+    nan = jnp.full(points, jnp.nan, dtype)
+    _, zncc, variance = lax.while_loop(lambda s: jnp.any(s[0]), finish, (live, nan, nan))
     # the covariance's diagonal of v and u: variance times (H^-1)_00 and (H^-1)_33
     unit = jnp.eye(6, dtype=dtype)
-    inv_v = _cholesky_solve(factor, jnp.broadcast_to(unit[0], p.shape))[:, 0]
-    inv_u = _cholesky_solve(factor, jnp.broadcast_to(unit[3], p.shape))[:, 3]
+    inv_v = warp.cholesky_solve(ref.factor, jnp.broadcast_to(unit[0], p.shape))[:, 0]
+    inv_u = warp.cholesky_solve(ref.factor, jnp.broadcast_to(unit[3], p.shape))[:, 3]
     sigma = jnp.sqrt(jnp.stack([variance * inv_v, variance * inv_u], -1))
-
-    converged = live & ~active & jnp.all(jnp.isfinite(p), 1) & (dg > 0)
-    return p, zncc, sigma, converged, in_view(p), started_in_view, enough
+    converged = live & ~active & jnp.all(jnp.isfinite(p), 1) & jnp.isfinite(zncc)
+    return p, zncc, sigma, converged, in_view(ref, p), started_in_view, ref.enough, steps
 
 
 @partial(jax.jit, static_argnames=("sigma",))
@@ -261,14 +316,10 @@ class _Points(NamedTuple):
     found: np.ndarray  # (P,) bool
 
 
-def _bucket(count: int) -> int:
-    """The padded size of an IC-GN call of ``count`` points: 4 sizes per octave from ``MIN_BUCKET`` (at most 25%
-    of padding; a power of two wasted up to half of a frame's work, 529 points padded to 1024)."""
-    if count <= MIN_BUCKET:
-        return MIN_BUCKET
-    octave = 1 << (int(count - 1).bit_length() - 1)
-    quarter = max(octave // 4, 1)
-    return int(-(-count // quarter) * quarter)
+def _bucket(points: int) -> int:
+    """The batch of points of :func:`_icgn` that take a step together once most have stopped: an eighth of the grid
+    (at least ``MIN_BUCKET``; the grid's size fixes it, so one program serves every pass of every frame)."""
+    return int(min(points, max(MIN_BUCKET, -(-points // 8))))
 
 
 def _local_start(guess_position, guess_gradient, key_position, key_gradient) -> np.ndarray:
@@ -519,9 +570,12 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     key_position, key_gradient = origin.copy(), np.broadcast_to(np.eye(2), (points, 2, 2)).copy()
     state = _Points(origin.copy(), key_gradient.copy(), usable.copy())
     roi_device = jnp.asarray(weights)
-    kept: dict[int, jax.Array] = {}  # spline coefficients of the frames that are someone's key frame
     previous = read(0)
-    kept[0] = coefficients(previous)
+    min_used = np.float32(MIN_USED_SHARE)
+    # every point's key subset (frame 0 to start with), computed once per key frame
+    ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
+                     np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
+                     _no_reference(points, subset, np.float32), min_used, subset=subset)  # fmt: skip
     whole = np.eye(2, 3)  # reference -> previous frame (the last one in which points were found)
     if progress is not None:
         progress(1, count)
@@ -544,8 +598,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
 
         result = _Frame(points)
         pending = has_guess.copy()
-        _run(pending, guess_position, guess_gradient, result, key_index, key_position, key_gradient, origin,
-             kept, target, roi_device, subset, min_zncc)  # fmt: skip
+        _run(pending, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc)
         accepted = result.accepted(min_zncc)
         for _ in range(PROPAGATION_ROUNDS):
             position, gradient = result.positions(key_position, key_gradient)
@@ -555,8 +608,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
             if not retry.any():
                 break
             result.tried_from_neighbours |= retry
-            _run(retry, nb_position, nb_gradient, result, key_index, key_position, key_gradient, origin, kept,
-                 target, roi_device, subset, min_zncc)  # fmt: skip
+            _run(retry, nb_position, nb_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc)
             has_guess |= retry
             accepted = result.accepted(min_zncc)
 
@@ -599,9 +651,9 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
                 key_index[move] = t
                 key_position[move] = position[move]
                 key_gradient[move] = gradient[move]
-                kept[t] = target
-        for k in [k for k in kept if k not in set(key_index.tolist())]:
-            del kept[k]
+                ref = _reference(target, roi_device, key_position.astype(np.float32), origin.astype(np.float32),
+                                 np.linalg.inv(key_gradient).astype(np.float32), move, ref, min_used,
+                                 subset=subset)  # fmt: skip
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
@@ -646,36 +698,23 @@ class _Frame:
         return position, np.matmul(local, key_gradient)
 
 
-def _run(which, guess_position, guess_gradient, result: _Frame, key_index, key_position, key_gradient, origin,
-         kept, target, roi, subset, min_zncc) -> None:  # fmt: skip
-    """IC-GN of the points ``which`` from their guesses, in one call over their key frames (stacked, their count
-    padded to a power of two, the points to a bucket: a few programs for a whole series, where a call per key frame
-    compiled one for each group's size); the results written into ``result`` where they are better than what it
-    holds (a first try, or a higher ZNCC)."""
+def _run(which, guess_position, guess_gradient, result: _Frame, key_position, key_gradient, reference: _Reference,
+         target, subset, min_zncc) -> None:  # fmt: skip
+    """IC-GN of the points ``which`` from their guesses (one call of the grid's program, whatever their number);
+    the results written into ``result`` where they are better than what it holds (a first try, or a higher
+    ZNCC)."""
     chosen = np.flatnonzero(which)
     if not len(chosen):
         return
-    size = _bucket(len(chosen))
-    padded = np.concatenate([chosen, np.full(size - len(chosen), chosen[0])])
-    used = sorted(set(key_index[chosen].tolist()))
-    stack = [kept[k] for k in used]
-    stack += [stack[0]] * ((1 << (len(stack) - 1).bit_length()) - len(stack))
-    slot = np.searchsorted(used, key_index[padded]).astype(np.int32)
-    start = _local_start(guess_position[padded], guess_gradient[padded], key_position[padded],
-                         key_gradient[padded])  # fmt: skip
-    inverse = np.linalg.inv(key_gradient[padded])
-    dtype = np.float32
-    keys = jnp.stack(stack) if len(stack) > 1 else stack[0][None]
-    p, zncc, sigma, converged, in_view, started_in_view, enough = jax.device_get(
-        _icgn(keys, slot, target, roi, key_position[padded].astype(dtype), origin[padded].astype(dtype),
-              inverse.astype(dtype), start.astype(dtype), np.float32(MIN_USED_SHARE), subset=subset)
-    )  # fmt: skip
-    n = len(chosen)
-    p, zncc, sigma = np.asarray(p[:n], np.float64), np.asarray(zncc[:n], np.float64), sigma[:n]
-    converged, in_view, enough = converged[:n], in_view[:n], enough[:n]
+    with np.errstate(invalid="ignore"):
+        start = _local_start(guess_position, guess_gradient, key_position, key_gradient)
+    out = jax.device_get(_icgn(reference, target, start.astype(np.float32), np.asarray(which),
+                               subset=subset, bucket=_bucket(len(which))))  # fmt: skip
+    p, zncc, sigma, converged, in_view, started_in_view, enough, _ = (a[chosen] for a in out)
+    p, zncc = np.asarray(p, np.float64), np.asarray(zncc, np.float64)
     # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off
     # from a guess in view found nothing: not significant)
-    leaves = ~started_in_view[:n] | (~in_view & converged & (np.nan_to_num(zncc) >= min_zncc))
+    leaves = ~started_in_view | (~in_view & converged & (np.nan_to_num(zncc) >= min_zncc))
     in_view = in_view | ~leaves
     score = np.where(converged & in_view, np.nan_to_num(zncc, nan=-2.0), -3.0)
     old = np.where(result.converged[chosen] & result.in_view[chosen], np.nan_to_num(result.zncc[chosen], nan=-2),

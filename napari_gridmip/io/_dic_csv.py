@@ -17,8 +17,8 @@ D. Z. Turner, "Digital Image Correlation Engine (DICe)", Sandia National Laborat
 
 from __future__ import annotations
 
+import contextlib
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from napari_gridmip.core.correlation.status import Status
+from napari_gridmip.core.runtime.files import atomic_path
 
 COLUMNS = ("SUBSET_ID", "COORDINATE_X", "COORDINATE_Y", "DISPLACEMENT_X", "DISPLACEMENT_Y", "DISPLACEMENT_X_X",
            "DISPLACEMENT_X_Y", "DISPLACEMENT_Y_X", "DISPLACEMENT_Y_Y", "SIGMA_X", "SIGMA_Y", "GAMMA", "ZNCC",
@@ -48,7 +49,7 @@ def write_series_csv(
         The :class:`~napari_gridmip.core.correlation.series.Series`.
     folder
         The folder (created if missing). Files ``<prefix>_<frame>.txt`` (frame numbers zero-padded) are
-        written under a temporary folder beside it and moved in only once all are complete.
+        written under temporary names and renamed only once all are complete: a failure leaves none of them.
     strain
         ``(exx, eyy, exy)``, each ``(T, R, C)`` (e.g. ``strain_field(series.dy, series.dx, gradients=...)``);
         default: from the series' own gradients, small strain.
@@ -95,11 +96,15 @@ def write_series_csv(
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     digits = max(4, len(str(shape[0] - 1)))
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     header = ["napari-gridmip DIC series (DICe's columns; lost points have empty values)"]
     header += [f"{k}: {v}" for k, v in (provenance or {}).items()]
     written = []
-    try:
+    # every file under a temporary name, all renamed once all are complete: a failure leaves none of them (a new
+    # folder is itself the temporary name; into an existing one each file goes beside its final name)
+    with contextlib.ExitStack() as stack:
+        existing = folder.exists()
+        target = folder if existing else stack.enter_context(atomic_path(folder))
+        target.mkdir(exist_ok=True)
         for t in range(shape[0]):
             status = np.asarray(series.status[t]).ravel()
             columns = [
@@ -116,15 +121,11 @@ def write_series_csv(
                 fields = [_field(c[i]) for c in columns]
                 lines.append(",".join([*fields, names.get(int(status[i]), str(int(status[i])))]))
             name = f"{prefix}_{t:0{digits}d}.txt"
-            (staging / name).write_text("\n".join(lines) + "\n")
+            file = target / name
+            if existing:  # an existing folder: each file beside its final name
+                file = stack.enter_context(atomic_path(file, overwrite=True))
+            file.write_text("\n".join(lines) + "\n")
             written.append(name)
-        folder.mkdir(exist_ok=True)
-        for name in written:
-            os.replace(staging / name, folder / name)
-    finally:
-        for leftover in staging.iterdir():
-            leftover.unlink()
-        staging.rmdir()
     return [folder / name for name in written]
 
 

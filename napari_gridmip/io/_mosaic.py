@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from napari_gridmip.io._read import open_tiff
+
 TILE_CONFIGURATIONS = ("TileConfiguration.registered.txt", "TileConfiguration.txt")  # looked for in a folder, in order
 TIFF_SUFFIXES = (".tif", ".tiff", ".btf", ".tf8")
 IO_EXTRA = "pip install 'napari-gridmip[io]'"
@@ -200,7 +202,7 @@ def _read_tile_configuration(path: str | os.PathLike, *, pixel_size: Sequence[fl
         file = folder / name
         if not file.is_file():
             raise FileNotFoundError(f"{str(file)!r}, which {path.name} names, does not exist")
-        with tifffile.TiffFile(file) as tif:
+        with open_tiff(file) as tif:
             series = tif.series[0]
             shape, dtype, axes = tuple(series.shape), np.dtype(series.dtype), series.axes
         this = (shape, dtype, axes)
@@ -248,7 +250,7 @@ def write_tile_configuration(
     .. [1] Preibisch, Saalfeld and Tomancak (2009), Bioinformatics 25(11), 1463-1465; the format is that of Fiji's
        ``Stitching_Grid.writeTileConfiguration``.
     """
-    from napari_gridmip.io._write import atomic_path
+    from napari_gridmip.core.runtime.files import atomic_path
 
     positions = np.asarray(positions, dtype=np.float64)
     if positions.ndim != 2 or positions.shape[1] not in (2, 3) or not np.isfinite(positions).all():
@@ -286,7 +288,7 @@ def _read_ome_tiff(path: Path, pixel_size: tuple[float, ...] | None) -> TileMosa
 
     tifffile = _import("tifffile")
     ome_types = _import("ome_types", "ome-types")
-    with tifffile.TiffFile(path) as tif:
+    with open_tiff(path) as tif:
         xml = tif.ome_metadata
         layouts = [(tuple(s.shape), np.dtype(s.dtype), s.axes) for s in tif.series]
     if not xml:

@@ -30,8 +30,9 @@ def read_array(path: str | os.PathLike, *, chunks: Any = "auto") -> Any:
     Raises
     ------
     ValueError
-        If the path does not exist, its format is not one of these, or a
-        Zarr group holds no OME-Zarr image.
+        If the path does not exist, its format is not one of these, its
+        contents are not what its name says (the message names the file and
+        what was expected), or a Zarr group holds no OME-Zarr image.
     """
     import dask.array as da
 
@@ -42,12 +43,20 @@ def read_array(path: str | os.PathLike, *, chunks: Any = "auto") -> Any:
     if suffix == ".npy":
         import numpy as np
 
-        return da.from_array(np.load(path, mmap_mode="r"), chunks=chunks)
+        try:
+            data = np.load(path, mmap_mode="r")
+        except (ValueError, OSError, EOFError) as error:  # pickled data, a truncated header, another format
+            raise ValueError(f"{str(path)!r}: expected a NumPy array file (its name ends in .npy; numpy.save "
+                             f"writes one); numpy: {_one_line(error)}") from None  # fmt: skip
+        return da.from_array(data, chunks=chunks)
     if suffix in (".tif", ".tiff"):
         import tifffile
         import zarr
 
-        store = tifffile.imread(path, aszarr=True)
+        try:
+            store = tifffile.imread(path, aszarr=True)
+        except (ValueError, OSError, EOFError) as error:  # tifffile's TiffFileError is a ValueError
+            raise not_a_tiff(path, error) from None
         array = zarr.open(store, mode="r")
         if not hasattr(array, "shape"):  # a multi-resolution TIFF: level 0
             array = array[next(iter(array.array_keys()))]
@@ -55,6 +64,28 @@ def read_array(path: str | os.PathLike, *, chunks: Any = "auto") -> Any:
     if path.is_dir():
         return _read_zarr(path)
     raise ValueError(f"{str(path)!r}: expected a .npy, .tif/.tiff file or a Zarr folder")
+
+
+def not_a_tiff(path: str | os.PathLike, error: BaseException) -> ValueError:
+    """The error for a file named as a TIFF that tifffile cannot read: the file, what was expected and why not
+    (tifffile's own message names neither the file nor the format it wanted)."""
+    suffix = Path(path).suffix or ".tif"
+    return ValueError(f"{str(Path(path).absolute())!r}: expected a TIFF image (its name ends in {suffix}); "
+                      f"tifffile: {_one_line(error)}")  # fmt: skip
+
+
+def open_tiff(path: str | os.PathLike) -> Any:
+    """``tifffile.TiffFile(path)``, its errors for a file that is no TIFF naming the file (:func:`not_a_tiff`)."""
+    import tifffile
+
+    try:
+        return tifffile.TiffFile(path)
+    except (ValueError, EOFError) as error:  # tifffile's TiffFileError is a ValueError
+        raise not_a_tiff(path, error) from None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _read_zarr(path: Path) -> Any:

@@ -9,6 +9,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from napari_gridmip.io._read import open_tiff
+
 FIELDS = ("plane", "row", "col", "index")  # grid fields slowest first; or one acquisition index
 _FIELD = re.compile(r"\{(\w+)(?::0?(\d+))?\}")
 
@@ -131,7 +133,7 @@ def read_tiles(folder: str | os.PathLike, pattern: str) -> TileFolder:
     shape = dtype = None
     first_path = paths[0]
     for path in paths:
-        with tifffile.TiffFile(path) as tif:
+        with open_tiff(path) as tif:
             series = tif.series[0]
             this_shape, this_dtype = tuple(series.shape), np.dtype(series.dtype)
         if shape is None:

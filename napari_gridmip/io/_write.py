@@ -1,54 +1,20 @@
-"""Writers that never leave partial output: everything goes under a temporary name first."""
+"""Writers that never leave partial output: everything goes under a temporary name first
+(:func:`~napari_gridmip.core.runtime.files.atomic_path`), renamed into place when complete."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from napari_gridmip.core.runtime.files import atomic_path
+
 SPATIAL_AXES = ("z", "y", "x")
 LEADING_AXES = ("t", "c")  # NGFF orders axes (t, c, z, y, x)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling of ``path``; on success it is renamed to ``path``, on error removed.
-
-    Raises ValueError if ``path`` exists and ``overwrite`` is false (checked
-    before any work).
-    """
-    path = Path(path).absolute()  # workers of a cluster may run elsewhere: never a relative path
-    if path.exists() and not overwrite:
-        raise ValueError(f"{str(path)!r} already exists (pass overwrite=True, or --overwrite, to replace it)")
-    if not path.parent.exists():
-        raise ValueError(f"the folder {str(path.parent)!r} does not exist")
-    temporary = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
-    try:
-        yield temporary
-    except BaseException:
-        _remove(temporary)
-        raise
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(path, old)
-        os.replace(temporary, path)
-        _remove(old)
-    else:
-        os.replace(temporary, path)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
 
 
 def mipmap_transforms(ndim: int, levels: int, scale: Sequence[float] | None = None) -> list[list[dict[str, Any]]]:

@@ -6,7 +6,9 @@
 
 Checks that napari_gridmip is imported from the venv (not this checkout), that ``npe2 validate`` passes, that a
 napari viewer docks every widget of the installed manifest and opens every sample of it (each adding layers, made
-afresh in an empty cache folder), and that the JAX core runs. Exits 0, or 1 with one line saying what failed.
+afresh in an empty cache folder), that the JAX core runs, and that the installed ``napari-gridmip`` script writes
+OME-Zarr (``mipmap`` and ``stitch`` on tiny inputs: the wheel's dependencies must bring ome-zarr). Exits 0, or 1
+with one line saying what failed.
 """
 
 from __future__ import annotations
@@ -89,10 +91,43 @@ def check(cache: Path) -> None:
         QApplication.processEvents()
 
 
+def check_cli(folder: Path) -> None:
+    """The installed script's OME-Zarr writers on tiny inputs, each output read back through the package."""
+    import numpy as np
+
+    import napari_gridmip
+
+    script = Path(sys.executable).parent / "napari-gridmip"
+    assert script.is_file(), f"the wheel installed no napari-gridmip script in {script.parent}"
+    volume = np.zeros((8, 8, 8), np.uint8)
+    volume[2:4, 3:6, 1:2] = 1
+    np.save(folder / "vol.npy", volume)
+    rng = np.random.default_rng(0)
+    picture = rng.random((96, 96)).astype(np.float32)
+    tiles = np.stack([picture[r : r + 64, c : c + 64] for r in (0, 32) for c in (0, 32)])  # 2x2 grid, 50% overlap
+    np.save(folder / "tiles.npy", tiles)
+    runs = {
+        "mipmap": ["mipmap", "vol.npy", "out.ome.zarr", "--quiet"],
+        "stitch": ["stitch", "tiles.npy", "mosaic.ome.zarr", "--grid", "2", "2", "--overlap", "0.5", "--quiet"],
+    }
+    for name, args in runs.items():
+        done = subprocess.run([str(script), *args], cwd=folder, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"napari-gridmip {name}: {(done.stdout + done.stderr).strip()[-300:]}"
+    occupancy = napari_gridmip.read_array(folder / "out.ome.zarr").compute()
+    assert np.array_equal(occupancy, volume > 0), "napari-gridmip mipmap: level 0 is not the volume's occupancy"
+    mosaic = napari_gridmip.read_array(folder / "mosaic.ome.zarr").compute()
+    # the registered positions are sub-pixel: the fused mosaic may take one pixel more
+    assert all(96 <= n <= 97 for n in mosaic.shape), f"napari-gridmip stitch: a mosaic of shape {mosaic.shape}"
+    assert (folder / "mosaic.ome.zarr.positions.csv").is_file(), "napari-gridmip stitch wrote no positions file"
+    log(f"napari-gridmip mipmap and stitch wrote OME-Zarr (mosaic {mosaic.shape})")
+
+
 def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="smoke-wheel-cache-") as cache:
             check(Path(cache))
+        with tempfile.TemporaryDirectory(prefix="smoke-wheel-cli-") as folder:
+            check_cli(Path(folder))
     except AssertionError as error:
         log(f"FAILED: {error}")
         return 1

@@ -1,21 +1,29 @@
-"""``python -m napari_gridmip.cli.rates [--again]``: this machine's rates for placing the memory-bound kernels
-(:mod:`napari_gridmip.core.runtime.rates`), what measuring them cost, and where the memory-bound cases of
-``benchmarks/bench_accelerator.py`` would run under ``"auto"``.
+"""``napari-gridmip rates [--again]`` (or ``python -m napari_gridmip.cli.rates``): this machine's rates for placing
+the memory-bound kernels (:mod:`napari_gridmip.core.runtime.rates`), what measuring them cost, and where the
+memory-bound cases of ``benchmarks/bench_accelerator.py`` would run under ``"auto"``.
 
 Apart from the core: it imports the kernels' modules, which register their probe programs with the rates module
-(which imports none of them, since they import it through ``core._backend``).
+(which imports none of them, since they import it through ``core._backend``); only when it runs, so that
+``napari-gridmip --help`` imports no JAX.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 import time
+from typing import Any
 
 import numpy as np
 
-from napari_gridmip.core.correlation import timeseries  # noqa: F401 - registers the "products" probe
-from napari_gridmip.core.occupancy import pyramid  # noqa: F401 - registers the "any" and "max" probes
-from napari_gridmip.core.runtime import rates as _rates
+NAME = "rates"
+HELP = (
+    "Print this machine's measured rates for placing the memory-bound kernels (host or accelerator), measuring "
+    "them once if they are not kept, and where typical cases would run under --compute-on auto."
+)
+EXAMPLE = "napari-gridmip rates --again"
+BATCH = False  # no files, no dask: none of the batch options
 
 #: benchmarks/bench_accelerator.py's memory-bound cases (its ``--cases`` names): kernel, shape, dtype, and where
 #: given the bytes an element takes on the link (None: as the kernel's profile says).
@@ -29,8 +37,21 @@ CASES = (
 )
 
 
+def add_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--again", action="store_true", help="measure anew, replacing what is kept")
+
+
+def run(args: argparse.Namespace, compute: Any = None) -> int:
+    """Print the report; the exit status (1 where the measurement failed)."""
+    return _report(args.again)
+
+
 def _report(again: bool) -> int:
     import jax
+
+    from napari_gridmip.core.correlation import timeseries  # noqa: F401 - registers the "products" probe
+    from napari_gridmip.core.occupancy import pyramid  # noqa: F401 - registers the "any" and "max" probes
+    from napari_gridmip.core.runtime import rates as _rates
 
     device = jax.devices()[0]  # JAX's default device in a new process
     if device.platform == "cpu":
@@ -66,8 +87,8 @@ def _report(again: bool) -> int:
 
 
 if __name__ == "__main__":
-    import argparse
+    from napari_gridmip.cli._shared import Parser
 
-    parser = argparse.ArgumentParser(prog="python -m napari_gridmip.cli.rates", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--again", action="store_true", help="measure anew, replacing what is kept")
-    raise SystemExit(_report(parser.parse_args().again))
+    parser = Parser(prog="python -m napari_gridmip.cli.rates", description=HELP)
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

@@ -53,7 +53,7 @@ def test_tile_configuration_in_registered_configuration_out(files, tmp_path):
     assert "pairs used" in done.stderr
     # beside the mosaic: the registered positions, each tile named by its path from there (nothing copied)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["TileConfiguration.registered.txt", "m.ome.zarr",
-                                                          "m.positions.csv"]  # fmt: skip
+                                                          "m.ome.zarr.positions.csv"]  # fmt: skip
     registered = tmp_path / "TileConfiguration.registered.txt"
     lines = registered.read_text().splitlines()
     assert [line.split(";")[0] for line in lines[4:]] == [f"../{folder.name}/scans/{name}" for name in names]
@@ -66,7 +66,7 @@ def test_tile_configuration_in_registered_configuration_out(files, tmp_path):
     span = expected.positions.max(axis=0) + 64 - expected.positions.min(axis=0)
     assert np.all(np.abs(np.array(image.shape) - span) <= 2), (image.shape, span)
     # no grid: the CSV has no grid columns, and the tiles by their names in the file
-    with open(tmp_path / "m.positions.csv") as f:
+    with open(tmp_path / "m.ome.zarr.positions.csv") as f:
         rows = list(csv.DictReader(f))
     assert not any(key.startswith("grid_") for key in rows[0]) and [r["name"] for r in rows] == names
     refined = np.array([[float(r["refined_y"]), float(r["refined_x"])] for r in rows])
@@ -90,7 +90,7 @@ def test_ome_tiff_in_micrometres_with_its_tiles_written(files, tmp_path):
     # the series are no files of their own: written beside the configuration, which names them
     tiles = [f"tile_00{k}.tif" for k in range(4)]
     assert sorted(p.name for p in out.iterdir()) == ["TileConfiguration.registered.txt", "m.ome.zarr",
-                                                     "m.positions.csv", *tiles]  # fmt: skip
+                                                     "m.ome.zarr.positions.csv", *tiles]  # fmt: skip
     back = read_mosaic(out / "TileConfiguration.registered.txt")
     np.testing.assert_array_equal(back.tiles.compute(), sample.tiles)
     found = back.positions - back.positions[0]
@@ -99,7 +99,7 @@ def test_ome_tiff_in_micrometres_with_its_tiles_written(files, tmp_path):
     assert [axis.get("unit") for axis in multiscale["axes"]] == ["micrometer", "micrometer"]
     scale, translation = multiscale["datasets"][0]["coordinateTransformations"]
     assert scale["scale"] == [PIXEL, PIXEL]
-    with open(out / "m.positions.csv") as f:
+    with open(out / "m.ome.zarr.positions.csv") as f:
         first = next(csv.DictReader(f))
     origin = back.positions[0] - [float(first["refined_y"]), float(first["refined_x"])]  # the mosaic's pixel 0
     np.testing.assert_allclose(translation["translation"], origin * PIXEL, atol=1e-3)

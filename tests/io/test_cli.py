@@ -214,13 +214,13 @@ def test_stitch_folder_to_ome_zarr_with_positions(mosaic_folder, tmp_path):
     args = ["--pattern", "tile_{row}_{col}.tif", "--overlap", "0.3", "--max-shift", "12"]
     done = run("stitch", str(folder), "m.ome.zarr", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "registering tile pairs: " in done.stderr and "100% Completed" in done.stderr
+    assert "registering tile pairs: 100%" in done.stderr and "of 11 overlapping tile pairs used" in done.stderr
     stage = grid_positions((2, 3), (160, 160), 0.3)
     result = register_tiles(tiles, stage, max_shift=12)
     expected = fuse_tiles(tiles, result.positions)
     image = read_array(tmp_path / "m.ome.zarr").compute()
     np.testing.assert_allclose(image, np.asarray(expected.image), atol=1e-3)
-    with open(tmp_path / "m.positions.csv") as f:
+    with open(tmp_path / "m.ome.zarr.positions.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["file"] for r in rows] == [f"tile_{r}_{c}.tif" for r in range(2) for c in range(3)]
     assert rows[4]["grid_row"] == "1" and rows[4]["grid_col"] == "1" and rows[4]["placed_from_stage"] == "0"
@@ -244,7 +244,7 @@ def test_stitch_array_file_to_tiff(mosaic_folder, tmp_path):
                "--max-shift", "12", "--blend", "max", "--quiet", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     image = tifffile.imread(tmp_path / "m.tif")
-    assert image.dtype == np.float32 and image.shape[0] > 270 and (tmp_path / "m.positions.csv").exists()
+    assert image.dtype == np.float32 and image.shape[0] > 270 and (tmp_path / "m.tif.positions.csv").exists()
 
 
 @pytest.mark.parametrize(
@@ -273,11 +273,11 @@ def test_stitch_bad_input_is_one_line(mosaic_folder, tmp_path, args, message):
 
 
 def test_stitch_keeps_an_existing_positions_file(mosaic_folder, tmp_path):
-    (tmp_path / "m.positions.csv").write_text("mine")
+    (tmp_path / "m.tif.positions.csv").write_text("mine")
     done = run("stitch", str(mosaic_folder[0] / "stack.npy"), "m.tif", "--grid", "2", "3", "--overlap", "0.3",
                cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2 and "already exists" in done.stderr
-    assert (tmp_path / "m.positions.csv").read_text() == "mine" and not (tmp_path / "m.tif").exists()
+    assert (tmp_path / "m.tif.positions.csv").read_text() == "mine" and not (tmp_path / "m.tif").exists()
 
 
 @pytest.mark.parametrize("order", ["morton", "c"])

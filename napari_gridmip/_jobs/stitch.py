@@ -261,8 +261,8 @@ def write_registered(
     """
     import tifffile  # an optional dependency (the io extra): needed only here
 
+    from napari_gridmip.core.runtime.files import atomic_path
     from napari_gridmip.io import write_tile_configuration
-    from napari_gridmip.io._write import atomic_path
 
     folder = Path(folder).absolute()
     positions = np.asarray(positions, dtype=np.float64)
@@ -306,8 +306,8 @@ def make_export_job(request: ExportRequest) -> Job:
     """Write :class:`ExportRequest`'s files, every one under a temporary name renamed when all are complete."""
 
     def run(progress: ProgressCallback) -> JobResult:
+        from napari_gridmip.core.runtime.files import atomic_path
         from napari_gridmip.io import write_ome_zarr
-        from napari_gridmip.io._write import atomic_path
 
         folder = Path(request.folder).absolute()
         n, d = np.shape(request.positions)

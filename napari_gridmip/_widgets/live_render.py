@@ -165,7 +165,7 @@ class LiveRender:
         self._on_status = on_status or (lambda text: None)
         if overlay is not None and overlay in viewer.layers and overlay.ndim != layer.ndim:
             # a quad for a source of another dimensionality: napari keeps a layer's dims, so it is not reused
-            viewer.layers.remove(overlay)
+            _remove_drawn_last(viewer, overlay)
         self.overlay: Any = overlay if overlay is not None and overlay in viewer.layers else None  # the quad layer
         if self.overlay is not None:
             self.overlay.name = f"{layer.name} full resolution"
@@ -496,6 +496,43 @@ class LiveRender:
             if keep_overlay:
                 overlay.visible = False
                 return overlay
-            self._viewer.layers.remove(overlay)
+            _remove_drawn_last(self._viewer, overlay)
         self._on_status("Full resolution in 3D: off")
         return None
+
+
+def _remove_drawn_last(viewer: Any, quad: Any) -> None:
+    """Remove the quad layer right after a frame that drew it last (blank, on top of the layer list).
+
+    Mesa 22.3's llvmpipe (the software OpenGL of Debian 12) segfaults in a later frame once a layer that was not
+    the last one drawn is deleted and the camera or the canvas size then changes: napari alone shows it (of two
+    layers, deleting the lower one crashes the next frame of a moved camera; deleting the upper one does not). The
+    quad is hidden whenever the camera moves and until its first picture, so switching the live view off deleted a
+    layer that was not drawn last: a live view switched off, on again, its source layer closed and another opened
+    crashed the process there; removed this way, it does not. Elsewhere this costs one frame.
+    """
+    with quad.events.texture.blocker():
+        quad.texture = np.zeros((1, 1, 4), np.uint8)  # fully transparent: that frame shows the layers under it
+    layers = viewer.layers
+    if layers.index(quad) != len(layers) - 1:
+        layers.move(layers.index(quad), len(layers))
+    if quad.visible:
+        quad.refresh()  # the blank texture uploaded (napari does not refresh on a blocked texture event)
+    else:
+        quad.visible = True  # a refresh
+    _draw_canvases_now()
+    layers.remove(quad)
+
+
+def _draw_canvases_now() -> None:
+    """Draw every shown OpenGL canvas now (Qt's synchronous repaint), not at a later turn of the event loop.
+
+    Qt's own widgets, found from the top-level windows: napari's Qt canvas is not public API."""
+    from qtpy.QtWidgets import QApplication, QWidget
+
+    for window in QApplication.topLevelWidgets():
+        if not window.isVisible():
+            continue
+        for child in window.findChildren(QWidget):
+            if child.inherits("QOpenGLWidget") and child.isVisible():
+                child.repaint()

@@ -230,8 +230,7 @@ def test_off_layer_closed_and_widget_closed_stop_everything(live_viewer, qtbot):
     live = widget._live
     assert live is not None and live.active
     qtbot.waitUntil(lambda: live.worker is not None or bool(live.pictures), timeout=30_000)
-    # the widget closed (its Close event; removing the dock would also resize the canvas after a layer was
-    # deleted, which Mesa 22.3's llvmpipe crashes on: benchmarks/probes/repro_llvmpipe_crash.py)
+    # the widget closed (its Close event)
     widget.native.close()
     assert widget.released
     assert not live.active and live.worker is None and not _connected(camera.events.zoom, live)

@@ -20,6 +20,8 @@ whose neighbour above converged starts from that one's warp instead, carried dow
 seed propagation, row by row). Each point stops on its own: after the steps every point of a row takes, the
 points still going are gathered into small batches of a fixed size, so that a row costs the sum of its
 points' iterations, not its slowest point's times the row (static shapes, one program).
+The warp algebra (the composition, the Hessian and its Cholesky solve, the convergence test) is
+:mod:`.warp`'s, shared with the sequence's IC-GN (:mod:`.series`).
 
 References
 ----------
@@ -44,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from napari_gridmip.core.correlation import warp
 from napari_gridmip.core.correlation._bands import compile_ahead_once, join_bands, kept_rows
 from napari_gridmip.core.runtime import strategy
 from napari_gridmip.core.runtime.executables import kept
@@ -79,7 +82,7 @@ def _interpolate(coefficients: jax.Array, py: jax.Array, px: jax.Array) -> jax.A
     y0, x0 = jnp.floor(py), jnp.floor(px)
     # the weights as separate arrays, and one flat index plus a constant per tap: 20% faster than the
     # stacked weights of bspline_weights and an index per tap (XLA on the CPU)
-    wy, wx = _weights(py - y0), _weights(px - x0)
+    wy, wx = warp.spline_weights(py - y0), warp.spline_weights(px - x0)
     base = (
         (y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
     ).ravel()  # tap (-1, -1): padded (y0 + 1, x0 + 1)
@@ -203,7 +206,7 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
 
     def spread(fraction, offset):
         # the 4 taps' weights at their offsets among the window's, and where each offset is one of the taps
-        weights = _weights(fraction)
+        weights = warp.spline_weights(fraction)
         placed = jnp.stack([sum((jnp.where(offset + t == a, weights[t], 0) for t in range(4)),
                                 jnp.zeros_like(fraction)) for a in range(taps)])  # fmt: skip
         chosen = jnp.stack([(offset <= a) & (a < offset + 4) for a in range(taps)])
@@ -307,63 +310,6 @@ def _knots_fit(lost: jax.Array, axes: tuple[tuple[jax.Array, jax.Array, jax.Arra
     return lost | fit
 
 
-def _weights(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """The cubic B-spline's weights of the taps -1, 0, 1, 2 at the fraction ``t``, as
-    :func:`napari_gridmip.core.interpolation.bspline_weights` gives them, each an array shaped as ``t``."""
-    t2, u = t * t, 1 - t
-    t3 = t2 * t
-    return u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6
-
-
-def _compose(p: jax.Array, dp: jax.Array) -> jax.Array:
-    """The warp ``W(p) o W(dp)^-1`` as parameters ``(n, 6)`` = ``(v, v_y, v_x, u, u_y, u_x)``.
-
-    In closed form (``jnp.linalg.inv`` of a batch of 3 x 3 matrices is a LAPACK call per band, several times
-    the rest of a step on the CPU): with ``W(q) = [[A(q), t(q)], [0, 1]]``, the result is ``A(p) A(dp)^-1`` and
-    ``t(p) - A(p) A(dp)^-1 t(dp)``; its gradient part ``A(p) A(dp)^-1 - I = (A(p) - A(dp)) A(dp)^-1`` is formed
-    from the differences of the gradients, with no ``1 + small - 1`` rounding."""
-    v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
-    dv, dvy, dvx, du, duy, dux = (dp[:, i] for i in range(6))
-    det = (1 + dvy) * (1 + dux) - dvx * duy
-    # A(dp)^-1 = [[1 + dux, -dvx], [-duy, 1 + dvy]] / det
-    i00, i01, i10, i11 = (1 + dux) / det, -dvx / det, -duy / det, (1 + dvy) / det
-    e00, e01, e10, e11 = vy - dvy, vx - dvx, uy - duy, ux - dux  # A(p) - A(dp)
-    g00, g01 = e00 * i00 + e01 * i10, e00 * i01 + e01 * i11  # (A(p) - A(dp)) A(dp)^-1 = A(p) A(dp)^-1 - I
-    g10, g11 = e10 * i00 + e11 * i10, e10 * i01 + e11 * i11
-    return jnp.stack([v - (1 + g00) * dv - g01 * du, g00, g01, u - g10 * dv - (1 + g11) * du, g10, g11], -1)
-
-
-def _cholesky(h: jax.Array) -> jax.Array:
-    """The lower Cholesky factors of a batch of symmetric positive definite ``h`` ``(n, 6, 6)``, packed by rows
-    ``(n, 21)`` with the diagonal inverted (``L[i, j]``, ``j < i``, at ``i (i + 1) / 2 + j``; ``1 / L[i, i]`` at
-    ``i (i + 1) / 2 + i``). Unrolled over the entries: XLA's batched factorisation and triangular solves on
-    the CPU are LAPACK calls looping over the points, milliseconds per band (NaN where ``h`` is not positive
-    definite, as LAPACK's)."""
-    size = h.shape[-1]
-    low: dict[tuple[int, int], jax.Array] = {}
-    for j in range(size):
-        low[j, j] = lax.rsqrt(h[:, j, j] - sum((low[j, m] ** 2 for m in range(j)), jnp.zeros_like(h[:, 0, 0])))
-        for i in range(j + 1, size):
-            low[i, j] = (h[:, i, j] - sum((low[i, m] * low[j, m] for m in range(j)), 0)) * low[j, j]
-    return jnp.stack([low[i, j] for i in range(size) for j in range(i + 1)], -1)
-
-
-def _cholesky_solve(factor: jax.Array, b: jax.Array) -> jax.Array:
-    """``x`` with ``L L' x = b`` for the packed factors of :func:`_cholesky` ``(n, 21)`` and ``b`` ``(n, 6)``."""
-    size = b.shape[-1]
-
-    def at(i, j):
-        return factor[:, i * (i + 1) // 2 + j]
-
-    y: list[jax.Array] = []
-    for i in range(size):
-        y.append((b[:, i] - sum((at(i, m) * y[m] for m in range(i)), 0)) * at(i, i))
-    x: list[jax.Array] = [jnp.zeros_like(b[:, 0])] * size
-    for i in reversed(range(size)):
-        x[i] = (y[i] - sum((at(m, i) * x[m] for m in range(i + 1, size)), 0)) * at(i, i)
-    return jnp.stack(x, -1)
-
-
 # kept (core._executables): a later process loads its executable without tracing or lowering it. On a TPU v5e,
 # after `napari-gridmip --prepare`, the affine DIC sample's first Run was 4.0 s with this program traced, lowered
 # and read from JAX's persistent cache (1.4 s tracing and lowering, 1.8 s reading; docs/accelerator.md)
@@ -449,10 +395,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     start = _propagated(start.astype(c1.dtype), above, spacing)  # (P, 6)
     hs, hw = subset[0] // 2, subset[1] // 2
     k, rows, cols = f_img.shape
-    eta, zeta = jnp.meshgrid(
-        jnp.arange(-hs, hs + 1, dtype=c1.dtype), jnp.arange(-hw, hw + 1, dtype=c1.dtype), indexing="ij"
-    )
-    eta, zeta = eta.ravel(), zeta.ravel()  # (S,)
+    eta, zeta = warp.subset_offsets(subset, c1.dtype)  # (S,)
 
     def gather(img):  # (K, P, S)
         if windows:
@@ -470,16 +413,11 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     curves = tuple(curves) if curvature is not None else None
     f = f - f.mean(axis=(0, 2), keepdims=True)
     norm_f = jnp.sqrt(jnp.sum(f * f, axis=(0, 2)))  # (P,)
-    # the steepest-descent images are (f_y, f_x) times (1, eta, zeta): the Hessian's 36 sums are the moments
-    # (1, eta, zeta, eta^2, eta zeta, zeta^2) of f_y^2, f_y f_x and f_x^2, one plain matrix product over the
-    # subset (a batched (P, S, 6) contraction, or 21 sums of products, cost 4x and 10x as much on the CPU)
-    moments = jnp.stack([jnp.ones_like(eta), eta, zeta, eta * eta, eta * zeta, zeta * zeta], -1)  # (S, 6)
-    sums = [_over_subset(jnp.sum(a * b, 0), moments) for a, b in ((fy, fy), (fy, fx), (fx, fx))]  # (P, 6) each
-    hessian = jnp.stack([jnp.stack([sums[_PAIR[i // 3, j // 3]][:, _MOMENT[i % 3, j % 3]] for j in range(6)], -1)
-                         for i in range(6)], -2)  # fmt: skip
+    monomials = warp.moments(eta, zeta)  # (S, 6)
+    hessian = warp.hessian(*(jnp.sum(a * b, 0) for a, b in ((fy, fy), (fy, fx), (fx, fx))), monomials)
     ok = jnp.isfinite(start[:, 0]) & jnp.isfinite(start[:, 3]) & (norm_f > 0)
     hessian = jnp.where(ok[:, None, None], hessian, jnp.eye(6, dtype=c1.dtype))
-    factor = _cholesky(hessian)  # (P, 21)
+    factor = warp.cholesky(hessian)  # (P, 21)
     corner = jnp.array([hs, hw], c1.dtype)
     tolerance = TOLERANCE[np.dtype(c1.dtype)]
     # what a step needs of each point, its point axis first or second (the subsets' (K, P, S))
@@ -501,9 +439,7 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         """One IC-GN step of the points ``d`` from ``p`` ``(n, 6)``: the new warp (``p`` where not ``active``),
         whether each point goes on (its increment moved a corner by more than the tolerance) and the ZNCC at
         ``p`` (ncorr's: one increment below the tolerance before the result, for a point stopping now)."""
-        v, vy, vx, u, uy, ux = (p[:, i : i + 1] for i in range(6))
-        py = d["cy"][:, None] + eta[None, :] + v + vy * eta[None, :] + vx * zeta[None, :]
-        px = d["cx"][:, None] + zeta[None, :] + u + uy * eta[None, :] + ux * zeta[None, :]
+        py, px = warp.positions(d["cy"], d["cx"], eta, zeta, p)
         if windows:
             tiles = (d["block"], d["tile_top"], d["tile_left"]) if "block" in d else None
             g, served = _interpolate_windows(c1, py, px, subset=subset, tiles=tiles, active=active)
@@ -519,14 +455,11 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
         zncc = jnp.sum(fp * g, axis=(0, 2)) / (norm_fp * jnp.where(norm_g > 0, norm_g, jnp.inf))
         scale = jnp.where(norm_g > 0, norm_fp / jnp.where(norm_g > 0, norm_g, 1), 0)
         residual = fp - scale[None, :, None] * g  # (K, n, S)
-        rhs = jnp.concatenate([_over_subset(jnp.sum(d[a] * residual, 0), moments[:, :3]) for a in ("fy", "fx")], -1)
-        dp = -_cholesky_solve(d["factor"], rhs)
+        rhs = warp.steepest_descent(*(jnp.sum(d[a] * residual, 0) for a in ("fy", "fx")), monomials)
+        dp = -warp.cholesky_solve(d["factor"], rhs)
         dp = jnp.where(active[:, None], dp, 0)
-        # the increment's largest move of the subset's corners
-        move = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 1]) * corner[0] + jnp.abs(dp[:, 2]) * corner[1]
-        move = jnp.maximum(move, jnp.abs(dp[:, 3]) + jnp.abs(dp[:, 4]) * corner[0] + jnp.abs(dp[:, 5]) * corner[1])
-        going = active & (move > tolerance) & served
-        return jnp.where(active[:, None], _compose(p, dp), p), going, zncc, active & ~served
+        going = active & (warp.corner_move(dp, corner) > tolerance) & served
+        return jnp.where(active[:, None], warp.compose_inverse(p, dp), p), going, zncc, active & ~served
 
     def together(_, state):
         p, active, count, zncc, unserved = state
@@ -557,19 +490,6 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     p, zncc = jnp.where(ok[:, None], p, nan), jnp.where(ok, zncc, nan)
     v, vy, vx, u, uy, ux = (p[:, i] for i in range(6))
     return (v, u, zncc, vy, vx, uy, ux), unserved
-
-
-# the Hessian's entry (i, j) from the sums of :func:`_band`: the product of (f_y, f_x)[i // 3] and [j // 3] (0: f_y^2,
-# 1: f_y f_x, 2: f_x^2) times the moment of (1, eta, zeta)[i % 3] (1, eta, zeta)[j % 3]
-_PAIR = np.array([[0, 1], [1, 2]])
-_MOMENT = np.array([[0, 1, 2], [1, 3, 4], [2, 4, 5]])
-
-
-def _over_subset(values: jax.Array, weights: jax.Array) -> jax.Array:
-    """``sum_s values[:, s] weights[s, m]``: ``values`` ``(P, S)``, ``weights`` ``(S, m)`` -> ``(P, m)``, one
-    matrix product (full precision: an accelerator's default would round the operands). One per product: a
-    stack of them into one operand was a concatenation costing 3x the product on the CPU."""
-    return jnp.dot(values, weights, precision=lax.Precision.HIGHEST)
 
 
 def _propagated(start: jax.Array, above: tuple[jax.Array, ...], spacing: jax.Array) -> jax.Array:

@@ -26,6 +26,12 @@ deformation, with errors that add up), ``"auto"`` moves it when the ZNCC against
 frame, and its pixels are those inside the ROI carried by the point's own warp; the displacements are composed
 through the points themselves, with no interpolation of a field.
 
+A sequence runs as a few compiled programs of its frames' shape and grid, whatever its length: the key
+subsets (their values, gradients and the Cholesky factor of their Hessian, :mod:`.warp`'s algebra) are made
+once per key frame, so that a frame against frame 0 only interpolates itself; each pass over a frame (its
+guesses, then its neighbours' guesses) is one call over the whole grid in which only the points still going
+take steps, so that a frame costs about the sum of its points' steps.
+
 References
 ----------
 B. Pan, K. Li, W. Tong, "Fast, robust and accurate digital image correlation calculation without redundant

@@ -36,7 +36,7 @@ _MOMENT = np.array([[0, 1, 2], [1, 3, 4], [2, 4, 5]])
 
 def spline_weights(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """The cubic B-spline's weights of the taps -1, 0, 1, 2 at the fraction ``t`` (as
-    :func:`napari_gridmip.core._interpolation.bspline_weights` gives them), each an array shaped as ``t``."""
+    :func:`napari_gridmip.core.interpolation.bspline_weights` gives them), each an array shaped as ``t``."""
     t2, u = t * t, 1 - t
     t3 = t2 * t
     return u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6

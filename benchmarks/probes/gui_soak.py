@@ -121,7 +121,10 @@ class Session:
         """Time our GUI-thread entry points; catch uncaught exceptions and error notifications."""
         from napari.utils import notifications
 
-        from napari_gridmip._widgets import _base, _runner, _workers, live_render, mipmap_widget
+        from napari_gridmip._widgets import base as _base
+        from napari_gridmip._widgets import live_render, mipmap_widget
+        from napari_gridmip._widgets import runner as _runner
+        from napari_gridmip._widgets import workers as _workers
 
         def timed(owner: Any, name: str, label: str) -> None:
             original = getattr(owner, name)
@@ -312,7 +315,7 @@ class Session:
 
     def close_mid_job(self) -> float:
         """Start a run, close the viewer while it runs; seconds until our last job has ended."""
-        from napari_gridmip._widgets._workers import workers
+        from napari_gridmip._widgets.workers import workers
 
         self.action = "close the viewer mid-job"
         if not self.docked:

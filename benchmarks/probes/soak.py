@@ -408,7 +408,7 @@ def soak(
             viewer.close()
         from qtpy.QtCore import QThreadPool
 
-        from napari_gridmip._widgets._workers import workers
+        from napari_gridmip._widgets.workers import workers
 
         # the jobs were cancelled when their widgets went with the viewer; each stops at its next progress report
         closed = time.perf_counter()

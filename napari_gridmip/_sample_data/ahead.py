@@ -7,7 +7,7 @@ The DIC pair's first Run in a new user's session compiles its band program for 2
 compiled (docs/accelerator.md, "Preparing a machine"). A widget's own early start (``_base.prefetch_enabled``)
 begins only once it is docked with its inputs. A program depends on its inputs' shapes, dtypes and the options,
 not on their values: so the sample's first Run (``_prepare.JOBS``: the request the widget makes for the sample,
-``tests/widgets/test_prepare_requests.py``) runs in our early lane (:mod:`._workers`) on a textured stand-in of
+``tests/widgets/test_prepare_requests.py``) runs in our early lane (:mod:`.workers`) on a textured stand-in of
 the sample's shapes and dtypes (``_sample_data.stand_in_image``), its result dropped. Where this session has
 imported JAX and the job already (a widget was used), it starts as the sample is asked for, beside the sample's
 making on the GUI thread (XLA's compile releases the GIL); otherwise at the event loop's next turn, once napari has
@@ -62,9 +62,9 @@ def start_run_ahead(sample: str, stand_in: Callable[[], list[tuple]]) -> Any:
     from qtpy.QtCore import QCoreApplication, QTimer
 
     from napari_gridmip._sample_data.prepare import JOBS, run_job
-    from napari_gridmip._widgets._base import prefetch_enabled
-    from napari_gridmip._widgets._runner import BEFORE_RUN, Cancelled, compute_on_setting, import_layer_dependencies
-    from napari_gridmip._widgets._workers import workers
+    from napari_gridmip._widgets.base import prefetch_enabled
+    from napari_gridmip._widgets.runner import BEFORE_RUN, Cancelled, compute_on_setting, import_layer_dependencies
+    from napari_gridmip._widgets.workers import workers
 
     app = QCoreApplication.instance()
     if app is None or not prefetch_enabled() or not _default_options():  # no event loop: nobody to run it for
@@ -164,7 +164,7 @@ def cancel_runs_ahead() -> None:
 
 def running_ahead() -> list[Any]:
     """The samples' runs ahead still running or waiting (those still to be submitted as their ``submit`` function)."""
-    from napari_gridmip._widgets._workers import workers_if_made
+    from napari_gridmip._widgets.workers import workers_if_made
 
     pool = workers_if_made()
     tasks = [] if pool is None else [task for task in pool.busy() if task.name.startswith(NAME_PREFIX)]

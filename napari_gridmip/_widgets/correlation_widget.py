@@ -22,8 +22,8 @@ from napari_gridmip._jobs.plan import KEY, Source, call_from_record, script_from
 from napari_gridmip._jobs.surface import SurfaceRequest, crop_index, make_surface_job
 from napari_gridmip._jobs.timeseries import TimeSeriesRequest, make_timeseries_job
 from napari_gridmip._jobs.world import Frame, derived_placement
-from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
-from napari_gridmip._widgets._runner import notify_error
+from napari_gridmip._widgets.base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets.runner import notify_error
 from napari_gridmip.core.options import PRECISIONS, SUBPIXEL_METHODS
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ While on and the viewer is in 3D, every change of the camera (angles, zoom, cent
 size, of the dims point of a >3D layer and of the layer's display (rendering mode, colormap, contrast limits,
 gamma, iso threshold, attenuation) hides the last picture, so that napari's own (coarse) view shows while the
 camera moves, and restarts a short timer. When the camera has rested for :data:`DEBOUNCE_MS`, a worker of ours
-(:mod:`._workers`, its "render" lane) renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a
+(:mod:`.workers`, its "render" lane) renders the view (:class:`~napari_gridmip._jobs.live_render.LiveSource`: a
 coarse pass, then full resolution) and each picture is shown as the texture of a quad on the plane through the
 camera's centre, facing the camera and spanning the canvas: a napari Surface layer drawn over the volume without
 depth test (``translucent_no_depth``), so that it covers exactly the canvas pixels the volume's own render covers. The
@@ -67,8 +67,8 @@ class WarmAhead:
 
     def __init__(self, viewer: Any, layer: Any, threshold: float) -> None:
         from napari_gridmip._jobs.live_render import ViewState
-        from napari_gridmip._widgets._runner import compute_on_setting
-        from napari_gridmip._widgets._workers import workers
+        from napari_gridmip._widgets.runner import compute_on_setting
+        from napari_gridmip._widgets.workers import workers
 
         state = ViewState.of(viewer, layer, canvas=canvas_size(viewer))
         where = compute_on_setting()
@@ -111,7 +111,7 @@ class WarmAhead:
 
 def _placed(where: Any) -> Any:
     """The block of a render's work, in a worker: where napari's Preferences say (read on the GUI thread as it was
-    asked for, :func:`~napari_gridmip._widgets._runner.compute_on_setting`), which the render follows
+    asked for, :func:`~napari_gridmip._widgets.runner.compute_on_setting`), which the render follows
     (``core._backend.render_on_host``). A bad ``NAPARI_GRIDMIP_COMPUTE_ON`` fails the render, which says so."""
     if isinstance(where, Exception):
         raise where
@@ -156,7 +156,7 @@ class LiveRender:
     ) -> None:  # fmt: skip
         from qtpy.QtCore import QTimer
 
-        from napari_gridmip._widgets._runner import watch_viewer
+        from napari_gridmip._widgets.runner import watch_viewer
 
         self._viewer = viewer
         watch_viewer(viewer)  # while the window is open: the live view stops quietly once it closes
@@ -266,8 +266,8 @@ class LiveRender:
         if layer is None or self._viewer.dims.ndisplay != 3:
             return
         from napari_gridmip._jobs.live_render import ViewState, release_free_memory
-        from napari_gridmip._widgets._runner import compute_on_setting
-        from napari_gridmip._widgets._workers import workers
+        from napari_gridmip._widgets.runner import compute_on_setting
+        from napari_gridmip._widgets.workers import workers
 
         state = ViewState.of(self._viewer, layer, canvas=canvas_size(self._viewer))
         if state == self._final_state:
@@ -333,8 +333,8 @@ class LiveRender:
         layer and the camera comes to rest: the first render then compiles nothing (1.6 s of the first view of a
         user's first session on 2 cores; docs/occupancy.md)."""
         from napari_gridmip._jobs.live_render import ViewState
-        from napari_gridmip._widgets._runner import compute_on_setting, viewer_closed
-        from napari_gridmip._widgets._workers import workers
+        from napari_gridmip._widgets.runner import compute_on_setting, viewer_closed
+        from napari_gridmip._widgets.workers import workers
 
         layer = self._layer()
         if not self.active or layer is None or viewer_closed(self._viewer) or self._viewer.dims.ndisplay != 3:
@@ -357,7 +357,7 @@ class LiveRender:
                          on_errored=lambda error: None, group=("live view", id(self._viewer)))  # fmt: skip
 
     def _on_yielded(self, item: Any, token: _Token) -> None:
-        from napari_gridmip._widgets._runner import viewer_closed
+        from napari_gridmip._widgets.runner import viewer_closed
 
         if token.cancelled or not self.active or viewer_closed(self._viewer):
             return
@@ -377,7 +377,7 @@ class LiveRender:
 
         if isinstance(error, RenderCancelled) or token.cancelled:
             return
-        from napari_gridmip._widgets._runner import notify_error
+        from napari_gridmip._widgets.runner import notify_error
 
         notify_error(f"Full resolution in 3D: {error}")
         self._on_status(f"Full resolution in 3D failed: {error}")
@@ -486,7 +486,7 @@ class LiveRender:
         from napari_gridmip._jobs.live_render import release_free_memory
 
         release_free_memory()  # the pools and pictures dropped (a render under way trims again as it ends)
-        from napari_gridmip._widgets._runner import viewer_closed
+        from napari_gridmip._widgets.runner import viewer_closed
 
         if viewer_closed(self._viewer):
             # the window is gone and its layers go with it: removing or hiding the quad now would only ask napari

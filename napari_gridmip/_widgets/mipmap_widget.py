@@ -23,8 +23,8 @@ from napari_gridmip._jobs.mipmap import (
 )
 from napari_gridmip._jobs.plan import KEY, script_from_layers
 from napari_gridmip._jobs.world import Frame
-from napari_gridmip._widgets._base import JobWidget, require_layer, wrapping_label
-from napari_gridmip._widgets._runner import notify_error
+from napari_gridmip._widgets.base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets.runner import notify_error
 
 if TYPE_CHECKING:
     import napari
@@ -280,7 +280,7 @@ class MipmapWidget(JobWidget):
         layer, data, placement and threshold: the programs stay compiled after the switch is turned off, whose
         stop frees the source (its chunk caches) as before."""
         from napari_gridmip._jobs.live_render import has_stored_cells
-        from napari_gridmip._widgets._base import prefetch_enabled
+        from napari_gridmip._widgets.base import prefetch_enabled
         from napari_gridmip._widgets.live_render import WarmAhead, source_key
 
         layer = self.layer.value if self._ready else None

@@ -11,7 +11,7 @@ from napari.layers import Image
 from napari_gridmip._jobs import Job
 from napari_gridmip._jobs.patches import MergeRequest, infer_image_shape, make_merge_job
 from napari_gridmip._jobs.world import Frame
-from napari_gridmip._widgets._base import JobWidget, require_layer
+from napari_gridmip._widgets.base import JobWidget, require_layer
 from napari_gridmip.core.options import BLEND_MODES
 from napari_gridmip.core.validate import parse_ints
 

@@ -24,8 +24,8 @@ from napari_gridmip._jobs.stitch import (
     tile_files_of,
 )
 from napari_gridmip._jobs.world import Frame
-from napari_gridmip._widgets._base import JobWidget, narrow, require_layer, wrapping_label
-from napari_gridmip._widgets._runner import notify_error
+from napari_gridmip._widgets.base import JobWidget, narrow, require_layer, wrapping_label
+from napari_gridmip._widgets.runner import notify_error
 from napari_gridmip.core.options import FUSE_BLENDS, GRID_ORDERS
 from napari_gridmip.core.validate import parse_ints
 

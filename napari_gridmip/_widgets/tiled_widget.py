@@ -10,7 +10,7 @@ from napari.layers import Image
 from napari_gridmip._jobs import Job
 from napari_gridmip._jobs.tiled import CUSTOM, TiledRequest, make_tiled_job, parse_keywords
 from napari_gridmip._jobs.world import Frame
-from napari_gridmip._widgets._base import JobWidget, labels_above, require_layer
+from napari_gridmip._widgets.base import JobWidget, labels_above, require_layer
 from napari_gridmip.core.options import WEIGHTED_BLENDS
 
 if TYPE_CHECKING:

@@ -61,7 +61,7 @@ def test_the_preference_reaches_the_run_and_its_provenance(sample, wait_idle, mo
 
     monkeypatch.setenv("NAPARI_GRIDMIP_COMPUTE_ON", "gpu")  # a bad one fails the run, which says why
     failures = []
-    monkeypatch.setattr("napari_gridmip._widgets._runner.notify_error", failures.append)
+    monkeypatch.setattr("napari_gridmip._widgets.runner.notify_error", failures.append)
     widget.run_button.native.click()
     wait_idle(widget)
     assert "NAPARI_GRIDMIP_COMPUTE_ON must be one of" in widget.status.value and len(failures) == 1

@@ -575,16 +575,16 @@ def test_run_takes_over_the_job_started_when_the_inputs_settled(viewer_and_widge
 
 
 def test_new_layers_start_the_early_job_sooner_than_an_edited_option(viewer_and_widget, monkeypatch):
-    from napari_gridmip._widgets import _base
+    from napari_gridmip._widgets import base
 
-    monkeypatch.setattr(_base, "PREFETCH_DELAY_MS", 10_000)  # long enough to be still pending on a loaded machine
+    monkeypatch.setattr(base, "PREFETCH_DELAY_MS", 10_000)  # long enough to be still pending on a loaded machine
     viewer, widget = viewer_and_widget
     _pair(viewer)  # layers added (a sample opened): their layers arrive at once, nothing is being typed
     assert widget._prefetch_timer.isActive()
     # (at most what an earlier layer change left of its own wait: Qt's coarse timers round a few ms up)
-    assert _base.LAYERS_PREFETCH_DELAY_MS <= widget._prefetch_timer.interval() < 2 * _base.LAYERS_PREFETCH_DELAY_MS
+    assert base.LAYERS_PREFETCH_DELAY_MS <= widget._prefetch_timer.interval() < 2 * base.LAYERS_PREFETCH_DELAY_MS
     widget.window_rows.value = 7  # an option edited: wait for the user to stop
-    assert widget._prefetch_timer.isActive() and widget._prefetch_timer.interval() == _base.PREFETCH_DELAY_MS
+    assert widget._prefetch_timer.isActive() and widget._prefetch_timer.interval() == base.PREFETCH_DELAY_MS
     viewer.add_image(np.zeros((4, 4)), name="another")  # layers change meanwhile: the edit's wait is not cut short
     assert widget._prefetch_timer.interval() > 5_000
 
@@ -645,15 +645,15 @@ def test_nothing_starts_early_when_switched_off(viewer_and_widget, qtbot, monkey
 @pytest.mark.parametrize("switched_on", [True, False])
 def test_the_first_widget_starts_jax_in_a_worker_once(docked, qtbot, monkeypatch, switched_on):
     import napari_gridmip._jobs as jobs
-    from napari_gridmip._widgets import _base
+    from napari_gridmip._widgets import base
 
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1" if switched_on else "0")
-    monkeypatch.setattr(_base, "_JAX_STARTED", {"worker": None})  # as in a new session
+    monkeypatch.setattr(base, "_JAX_STARTED", {"worker": None})  # as in a new session
     threads = []
     prepare = jobs.prepare_jax
     monkeypatch.setattr(jobs, "prepare_jax", lambda: threads.append(threading.get_ident()) or prepare())
     docked(CorrelationWidget)
-    worker = _base._JAX_STARTED["worker"]
+    worker = base._JAX_STARTED["worker"]
     if not switched_on:
         assert worker is None and threads == []
         return
@@ -662,6 +662,6 @@ def test_the_first_widget_starts_jax_in_a_worker_once(docked, qtbot, monkeypatch
     assert threads[0] != threading.main_thread().ident  # never on the GUI thread
     qtbot.waitUntil(lambda: worker.done, timeout=60_000)
     docked(CorrelationWidget)  # a second widget: nothing started again
-    assert _base._JAX_STARTED["worker"] is worker
+    assert base._JAX_STARTED["worker"] is worker
     qtbot.wait(50)
     assert len(threads) == 1

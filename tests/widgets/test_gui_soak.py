@@ -39,4 +39,4 @@ def test_the_verdict_fails_each_target():
     assert soak.verdict({"global_pool_busiest": 1}) == []  # Qt's own use of its pool
     napari_stack = 'Current thread 0x1 (most recent call first):\n  File "vispy/app/backends/_qt.py", line 705 in event'
     assert not soak._ours_crashed("Fatal Python error: Segmentation fault\n\n" + napari_stack)
-    assert soak._ours_crashed(napari_stack + '\n  File "napari_gridmip/_widgets/_runner.py", line 1 in _show_next')
+    assert soak._ours_crashed(napari_stack + '\n  File "napari_gridmip/_widgets/runner.py", line 1 in _show_next')

@@ -480,7 +480,7 @@ def test_a_threshold_at_the_unrounded_maximum_moves_the_slider_to_its_end(viewer
 
 
 def test_only_a_one_colour_direct_colormap_is_shown_as_cyclic():
-    from napari_gridmip._widgets._runner import _shown_colormap
+    from napari_gridmip._widgets.runner import _shown_colormap
 
     one = {None: "transparent", 0: "transparent", 1: "cyan"}
     shown = _shown_colormap({"colormap": one, "name": "x"}, "labels")

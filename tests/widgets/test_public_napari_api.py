@@ -116,7 +116,7 @@ def test_a_plugin_widget_sees_its_viewer_close(make_napari_viewer, qtbot):
     """The viewer closed while the widget's job runs, seen through the viewer napari hands the widget (public API
     only): the result adds nothing to the closed viewer, before and after Qt deletes the dock."""
     from napari_gridmip._jobs import Job, JobResult
-    from napari_gridmip._widgets._runner import viewer_closed
+    from napari_gridmip._widgets.runner import viewer_closed
 
     viewer = make_napari_viewer()
     _, widget = viewer.window.add_plugin_dock_widget("napari-gridmip", "Correlation map")

@@ -135,7 +135,7 @@ def test_text_labels_are_shown_a_turn_after_their_layer(make_napari_viewer):
     from napari.layers import Points
 
     from napari_gridmip._jobs.layer_changes import LayerChanges
-    from napari_gridmip._widgets._runner import _text_after_insert
+    from napari_gridmip._widgets.runner import _text_after_insert
 
     viewer = make_napari_viewer()
     labelled = Points(np.zeros((2, 2)), features={"name": ["a", "b"]}, text="{name}", name="labelled")
@@ -161,7 +161,7 @@ def test_text_labels_are_shown_a_turn_after_their_layer(make_napari_viewer):
 def test_text_labels_come_back_when_an_insert_fails(make_napari_viewer):
     from napari.layers import Points
 
-    from napari_gridmip._widgets._runner import _text_after_insert
+    from napari_gridmip._widgets.runner import _text_after_insert
 
     def failing():
         yield
@@ -179,10 +179,10 @@ def test_text_labels_come_back_when_an_insert_fails(make_napari_viewer):
 def test_the_first_result_of_a_process_is_shown_after_a_full_collection_of_its_own(monkeypatch):
     import gc
 
-    from napari_gridmip._widgets import _runner
+    from napari_gridmip._widgets import runner
 
     order = []
-    monkeypatch.setattr(_runner, "_COLLECTED", {"done": False})
+    monkeypatch.setattr(runner, "_COLLECTED", {"done": False})
     monkeypatch.setattr(gc, "collect", lambda *a: order.append("collect") or 0)
 
     def inserts():
@@ -193,7 +193,7 @@ def test_the_first_result_of_a_process_is_shown_after_a_full_collection_of_its_o
 
     for expected in (["collect", "turn", "insert 1", "turn", "insert 2"], ["insert 1", "turn", "insert 2"]):
         order.clear()
-        steps = _runner._collect_first(inserts())
+        steps = runner._collect_first(inserts())
         try:
             while True:
                 next(steps)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from napari_gridmip._widgets._base import DOCK_MAX_WIDTH
+from napari_gridmip._widgets.base import DOCK_MAX_WIDTH
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
 from napari_gridmip._widgets.mipmap_widget import MipmapWidget
 from napari_gridmip._widgets.patches_widget import PatchesWidget

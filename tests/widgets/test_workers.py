@@ -1,4 +1,4 @@
-"""Our own worker threads (_widgets/_workers.py): lanes bound what runs at once, newer early and render jobs replace
+"""Our own worker threads (_widgets/workers.py): lanes bound what runs at once, newer early and render jobs replace
 waiting ones, an adopted early job moves to the Run lane, every outcome reaches the GUI thread, and no thread is
 left once the jobs are over. Qt's global pool is never used."""
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from napari_gridmip._widgets._workers import Workers
+from napari_gridmip._widgets.workers import Workers
 
 
 @pytest.fixture
@@ -165,14 +165,14 @@ def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, q
     """Widget A's early job waits in the early lane; widget B's newer one replaces it (it never runs). A's Run
     with the same inputs must then run the job itself, not wait for the replaced one forever."""
     from napari_gridmip._jobs import Job, JobResult
-    from napari_gridmip._widgets import _workers
-    from napari_gridmip._widgets._runner import BackgroundRunner
+    from napari_gridmip._widgets import workers
+    from napari_gridmip._widgets.runner import BackgroundRunner
 
     viewer = make_napari_viewer()
     runners = [BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
                for _ in range(2)]  # fmt: skip
     blocker, release, started, _ = _gate()
-    _workers.workers().submit(blocker, lane="early")  # the early lane is busy
+    workers.workers().submit(blocker, lane="early")  # the early lane is busy
     qtbot.waitUntil(started.is_set, timeout=10_000)
     made = []
 
@@ -193,7 +193,7 @@ def test_a_run_whose_early_job_was_replaced_runs_it_afresh(make_napari_viewer, q
 def test_a_result_arriving_after_the_viewer_closed_is_dropped(make_napari_viewer, qtbot):
     """The viewer is closed while a job runs (its docks are deleted later, by Qt): the result must not be added
     to the closed viewer, whose canvas is gone (napari crashed in add_layer then: benchmarks/probes/gui_soak.py)."""
-    from napari_gridmip._widgets._runner import BackgroundRunner
+    from napari_gridmip._widgets.runner import BackgroundRunner
 
     viewer = make_napari_viewer()
     runner = BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
@@ -214,19 +214,19 @@ def test_a_run_imports_what_its_layers_need_beside_the_job(make_napari_viewer, q
     import sys
 
     from napari_gridmip._jobs import Job, JobResult
-    from napari_gridmip._widgets import _runner
-    from napari_gridmip._widgets._runner import BackgroundRunner
+    from napari_gridmip._widgets import runner as runner_module
+    from napari_gridmip._widgets.runner import BackgroundRunner
 
     viewer = make_napari_viewer()
     runner = BackgroundRunner(run_button=_Field(), cancel_button=_Field(), status=_Field(), viewer=viewer)
-    monkeypatch.setattr(_runner, "_imports_started", threading.Event())
+    monkeypatch.setattr(runner_module, "_imports_started", threading.Event())
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self, real=threading.Thread.start: started.append(
         self.name) or real(self))  # fmt: skip
     job, release = _held_job("slow")
     added = []
     runner.start(job, on_done=lambda result, layers: added.extend(layers))
-    qtbot.waitUntil(_runner._imports_started.is_set, timeout=10_000)  # as the job starts, before its end
+    qtbot.waitUntil(runner_module._imports_started.is_set, timeout=10_000)  # as the job starts, before its end
     assert not added and "napari-gridmip layer imports" in started
     release.set()
     qtbot.waitUntil(lambda: not runner.busy, timeout=20_000)

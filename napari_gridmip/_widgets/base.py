@@ -30,7 +30,7 @@ from qtpy.QtWidgets import QBoxLayout, QComboBox, QFrame, QScrollArea, QWidget
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._jobs import settings as _settings
 from napari_gridmip._jobs.device_layers import DeviceInput, LayerWatch
-from napari_gridmip._widgets._runner import BackgroundRunner, notify_error
+from napari_gridmip._widgets.runner import BackgroundRunner, notify_error
 from napari_gridmip.core.options import switched_off
 
 if TYPE_CHECKING:
@@ -476,7 +476,7 @@ def start_jax_early() -> None:
     if _JAX_STARTED["worker"] is not None or not prefetch_enabled():
         return
     from napari_gridmip._jobs import prepare_jax
-    from napari_gridmip._widgets._workers import workers
+    from napari_gridmip._widgets.workers import workers
 
     # errors are left to the first job, which runs prepare_jax again and reports them
     _JAX_STARTED["worker"] = workers().submit(prepare_jax, lane="early", name="start JAX")

@@ -1,7 +1,7 @@
 """The background run shared by every widget.
 
 One :class:`BackgroundRunner` per widget owns at most one job at a time, run on
-our own threads (:mod:`._workers`: never on Qt's global pool, which napari's
+our own threads (:mod:`.workers`: never on Qt's global pool, which napari's
 ``create_worker`` uses and which Qt needs). It disables Run (and enables Cancel) while busy, shows progress in
 napari's activity dock, turns errors into notifications, and adds the result
 layers on the GUI thread all at once, or none of them. Jobs are plain
@@ -27,7 +27,7 @@ from qtpy.QtCore import QEvent, QObject, Qt, QTimer, Signal
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._jobs.device_layers import run_freeing_copies
 from napari_gridmip._jobs.layer_changes import LayerChanges
-from napari_gridmip._widgets._workers import workers
+from napari_gridmip._widgets.workers import workers
 
 
 class _CloseWatch(QObject):

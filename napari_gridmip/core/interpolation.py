@@ -1,25 +1,8 @@
 """The cubic interpolation weights, written once: Keys' cubic convolution (a = -0.5) and the cubic B-spline.
 
-Both interpolate from the 4 taps at ``-1, 0, 1, 2`` around a fraction ``t`` in ``[0, 1)`` (the sample at
-``q + t`` reads pixels ``q - 1 .. q + 2``). Each function gives the 4 weights and their first and second
-derivatives in ``t``, as polynomials in ``t`` (no ``|x|`` branches: the derivatives come out exact and
-continuous, and a position's weights need no distances ``t - tap``, which would round ``t`` again).
-
-``xp`` is the array namespace, ``jax.numpy`` or ``numpy``: the same operations in the same order on both,
-so that the stitching's NumPy engine and its JAX one weigh alike. This module imports neither (the NumPy
-engine must not pull in JAX), and nothing of the package: every user imports it, it imports no user.
-
-Users: the subset refinement and speckle tracking (:mod:`.correlation._subset_newton`, both kinds, with
-derivatives), the dense refinement (:mod:`.correlation.refine`, Keys), the affine subsets
-(:mod:`.correlation.affine`, B-spline weights), the stitching's pair engines (:mod:`.patches._stitch_jax`,
-:mod:`.patches._stitch_numpy`, Keys and its slope) and the fusion (:mod:`.patches.fuse`, Keys).
-
-References
-----------
-R. Keys, "Cubic convolution interpolation for digital image processing", IEEE Trans. Acoust., Speech,
-Signal Process. 29(6), 1153-1160 (1981).
-M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
-(1999).
+Documented internal API of the core (subset refinement, dense refinement, affine subsets, stitching, fusion).
+``xp`` is ``jax.numpy`` or ``numpy``: the same operations in the same order on both, so that the stitching's NumPy
+engine and its JAX one weigh alike. It imports neither, and nothing of the package.
 """
 
 from __future__ import annotations
@@ -30,6 +13,8 @@ TAPS = (-1, 0, 1, 2)
 """The offsets of the 4 taps from ``floor(position)``, in the order of the weights' last axis."""
 
 
+# Polynomials in t, no |x| branches: the derivatives come out exact and continuous, and a position's weights need
+# no distances t - tap (which would round t again). The sample at q + t reads pixels q - 1 .. q + 2.
 def keys_weights(t: Any, xp: Any) -> tuple[Any, Any, Any]:
     """Keys' cubic convolution weights (a = -0.5) of the taps at -1, 0, 1, 2 for the fraction ``t``.
 

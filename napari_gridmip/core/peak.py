@@ -1,9 +1,6 @@
-"""Small pieces shared by the correlation search and its refinement, and by the stitching's two pair engines:
-sub-pixel peak fits and slice indices.
-
-Kept apart from ``correlation`` and ``_refine`` so that neither imports the other. JAX is imported by the
-functions that need it, not here: the stitching's NumPy engine (which must not load JAX) fits its peaks with
-:func:`quadratic_peak` on NumPy arrays.
+"""Sub-pixel peak fits and slice indices, shared by the correlation search, its refinement and the stitching's
+two pair engines: documented internal API of the core, apart from ``correlation`` and ``refine`` so that neither
+imports the other.
 """
 
 from __future__ import annotations

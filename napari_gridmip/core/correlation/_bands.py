@@ -1,10 +1,8 @@
-"""Joining a driver's row bands into its outputs in one compiled program. A leaf: it imports no sibling.
+"""Joining a driver's row bands into its outputs in one compiled program (a leaf: it imports no sibling).
 
-The drivers of :mod:`.maps`, :mod:`.subsets` and :mod:`.affine` run their kernel band by band (a bounded program and
-working set, progress between bands) and then keep each band's rows once, join them, restore the batch
-axes and, for :func:`~napari_gridmip.track_speckles`, flip the displacement's sign. Done eagerly, each of
-those steps was its own tiny program, compiled on a first call for 10 to 100 ms apiece (0.3 s of the
-first call of ``track_speckles``, ``benchmarks/bench_first_run.py``): here they are one.
+The drivers of :mod:`.maps`, :mod:`.subsets` and :mod:`.affine` run their kernel band by band, then keep each
+band's rows, join them, restore the batch axes and (``track_speckles``) flip the displacement's sign: done
+eagerly, each step was its own tiny program, compiled on a first call for 10 to 100 ms apiece.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Correlation maps and displacement fields of dask stacks: lazily, row band by row band.
 
-Both stacks are read in row bands with the window's half-size as a halo
-(``dask.array.overlap``), all K frames and all columns in one chunk; each
-task runs the in-memory kernel on NumPy blocks and returns NumPy. The public
-function checks its arguments once and hands that kernel in (a function, its
-options bound), so that this module imports nothing from maps, subsets, fields
-or timeseries: only leaf modules (the dtype check, the prefilter). Displacements
-equal the in-memory ones bit for bit; correlation values agree within 2 ulp
-(XLA's vectorised loops round a few values differently with the block's shape;
-tests/core/test_chunked.py states the tolerance).
+Both stacks are read in row bands with the window's half-size as a halo (``dask.array.overlap``), all K frames and
+all columns in one chunk; each task runs the in-memory kernel that the public function hands in on NumPy blocks.
+Displacements equal the in-memory ones bit for bit; correlation values agree within 2 ulp (XLA's vectorised loops
+round a few values differently with the block's shape; tests/core/test_chunked.py states the tolerance).
 """
 
 from __future__ import annotations

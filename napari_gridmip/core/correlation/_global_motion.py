@@ -1,27 +1,5 @@
-"""A whole-image estimate of the rigid motion (rotation, scale, translation) between two frames, on the host.
-
-A DIC series starts every point's search from a guess. Inside a sequence the previous frame's field is the
-guess, but between two frames the specimen may turn by tens of degrees or move by half the image: more than
-any subset's search reaches. This estimate carries the previous frame's field over that motion.
-
-Rotation and scale come from the Fourier-Mellin transform: the magnitude of an image's Fourier transform does
-not move with a translation, and turns and scales with the image; resampled on log-polar axes, a rotation and a
-scale become a shift, found by phase correlation (Reddy and Chatterji 1996). The magnitude is the same for an
-angle and that angle plus 180 degrees, so both are tried. The translation is then the peak of the masked
-normalised cross-correlation over every shift (Padfield 2012), computed with FFTs on zero-padded frames: the
-correlation of the overlapping pixels only, normalised by their own statistics, so that a shift of half the
-image (half the pixels overlapping) is found as surely as a small one, and the frame warped by the rotation
-brings its own mask of valid pixels. Both run on frames reduced by block means to at most ``MAX_SIZE`` px a
-side: the guess needs to be good to a few pixels, which the subsets' Gauss-Newton then refines.
-
-This is a host-side step (NumPy and SciPy), once per frame pair, small beside the subsets' work.
-
-References
-----------
-B. S. Reddy, B. N. Chatterji, "An FFT-based technique for translation, rotation, and scale-invariant image
-registration", IEEE Trans. Image Process. 5(8), 1266-1271 (1996).
-D. Padfield, "Masked object registration in the Fourier domain", IEEE Trans. Image Process. 21(5), 2706-2718
-(2012).
+"""A whole-image estimate of the rigid motion (rotation, scale, translation) between two frames, on the host
+(NumPy and SciPy, once per frame pair): a DIC series' guess where the motion outruns the subsets' search.
 """
 
 from __future__ import annotations
@@ -177,6 +155,26 @@ def estimate_motion(first: np.ndarray, second: np.ndarray, *, rotation: bool = T
     Motion
         ``matrix`` ``(2, 3)`` float64: a position ``(y, x)`` of ``first`` is at ``matrix @ (y, x, 1)`` in
         ``second``; ``score``: the masked NCC of the reduced frames under it.
+
+    Notes
+    -----
+    A DIC series starts every point's search from a guess; between two frames the specimen may turn by tens of
+    degrees or move by half the image, more than any subset's search reaches, and this estimate carries the previous
+    frame's field over that motion. Rotation and scale come from the Fourier-Mellin transform: the magnitude of an
+    image's Fourier transform does not move with a translation, and turns and scales with the image; resampled on
+    log-polar axes, a rotation and a scale become a shift, found by phase correlation (Reddy and Chatterji 1996). The
+    magnitude is the same for an angle and that angle plus 180 degrees, so both are tried. The translation is then
+    the peak of the masked normalised cross-correlation over every shift (Padfield 2012), computed with FFTs on
+    zero-padded frames: the correlation of the overlapping pixels only, normalised by their own statistics, so that a
+    shift of half the image is found as surely as a small one. Both run on frames reduced by block means to at most
+    ``MAX_SIZE`` px a side: the guess needs to be good to a few pixels, which the subsets' Gauss-Newton refines.
+
+    References
+    ----------
+    B. S. Reddy, B. N. Chatterji, "An FFT-based technique for translation, rotation, and scale-invariant image
+    registration", IEEE Trans. Image Process. 5(8), 1266-1271 (1996).
+    D. Padfield, "Masked object registration in the Fourier domain", IEEE Trans. Image Process. 21(5), 2706-2718
+    (2012).
     """
     first = np.asarray(first)
     factor = max(1, int(np.ceil(max(first.shape) / MAX_SIZE)))

@@ -1,9 +1,7 @@
-"""The derivatives of a normalised correlation ``r = N / sqrt(S)`` from those of ``N`` and ``S``. A leaf.
+"""The derivatives of a normalised correlation ``r = N / sqrt(S)`` from those of ``N`` and ``S`` (a leaf).
 
-Both sub-pixel Newton steps maximise such a ratio over the position ``(y, x)`` of an interpolated vector:
-:mod:`.refine` (``N`` the interpolated vector's dot product with img2's standardised one, ``S`` its centred
-square norm, from the gathered 4 x 4 blocks) and :mod:`._subset_newton` (the same sums over a subset, from its
-5 x 5 tap block's cross sums and Gram matrix). How each gets ``N``, ``S`` and their derivatives differs; the
+Both sub-pixel Newton steps maximise such a ratio over an interpolated position, :mod:`.refine` from gathered
+4 x 4 blocks and :mod:`._subset_newton` from a subset's tap sums: how each gets ``N`` and ``S`` differs, the
 quotient rule that turns them into ``r``'s gradient and Hessian is this one function.
 """
 

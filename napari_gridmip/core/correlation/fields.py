@@ -1,19 +1,8 @@
-"""From a displacement field to what it measures: a surface (phase) and strains.
+"""From a displacement field to what it measures: a surface (:func:`integrate_gradient`), X-ray speckle tracking's
+phase (:func:`phase_from_displacement`) and DIC's strains (:func:`strain_field`).
 
-- :func:`integrate_gradient`: the surface whose gradient is ``(gy, gx)``, by a
-  least-squares Poisson solve with Neumann boundaries (DCT) or by the
-  Frankot-Chellappa Fourier projection (periodic); NaN gradients are left out
-  and the holes filled.
-- :func:`phase_from_displacement`: X-ray speckle tracking's phase, in radians,
-  from the speckle displacement in pixels.
-- :func:`strain_field`: DIC's strains from local least-squares plane fits of
-  the displacement (a virtual strain gauge), NaN-aware, valid up to the borders.
-
-Axes and signs: ``y`` runs along axis -2 (rows), ``x`` along axis -1
-(columns), both increasing with the index; any leading axes are a batch. The
-displacement ``(dy, dx)`` is :func:`~napari_gridmip.find_displacement`'s:
-``img1[y + dy, x + dx]`` matches ``img2[y, x]``, so it maps the reference
-(img2) to the deformed image (img1), at the reference's pixels.
+``y`` runs along axis -2, ``x`` along axis -1, both increasing with the index; leading axes are a batch. The
+displacement is :func:`~napari_gridmip.find_displacement`'s: ``img1[y + dy, x + dx]`` matches ``img2[y, x]``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """Windowed Pearson correlation maps between two K-frame stacks, and the displacement read off their peaks.
 
-For stacks ``img1`` and ``img2`` of shape ``(..., K, M, N)`` and an odd window
-``(wm, wn) = (2m + 1, 2n + 1)``::
-
-    out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])
-
-of shape ``(..., M - 2m, N - 2n, wm, wn)``: the correlation, over the K frames,
-between img2's pixel ``(i + m, j + n)`` and img1's pixels around it. A pixel
-whose K values are all equal has zero variance and correlates as 0.
-
-Displacement convention: ``img1[y + dy, x + dx]`` matches ``img2[y, x]``, with
-``y = i + m`` and ``x = j + n``. If ``img1 = scipy.ndimage.shift(img2, (1.3, -0.7))``
-then ``dy`` is about 1.3 and ``dx`` about -0.7.
-
-Memory: both stacks are standardised once (two float arrays the size of the
-inputs; find_displacement adds a K-last copy of img1 for its gathers). Beyond
-that and the output, the peak search works in row tiles of ``TILE_ROWS`` rows
-and the offsets-first map in tiles of ``PLANES_TILE_ROWS`` rows (temporaries of
-a few times ``rows * N * K`` values, and one tile of map); the pixels-first map
-is one fused program that writes its output and nothing else. No
-``K x window x image`` array is ever built. Measured (K=10, 900x900, 15x15, float32, benchmarks/bench_correlation.py):
-peak extra memory about 1x the two inputs for find_displacement, and the
-output plus about 1x the inputs for windowed_pearson.
+``out[..., i, j, a, b] = pearson(img1[..., :, i + a, j + b], img2[..., :, i + m, j + n])`` over the K frames, and
+``img1[y + dy, x + dx]`` matches ``img2[y, x]``: if ``img1 = scipy.ndimage.shift(img2, (1.3, -0.7))``, ``dy`` is
+about 1.3 and ``dx`` about -0.7. No ``K x window x image`` array is ever built.
 """
 
 from __future__ import annotations
@@ -51,6 +32,13 @@ from napari_gridmip.core.runtime.sharding import band_devices, band_starts, run_
 from napari_gridmip.core.runtime.transfer import aligned_empty, owned_to_device, to_device
 
 __all__ = ["find_displacement", "windowed_pearson"]
+
+# Memory: both stacks are standardised once (two float arrays the size of the inputs; find_displacement adds a
+# K-last copy of img1 for its gathers). Beyond that and the output, the peak search works in tiles of TILE_ROWS rows
+# and the offsets-first map in tiles of PLANES_TILE_ROWS rows (temporaries of a few times rows * N * K values);
+# the pixels-first map is one fused program that writes its output and nothing else. Measured (K=10, 900x900,
+# 15x15, float32, benchmarks/bench_correlation.py): about 1x the two inputs beyond them for find_displacement, the
+# output plus about 1x the inputs for windowed_pearson.
 
 # Rows per tile of the peak search: big enough to amortise, small enough to stay in cache.
 # find_displacement at K=10, 900x900, 15x15: 16 rows 0.25 s, 32 rows 0.21 s.
@@ -130,7 +118,7 @@ def _sum_over_frames(k: int, term: Callable[[Any], jax.Array]) -> jax.Array:
 
     Unrolled multiply-adds with static slices are what XLA's CPU backend fuses
     into fast vectorised loops (30x faster than a reduce), but the program, and
-    its compile time, grows with K: 60 s at K=1000 (issue 10). Beyond
+    its compile time, grows with K: 60 s at K=1000. Beyond
     ``UNROLL_FRAMES`` the frames go in blocks of that many through a
     ``fori_loop`` (one compiled block whatever K), plus the unrolled remainder.
     ``term`` takes a frame index (an int, or a traced int32 inside the loop).
@@ -207,7 +195,7 @@ def _over_row_offsets(
     one step ahead: a value carried by a loop is a buffer of its own, which
     XLA's CPU backend cannot fuse into the next operation. Sliced inside the
     sums, the rows' dynamic slice was fused into every plane's sum and cost its
-    vectorisation (6x slower sums; ``benchmarks/bench_correlation.py``, issue 10).
+    vectorisation (6x slower sums; ``benchmarks/bench_correlation.py``).
     """
 
     def one_row_offset(a, carry):
@@ -414,7 +402,7 @@ def _planes_band(out, z1, z2, row0, *, window, tile, band):
     from one fused pass over them (:func:`_plane_block`), and the in-place
     write copies them into ``out``; the three are kept apart
     (:func:`_apart`): fused into the in-place write, the sums ran on one core,
-    unvectorised (8x slower, issue 10), and the dynamic slices fused into the
+    unvectorised (8x slower), and the dynamic slices fused into the
     sums cost their vectorisation (6x). The last tile of a band ends flush
     with it (recomputing a few rows rather than compiling a second shape).
     """
@@ -460,7 +448,7 @@ def _displacement_band(z1, z1k, z2, row0, *, window, tile, band, method):
     return _tiles_of_band(z1, z2, row0, window=window, tile=tile, band=band, update=update, outputs=(empty,) * 3)
 
 
-# -- offset sweeps (accelerators; core._backend.offset_sweeps) -------------------------
+# -- offset sweeps (accelerators; core.runtime.strategy.offset_sweeps) -------------------------
 
 # Bytes of img1's rows (all batch items and frames) a band of the sweeps reads per offset: a band is as tall as
 # fits, so that an accelerator's steps are whole-image operations, and bounded, so that the temporaries of a
@@ -471,7 +459,7 @@ SWEEP_BAND_BYTES = 64 * 2**20
 def _sweep_plan(shape: tuple[int, ...], window: tuple[int, int], itemsize: int, *, devices: int = 1
                 ) -> tuple[int, list[int]]:  # fmt: skip
     """(band rows, band starts) of the sweeps over stacks of ``shape = (B, K, M, N)``, at least one band per
-    device of ``devices`` (:func:`.core._sharding.spread_rows`); the last band ends flush."""
+    device of ``devices`` (:func:`napari_gridmip.core.runtime.sharding.spread_rows`); the last band ends flush."""
     batch, k, rows, cols = shape
     out_rows = rows - 2 * (window[0] // 2)
     band = max(8, SWEEP_BAND_BYTES // max(1, batch * k * cols * itemsize))
@@ -878,7 +866,7 @@ def _displacement(img1, img2, *, window, subpixel, sigma, dtype, progress=None) 
         sweeps = strategy.offset_sweeps()
         batch, z1, z2, *z1k = _prepare(img1, img2, dtype, k_last=not sweeps)
         out_rows = shape[-2] - 2 * (window[0] // 2)
-        devices = band_devices()  # every local device of the call's platform (core._sharding)
+        devices = band_devices()  # every local device of the call's platform (core.runtime.sharding)
         if sweeps:
             band, starts = _sweep_plan(z1.shape, window, z1.dtype.itemsize, devices=len(devices))
         else:

@@ -1,19 +1,5 @@
-"""The Gaussian prefilter that removes the noise-induced bias of sub-pixel refinement.
-
-When only img1 is interpolated between pixels, its noise is averaged differently at every fractional
-position (least at whole pixels, most near half pixels), and the correlation prefers the positions where
-the noise was averaged most: the refined displacement is pulled towards half-pixel positions, by an amount
-that grows with the noise. On 8-bit speckle pairs with 3% noise the B-spline refinement overestimates a
-0.1 px field by 50% and a rigid shift by up to 0.06 px; a Gaussian of 0.8 px applied to both images first
-removes the high frequencies whose averaging varies, and leaves 0.002 px (``benchmarks/bench_dic.py``,
-bias section). A rigid shift commutes with the filter, so the displacement it measures is unchanged.
-
-References
-----------
-B. Pan, "Bias error reduction of digital image correlation using Gaussian pre-filtering", Opt. Lasers Eng.
-51(10), 1161-1167 (2013).
-H. W. Schreier, J. R. Braasch, M. A. Sutton, "Systematic errors in digital image correlation caused by
-intensity interpolation", Opt. Eng. 39(11), 2915-2921 (2000).
+"""The Gaussian prefilter that removes the noise-induced bias of sub-pixel refinement (:func:`smooth_frames` says
+why), and the checks of its option.
 """
 
 from __future__ import annotations
@@ -87,7 +73,22 @@ def _axis(x: jax.Array, weights: np.ndarray, axis: int) -> jax.Array:
 def smooth_frames(x: jax.Array, *, sigma: float) -> jax.Array:
     """Every frame of ``x`` (its last two axes) smoothed by a Gaussian of ``sigma`` px, borders mirrored as
     ``scipy.ndimage.gaussian_filter(frame, sigma)`` (``mode="reflect"``) does; ``x``'s shape and float dtype.
-    A non-finite value spreads over the filter's reach (and so poisons exactly the vectors that see it)."""
+    A non-finite value spreads over the filter's reach (and so poisons exactly the vectors that see it).
+
+    When only img1 is interpolated between pixels, its noise is averaged differently at every fractional position
+    (least at whole pixels, most near half pixels), and the correlation prefers the positions where it was averaged
+    most: the refined displacement is pulled towards half pixels, more with more noise. On 8-bit speckle pairs with 3%
+    noise the B-spline refinement overestimates a 0.1 px field by 50% and a rigid shift by up to 0.06 px; a Gaussian
+    of 0.8 px applied to both images first leaves 0.002 px (``benchmarks/bench_dic.py``, bias section). A rigid
+    shift commutes with the filter, so the displacement it measures is unchanged.
+
+    References
+    ----------
+    B. Pan, "Bias error reduction of digital image correlation using Gaussian pre-filtering", Opt. Lasers Eng.
+    51(10), 1161-1167 (2013).
+    H. W. Schreier, J. R. Braasch, M. A. Sutton, "Systematic errors in digital image correlation caused by
+    intensity interpolation", Opt. Eng. 39(11), 2915-2921 (2000).
+    """
     if sigma <= 0:
         return x
     weights = taps(sigma)

@@ -1,24 +1,6 @@
-"""Sub-pixel refinement: Newton's method on the correlation of an interpolated img1.
-
-The 3x3 fits of the integer map (Hessian step, paraboloid) are biased towards
-whole pixels ("pixel locking"): the correlation peak is not a quadratic. Here
-img1 is interpolated between pixels (Keys cubic convolution), and the Pearson
-correlation ``r(y, x)`` between the interpolated K-vector and img2's is
-maximised by Newton's method from the Hessian estimate, with the gradient and
-Hessian of ``r`` in closed form: one gather of each pixel's 4x4 block of
-K-vectors per iteration gives the interpolated vector and its first and second
-derivatives, and ``r = (v . z) / |v - mean(v)|`` (``z`` standardised) is
-differentiated by hand.
-
-An earlier version climbed ever finer 3x3 stencils of interpolated values
-(36 stencil points, 16 gathered taps each): 44x the time of the Hessian step
-at K=10, 900x900 (docs/benchmarks.md, section 3). This one gathers 16 taps a
-pixel per iteration, for ``ITERATIONS`` iterations.
-
-References
-----------
-R. Keys, "Cubic convolution interpolation for digital image processing", IEEE
-Trans. Acoust., Speech, Signal Process. 29(6), 1153-1160 (1981).
+"""Sub-pixel refinement of the dense maps: Newton's method on the correlation of img1 interpolated by Keys' cubic
+convolution (R. Keys, IEEE Trans. Acoust., Speech, Signal Process. 29(6), 1153-1160, 1981), which removes the
+3x3 fits' pull towards whole pixels.
 """
 
 from __future__ import annotations
@@ -48,7 +30,7 @@ MAX_STEP = 0.5  # px per iteration: a step past this leaves the region the estim
 # cache. K=10, 900x900, float32: 16 rows (9 MB) refine in 0.42 s, 32 rows (18 MB) in 0.83 s.
 BAND_BYTES = 9 * 2**20
 MAX_BAND_ROWS = 64  # for narrow images: keeps Cancel and progress within a fraction of a second
-# On accelerators (core._backend.cache_sized_bands): bands of this many bytes of gathered blocks, and at most
+# On accelerators (core.runtime.strategy.cache_sized_bands): bands of this many bytes of gathered blocks, and at most
 # MAX_BANDS of them a call, for progress and Cancel
 DEVICE_BAND_BYTES = 256 * 2**20
 MAX_BANDS = 8
@@ -121,9 +103,9 @@ def _block_table(
     ``16 K`` values (padded to a multiple of 128 lanes), gathered as an embedding lookup.
 
     A TPU gathers rows of a table fast and small slices slowly: on a TPU v5e (1024^2, K=10, bands of 256 rows) a
-    band's Newton steps took 1.77 s with the slices and 0.013 s with the table (probe
-    ``tools/accelerator_refine_probe.py``, 2026-12-05, since removed; git 337b48f). The band's pixels start at most
-    ``m + 1`` rows from their own (the integer peak within the window, the Hessian step within 1 px) and move at
+    band's Newton steps took 1.77 s with the slices and 0.013 s with the table. The band's
+    pixels start at most ``m + 1`` rows from their own (the integer peak within the window, the Hessian step within 1
+    px) and move at
     most ``ITERATIONS * MAX_STEP`` = 1 row, so their blocks' top rows lie in ``[row0 - 1, row0 + block + 2m + 2]``
     (padded rows): the table holds those, ``16`` times the band's slab of img1 (at most 544 MB for a 256-row band of
     a 2048-wide K=10 image).
@@ -225,6 +207,14 @@ def refine_displacement(
 
     Runs band by band (one compiled program for all bands); ``on_band(done)`` is
     called before each band and may raise to stop the refinement between bands.
+
+    The 3x3 fits of the integer map (Hessian step, paraboloid) are biased towards whole pixels ("pixel locking"):
+    the correlation peak is not a quadratic. Here img1 is interpolated between pixels (Keys cubic convolution), and
+    the Pearson correlation ``r(y, x)`` between the interpolated K-vector and img2's is maximised by Newton's method
+    from the Hessian estimate, with the gradient and Hessian of ``r`` in closed form: one gather of each pixel's 4x4
+    block of K-vectors per iteration gives the interpolated vector and its first and second derivatives, and
+    ``r = (v . z) / |v - mean(v)|`` (``z`` standardised) is differentiated by hand: 16 taps a pixel per iteration,
+    for ``ITERATIONS`` iterations (ever finer 3x3 stencils of interpolated values took 44x the Hessian step's time).
     """
     img1k = _padded_k_last(img1, dtype=np.dtype(dtype).name)
     block, starts = refine_plan(dy.shape[1:], img1.shape[-3], dtype)

@@ -1,56 +1,9 @@
 """Subset correlation (digital image correlation, speckle tracking): each pixel's vector is its K frames over a
 ``sh x sw`` subset, compared by zero-normalised cross-correlation (ZNCC), with box sums instead of subset loops.
 
-For stacks ``img1``, ``img2`` of shape ``(..., K, M, N)``, an odd window ``(wm, wn) = (2m + 1, 2n + 1)``, an
-odd subset ``(sh, sw) = (2hs + 1, 2hw + 1)`` and a step ``s``, output pixel ``(i, j)`` is img2's pixel
-``(y, x) = (i s + m + hs, j s + n + hw)``; its vector is ``img2[..., :, y - hs : y + hs + 1, x - hw : x + hw + 1]``
-(``K sh sw`` values), correlated with img1's vector around ``(y + a - m, x + b - n)`` for every offset
-``(a, b)`` of the window. ``img1[y + dy, x + dx]`` matches ``img2[y, x]``, as for the dense correlation.
-The output has ``ceil(Mo / s)`` rows, ``Mo = M - 2m - 2hs`` (and the same for the columns): the same margin on
-both sides, grown by the subset's half-size; with a step it is the dense output subsampled, ``[::s, ::s]``.
-
-How (fast normalised cross-correlation): per offset, the K-summed product of the two images is box-summed
-over the subset. The box sums run down the image as running sums carried by a loop over output rows (each
-row adds the ``s`` rows entering the subsets and removes the ``s`` leaving them: O(1) per value and offset,
-whatever the subset), and along a row as a direct sum of ``sw`` shifted slices. The means and norms come from
-box sums of each image and its square. No ``K x subset x window`` array is built: the loop holds one output
-row's sums for every offset (``wm wn`` rows of ``N`` values). Each image has its global mean (over its
-finite values, computed in float64) subtracted in its own precision first, so that the raw sums do not
-cancel catastrophically; a subset whose variance falls below ``ZERO_VARIANCE`` of its mean square (about
-the global mean) counts as constant and correlates as 0. A non-finite value is set to 0 for the sums and
-poisons, through a box count of non-finite values, exactly the correlations whose vectors hold it.
-
-Sub-pixel refinement without subset loops: img1's cubic B-spline interpolation at a fractional offset is a
-weighted sum of the 16 integer-offset vectors of its spline coefficients around it, so its correlation with
-img2's vector needs only the coefficients' cross sums with img2 (the sweep runs on the coefficients, and
-img1's own integer map is recovered from them exactly: img1 is their (1, 4, 1) / 6 sum along each axis),
-their box sums, and the Gram matrix of their vectors over a 5 x 5 block of offsets: box sums of the
-coefficients times themselves shifted by up to 4 pixels (45 planes, computed once per band by the same
-running sums). Newton's method then maximises the interpolated correlation in closed form, and the same
-sums give UMPA's transmission and dark-field fit and the displacement's uncertainty. (Keys' cubic
-convolution, which the dense refinement uses, works the same way on img1 itself, but leaves a systematic
-error of up to 0.02 px on DIC speckle against 0.002 px for the spline: ``benchmarks/bench_dic.py``.)
-
-Where the pieces are: this module holds the plan, the sweep, each band's program and the drivers
-(:func:`run`, and :func:`~napari_gridmip.windowed_pearson` and :func:`~napari_gridmip.find_displacement`
-with a subset or a step); :mod:`._subset_newton` the sub-pixel step (the interpolated correlation from a
-pixel's tap sums, the Newton step, the uncertainty), with :mod:`._normalised` the quotient rule of
-``r = N / sqrt(S)`` it shares with :mod:`.refine`; :mod:`napari_gridmip.core.interpolation` the Keys and
-B-spline weights; :mod:`._bands` the join of the bands (here, and for :mod:`.affine`'s IC-GN); :mod:`._checks`
-the checks of the pair and of the subset and step options; and :mod:`.tracking` the public
-:func:`~napari_gridmip.track_speckles` and its result type.
-
-References
-----------
-J. P. Lewis, "Fast normalized cross-correlation", Vision Interface (1995).
-B. Pan, H. Xie, Z. Wang, "Equivalence of digital image correlation criteria for pattern matching",
-Appl. Opt. 49(28), 5501-5509 (2010).
-M.-C. Zdora et al., "X-ray phase-contrast imaging and metrology through unified modulated pattern analysis",
-Phys. Rev. Lett. 118, 203903 (2017).
-H. W. Schreier, J. R. Braasch, M. A. Sutton, "Systematic errors in digital image correlation caused by
-intensity interpolation", Opt. Eng. 39(11), 2915-2921 (2000).
-M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
-(1999).
+This module holds the plan, the sweep, each band's program and the drivers (:func:`run`, whose notes give the
+method, and the dense functions with a subset or a step); :mod:`._subset_newton` the sub-pixel step, :mod:`._bands`
+the join of the bands, :mod:`._checks` the option checks, :mod:`.tracking` the public ``track_speckles``.
 """
 
 from __future__ import annotations
@@ -126,8 +79,9 @@ class Plan(NamedTuple):
     has_bad: bool  # some value is not finite
     interpolation: str = "bspline"  # of img1 between pixels, where ``gram``: "bspline" or "keys"
     noise_gain: float = 1.0  # the variance a prefilter leaves of white noise (1: no prefilter)
-    row_sums: str = "running"  # how the sums go down the image (core._backend.subset_row_sums)
-    gathers: bool = True  # each pixel's 5 x 5 blocks read by gathers, else by selects (core._backend.per_pixel_gathers)
+    row_sums: str = "running"  # how the sums go down the image (core.runtime.strategy.subset_row_sums)
+    # each pixel's 5 x 5 blocks read by gathers, else by selects (core.runtime.strategy.per_pixel_gathers)
+    gathers: bool = True
 
     @property
     def spline(self) -> bool:
@@ -264,7 +218,7 @@ def _sums_at_once(xa, xb, *, rows, offsets, origin, plan: Plan, step=None, cols=
     """:func:`_sweep`'s sums for every output row at once: ``(wa, wb, rows, Ns)``, ``[a, b, t]`` being ``H[b][a]``
     at output row ``t``.
 
-    The accelerators' way for tall subsets (``core._backend.subset_row_sums``): one offset at a time in a loop
+    The accelerators' way for tall subsets (``core.runtime.strategy.subset_row_sums``): one offset at a time in a loop
     of ``wa wb`` iterations, each over the whole band (its products summed down the image by a strided
     ``reduce_window``, along it by :func:`_row_box`). The row-at-a-time sweep is a loop of ``rows sh`` small
     iterations, where an accelerator waits on each: DIC 2048^2 (subset 31, step 4, refine) took 1.93 s on a TPU
@@ -407,7 +361,8 @@ def _by_phase(x: jax.Array, step: int, width: int, count: int) -> jax.Array:
 
     Made once a band, so that each pixel's column ``c + j step`` is then a contiguous slice (:func:`_at_phase`)
     rather than a strided one: a TPU's strided slice along its lanes (the last axis) ran at 5 GB/s, 0.75 of DIC
-    2048^2's 0.98 s at step 4 (benchmarks/accelerator_profile.py). The phase and the rows lead, above the two axes a
+    2048^2's 0.98 s at step 4 (benchmarks/probes/accelerator_profile.py). The phase and the rows lead, above the two
+    axes a
     TPU tiles (its sublanes and lanes), so that the batches' windows (:func:`_windows`) and a phase are cut along
     untiled axes. Measured against the phase among the tiled axes, ``(k, R, s, Q)``: the same, 0.269 against
     0.268 s for DIC 2048^2, the fusion that picks the columns still 0.095 s of it (docs/accelerator.md)."""
@@ -428,7 +383,8 @@ def _windows(x: jax.Array, start: jax.Array, count: int, step: int, height: int,
     One dynamic slice, then static ones: the slice is padded to ``(count + u) step`` positions (``u`` the height in
     steps, rounded up) and split into ``(count + u, step)``, where window ``i``'s position ``r`` is ``[i + r // step,
     r % step]``. Under ``vmap``, a dynamic slice per window would be a gather, which a TPU runs slowly: the rows'
-    bands of Gram planes gathered so were 0.25 of DIC 2048^2's 0.33 s there (benchmarks/accelerator_profile.py)."""
+    bands of Gram planes gathered so were 0.25 of DIC 2048^2's 0.33 s there
+    (benchmarks/probes/accelerator_profile.py)."""
     length = (count - 1) * step + height
     block = lax.dynamic_slice_in_dim(x, start, length, axis)
     if count == 1:
@@ -601,7 +557,7 @@ def _band_rows(plan: Plan, stats: _Stats, planes: jax.Array | None, centres: jax
     if not plan.gathers and plan.method != "map":  # made once a band: the planes the blocks come from
         # the image's columns last, everywhere below: a TPU lays an array's last axis along its 128 lanes, and a
         # last axis of 3 (the planes side by side) or 9 (the Gram planes' column offsets) left most of them
-        # empty: DIC 2048^2 took 0.98 s so, 0.86 s with the gathers (benchmarks/accelerator_profile.py)
+        # empty: DIC 2048^2 took 0.98 s so, 0.86 s with the gathers (benchmarks/probes/accelerator_profile.py)
         # edge-padded by the reach: a position off the plane reads its edge, as the gathers' clipped index does
         stacked = jnp.stack([stats.box1, stats.inv1] + ([stats.box_taps] if plan.gram else []))
         near = jnp.pad(stacked, ((0, 0), (reach, reach), (reach, reach)), mode="edge")  # (k, R + 2r, C + 2r)
@@ -1049,7 +1005,7 @@ def _has_nonfinite(img: Any) -> bool:
 def _band_plan(plan: Plan, dtype: np.dtype, *, devices: int = 1) -> tuple[int, list[int]]:
     """(rows per band, band starts): at most ``MAX_BANDS`` bands, fewer rows where the Gram planes or the map
     would be large, or where ``devices`` devices would otherwise have fewer bands than devices
-    (:func:`.core._sharding.spread_rows`); the last band ends flush with the output."""
+    (:func:`napari_gridmip.core.runtime.sharding.spread_rows`); the last band ends flush with the output."""
     out_rows, out_cols = plan.out
     rows = -(-out_rows // MAX_BANDS)
     itemsize = np.dtype(dtype).itemsize
@@ -1075,7 +1031,52 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     ``subset_shape="affine"``: then IC-GN from the translation's result (:mod:`.affine`), giving ``(dy, dx, zncc, dy_y,
     dy_x, dx_y, dx_x)``; ``negate``: the outputs (by position) to return negated; ``progress(done, total)``: called
     before each band (the search's, then with ``"affine"`` the IC-GN's, ``total`` counting both) and once at the
-    end, and may raise to stop the call between bands."""
+    end, and may raise to stop the call between bands.
+
+    Notes
+    -----
+    For stacks ``img1``, ``img2`` of shape ``(..., K, M, N)``, an odd window ``(wm, wn) = (2m + 1, 2n + 1)``, an
+    odd subset ``(sh, sw) = (2hs + 1, 2hw + 1)`` and a step ``s``, output pixel ``(i, j)`` is img2's pixel
+    ``(y, x) = (i s + m + hs, j s + n + hw)``; its vector is ``img2[..., :, y - hs : y + hs + 1, x - hw : x + hw + 1]``
+    (``K sh sw`` values), correlated with img1's vector around ``(y + a - m, x + b - n)`` for every offset
+    ``(a, b)`` of the window. ``img1[y + dy, x + dx]`` matches ``img2[y, x]``, as for the dense correlation.
+    The output has ``ceil(Mo / s)`` rows, ``Mo = M - 2m - 2hs`` (and the same for the columns): the same margin on
+    both sides, grown by the subset's half-size; with a step it is the dense output subsampled, ``[::s, ::s]``.
+
+    How (fast normalised cross-correlation): per offset, the K-summed product of the two images is box-summed
+    over the subset. The box sums run down the image as running sums carried by a loop over output rows (each
+    row adds the ``s`` rows entering the subsets and removes the ``s`` leaving them: O(1) per value and offset,
+    whatever the subset), and along a row as a direct sum of ``sw`` shifted slices. The means and norms come from
+    box sums of each image and its square. No ``K x subset x window`` array is built: the loop holds one output
+    row's sums for every offset (``wm wn`` rows of ``N`` values). Each image has its global mean (over its
+    finite values, computed in float64) subtracted in its own precision first, so that the raw sums do not
+    cancel catastrophically; a subset whose variance falls below ``ZERO_VARIANCE`` of its mean square (about
+    the global mean) counts as constant and correlates as 0. A non-finite value is set to 0 for the sums and
+    poisons, through a box count of non-finite values, exactly the correlations whose vectors hold it.
+
+    Sub-pixel refinement without subset loops: img1's cubic B-spline interpolation at a fractional offset is a
+    weighted sum of the 16 integer-offset vectors of its spline coefficients around it, so its correlation with
+    img2's vector needs only the coefficients' cross sums with img2 (the sweep runs on the coefficients, and
+    img1's own integer map is recovered from them exactly: img1 is their (1, 4, 1) / 6 sum along each axis),
+    their box sums, and the Gram matrix of their vectors over a 5 x 5 block of offsets: box sums of the
+    coefficients times themselves shifted by up to 4 pixels (45 planes, computed once per band by the same
+    running sums). Newton's method then maximises the interpolated correlation in closed form, and the same
+    sums give UMPA's transmission and dark-field fit and the displacement's uncertainty. (Keys' cubic
+    convolution, which the dense refinement uses, works the same way on img1 itself, but leaves a systematic
+    error of up to 0.02 px on DIC speckle against 0.002 px for the spline: ``benchmarks/bench_dic.py``.)
+
+    References
+    ----------
+    J. P. Lewis, "Fast normalized cross-correlation", Vision Interface (1995).
+    B. Pan, H. Xie, Z. Wang, "Equivalence of digital image correlation criteria for pattern matching",
+    Appl. Opt. 49(28), 5501-5509 (2010).
+    M.-C. Zdora et al., "X-ray phase-contrast imaging and metrology through unified modulated pattern analysis",
+    Phys. Rev. Lett. 118, 203903 (2017).
+    H. W. Schreier, J. R. Braasch, M. A. Sutton, "Systematic errors in digital image correlation caused by
+    intensity interpolation", Opt. Eng. 39(11), 2915-2921 (2000).
+    M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38
+    (1999).
+    """
     shape = validate.shape_of(img1)
     batch = shape[:-3]
     k, rows, cols = shape[-3:]
@@ -1089,7 +1090,8 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
     # a 5 x 5 tap block around every non-edge peak: one more offset each side (two along a 1-wide window)
     ring = tuple((2 if w == 1 else 1) if gram else 0 for w in window)
     with precision_scope(dtype):
-        # inside the scope: a float64 call on a TPU runs on the host, with the CPU's strategy (core._backend.on_cpu)
+        # inside the scope: a float64 call on a TPU runs on the host, with the CPU's strategy
+        # (core.runtime.strategy.on_cpu)
         plan = Plan(
             k, (rows, cols), window, subset, step, ring, gram, method, track, has_bad, interpolation,
             noise_gain(prefilter), _backend.subset_row_sums(subset[0]), _backend.per_pixel_gathers(),
@@ -1099,7 +1101,7 @@ def run(img1, img2, window, subset, step, *, method, track, dtype, progress=None
         else:
             centres = np.asarray(centres, np.float64).reshape(-1, 2).T
         x1, x2 = _centred(img1, centres[0], dtype), _centred(img2, centres[1], dtype)
-        devices = band_devices()  # every local device of the call's platform (core._sharding)
+        devices = band_devices()  # every local device of the call's platform (core.runtime.sharding)
         band, starts = _band_plan(plan, dtype, devices=len(devices))
         if any(isinstance(c, jax.Array) for c in centres):
             device_centres = jnp.stack([jnp.asarray(c).astype(dtype) for c in centres], axis=1)

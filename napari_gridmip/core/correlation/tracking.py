@@ -1,18 +1,8 @@
 """Speckle tracking, the public API: :func:`track_speckles` and what it returns (:class:`SpeckleTracking`).
 
-The search and the fit run in the subset kernel (:mod:`.subsets`, its sub-pixel step in
-:mod:`._subset_newton`); this module checks the call once, hands the kernel (with its options bound) to the
-dask twin for dask stacks (:mod:`._chunked`), and turns the kernel's outputs into the result, the
-displacement flipped from the reference's position in the sample to the pattern's motion.
-
-References
-----------
-M.-C. Zdora et al., "X-ray phase-contrast imaging and metrology through unified modulated pattern analysis",
-Phys. Rev. Lett. 118, 203903 (2017).
-B. Pan, H. Xie, Z. Wang, "Equivalence of digital image correlation criteria for pattern matching",
-Appl. Opt. 49(28), 5501-5509 (2010).
-H. W. Schreier, J. R. Braasch, M. A. Sutton, "Systematic errors in digital image correlation caused by
-intensity interpolation", Opt. Eng. 39(11), 2915-2921 (2000).
+The search and the fit run in the subset kernel (:mod:`.subsets`); this module checks the call once, hands the
+kernel to the dask twin for dask stacks, and turns the kernel's outputs into the result, the displacement flipped
+from the reference's position in the sample to the pattern's motion.
 """
 
 from __future__ import annotations

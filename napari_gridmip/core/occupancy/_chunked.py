@@ -1,12 +1,6 @@
-"""The occupancy and max pyramids of a dask volume: lazily, block by block, with the in-memory kernel inside each block.
-
-In the manner of dask-image: dask arrays in, dask arrays out, and nothing is
-computed by the call itself. Each task receives NumPy blocks and returns NumPy
-blocks (never JAX objects), so the graphs run on any dask scheduler, a
-``dask.distributed`` cluster included. The mipmap reads ``2**b``-aligned
-blocks, so that each block's levels need that block alone; the few coarsest
-levels are reduced from level ``b``. The levels equal the in-memory ones bit
-for bit.
+"""The occupancy and max pyramids of a dask volume: lazily, block by block, with the in-memory kernel inside each
+block, in the manner of dask-image (dask arrays in and out, NumPy blocks in every task, so the graphs run on any
+scheduler, a ``dask.distributed`` cluster included). The levels equal the in-memory ones bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +15,8 @@ from napari_gridmip.core.occupancy._shapes import mipmap_shapes
 BLOCK_LEVELS = 7  # mipmap blocks of up to 2**7 = 128 voxels a side: 2 MiB of uint8, bounded memory per task
 
 
+# The blocks are 2**b-aligned, so that each block's levels need that block alone; the few coarsest levels are
+# reduced from level b.
 def pyramid(volume: Any, levels_of: Callable, coarse: Callable, dtype: np.dtype) -> list[Any]:
     """The pyramid of a dask ``(..., D, H, W)`` volume (validated by the caller), made block by block with the
     in-memory kernel ``levels_of`` (3D block -> its levels), and the coarsest levels reduced from level ``b``

@@ -1,14 +1,4 @@
 """napari's 3D camera as rays: one per canvas pixel, orthographic or perspective, in a layer's voxel coordinates.
-
-napari's model (``viewer.scene.camera``) holds the centre, the angles (as
-``view_direction`` and ``up_direction``), the zoom and the perspective (the
-field of view in degrees, 0 for orthographic); vispy's ``ArcballCamera`` turns
-them into a projection (``vispy/scene/cameras/perspective.py``): the smaller
-canvas side spans ``min(h, w) / zoom`` world units on the plane through the
-centre, and a perspective camera sits ``(h / zoom) / (2 tan(fov / 2))`` before
-that plane along the view direction, so that the plane through the centre looks
-the same in both projections. A canvas pixel's centre is at ``(column + 0.5,
-row + 0.5)`` canvas pixels, the canvas centre at the camera's centre.
 """
 
 from __future__ import annotations
@@ -105,6 +95,16 @@ def camera_rays(
         If a vector is not 3 finite numbers or is zero, ``up`` is parallel to ``view``, a size is not
         positive, ``zoom`` not positive, ``perspective`` outside ``[0, 180)``, a scale zero, or
         ``handedness`` neither ``"right"`` nor ``"left"``.
+
+    Notes
+    -----
+    napari's model (``viewer.scene.camera``) holds the centre, the angles (as ``view_direction`` and
+    ``up_direction``), the zoom and the perspective (the field of view in degrees, 0 for orthographic); vispy's
+    ``ArcballCamera`` turns them into a projection (``vispy/scene/cameras/perspective.py``): the smaller canvas side
+    spans ``min(h, w) / zoom`` world units on the plane through the centre, and a perspective camera sits
+    ``(h / zoom) / (2 tan(fov / 2))`` before that plane along the view direction, so that the plane through the
+    centre looks the same in both projections. A canvas pixel's centre is at ``(column + 0.5, row + 0.5)`` canvas
+    pixels, the canvas centre at the camera's centre.
 
     Examples
     --------

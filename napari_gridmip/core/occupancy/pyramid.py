@@ -1,14 +1,8 @@
 """Occupancy and max mipmaps of 3D volumes.
 
-Level 0 is ``volume > threshold``; level ``k + 1`` is ``any()`` over each
-2x2x2 block of level ``k``. Each axis of length ``n`` becomes ``ceil(n / 2)``,
-a block that reaches past the edge counts only its in-bounds voxels, and the
-pyramid ends at shape ``(1, 1, 1)``. Level counts use integer arithmetic, never
-a floating-point ``log2``.
-
-The max pyramid is the same reduction with a NaN-ignoring maximum instead of
-OR; thresholding it (:func:`threshold_mipmap`) gives the occupancy pyramid of
-any threshold without rebuilding.
+Level 0 is ``volume > threshold``; level ``k + 1`` is ``any()`` over each 2x2x2 block of level ``k``, each axis
+``n`` becoming ``ceil(n / 2)`` down to ``(1, 1, 1)``. The max pyramid is the same reduction with a NaN-ignoring
+maximum: thresholding it (:func:`threshold_mipmap`) gives the occupancy pyramid of any threshold without rebuilding.
 """
 
 from __future__ import annotations
@@ -221,7 +215,8 @@ def _threshold_for(dtype: np.dtype, threshold: float) -> np.generic:
 
 @_rates.probe("any")
 def _any_probe() -> tuple[Callable, Callable[[float], np.ndarray]]:
-    """The occupancy pyramid's work for the placement's rates (core._rates): a 2x2x2 ``any`` of 16 MiB of bools."""
+    """The occupancy pyramid's work for the placement's rates (:mod:`.runtime.rates`): a 2x2x2 ``any`` of 16 MiB
+    of bools."""
     return (lambda x: halve(x, ANY)), (lambda scale: np.ones(_rates.cube_shape(scale, 16 * 2**20), bool))
 
 
@@ -330,15 +325,17 @@ def occupancy_mipmap(volume: Any, *, threshold: float = 0.0) -> list[Any]:
     shape = validate.check_ndim("volume", volume, min_ndim=3)
     validate.check_nonempty("volume", shape)
     threshold = validate.check_finite_scalar("threshold", threshold)
-    # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
+    # where this machine's rates say the call finishes first (core.runtime.rates): a link can be slower than the host's
+    # pass
     with strategy.memory_bound_place(volume, kernel="occupancy_mipmap"):
         return _occupancy_mipmap(volume, shape, dtype, threshold)
 
 
 def _occupancy_mipmap(volume: Any, shape: tuple[int, ...], dtype: np.dtype, threshold: float) -> list[Any]:
     if validate.is_dask(volume):  # block by block, each block by the validated kernel
-        # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
-        # and on every local device, block by block in turn (core._sharding.spread_blocks)
+        # the blocks run in dask's threads, later: where memory_bound_place put this call
+        # (core.runtime.strategy.keep_place)
+        # and on every local device, block by block in turn (core.runtime.sharding.spread_blocks)
         kernel = spread_blocks(strategy.keep_place(functools.partial(_occupancy_kernel, threshold=threshold)))
         # a bool level with threshold 0.5 is its own level 0: the coarsest levels come from level b that way
         coarse = spread_blocks(strategy.keep_place(functools.partial(_occupancy_kernel, threshold=0.5)))
@@ -454,7 +451,8 @@ def max_mipmap(volume: Any) -> list[Any]:
     dtype = validate.check_real("volume", volume)
     shape = validate.check_ndim("volume", volume, min_ndim=3)
     validate.check_nonempty("volume", shape)
-    # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
+    # where this machine's rates say the call finishes first (core.runtime.rates): a link can be slower than the host's
+    # pass
     with strategy.memory_bound_place(volume, kernel="max_mipmap"):
         return _max_mipmap(volume, shape, dtype)
 

@@ -1,10 +1,7 @@
 """Questions an occupancy pyramid answers fast: where is anything, is this box empty, which chunks hold data.
 
-Every answer is in level-0 voxel index space, with half-open boxes ``[lo, hi)``
-per axis ``(z, y, x)``. The pyramid is a list of bool levels of one 3D volume,
-level 0 first, as :func:`~napari_gridmip.occupancy_mipmap` or
-:func:`~napari_gridmip.threshold_mipmap` return them (NumPy, JAX, or dask/Zarr
-for :func:`occupied_bbox` and :func:`occupied_chunks`).
+Answers are in level-0 voxel index space, half-open boxes ``[lo, hi)`` per axis ``(z, y, x)``; the pyramid is a
+list of bool levels of one 3D volume, level 0 first, as :func:`~napari_gridmip.occupancy_mipmap` returns them.
 """
 
 from __future__ import annotations

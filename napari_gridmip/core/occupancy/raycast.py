@@ -1,29 +1,5 @@
-"""napari's volume rendering modes, at full resolution, reading only the chunks whose occupied cells rays enter.
-
-Each ray is sampled at ``t = t0 + (k + 1/2) * step`` from where it enters the volume's box (``k = 0 .. n - 1``,
-``n`` the samples inside the box), each sample interpolated trilinearly from the 8 voxels around it (voxel ``i``'s
-value at its centre ``i + 1/2``, indices clamped at the volume's faces: napari's default ``interpolation3d="linear"``,
-which vispy's shader gets from OpenGL's linear 3D texture filter with clamp to edge). Samples come in segments of
-``S`` consecutive samples; a segment whose samples read no voxel of an occupied cell of the occupancy grid is
-skipped: its samples are taken to be ``background`` (exact when every voxel of an empty cell holds ``background``,
-as the zeros around a sparse volume's data do; a sample within a voxel of an occupied cell reads it, so such a
-segment is never skipped). The other segments are sampled, and their chunks (the volume's own chunks for dask and
-Zarr) are read, only where a sample reads a voxel of an occupied cell, into a bounded cache that keeps only their
-occupied cells (a pool of ``cell``^3 bricks, where the chunks are whole cells); a view that needs more than the
-cache holds is rendered in bands of rows. The sampling, skipping, gathering and reductions run in
-JAX, in compiled programs of fixed shapes (batches of rays and of segments padded to one size each), so that no
-camera state compiles a new program once a level has been rendered.
-
-The modes follow vispy's shaders (``vispy/visuals/volume.py``): ``mip`` and ``minip`` take the largest and the
-smallest sample; ``attenuated_mip`` the largest ``v_k * exp(-attenuation * (S_k - 1))`` with ``S_k = step *
-sum_{j <= k} clip((v_j - lo) / (hi - lo), 0, 1)``; ``iso`` the first sample above the threshold, with its depth.
-
-With ``skip_by_maxima``, ``mip`` reads fewer segments still: the cache keeps each brick's largest voxel, which
-bounds every sample that reads it (a trilinear sample is a convex combination of the 8 voxels it reads). A segment's
-bound is the largest over the bricks of the box its samples read; each ray's segments are read largest bound first
-(two rounds of one segment per ray), then only those whose bound may still reach the ray's best (raised by a margin
-for float32's rounding). A segment skipped holds no sample as large as one found, so the value and its depth (the
-first sample of the largest value) are those of reading every segment. The other modes read every occupied segment.
+"""napari's volume rendering modes, at full resolution, reading only the chunks whose occupied cells rays enter: the
+live view's renderer (:func:`render_view`, whose notes give the sampling), its brick cache and its colours.
 """
 
 from __future__ import annotations
@@ -299,7 +275,8 @@ class ChunkCache:
         """The pool and the chunks' tables on the device.
 
         On the CPU, the host arrays themselves (``jax.device_put`` aliases them: no copy). Elsewhere
-        (:func:`.core._backend.host_pool_aliased`), copies kept on the device, into which only the bricks and
+        (:func:`napari_gridmip.core.runtime.strategy.host_pool_aliased`), copies kept on the device, into which only the
+        bricks and
         tables written since the last call are copied: a render asks once per band, and copying the whole pool
         each time (its capacity, 512 MiB by default, over a host link of a few GB/s) was a copy per band of
         bricks mostly there already. The first call starts from a pool of zeros (only written bricks are read).
@@ -786,6 +763,27 @@ def render_view(
     TypeError
         If ``cancel`` is not callable.
 
+    Notes
+    -----
+    Each ray is sampled at ``t = t0 + (k + 1/2) * step`` from where it enters the volume's box (``k = 0 .. n - 1``,
+    ``n`` the samples inside the box), each sample interpolated trilinearly from the 8 voxels around it (voxel ``i``'s
+    value at its centre ``i + 1/2``, indices clamped at the volume's faces: napari's default
+    ``interpolation3d="linear"``, OpenGL's linear 3D texture filter with clamp to edge). Samples come in segments of
+    ``S`` consecutive samples; a segment whose samples read no voxel of an occupied cell is skipped, its samples taken
+    to be ``background`` (exact when every voxel of an empty cell holds ``background``). The other segments' chunks
+    are read only where a sample reads a voxel of an occupied cell, into a bounded cache of the occupied ``cell``^3
+    bricks; a view that needs more than the cache holds is rendered in bands of rows. The programs have fixed shapes
+    (batches padded to one size each), so that no camera state compiles a new program once a level has been rendered.
+
+    The modes follow vispy's shaders (``vispy/visuals/volume.py``): ``mip`` and ``minip`` take the largest and the
+    smallest sample; ``attenuated_mip`` the largest ``v_k * exp(-attenuation * (S_k - 1))`` with ``S_k = step *
+    sum_{j <= k} clip((v_j - lo) / (hi - lo), 0, 1)``; ``iso`` the first sample above the threshold, with its depth.
+
+    With ``skip_by_maxima``, ``mip`` reads fewer segments still: each brick's largest voxel bounds every sample that
+    reads it (a trilinear sample is a convex combination of the 8 voxels it reads). Each ray's segments are read
+    largest bound first (two rounds of one segment per ray), then only those whose bound may still reach the ray's
+    best (raised by a margin for float32's rounding), so the value and its depth are those of reading every segment.
+
     Examples
     --------
     >>> import numpy as np
@@ -838,7 +836,7 @@ def render_view(
     arguments = dict(volume=volume, cells=cells, o=o, d=d, shape=shape, cell=cell, out_shape=out_shape, mode=mode,
                      step=step, t_near=t_near, params=params, background=background, cache=cache,
                      cache_bytes=cache_bytes, cancel=cancel, skip_by_maxima=skip_by_maxima)  # fmt: skip
-    if strategy.render_on_host():  # a TPU gathers slowly (core._backend.render_on_host)
+    if strategy.render_on_host():  # a TPU gathers slowly (core.runtime.strategy.render_on_host)
         with strategy.on_host():
             return _render(**arguments)
     return _render(**arguments)

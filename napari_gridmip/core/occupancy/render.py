@@ -1,10 +1,8 @@
 """Full-resolution renders of a volume through its occupancy pyramid: maximum intensity and first hit.
 
-Rays skip empty space with :func:`~napari_gridmip.traverse_occupied`'s
-hierarchical DDA and read the volume only at the occupied voxels they cross.
-A volume in memory (NumPy, JAX) is read inside the traversal, in one compiled
-program per batch of rays; a dask or Zarr volume is read chunk by chunk, and
-only the chunks that hold an occupied voxel some ray crosses are loaded.
+Rays skip empty space with :func:`~napari_gridmip.traverse_occupied`'s hierarchical DDA and read the volume only
+at the occupied voxels they cross: inside the traversal for a volume in memory, chunk by chunk (only the chunks
+some ray's occupied voxels are in) for dask and Zarr.
 """
 
 from __future__ import annotations

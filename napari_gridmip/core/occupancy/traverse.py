@@ -1,19 +1,7 @@
 """Rays through an occupancy pyramid: the occupied voxels each ray crosses, skipping empty space.
 
-Coordinates are level-0 voxel indices ``(z, y, x)``: voxel ``i`` covers
-``[i, i + 1)`` along each axis, the volume ``[0, D) x [0, H) x [0, W)``. A ray is
-``origin + t * direction``; ``t`` is in units of the direction's length.
-
-The traversal is a hierarchical DDA. At each step it looks up one cell: from
-the voxel it stands in, it climbs to the coarsest empty cell around the
-current point and jumps to that cell's exit; in occupied cells it descends to
-level 0 and reports the voxel. So its steps grow with the occupied voxels a
-ray crosses, not with the length of its path. Unlike NanoVDB's HDDA and
-instant-ngp's marcher, which re-derive the cell from the floating-point
-position (and nudge ``t`` forward by an epsilon to stay out of loops), the
-current voxel is carried as integers and every cell change is decided by
-comparing the same crossing times ``T_a(b) = (b - o_a) / d_a``: the answer is
-exact for that arithmetic, with no epsilon, and each step provably moves on.
+Coordinates are level-0 voxel indices ``(z, y, x)``: voxel ``i`` covers ``[i, i + 1)`` along each axis, the volume
+``[0, D) x [0, H) x [0, W)``. A ray is ``origin + t * direction``; ``t`` is in units of the direction's length.
 """
 
 from __future__ import annotations
@@ -483,6 +471,14 @@ def traverse_occupied(
 
     Notes
     -----
+    The traversal is a hierarchical DDA. At each step it looks up one cell: from the voxel it stands in, it climbs to
+    the coarsest empty cell around the current point and jumps to that cell's exit; in occupied cells it descends to
+    level 0 and reports the voxel. So its steps grow with the occupied voxels a ray crosses, not with the length of
+    its path. Unlike NanoVDB's HDDA and instant-ngp's marcher, which re-derive the cell from the floating-point
+    position (and nudge ``t`` forward by an epsilon to stay out of loops), the current voxel is carried as integers
+    and every cell change is decided by comparing the same crossing times ``T_a(b) = (b - o_a) / d_a``: the answer is
+    exact for that arithmetic, with no epsilon, and each step provably moves on.
+
     Pure JAX (jit, vmap; CPU and GPU): a batch of rays is one ``while_loop``
     in which every active ray makes one lookup per iteration. The steps per
     ray grow with the occupied voxels it crosses, plus about two lookups per

@@ -1,18 +1,9 @@
-"""Where the kernels run, as the user chose it, and the log of where a job's calls ran. JAX-free, and a leaf: the
-widgets, the provenance and ``core._backend`` all read it.
+"""Where the kernels run, as the user chose it, and the log of where a job's calls ran: JAX-free, a leaf that the
+widgets, the provenance and :mod:`.strategy` all read.
 
-The setting is one of :data:`~napari_gridmip.core.options.COMPUTE_ON`: the innermost
-:func:`napari_gridmip.compute_on` block's, else ``NAPARI_GRIDMIP_COMPUTE_ON``'s, else ``"auto"``. It is a context
-variable, not a thread's state: dask's threaded scheduler runs its tasks in copies of the context of the thread
-that computes, so a lazy result computed inside the block is placed as the block says, in whichever of dask's
-threads a block's task runs (JAX's own default device, which ``compute_on("host")`` sets, is per thread and does
-not follow; ``core._backend.placed`` enters it again there).
-
-The log is what a job's provenance records (``"ran_on"``): while :func:`recording`, each public call that a plan
-runs (:func:`calling`) adds an entry with the device it was placed on, and each rule of ``core._backend`` that
-moves its work to the host CPU names itself in that entry (:func:`moved_to_host`). A widget's input that came
-from the device copies of its layers (``napari_gridmip._jobs.device_layers``) is noted beside the calls
-(:func:`note_input`).
+The setting is a context variable, not a thread's state: dask's threaded scheduler runs its tasks in copies of
+the computing thread's context, so a lazy result computed inside a :func:`napari_gridmip.compute_on` block is
+placed as the block says in whichever thread runs it (:func:`.strategy.placed` enters it again there).
 """
 
 from __future__ import annotations

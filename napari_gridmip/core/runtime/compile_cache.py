@@ -1,15 +1,8 @@
 """JAX's persistent compilation cache, in a per-user folder, switched on at the library's first use.
 
-A compiled program then survives the process: a second session (a script run again, napari restarted)
-loads it in milliseconds instead of compiling it for 0.1 to 3 s (``benchmarks/bench_first_run.py``,
-"second session"). This module imports only the JAX-free option lists from the package, and JAX only when
-:func:`enable` runs.
-
-The user's own choice always wins: when ``JAX_COMPILATION_CACHE_DIR`` is set, or
-``jax_compilation_cache_dir`` was set in ``jax.config``, nothing is changed. Otherwise
-``jax_compilation_cache_dir`` is pointed at :func:`cache_dir`, and programs that took over 0.05 s to
-compile are kept (JAX's default keeps only those over 1 s; ours take 0.1 to 3 s each, and a first
-call compiles several). Set ``NAPARI_GRIDMIP_COMPILE_CACHE=0`` to leave JAX's configuration alone.
+A compiled program then outlives the process: napari restarted or a script run again loads it in milliseconds
+instead of compiling it for 0.1 to 3 s (``benchmarks/bench_first_run.py``). The user's own choice of cache always
+wins; ``NAPARI_GRIDMIP_COMPILE_CACHE=0`` leaves JAX's configuration alone.
 """
 
 from __future__ import annotations

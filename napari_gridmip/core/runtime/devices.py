@@ -1,4 +1,4 @@
-"""Where the kernels run: the user's override of the rules in ``core._backend``."""
+"""Where the kernels run: the user's override of the rules in ``core.runtime.strategy``."""
 
 from __future__ import annotations
 

@@ -1,33 +1,9 @@
-"""The largest programs' executables kept on disk and loaded in a later process without tracing them.
+"""The largest programs' executables, kept on disk and loaded in a later process without tracing them.
 
-JAX's persistent cache (:mod:`._compile_cache`) stores XLA's executables, but finds one only after tracing and
-lowering the program to get its key: 0.4 s of DIC 2048^2's 2.5 s first call in a next process on a 2-core CPU,
-2.1 s of its 3.8 s on a TPU v5e (``benchmarks/first_call_split.py --keep-compile-cache dic``, docs/accelerator.md).
-A :class:`KeptProgram` keys its executables by what decides the program without tracing it (below), writes each
-one it compiles with ``jax.experimental.serialize_executable``, and in a later process loads it and calls it
-directly (probe ``tools/executable_cache_probe.py``, since removed, git e770f92: 2.1-2.45 s against 2.5-2.84 s,
-identical outputs).
-
-The key, a SHA-256 of: the program's module and name (and its file's source outside the core); its static
-options' types and ``repr``; the tree, shapes, dtypes and weak types of its array arguments; the device it runs
-on (platform, kind, XLA's platform version, and the host's processor flags: a cache folder may be shared between
-machines); the float64, matmul precision and NumPy promotion scopes; JAX's and jaxlib's versions and
-``XLA_FLAGS``/``LIBTPU_INIT_ARGS``; and the package's version and its sources under ``core/``. Closures, lambdas
-and local functions, static options passed by position, and calls under ``jax.disable_jit`` or JAX's NaN and
-infinity checks are left to ``jax.jit``. The core reads no environment option while it traces (a test holds
-it to that). What a program reads at trace time beyond those (a module constant changed in place, a strategy
-function replaced) is not in it, as it is not in JAX's own in-memory cache: the test suite, which replaces
-strategies, turns this cache off (``tests/conftest.py``) and tests it on its own.
-
-Only executables that XLA compiled in this process are kept, never one read from JAX's persistent cache
-(:func:`_compiled_for_keeping`: those failed in the next process); a kept one that fails at its first dispatch in
-a later process is deleted and the call goes through ``jax.jit``.
-
-On the CPU and a TPU (a GPU with ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=1``, see :data:`_PLATFORMS`), and only where the
-library's persistent cache is on in its own folder (:func:`._compile_cache.enable`; not with
-the user's ``JAX_COMPILATION_CACHE_DIR``, nor ``NAPARI_GRIDMIP_COMPILE_CACHE=0``), and not with
-``NAPARI_GRIDMIP_EXECUTABLE_CACHE=0``. A call with traced arguments, arrays on another device than the one the
-call runs on, or anything that fails here goes through ``jax.jit`` as before.
+JAX's persistent cache (:mod:`.compile_cache`) finds an executable only after tracing and lowering its program
+(0.4 s of DIC 2048^2's 2.5 s first call in a later process on a 2-core CPU, 2.1 of 3.8 s on a TPU v5e:
+docs/accelerator.md). A :class:`KeptProgram` keys its executables by what decides the program without tracing it
+(:func:`_key`) and loads and calls them directly; whatever does not fit goes through ``jax.jit`` as before.
 """
 
 from __future__ import annotations
@@ -63,7 +39,7 @@ _SOURCES: dict[str, str] = {}  # the key's per-process parts, made once: the sou
 # processor and flags ("host")
 #: Where kept executables are used by default: the CPU, where they are tested and measured, and a TPU, where a
 #: later process loaded and ran them (DIC 2048^2's next process 3.78 -> 1.97 s) and executables serialized and
-#: loaded in a new process gave outputs identical to a fresh compile's (docs/accelerator.md, fourteenth session).
+#: loaded in a new process gave outputs identical to a fresh compile's (docs/accelerator.md).
 #: A GPU only with ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=1`` until a run there shows the same: an executable that
 #: fails in a later process fails when waited for, past the first dispatch's check.
 _PLATFORMS = frozenset({"cpu", "tpu"})
@@ -72,7 +48,13 @@ _KEYS: dict[tuple, str] = {}  # each key's hash by the facts it is made of (_key
 
 
 def folder() -> Path | None:
-    """Where executables are kept, or None when this cache is off (see the module's docstring)."""
+    """Where executables are kept, or None when this cache is off.
+
+    On the CPU and a TPU (a GPU with ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=1``, :data:`_PLATFORMS`), only where the
+    library's persistent cache is on in its own folder (:func:`.compile_cache.enable`; not with the user's
+    ``JAX_COMPILATION_CACHE_DIR``, nor ``NAPARI_GRIDMIP_COMPILE_CACHE=0``), and not with
+    ``NAPARI_GRIDMIP_EXECUTABLE_CACHE=0``.
+    """
     if not compile_cache.is_ours():
         return None
     settings = (os.environ.get("NAPARI_GRIDMIP_EXECUTABLE_CACHE"), os.environ.get("NAPARI_GRIDMIP_CACHE_DIR"))
@@ -136,9 +118,22 @@ def _leaf_type(leaf: Any, device: Any) -> tuple | None:
 
 
 def _key(name: str, dynamic: tuple, static: dict[str, Any], device: Any) -> str | None:
-    """The executable's key (module docstring), or None where the call must go through ``jax.jit``. Its hash is
-    made once per process for each cheap tuple of the same facts (a band program is called per band: the hash
-    and the options' ``repr`` were 0.5 ms a call, 6% of find_displacement refine 1024^2's warm 0.81 s)."""
+    """The executable's key, or None where the call must go through ``jax.jit``.
+
+    A SHA-256 of: the program's module and name (and its file's source outside the core); its static options'
+    types and ``repr``; the tree, shapes, dtypes and weak types of its array arguments; the device it runs on
+    (platform, kind, XLA's platform version, and the host's processor flags: a cache folder may be shared between
+    machines); the float64, matmul precision and NumPy promotion scopes; JAX's and jaxlib's versions and
+    ``XLA_FLAGS``/``LIBTPU_INIT_ARGS``; and the package's version and its sources under ``core/``. Closures,
+    lambdas and local functions, static options passed by position, and calls under ``jax.disable_jit`` or JAX's
+    NaN and infinity checks are left to ``jax.jit``. The core reads no environment option while it traces (a test
+    holds it to that). What a program reads at trace time beyond those (a module constant changed in place, a
+    strategy function replaced) is not in it, as it is not in JAX's own in-memory cache: the test suite, which
+    replaces strategies, turns this cache off (``tests/conftest.py``) and tests it on its own.
+
+    The hash is made once per process for each cheap tuple of the same facts (a band program is called per band:
+    the hash and the options' ``repr`` were 0.5 ms a call, 6% of find_displacement refine 1024^2's warm 0.81 s).
+    """
     leaves, tree = jax.tree_util.tree_flatten(dynamic)
     types = []
     for leaf in leaves:
@@ -249,8 +244,7 @@ def _compiled_for_keeping(jitted: Any, args: tuple, kwargs: dict) -> tuple[Any, 
     """``jitted.lower(*args, **kwargs).compile()``, and whether that executable may be kept: only one XLA compiled
     here. One read from JAX's persistent cache, or reused from JAX's memory after such a read, and serialized again
     failed in the next process, at its first run ("Function reverse_concatenate_fusion.2 not found" at dispatch,
-    "Function wrapped_broadcast not found" when waited for; XLA CPU, JAX 0.10.2, the probe
-    ``tools/executable_cache_probe.py``, since removed).
+    "Function wrapped_broadcast not found" when waited for; XLA CPU, JAX 0.10.2).
     Those are not kept: the calls then trace as before."""
     if not _LISTENING:
         jax.monitoring.register_event_listener(_heard)
@@ -280,7 +274,7 @@ def _debugging() -> bool:
 
 
 class KeptProgram:
-    """A jitted program whose executables are kept on disk by a key made without tracing (module docstring).
+    """A jitted program whose executables are kept on disk by a key made without tracing (:func:`_key`).
 
     Called as the ``jax.jit`` of ``fun`` is, with the same results; ``lower`` is the jitted program's.
 

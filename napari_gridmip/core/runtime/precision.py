@@ -1,14 +1,9 @@
-"""Scoped float64: JAX's x64 switch flipped for one call, never for the user; on a TPU, that call runs on the host.
+"""Scoped float64: JAX's x64 switch flipped for one call, never for the user; on a TPU that call runs on the host.
 
-A TPU has no float64 arithmetic: XLA emulates it, 8x slower than the host CPU on ``find_displacement`` at
-256^2 (issue 34's table), and refuses some operations outright (a complex128 FFT: "Unexpected operand type for
-FFT", the probe ``tools/accelerator_probe.py``, removed since; in git history at 8c6d32e). A float64 call therefore
-runs on the host's CPU device there, with float64's precision, rather than slower or not at all. GPUs have float64
-and keep it. This holds under every setting of :func:`napari_gridmip.compute_on`, ``"accelerator"`` too: it is
-what the chip can do, not how fast.
-
-The scope is also where a kernel takes the user's setting in the thread it runs in (``core._backend.placed``: the
-host CPU under ``"host"``, in dask's threads too), since every kernel's work runs inside one.
+A TPU has no float64 arithmetic: XLA emulates it, 8x slower than the host CPU on ``find_displacement`` at 256^2,
+and refuses some operations outright (a complex128 FFT). So a float64 call runs on the host's CPU device there,
+under every setting of :func:`napari_gridmip.compute_on`: it is what the chip can do, not how fast. The scope is
+also where a kernel takes the user's setting in the thread it runs in (:func:`.strategy.placed`).
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ def is_wide(dtype: Any) -> bool:
 @contextlib.contextmanager
 def precision_scope(dtype: Any) -> Iterator[None]:
     """Enable x64 inside the block when ``dtype`` is 64-bit; restore the user's setting after. The block runs
-    where the user's setting places it in this thread (``core._backend.placed``)."""
+    where the user's setting places it in this thread (``core.runtime.strategy.placed``)."""
     if not is_wide(dtype):
         with strategy.placed():
             yield

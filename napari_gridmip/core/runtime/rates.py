@@ -1,40 +1,9 @@
 """Where a memory-bound call finishes first: this machine's link and compute rates, measured once and kept, and
-the estimate made from them (issue 53, item 1; :func:`napari_gridmip.core.runtime.strategy.memory_bound_place`).
+the estimate made from them (:func:`napari_gridmip.core.runtime.strategy.memory_bound_place`).
 
-A memory-bound kernel (the pyramids, the local correlation image) makes a pass or two over its input. Given a
-NumPy, dask or Zarr input on a machine with an accelerator, it can run on the accelerator, after its input has
-crossed the host's link (and its outputs come back), or on the host's CPU backend, where nothing crosses::
-
-    accelerator = latency + bytes sent / to_device + bytes returned / to_host + work / accelerator's rate
-    host        = work / host's rate
-
-and it runs where the estimate is smaller, the accelerator only when it wins by :data:`MARGIN` (:func:`estimate`,
-:func:`choose`: pure arithmetic, no JAX). Work common to both (reading a Zarr chunk, the NumPy threshold of
-``occupancy_mipmap``, the aligned copy of ``to_device``) is left out: it does not change which is smaller.
-
-The bytes sent are the input's as the source holds them (a uint8 volume crosses at a byte a voxel), except where
-a kernel sends something else (``occupancy_mipmap`` sends its level 0 as bools); the work is counted in bytes of
-the kernel's own compute dtype (:data:`KERNELS`).
-
-The rates (:func:`rates_for`) are measured once per machine and device, at the first call that needs them, and
-kept in ``rates.json`` beside the compiled programs (:func:`path`; ``NAPARI_GRIDMIP_CACHE_DIR`` moves both),
-keyed by the device's platform and kind, the host's processor and core count, and JAX's version, so that a later
-process reads them. What is measured (:func:`measure_link`, :func:`measure_program`), best of :data:`REPEATS`:
-
-- the link: ``jax.device_put`` of a :data:`LINK_BYTES` NumPy buffer to the device, waited for with
-  ``block_until_ready``, and the copy back (``np.asarray``); the latency: the same round trip of 4 KiB;
-- each kernel's work, on the host CPU backend and on the accelerator with the data already there: one tiny
-  program per kind of work (:data:`PROGRAMS`), the kernels' own building blocks: a 2x2x2 ``any`` of bools
-  (``pyramid.halve``, the occupancy pyramid's step), a 2x2x2 maximum of float32 through its order keys (the max
-  pyramid's step), and the local correlation image's per-frame sums of products with the 4 neighbour offsets
-  (``timeseries._frame_terms``), as bytes of input per second. Only the program of the kernel being placed is
-  measured; another kernel's is added to the file when first needed.
-
-Nothing is ever measured where the device is the CPU (a machine without an accelerator: everything runs there):
-:func:`rates_for` answers None at once, as it does where a measurement fails (then the call runs on the host, the
-rule that ran before this model: 1.0x the host on a TPU v5e, docs/accelerator.md). ``python -m
-napari_gridmip.cli.rates`` prints this machine's rates, measuring them if they are not kept (``--again``: anew),
-and where the benchmark's memory-bound cases would run.
+A memory-bound kernel (the pyramids, the local correlation image) makes a pass or two over its input: on a machine
+with an accelerator, a host input may be read faster by the host's memory than the link carries it to the chip.
+``python -m napari_gridmip.cli.rates`` prints this machine's rates and where the benchmark's cases would run.
 """
 
 from __future__ import annotations
@@ -67,7 +36,7 @@ LATENCY_BYTES = 4096
 REPEATS = 3
 #: The accelerator is chosen only when its estimate is this much smaller than the host's: the rates come from
 #: probes of tens of MiB, and a call of GiBs may find the link slower (a TPU v5e host's ran 0.47 GB/s for one
-#: 4 GiB ``device_put``, 2.5 GB/s for 236 MB; issue 53); near a tie the host, where nothing can go slower.
+#: 4 GiB ``device_put``, 2.5 GB/s for 236 MB); near a tie the host, where nothing can go slower.
 MARGIN = 1.25
 
 _LOG = logging.getLogger(__name__)
@@ -122,7 +91,16 @@ def estimate(
 ) -> tuple[float, float]:
     """``(host seconds, accelerator seconds)`` of one call of ``kernel`` on ``elements`` input elements that the
     source holds in ``held_bytes``; ``sent_itemsize``, where given, is what each element takes on the link
-    (overriding the kernel's own). ``rates`` as kept (:func:`rates_for`), with ``kernel.program`` measured.
+    (overriding the kernel's own). ``rates`` as kept (:func:`rates_for`), with ``kernel.program`` measured::
+
+        accelerator = latency + bytes sent / to_device + bytes returned / to_host + work / accelerator's rate
+        host        = work / host's rate
+
+    Pure arithmetic, no JAX. Work common to both (reading a Zarr chunk, the NumPy threshold of
+    ``occupancy_mipmap``, the aligned copy of ``to_device``) is left out: it does not change which is smaller.
+    The bytes sent are the input's as the source holds them (a uint8 volume crosses at a byte a voxel), except
+    where a kernel sends something else (``occupancy_mipmap`` sends its level 0 as bools); the work is counted in
+    bytes of the kernel's own compute dtype (:data:`KERNELS`).
     """
     itemsize = held_bytes / elements if elements else 0.0
     work = elements * (kernel.work_itemsize or itemsize)
@@ -207,6 +185,13 @@ def _host() -> str:
 def rates_for(device: Any, program: str) -> dict[str, Any] | None:
     """This machine's rates for ``device`` with ``program`` among them (:func:`estimate`'s ``rates``), from this
     process's memory, else the file, else measured now and kept (only what is missing: the link, ``program``).
+
+    The file (:func:`path`, beside the compiled programs) keys them by the device's platform and kind, the host's
+    processor and core count, and JAX's version. Measured, best of :data:`REPEATS`: the link
+    (:func:`measure_link`: ``jax.device_put`` of :data:`LINK_BYTES` and the copy back; the latency, a round trip of
+    4 KiB) and each kernel's work on the host CPU backend and on the accelerator with the data already there
+    (:func:`measure_program`: one tiny program per kind of work, :data:`PROGRAMS`, the kernels' own building
+    blocks), as bytes of input per second. Only the program of the kernel being placed is measured.
 
     None where ``device`` is the CPU (nothing to measure: the work is on the host wherever it runs), and where a
     measurement failed (logged once a process).
@@ -354,7 +339,7 @@ Probe = Callable[[], tuple[Callable, Callable[[float], np.ndarray]]]
 
 #: The measured programs: the memory-bound kernels' work (:data:`KERNELS`), each a maker of its program and of its
 #: input (at a scale). The kernels' modules register their own (:func:`probe`), so that this module imports none of
-#: them (they import it, through ``core._backend``): ``"any"`` and ``"max"``, the pyramids' 2x2x2 steps
+#: them (they import it, through ``core.runtime.strategy``): ``"any"`` and ``"max"``, the pyramids' 2x2x2 steps
 #: (``occupancy.pyramid``), ``"products"``, the correlation image's per-frame sums (``correlation.timeseries``).
 PROGRAMS: dict[str, Probe] = {}
 #: Their names, which the rates file may hold (known before the kernels' modules are imported).

@@ -1,18 +1,9 @@
 """Band programs over every local device: a driver's bands side by side, one per device, with ``jax.sharding``.
 
-The drivers of the band programs (the subset sweep of DIC and speckle tracking, :mod:`.correlation.subsets`; the
-displacement search of :func:`~napari_gridmip.find_displacement`, :mod:`.correlation.maps`) run a bounded program
-once per band of output rows. On a machine with several devices of one platform (a TPU host with 4 or 8 chips, a
-GPU server, or the host CPU split with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``), :func:`run_bands`
-runs ``N`` bands at once: the inputs are replicated on a :class:`jax.sharding.Mesh` of the devices, the bands' first
-rows are sharded over it, and one program (``jax.shard_map`` of the band program) computes each device's band. Each
-device runs the very band program a single device runs, on the same inputs, so the answers are the same (the test
-``tests/core/test_sharding.py``, run by CI on 8 host devices). The pieces then meet on the call's device, where
-the driver joins them as before.
-
-On one device nothing changes: the bands run one after the other, each its own call of the band program, as they
-always did (no mesh, no replicated copy, no extra program). ``NAPARI_GRIDMIP_SHARD_BANDS=0`` keeps that path on
-any machine. Beyond one machine, dask.distributed is the way out (the kernels' dask twins; README).
+Each device runs the very band program a single device runs, on the same inputs, so the answers are the same
+(``tests/core/test_sharding.py``, run by CI on 8 host devices). On one device, or with
+``NAPARI_GRIDMIP_SHARD_BANDS=0``, the bands run one after the other as before; beyond one machine, the kernels'
+dask twins on dask.distributed are the way out.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ Progress = Callable[[int], None]
 
 
 def band_devices() -> tuple[Any, ...]:
-    """The devices the band programs run on: the call's device (:func:`._backend._target_device`) first, then
+    """The devices the band programs run on: the call's device (:func:`.strategy._target_device`) first, then
     the other local devices of its platform. Only the call's device when ``NAPARI_GRIDMIP_SHARD_BANDS`` is off
     (``0``, ``false``, ``no``, ``off``).
 
@@ -83,7 +74,7 @@ def run_bands(
     Parameters
     ----------
     band
-        A band program (a jitted function, or the library's :func:`._executables.kept` one): the positional
+        A band program (a jitted function, or the library's :func:`.executables.kept` one): the positional
         arrays ``args`` with the band's first row (an ``int32`` scalar) inserted at position ``row_arg``, and
         its static options ``static`` by keyword; returns a pytree of arrays (one band's outputs).
     args
@@ -153,7 +144,7 @@ def spread_blocks(kernel: Callable[..., Any]) -> Callable[..., Any]:
 
     A dask twin's blocks are independent tasks that dask's threads run side by side: each device then takes
     every ``N``-th block's levels (the mipmaps of large volumes) or moments (the correlation image), and the
-    results come back to the host as NumPy. Apply it outside :func:`._backend.keep_place`, whose host placement
+    results come back to the host as NumPy. Apply it outside :func:`.strategy.keep_place`, whose host placement
     then wins. The device is looked up by platform where the task runs, so a task sent to another process
     (dask.distributed) uses that process's devices.
     """

@@ -1,15 +1,8 @@
 """The one place that asks which backend runs, for the algorithms whose best strategy differs by backend.
 
-Each function here names a strategy and says, with the measurement behind it, why it is chosen where it is.
-Every branch stays under the same tests: ``tests/core/correlation/test_subsets.py`` and ``test_affine.py`` run
-the kernels with each strategy forced on the CPU, and ``tools/accelerator_tests.sh`` runs the suite on a TPU
-(docs/accelerator.md).
-
-The rules that move work to the host CPU (:func:`memory_bound_place`, by this machine's measured rates,
-:mod:`._rates`; :func:`series_on_host` and :func:`render_on_host`, on a TPU) follow the user's setting
-(:mod:`._compute_on`, :func:`napari_gridmip.compute_on`): ``"auto"`` applies them, ``"accelerator"`` turns them
-off, ``"host"`` runs everything there (:func:`placed`). Each names itself in the job's log when it moves work
-(the provenance's ``"ran_on"``).
+Each function names a strategy and says, with the measurement behind it, why it is chosen where it is; every
+branch stays under the same tests (the kernels' tests force each strategy on the CPU). The rules that move work
+to the host CPU follow the user's setting (:func:`napari_gridmip.compute_on`) and name themselves in the job's log.
 """
 
 from __future__ import annotations
@@ -26,11 +19,11 @@ from napari_gridmip.core.runtime import choice
 
 def on_cpu() -> bool:
     """Whether the work about to be traced runs on the host CPU: JAX's default device when one is set (a float64
-    call on a TPU runs inside ``jax.default_device(cpu)``, :mod:`._precision`), else the default backend.
+    call on a TPU runs inside ``jax.default_device(cpu)``, :mod:`.precision`), else the default backend.
 
     Asking the default backend alone chose the accelerator's strategies for that host work: find_displacement
     float64 256^2 took 0.54 s on a TPU machine's host against 0.075 s in a CPU-only process of the same machine
-    (``benchmarks/bench_accelerator.py``, case find_displacement_f64, 2026-12-05).
+    (``benchmarks/bench_accelerator.py``, case find_displacement_f64).
     """
     return _platform() == "cpu"
 
@@ -54,8 +47,8 @@ def subset_row_sums(subset_rows: int) -> str:
 
     Running sums on the CPU: O(s) instead of O(sh) work a row; the 1024^2 DIC pair (subset 31, step 4) runs
     2.2x faster warm with them, 0.342 against 0.748 s with fresh sums (docs/benchmarks.md, section 12).
-    Never on a TPU v5e (JAX 0.10.2): the running sums' program returns sums up to 80% off there (probe
-    ``tools/accelerator_bisect.py``, since removed, "raw sweep step=4": 8e-1 against the CPU, while every primitive
+    Never on a TPU v5e (JAX 0.10.2): the running sums' program returns sums up to 80% off there (a probe since
+    removed, "raw sweep step=4": 8e-1 against the CPU, while every primitive
     it uses, a plain running sum among them, agrees within 2e-7); the speckle-tracking and DIC fields were wrong
     there for this alone. There, the row-at-a-time loop is ``rows sh`` small iterations, each a wait for the chip:
     tall subsets are summed at once (DIC 2048^2, subset 31: 1.93 s with fresh sums, 0.86 s at once), short ones
@@ -75,7 +68,7 @@ def per_pixel_gathers() -> bool:
 
     On a TPU v5e the gathers were 90% of the warm time of DIC 2048^2 (0.75 of 0.84 s) and of track_speckles
     K=20 512^2 (0.45 of 0.50 s): 20 small gathers per output row, each 24 to 120 us, where the sums themselves
-    took milliseconds (``benchmarks/accelerator_profile.py``, 2026-12-05, docs/accelerator.md); with the selects,
+    took milliseconds (``benchmarks/probes/accelerator_profile.py``, docs/accelerator.md); with the selects,
     0.33 and 0.11 s. A CPU gathers from its caches, and the selects' extra work is its cost there: forced on this
     2-core CPU, the 1024^2 DIC pair (subset 31, step 4, refine) ran 11.3 s warm against 0.89 s, and
     track_speckles K=20 256^2 3.0 against 1.2 s, each compiling 2 to 2.5x longer.
@@ -90,14 +83,11 @@ def spline_windows() -> bool:
 
     Gathers on the CPU, which reads scattered elements from its caches; the window's 64 weighted slices
     (``SPLINE_MARGIN`` 2) are 4x the taps' products. Gathers on a GPU too, which gathers well (not measured:
-    no GPU was available). Windows on a TPU: on a TPU v5e one IC-GN interpolation
-    of the 1024^2 pair (60,025 points x 961 pixels) took 6.69 s as element gathers against 0.222 s on the
-    host CPU, and gathers of rows run 0.3 GB/s one element wide against 40 GB/s 128 wide
-    (probe ``tools/accelerator_gather_probe.py``, 2026-12-06, since removed; docs/accelerator.md). 8000 points'
-    interpolation there: 0.80 s as gathers, 0.015 s from windows (probe ``tools/accelerator_window_probe.py``,
-    since removed); with it and :func:`ic_gn_rows_together`, the 1024^2 affine DIC ran 1.52 s warm on the chip
-    against 1.95 s on the host's 13 cores (``benchmarks/bench_accelerator.py``, 2026-12-06), where it had taken
-    33.8 s and then ran on the host.
+    no GPU was available). Windows on a TPU: on a TPU v5e one IC-GN interpolation of the 1024^2 pair (60,025 points
+    x 961 pixels) took 6.69 s as element gathers against 0.222 s on the host CPU, and gathers of rows run 0.3 GB/s
+    one element wide against 40 GB/s 128 wide (docs/accelerator.md). 8000 points' interpolation there: 0.80 s as
+    gathers, 0.015 s from windows; with it and :func:`ic_gn_rows_together`, the 1024^2 affine DIC ran 1.52 s warm
+    on the chip against 1.95 s on the host's 13 cores (``benchmarks/bench_accelerator.py``), 33.8 s with gathers.
     """
     return _on_tpu()
 
@@ -110,7 +100,7 @@ def ic_gn_rows_together() -> bool:
     its cost. Together elsewhere: each row is a loop of small steps, an accelerator's slowest shape (a 1024^2
     pair has 252 rows of 249 points), and the points still iterating after the first steps then make batches
     of an eighth of a band, not of a row. Without the propagation, the fields of a 512^2 pair moved by at most
-    3.5e-5 px (CPU, 2026-12-06, docs/accelerator.md); the TPU's 1024^2 fields differ from the host's by at
+    3.5e-5 px (CPU, docs/accelerator.md); the TPU's 1024^2 fields differ from the host's by at
     most 6.2e-6 (``benchmarks/bench_accelerator.py``, case dic_affine).
     """
     return not on_cpu()
@@ -124,7 +114,7 @@ def ic_gn_compile_ahead() -> bool:
     against 5.08 and 5.14 s (docs/benchmarks.md section 12). Elsewhere, whose compiles run on the host's cores
     beside a device that waits: on a TPU v5e with its 13-core host, the 1024^2 affine DIC's first call took
     40.6 s with it against 48.6 s without (``benchmarks/bench_accelerator.py --cases dic_affine``,
-    2026-12-06, docs/accelerator.md; the two compiles one after the other in that thread then). On a GPU by
+    docs/accelerator.md; the two compiles one after the other in that thread then). On a GPU by
     the same reasoning, not measured (no GPU was available).
     """
     return not on_cpu()
@@ -138,10 +128,10 @@ def render_on_host() -> bool:
     each ray by data-dependent counts: scattered gathers, a TPU's slow path. On a TPU
     v5e the 2048^3 sparse sample's close-up (800x600, mip) took 4.27 s warm there against 2.15 s on the same
     machine's CPU, and its first call 54.7 s (48.7 s compiling 5 programs) against 4.2 s
-    (``benchmarks/bench_accelerator.py``, case render_view, 2026-12-05). Its inputs are chunks read on the host
+    (``benchmarks/bench_accelerator.py``, case render_view). Its inputs are chunks read on the host
     and its outputs come back to the host, so the host run moves nothing.
 
-    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`._compute_on`).
+    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`.choice`).
     """
     return _host_rule("render_on_host")
 
@@ -153,11 +143,11 @@ def series_on_host() -> bool:
     Each of its steps interpolates every subset pixel at its own warped position: 16 element gathers a pixel, a
     TPU's slow path (0.3 GB/s, docs/accelerator.md). On a TPU v5e the 8 x 512^2 rotation sequence took 20 s warm
     against 2.07 s on the same machine's 13-core host, with the same answers (2.6e-7 px apart), and its first call
-    39.5 s against 5.3 s (``benchmarks/bench_accelerator.py``, case dic_series, 2026-12-06). The series' frames
+    39.5 s against 5.3 s (``benchmarks/bench_accelerator.py``, case dic_series). The series' frames
     arrive from the host one at a time and its guesses are host work between frames, so the host run moves
     nothing over the link.
 
-    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`._compute_on`).
+    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`.choice`).
     """
     return _host_rule("series_on_host")
 
@@ -166,9 +156,9 @@ def memory_bound_place(*inputs: object, kernel: str = "max_mipmap") -> contextli
     """Where a memory-bound kernel (a few operations per input byte: the pyramids, the local correlation image)
     runs, for host inputs (NumPy, dask or Zarr, as a napari layer gives them) on a machine with an accelerator:
     where it finishes first by this machine's measured rates, the accelerator or the host CPU
-    (:mod:`._rates`): the bytes that must cross (the inputs' as the source holds them, where the kernel sends
+    (:mod:`.rates`): the bytes that must cross (the inputs' as the source holds them, where the kernel sends
     them so), over the link's rate, plus the work on the accelerator's rate, against the work on the host's rate.
-    ``kernel`` names the kernel, whose work and bytes sent :data:`._rates.KERNELS` describes
+    ``kernel`` names the kernel, whose work and bytes sent :data:`.rates.KERNELS` describes
     (``"occupancy_mipmap"``, ``"max_mipmap"``, ``"local_correlation_image"``). Where the rates cannot be had (a
     measurement failed), the host.
 
@@ -176,15 +166,14 @@ def memory_bound_place(*inputs: object, kernel: str = "max_mipmap") -> contextli
     carries it to the chip. On a TPU v5e machine (13-core host, link about 0.5-1.2 GB/s), with NumPy inputs on the
     chip, occupancy_mipmap of 1024^3 float32 ran 0.4x the host's speed, max_mipmap of 512^3 0.8x and
     local_correlation_image of 2000 x 512^2 0.8x, where with the inputs already on the chip they ran 44x, 120x and
-    12x faster (``benchmarks/bench_accelerator.py``, 2026-12-06, issue 53's table; docs/accelerator.md, fifteenth
-    session). A fixed rule then ran them on the host for host inputs on a TPU, 1.0x; the rates decide since, so
+    12x faster (``benchmarks/bench_accelerator.py``, docs/accelerator.md). The rates, not a fixed rule, decide, so
     that a source that crosses cheaply (uint8) or a slow host can take the chip. Compute-bound kernels (DIC,
     tracking, the maps) are not placed by this: their work per byte makes the chip worth the link (3.4x-16x with
     NumPy inputs). The rates are measured once per machine, at the first call that needs them, and kept
-    (:func:`._rates.rates_for`); never where there is no accelerator.
+    (:func:`.rates.rates_for`); never where there is no accelerator.
 
     A device array input keeps the work on its device; the CPU backend changes nothing. The host under the setting
-    ``"host"``; JAX's default device under ``"accelerator"`` (:mod:`._compute_on`); neither measures. A move to the
+    ``"host"``; JAX's default device under ``"accelerator"`` (:mod:`.choice`); neither measures. A move to the
     host is noted in the job's log (the provenance's ``"ran_on"``). A dask input's blocks run later, in dask's
     threads (or a cluster's processes): the kernel hands them :func:`keep_place`, so that they run where this
     placed the call.
@@ -251,7 +240,7 @@ def _scoped_var(variable: contextvars.ContextVar, value: Any) -> Iterator[None]:
 
 
 def placed() -> contextlib.AbstractContextManager:
-    """The setting's placement in this thread, for the kernels' own scope (:func:`._precision.precision_scope`):
+    """The setting's placement in this thread, for the kernels' own scope (:func:`.precision.precision_scope`):
     the host CPU under ``"host"`` where JAX's default device here is not it already (a dask task in one of
     dask's threads, which the setting follows and JAX's per-thread default device does not; a library call with
     ``NAPARI_GRIDMIP_COMPUTE_ON=host``); else nothing."""
@@ -299,7 +288,7 @@ def host_pool_aliased() -> bool:
     the whole pool, 512 MiB by default, once per band of every render: over a TPU host's link, about 2.5 GB/s
     (``benchmarks/bench_accelerator.py``, the offsets-first map's 236 MB in 0.094 s), 0.2 s a band for bricks
     mostly on the device already. Measured since: a render on a TPU v5e spent 7 ms updating the pool
-    (``benchmarks/accelerator_profile.py``, case render_view_on_chip, 2026-12-06), its element gathers being what
+    (``benchmarks/probes/accelerator_profile.py``, case render_view_on_chip), its element gathers being what
     holds it there (:func:`render_on_host`).
     """
     return on_cpu()
@@ -342,7 +331,7 @@ def step_record_ring() -> int:
 
     Scatters on the CPU: each is a few thousand stores into memory the cores cache. A ring elsewhere: on a TPU
     v5e the scatters were 3.4 of the 4.4 s of device time of traverse_occupied 512^3 with 1M rays, which ran at
-    0.7x the same machine's CPU (``benchmarks/accelerator_profile.py``, case traverse_occupied, 2026-12-06,
+    0.7x the same machine's CPU (``benchmarks/probes/accelerator_profile.py``, case traverse_occupied,
     docs/accelerator.md).
     """
     return 0 if on_cpu() else RECORD_RING_STEPS
@@ -354,13 +343,13 @@ def offset_sweeps() -> bool:
     tiles of a few rows through all offsets at once.
 
     Tiles on the CPU, where a tile of 32 rows (or 4 for the map) and its offsets stay in the cores' caches and
-    XLA fuses each tile's sums into vectorised loops (``benchmarks/bench_correlation.py``, issue 10). Sweeps
+    XLA fuses each tile's sums into vectorised loops (``benchmarks/bench_correlation.py``). Sweeps
     elsewhere: a tile is too small a step for an accelerator, whose loop iterations each cost a launch, and
     the tiles' gathers (the 3x3 neighbourhood of every pixel's peak, the map's runs of the flattened image)
     are where a TPU is slowest; a sweep reads the band once per offset with static and row-aligned slices
     and takes the peak's neighbourhood in a second sweep of selects, no gather. On a TPU v5e,
     find_displacement K=10 2048^2 15x15 took 9.7 s with the tiles against 2.5 s on the 13-core host
-    (issue 34); the sweep's figures are in docs/accelerator.md.
+    (the sweep's figures: docs/accelerator.md).
     """
     return not on_cpu()
 
@@ -371,6 +360,6 @@ def cache_sized_bands() -> bool:
 
     On the CPU a band's gathered 4x4 blocks stay in cache (K=10, 900x900: 16 rows refine in 0.42 s, 32 rows in
     0.83 s). On an accelerator each band is a launch and a wait: the 1024^2 refinement's 73 bands of 14 rows
-    made find_displacement(refine) 5.6x slower on a TPU v5e than on its host (issue 34); large bands make few.
+    made find_displacement(refine) 5.6x slower on a TPU v5e than on its host; large bands make few.
     """
     return on_cpu()

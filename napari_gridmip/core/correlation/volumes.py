@@ -1,0 +1,662 @@
+"""Digital volume correlation (DVC): the displacement, its gradient and its quality at a grid of points of a
+reference volume, found in a deformed volume (a micro-CT scan before and after a load).
+
+The pipeline, each stage starting the next:
+
+1. the whole volume's translation, by phase correlation of the two volumes binned by 2 (integer peak and a
+   parabola through its neighbours along each axis);
+2. each point's integer displacement around it, by the ZNCC of its subset (binned by 2) over every shift of a
+   cube ``search`` voxels wide each way, with a parabola's sub-voxel step; the displacement's gradient from the
+   neighbouring points';
+3. the inverse-compositional Gauss-Newton (IC-GN) of a 12-parameter first-order warp (:mod:`._volume_icgn`),
+   the deformed volume interpolated by tricubic B-splines (its coefficients computed once), the reference
+   subset's gradient and Hessian once per point; the points run in fixed-size chunks (one compiled program), and
+   each step only the points still going;
+4. the points that failed, once more from the converged warp of their best neighbour (carried by its gradient),
+   then the checks that give every point a :class:`Status`: a lost point is NaN with its reason, never a
+   plausible number.
+
+A region of interest clips the subsets: only its voxels enter the sums (masked ZNCC), less a band at its edge as
+wide as the prefilter's and the spline's reach, so that no voxel outside it moves a match.
+
+References
+----------
+B. K. Bay, T. S. Smith, D. P. Fyhrie, M. Saad, "Digital volume correlation: three-dimensional strain mapping
+using X-ray tomography", Exp. Mech. 39, 217-226 (1999).
+B. Pan, K. Li, W. Tong, "Fast, robust and accurate digital image correlation calculation without redundant
+computations", Exp. Mech. 53, 1277-1289 (2013) (IC-GN).
+E. Andò, O. Stamati, et al., "spam: Software for Practical Analysis of Materials", J. Open Source Softw. 5(51),
+2286 (2020).
+J. Yang, K. Bhattacharya, "Augmented Lagrangian digital image correlation", Exp. Mech. 59, 187-205 (2019);
+J. Yang, L. Hazlett, A. K. Landauer, C. Franck, "Augmented Lagrangian digital volume correlation (ALDVC)",
+Exp. Mech. 60, 1205-1223 (2020).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import fft as scipy_fft
+from scipy import ndimage
+
+from napari_gridmip.core import validate
+from napari_gridmip.core.correlation import _volume_icgn as kernels
+from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius
+from napari_gridmip.core.correlation.status import Status
+from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
+
+SHAPES = ("affine", "translation")
+MAX_ITERATIONS = 40  # IC-GN steps at most; from the search's start 3 to 6 are typical
+TOLERANCE = 1e-3  # voxels: a point whose increment moves no subset corner by more than this has converged
+CHUNK_VOXELS = 2**19  # points x subset voxels per compiled call (about 56 subsets of 21^3: 32 of them)
+PROPAGATION_ROUNDS = 2  # retries of the failed points from their found neighbours
+SPLINE_REACH = 2  # voxels a cubic spline's value reads around its position
+COARSE = 2  # the search's binning
+SEARCH_CHUNK = 256  # points per call of the coarse search
+
+
+@dataclasses.dataclass(frozen=True)
+class VolumeCorrelation:
+    """What :func:`correlate_volumes` returns: a grid of ``P x R x C`` points on the reference volume."""
+
+    dz: np.ndarray
+    """``(P, R, C)`` float32: each point's displacement along z (voxels): ``deformed[z + dz, y + dy, x + dx]``
+    matches ``reference[z, y, x]``; NaN where ``status`` is not ok."""
+    dy: np.ndarray
+    """``(P, R, C)`` float32: the displacement along y."""
+    dx: np.ndarray
+    """``(P, R, C)`` float32: the displacement along x."""
+    z: np.ndarray
+    """``(P,)`` float64: the reference z of each plane of points."""
+    y: np.ndarray
+    """``(R,)`` float64: the reference y of each row of points."""
+    x: np.ndarray
+    """``(C,)`` float64: the reference x of each column of points."""
+    zncc: np.ndarray
+    """``(P, R, C)`` float32: the zero-normalised correlation of the subset with the deformed volume at the
+    converged warp; NaN where the warp was not run or did not converge."""
+    sigma: np.ndarray
+    """``(P, R, C, 3)`` float32: the predicted standard deviation of ``(dz, dy, dx)`` (voxels): the residual's
+    variance per voxel times the inverse Gauss-Newton Hessian's diagonal (it grows with the noise and with what the
+    warp cannot follow, and shrinks with the subset's gradients); NaN where ``dz`` is."""
+    status: np.ndarray
+    """``(P, R, C)`` uint8: a :class:`Status` per point."""
+    gradient: np.ndarray
+    """``(P, R, C, 3, 3)`` float32: the displacement's gradient from the subset's warp, ``gradient[..., i, j] =
+    d d_i / d x_j`` with ``d = (dz, dy, dx)`` and ``x = (z, y, x)``; NaN where ``dz`` is, and everywhere for
+    ``shape="translation"``."""
+    iterations: np.ndarray
+    """``(P, R, C)`` int16: the IC-GN steps each point took (0 where it was not run)."""
+    translation: np.ndarray
+    """``(3,)`` float64: the whole volume's translation (dz, dy, dx) found by phase correlation."""
+    subset: int
+    """The subset's side (voxels)."""
+    step: int
+    """The grid's spacing (voxels)."""
+    shape: str
+    """The warp: ``"affine"`` or ``"translation"``."""
+
+
+# -- checks --------------------------------------------------------------------------------------------------------
+
+
+def _check_volume(name: str, volume: Any) -> tuple[Any, tuple[int, int, int]]:
+    volume = validate.as_array(name, volume)
+    validate.check_real(name, volume)
+    shape = validate.check_ndim(name, volume, ndim=3)
+    validate.check_nonempty(name, shape)
+    return volume, shape
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer >= {minimum}; got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {value}")
+    return int(value)
+
+
+def _unit_interval(name: str, value: Any) -> float:
+    value = validate.check_finite_scalar(name, value)
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be in [0, 1]; got {value}")
+    return value
+
+
+def _check_roi(roi: Any, shape: tuple[int, int, int]) -> np.ndarray | None:
+    if roi is None:
+        return None
+    roi = validate.as_array("roi", roi)
+    if tuple(roi.shape) != shape:
+        raise ValueError(f"roi must be a mask of the reference's shape {shape}; got shape {tuple(roi.shape)}")
+    roi = np.asarray(roi)
+    if roi.dtype != bool and not np.issubdtype(roi.dtype, np.integer):
+        raise TypeError(f"roi must be a bool mask or integer labels (> 0 inside); got dtype {roi.dtype}")
+    return roi > 0
+
+
+def _read(name: str, volume: Any, dtype: np.dtype) -> np.ndarray:
+    """The volume as a new ``dtype`` array (the caller's is never written), non-finite values refused."""
+    out = np.array(volume, dtype=dtype, copy=True)
+    if np.dtype(validate.dtype_of(volume)).kind == "f" and not np.all(np.isfinite(out)):
+        raise ValueError(f"{name} has non-finite voxels; fill them (and leave them out with roi)")
+    return out
+
+
+# -- the whole volume's translation ----------------------------------------------------------------------------
+
+
+def _parabola(low: np.ndarray, mid: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The vertex offset of the parabola through three samples at -1, 0, 1 (0 where it is not a maximum)."""
+    curve = low - 2 * mid + high
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(curve < 0, (low - high) / (2 * curve), 0.0)
+    return np.clip(np.nan_to_num(out), -0.5, 0.5)
+
+
+def whole_translation(reference: np.ndarray, deformed: np.ndarray) -> np.ndarray:
+    """The translation ``s`` (voxels, float64 ``(3,)``) with ``deformed[x + s] ~ reference[x]``, by phase
+    correlation (both volumes less their means, under a Hann window) and a parabola along each axis."""
+    window = 1.0
+    for axis, n in enumerate(reference.shape):
+        shape = [1, 1, 1]
+        shape[axis] = n
+        window = window * np.hanning(n + 2)[1:-1].reshape(shape)
+    a = scipy_fft.rfftn((reference - reference.mean()) * window, workers=-1)
+    b = scipy_fft.rfftn((deformed - deformed.mean()) * window, workers=-1)
+    cross = b * np.conj(a)
+    cross /= np.abs(cross) + 1e-12 * np.abs(cross).max()
+    surface = scipy_fft.irfftn(cross, s=reference.shape, workers=-1)
+    peak = np.unravel_index(np.argmax(surface), surface.shape)
+    out = np.zeros(3)
+    for axis, n in enumerate(surface.shape):
+        around = []
+        for k in (-1, 0, 1):
+            index = list(peak)
+            index[axis] = (index[axis] + k) % n
+            around.append(surface[tuple(index)])
+        whole = peak[axis] - n if peak[axis] > n // 2 else peak[axis]
+        low, mid, high = (max(float(v), 0.0) for v in around)
+        # a phase correlation peak is a sampled sinc, not a parabola: Foroosh et al.'s ratio of the larger neighbour
+        out[axis] = whole + (high / (high + mid) if high >= low else -low / (low + mid)) if mid > 0 else whole
+    return out
+
+
+# -- chunks of points ----------------------------------------------------------------------------------------------
+
+
+def _chunk(subset: int) -> int:
+    """The points of one compiled call: the largest power of two with at most ``CHUNK_VOXELS`` subset voxels."""
+    return 1 << max(0, int(np.floor(np.log2(max(CHUNK_VOXELS // subset**3, 1)))))
+
+
+def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: int) -> tuple[np.ndarray, ...]:
+    """``fn(*chunk_arrays)`` over the points ``index`` in chunks of ``chunk`` (the last padded by its first
+    point), each per-point array taken at those points; the outputs joined on the host, trimmed to ``index``."""
+    count = len(index)
+    padded = np.concatenate([index, np.full(-count % chunk, index[0])]) if count else index
+    outs = [fn(*(a[padded[s : s + chunk]] for a in per_point)) for s in range(0, len(padded), chunk)]
+    outs = jax.device_get(outs)
+    return tuple(np.concatenate([np.asarray(o[i]) for o in outs])[:count] for i in range(len(outs[0])))
+
+
+# -- the coarse search -------------------------------------------------------------------------------------------
+
+
+def _coarse_search(reference: np.ndarray, deformed: np.ndarray, mask: np.ndarray | None, centres: np.ndarray,
+                   guess: np.ndarray, *, half: int, search: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Each point's displacement ``(N, 3)`` near ``guess`` (voxels, the whole translation) by the ZNCC of its
+    subset over every integer shift within ``search`` voxels, on both volumes binned by 2 (and standardised), with
+    a parabola's sub-voxel step; and the peak's ZNCC ``(N,)`` (-inf where every shift leaves the volume). With
+    ``mask`` (the voxels the subsets may use), the binned voxels wholly inside it only."""
+
+    def coarse(volume):
+        out = np.asarray(kernels.binned(jnp.asarray(volume)), np.float64)
+        return (out - out.mean()) / max(out.std(), 1e-30)
+
+    ref_c, def_c = coarse(reference), coarse(deformed)
+    shape_c = np.array(ref_c.shape)
+    half_c = int(min(max(2, half // COARSE), (shape_c.min() - 1) // 2))
+    reach = max(1, -(-search // COARSE))
+    pad = half_c + reach + 1
+    padded = np.pad(def_c, pad, constant_values=np.nan)
+    width = 2 * (half_c + reach) + 1
+    centre_c = np.clip(np.rint((centres - 0.5) / COARSE).astype(np.int64), half_c, shape_c - 1 - half_c)
+    shift_c = np.rint(guess / COARSE).astype(np.int64)
+    ref_corner = (centre_c - half_c).astype(np.int32)
+    window = np.clip(centre_c + shift_c - half_c - reach + pad, 0, np.array(padded.shape) - width).astype(np.int32)
+    ref_j, def_j = jnp.asarray(ref_c, dtype), jnp.asarray(padded, dtype)
+    masked = mask is not None
+    mask_j = jnp.asarray(np.asarray(kernels.binned(jnp.asarray(mask, dtype))) > 0.999, dtype) if masked else ref_j
+
+    def call(rc, wc):
+        return (kernels.search(ref_j, def_j, mask_j, rc, wc, half=half_c, reach=reach, masked=masked),)
+
+    (zncc,) = _chunked(call, np.arange(len(centres)), (ref_corner, window), SEARCH_CHUNK)
+    shifts = 2 * reach + 1
+    best = np.argmax(zncc, 1)
+    peak = zncc[np.arange(len(zncc)), best]
+    k = np.stack(np.unravel_index(best, (shifts,) * 3), -1)
+    cube = zncc.reshape(-1, shifts, shifts, shifts)
+    sub = np.zeros((len(zncc), 3))
+    rows = np.arange(len(zncc))
+    for axis in range(3):
+        inner = (k[:, axis] > 0) & (k[:, axis] < shifts - 1)
+        lo, hi = k.copy(), k.copy()
+        lo[:, axis] = np.clip(k[:, axis] - 1, 0, shifts - 1)
+        hi[:, axis] = np.clip(k[:, axis] + 1, 0, shifts - 1)
+        values = [cube[rows, v[:, 0], v[:, 1], v[:, 2]] for v in (lo, k, hi)]
+        finite = inner & np.all(np.isfinite(values), 0)
+        sub[finite, axis] = _parabola(*(v[finite] for v in values))
+    moved = window.astype(np.float64) - pad + k + sub - ref_corner  # coarse voxels
+    return COARSE * moved, peak
+
+
+# -- the IC-GN over every point ------------------------------------------------------------------------------------
+
+
+class _Solver:
+    """The IC-GN of chosen points from chosen starts, over the prepared volumes (each point's Hessian once)."""
+
+    def __init__(self, coefficients, reference, mask, centres, *, half, affine, max_iterations, tolerance, chunk,
+                 band):  # fmt: skip
+        self.coefficients, self.reference, self.mask = coefficients, reference, mask
+        self.band = np.asarray(band, reference.dtype)
+        self.centres = centres.astype(np.int32)
+        self.half, self.affine, self.chunk = half, affine, chunk
+        self.max_iterations, self.tolerance = max_iterations, tolerance
+        points = len(centres)
+        self.inverse = np.full((points, 12, 12), np.nan, np.float64)
+        self.count = np.zeros(points)
+        self.norm = np.zeros(points)
+        self.prepared = np.zeros(points, bool)
+
+    def prepare(self, which: np.ndarray) -> None:
+        index = np.flatnonzero(which & ~self.prepared)
+        if not len(index):
+            return
+
+        def call(centre):
+            return kernels.prepare(self.reference, self.mask, centre, half=self.half, affine=self.affine)
+
+        inverse, count, norm = _chunked(call, index, (self.centres,), self.chunk)
+        self.inverse[index], self.count[index], self.norm[index] = inverse, count, norm
+        self.prepared[index] = True
+
+    def textured(self) -> np.ndarray:
+        """The prepared points whose subset has texture: a positive definite Hessian and some variance."""
+        return self.prepared & np.all(np.isfinite(self.inverse), (1, 2)) & (self.norm > 0)
+
+    def run(self, which: np.ndarray, start: np.ndarray) -> dict[str, np.ndarray]:
+        """IC-GN of the points ``which`` from ``start`` ``(N, 12)``: each point's warp, ZNCC, residual variance,
+        steps, and whether it converged, started in view and stayed in view (NaN and False elsewhere)."""
+        points = len(which)
+        p = np.where(which[:, None], start, np.nan)
+        out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan),
+                   steps=np.zeros(points, np.int16), converged=np.zeros(points, bool),
+                   started=np.zeros(points, bool), view=np.zeros(points, bool))  # fmt: skip
+        dtype = self.reference.dtype
+        active = which.copy()
+        for iteration in range(self.max_iterations):
+            index = np.flatnonzero(active)
+            if not len(index):
+                break
+
+            def call(centre, warp, inverse):
+                return kernels.step(self.coefficients, self.reference, self.mask, centre, warp.astype(dtype),
+                                    inverse.astype(dtype), self.band, half=self.half)  # fmt: skip
+
+            new, moved, zncc, variance, view = _chunked(call, index, (self.centres, p, self.inverse), self.chunk)
+            out["zncc"][index], out["variance"][index] = zncc, variance
+            out["view"][index] = view
+            if iteration == 0:
+                out["started"][index] = view
+            out["steps"][index] += 1
+            good = view & np.all(np.isfinite(new), 1)
+            p[index[good]] = new[good]
+            done = good & (moved <= self.tolerance)
+            out["converged"][index[done]] = True
+            active[index] = good & ~done
+        out["warp"] = p
+        return out
+
+
+def _neighbour_starts(grid: tuple[int, int, int], origin: np.ndarray, warp: np.ndarray, found: np.ndarray,
+                      zncc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """For every point, the warp ``(N, 12)`` carried from its best found face neighbour (highest ZNCC) by that
+    neighbour's gradient, and whether it has one."""
+    points = len(origin)
+    best = np.full(points, -np.inf)
+    out = np.full((points, 12), np.nan)
+    score = np.where(found, np.nan_to_num(zncc, nan=-1.0), -np.inf)
+    for here, there in _face_pairs(grid):
+        better = score[there] > best[here]
+        h, t = here[better], there[better]
+        best[h] = score[t]
+        gradient = _gradient(warp[t])
+        shift = warp[t][:, kernels.TRANSLATION] + np.einsum("pij,pj->pi", gradient, origin[h] - origin[t])
+        carried = warp[t].copy()
+        carried[:, kernels.TRANSLATION] = shift
+        out[h] = carried
+    return out, np.isfinite(best)
+
+
+def _face_pairs(grid: tuple[int, int, int]):
+    """For each of the 6 face directions, the flat indices ``(here, there)`` of every point with a neighbour that
+    way and of that neighbour."""
+    index = np.arange(int(np.prod(grid))).reshape(grid)
+    for axis in range(3):
+        for sign in (-1, 1):
+            lo = [slice(None)] * 3
+            hi = [slice(None)] * 3
+            lo[axis], hi[axis] = slice(0, -1), slice(1, None)
+            here, there = (index[tuple(lo)], index[tuple(hi)]) if sign > 0 else (index[tuple(hi)], index[tuple(lo)])
+            yield here.ravel(), there.ravel()
+
+
+def _gradient(warp: np.ndarray) -> np.ndarray:
+    """The displacement gradient ``(n, 3, 3)`` of warps ``(n, 12)``."""
+    return np.stack([warp[:, 1:4], warp[:, 5:8], warp[:, 9:12]], 1)
+
+
+def _disagreement(grid, origin, warp, found) -> np.ndarray:
+    """Each found point's median distance (voxels) from the displacements its found face neighbours predict for it
+    through their own gradients; NaN with fewer than 3 found neighbours."""
+    points = len(origin)
+    distances = np.full((6, points), np.nan)
+    shift = warp[:, kernels.TRANSLATION]
+    for k, (here, there) in enumerate(_face_pairs(grid)):
+        both = found[here] & found[there]
+        h, t = here[both], there[both]
+        predicted = shift[t] + np.einsum("pij,pj->pi", _gradient(warp[t]), origin[h] - origin[t])
+        distances[k, h] = np.linalg.norm(shift[h] - predicted, axis=1)
+    enough = np.sum(np.isfinite(distances), 0) >= 3
+    median = np.full(points, np.nan)
+    median[enough] = np.nanmedian(distances[:, enough], 0)
+    return median
+
+
+def _corners(gradient: np.ndarray, half: int) -> tuple[np.ndarray, np.ndarray]:
+    """The least and greatest offset ``(N, 3)`` of a subset's voxels from its centre under the warps' gradients
+    ``(N, 3, 3)`` (the extremes of a linear map over a cube are at its corners)."""
+    corners = half * np.array(list(np.ndindex(2, 2, 2)), np.float64) * 2 - half  # (8, 3)
+    moved = corners[None] + np.einsum("pij,kj->pki", gradient, corners)
+    return moved.min(1), moved.max(1)
+
+
+def _in_view(shift: np.ndarray, gradient: np.ndarray, origin: np.ndarray, half: int, size) -> np.ndarray:
+    """Whether each subset, carried by the translation ``shift`` ``(N, 3)`` and the gradient, lies in the volume
+    (within half a voxel of its border voxels, as the IC-GN's check)."""
+    low, high = _corners(gradient, half)
+    top = np.asarray(size, np.float64) - 0.5
+    return np.all((origin + shift + low >= -0.5) & (origin + shift + high <= top), 1)
+
+
+def _into_view(shift: np.ndarray, gradient: np.ndarray, origin: np.ndarray, half: int, size) -> np.ndarray:
+    """The start translations moved the least into the volume, so that each subset starts inside it: the coarse
+    search's step and its binned subset (one voxel narrower) may put a subset at the border a voxel out, where a
+    point inside the volume still has its match."""
+    low, high = _corners(gradient, half)
+    lower = -0.5 - origin - low
+    upper = np.asarray(size, np.float64) - 0.5 - origin - high
+    return np.where(lower <= upper, np.clip(shift, lower, np.maximum(lower, upper)), shift)
+
+
+def _affine_fit(origin: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The least-squares displacement gradient ``(3, 3)`` and translation ``(3,)`` of the points ``origin`` ``(n,
+    3)`` moved by ``shift``; None with fewer than 8 points."""
+    if len(origin) < 8:
+        return None, None
+    design = np.concatenate([origin, np.ones((len(origin), 1))], 1)
+    solution, *_ = np.linalg.lstsq(design, shift, rcond=None)
+    return solution[:3].T, solution[3]
+
+
+def _start_gradient(displacement: np.ndarray, grid: tuple[int, int, int], step: int) -> np.ndarray:
+    """The displacement's gradient ``(N, 3, 3)`` across the grid's neighbours (central differences over ``step``
+    voxels, one-sided at the edges), 0 where it is not finite or the grid is one point thick."""
+    field = displacement.reshape(*grid, 3)
+    out = np.zeros((*grid, 3, 3))
+    for axis in range(3):
+        if grid[axis] > 1:
+            slope = np.gradient(field, float(step), axis=axis)
+            out[..., :, axis] = np.where(np.isfinite(slope), slope, 0)
+    return out.reshape(-1, 3, 3)
+
+
+def correlate_volumes(
+    reference: Any,
+    deformed: Any,
+    *,
+    subset: int = 21,
+    step: int = 10,
+    roi: Any = None,
+    shape: str = "affine",
+    search: int = 4,
+    min_zncc: float = 0.9,
+    min_inside: float = 0.5,
+    max_disagreement: float = 1.0,
+    prefilter: float | str | None = "auto",
+    max_iterations: int = MAX_ITERATIONS,
+    tolerance: float = TOLERANCE,
+    dtype: Any = None,
+) -> VolumeCorrelation:
+    """Digital volume correlation: the displacement of a grid of reference points in a deformed volume.
+
+    Parameters
+    ----------
+    reference, deformed
+        ``(Z, Y, X)`` volumes of the same shape, any real dtype (NumPy, dask or Zarr: read whole); non-finite
+        voxels are not allowed. Neither is modified.
+    subset
+        The subset's side in voxels, odd, at least 5; default 21.
+    step
+        The grid's spacing in voxels; default 10. The first point is ``subset // 2`` voxels from the corner, so
+        every reference subset is inside the volume.
+    roi
+        ``(Z, Y, X)`` bool mask (or integer labels, > 0 inside) of the reference: the subsets use only its voxels,
+        less a band along its edge as wide as the prefilter's and the spline's reach (``round(4 sigma) + 2``
+        voxels), in masked sums. A point whose centre is outside, with less than ``min_inside`` of its subset
+        inside, or whose clipped subset has no texture, is ``outside_roi``. Default: the whole volume.
+    shape
+        The subset's warp: ``"affine"`` (12 parameters, the default) or ``"translation"`` (3).
+    search
+        Voxels: how far a point's displacement may be from the whole volume's translation; each point is searched
+        over every integer shift within it (on the volumes binned by 2) before the IC-GN. 0: start every point from
+        the whole translation. Default 4.
+    min_zncc
+        The least ZNCC of a kept match; default 0.9.
+    min_inside
+        The least share of a subset inside the (trimmed) ROI; default 0.5.
+    max_disagreement
+        Voxels: a found point farther than this from where its found face neighbours put it (the median of their
+        predictions through their own gradients, 3 neighbours at least) is ``ambiguous``; default 1.
+    prefilter
+        The Gaussian both volumes are smoothed by first (the 2D functions' bias remedy): ``"auto"`` (0.8 voxel,
+        the default), None, or a standard deviation in voxels.
+    max_iterations
+        IC-GN steps at most; default 40.
+    tolerance
+        Voxels: a point has converged when its increment moves no corner of its subset by more than this; default
+        1e-3.
+    dtype
+        The compute precision: float32 (default) or float64.
+
+    Returns
+    -------
+    VolumeCorrelation
+        ``dz``, ``dy``, ``dx``, ``zncc`` ``(P, R, C)`` float32 (NaN where ``status`` is not ok), ``sigma``
+        ``(P, R, C, 3)``, ``gradient`` ``(P, R, C, 3, 3)``, ``status`` ``(P, R, C)`` uint8 (:class:`Status`),
+        ``iterations``, the grid ``z``, ``y``, ``x`` (reference voxels) and the whole ``translation``.
+
+    Raises
+    ------
+    ValueError
+        If a volume is not 3D or empty, the shapes differ, ``roi`` has another shape, the subset is even, under 5
+        or larger than the volume, or an option is out of its range.
+    TypeError
+        If a volume is not real, ``roi`` is not a mask, or an option has the wrong type.
+
+    References
+    ----------
+    B. K. Bay, T. S. Smith, D. P. Fyhrie, M. Saad, Exp. Mech. 39, 217-226 (1999); B. Pan, K. Li, W. Tong, Exp.
+    Mech. 53, 1277-1289 (2013); E. Andò, O. Stamati et al., J. Open Source Softw. 5, 2286 (2020) (spam); J. Yang,
+    L. Hazlett, A. K. Landauer, C. Franck, Exp. Mech. 60, 1205-1223 (2020) (ALDVC).
+    """
+    reference, size = _check_volume("reference", reference)
+    deformed, other = _check_volume("deformed", deformed)
+    if other != size:
+        raise ValueError(f"deformed must have the reference's shape {size}; got shape {other}")
+    subset = _check_int("subset", subset, minimum=5)
+    if subset % 2 == 0:
+        raise ValueError(f"subset must be odd (a centre voxel); got {subset}")
+    if subset > min(size):
+        raise ValueError(f"subset {subset} is larger than the volumes' smallest side (shape {size})")
+    step = _check_int("step", step, minimum=1)
+    mask = _check_roi(roi, size)
+    if not isinstance(shape, str):
+        raise TypeError(f"shape must be one of {SHAPES}; got {shape!r} ({type(shape).__name__})")
+    validate.check_choice("shape", shape, SHAPES)
+    search = _check_int("search", search, minimum=0)
+    min_zncc = _unit_interval("min_zncc", min_zncc)
+    min_inside = _unit_interval("min_inside", min_inside)
+    max_disagreement = validate.check_finite_scalar("max_disagreement", max_disagreement)
+    if max_disagreement <= 0:
+        raise ValueError(f"max_disagreement must be positive (voxels); got {max_disagreement}")
+    sigma = check_prefilter(prefilter, default=DEFAULT_SIGMA)
+    max_iterations = _check_int("max_iterations", max_iterations, minimum=1)
+    tolerance = validate.check_finite_scalar("tolerance", tolerance)
+    if tolerance <= 0:
+        raise ValueError(f"tolerance must be positive (voxels); got {tolerance}")
+    dtype = compute_dtype(dtype)
+    with precision_scope(dtype):
+        return _correlate(reference, deformed, mask, subset=subset, step=step, shape=shape, search=search,
+                          min_zncc=min_zncc, min_inside=min_inside, max_disagreement=max_disagreement, sigma=sigma,
+                          max_iterations=max_iterations, tolerance=tolerance, dtype=dtype)  # fmt: skip
+
+
+def _inside_share(mask: np.ndarray, centres: np.ndarray, half: int) -> np.ndarray:
+    """The share of each subset's voxels inside ``mask`` (box sums of its summed-volume table)."""
+    table = np.pad(mask.astype(np.float64).cumsum(0).cumsum(1).cumsum(2), ((1, 0), (1, 0), (1, 0)))
+    lo, hi = centres - half, centres + half + 1
+    total = 0.0
+    for corner in np.ndindex(2, 2, 2):
+        at = [np.where(c, hi[:, a], lo[:, a]) for a, c in enumerate(corner)]
+        total = total + (-1) ** (3 - sum(corner)) * table[at[0], at[1], at[2]]
+    return total / (2 * half + 1) ** 3
+
+
+def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zncc, min_inside, max_disagreement,
+               sigma, max_iterations, tolerance, dtype) -> VolumeCorrelation:  # fmt: skip
+    size = tuple(reference.shape)
+    half = subset // 2
+    axes = [np.arange(half, n - half, step, dtype=np.float64) for n in size]
+    grid = tuple(len(a) for a in axes)
+    origin = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
+    centres = origin.astype(np.int64)
+    points = len(origin)
+    ref = _read("reference", reference, dtype)
+    dfm = _read("deformed", deformed, dtype)
+
+    status = np.full(points, Status.not_significant, np.uint8)
+    usable = np.ones(points, bool)
+    if mask is not None:
+        # the voxels a subset may use: the ROI less the prefilter's and the spline's reach inside its edge
+        trimmed = ndimage.binary_erosion(mask, iterations=radius(sigma) + SPLINE_REACH, border_value=1)
+        usable = mask[tuple(centres.T)] & (_inside_share(trimmed, centres, half) >= min_inside)
+        weights = trimmed
+    else:
+        weights = np.ones(size, bool)
+    # and less the prefilter's reach inside the volume's border, where it smoothed mirrored values that the
+    # deformed volume, carried, does not hold (the deformed side's band: the IC-GN's ``band``)
+    band = radius(sigma)
+    if band:
+        weights = weights.copy()
+        for axis in range(3):
+            edge = [slice(None)] * 3
+            edge[axis] = np.r_[0:band, size[axis] - band : size[axis]]
+            weights[tuple(edge)] = False
+
+    coefficients, prepared = kernels.prepared_volumes(jnp.asarray(ref), jnp.asarray(dfm), sigma=sigma)
+    if min(size) >= 2 * COARSE * 4:
+        ref_c, def_c = (np.asarray(kernels.binned(jnp.asarray(v))) for v in (ref, dfm))
+        translation = COARSE * whole_translation(ref_c, def_c)
+    else:
+        translation = whole_translation(ref, dfm)
+    start_shift = np.broadcast_to(translation, (points, 3)).copy()
+    searched = np.ones(points, bool)
+    if search > 0 and min(size) >= 2 * COARSE * 4:
+        start_shift, peak = _coarse_search(ref, dfm, weights if mask is not None else None, centres, translation,
+                                           half=half, search=search, dtype=dtype)  # fmt: skip
+        searched = np.isfinite(peak)
+        start_shift[~searched] = np.nan
+    affine = shape == "affine"
+    start_gradient = _start_gradient(start_shift, grid, step) if affine else np.zeros((points, 3, 3))
+    start = np.zeros((points, 12))
+    start[:, kernels.TRANSLATION] = _into_view(start_shift, start_gradient, origin, half, size)
+    start[:, 1:4], start[:, 5:8], start[:, 9:12] = (start_gradient[:, a] for a in range(3))
+
+    solver = _Solver(coefficients, prepared, jnp.asarray(weights, dtype), centres, half=half, affine=affine,
+                     max_iterations=max_iterations, tolerance=tolerance, chunk=_chunk(subset),
+                     band=radius(sigma) if sigma > 0 else -1.0)  # fmt: skip
+    solver.prepare(usable)
+    textured = solver.textured()
+    run = usable & textured & searched
+    result = solver.run(run, start)
+
+    def accepted(r):
+        return r["converged"] & r["view"] & (np.nan_to_num(r["zncc"], nan=-1) >= min_zncc)
+
+    found = accepted(result)
+    tried = run.copy()
+    for _ in range(PROPAGATION_ROUNDS):
+        carried, has = _neighbour_starts(grid, origin, result["warp"], found, result["zncc"])
+        retry = usable & textured & ~found & has & np.all(np.isfinite(carried), 1)
+        if not retry.any():
+            break
+        again = solver.run(retry, carried)
+        better = retry & (accepted(again) | ~tried)
+        for key in result:
+            result[key][better] = again[key][better]
+        tried |= retry
+        found = accepted(result)
+
+    disagreement = _disagreement(grid, origin, result["warp"], found)
+    ambiguous = found & (disagreement > max_disagreement)
+    found &= ~ambiguous
+    # out of view: the start put the subset outside, or a match good enough to keep did (a warp that wandered off
+    # from a start in view found nothing: not significant)
+    good_zncc = np.nan_to_num(result["zncc"], nan=-1) >= min_zncc
+    left = tried & ~result["view"] & good_zncc
+    # and a point not found where the whole field (the affine map of the points found, else the whole
+    # translation) carries its subset out of the volume: no start inside the volume could have found it
+    linear, shift = _affine_fit(origin[found], result["warp"][found][:, kernels.TRANSLATION])
+    if linear is None:
+        linear, shift = np.zeros((3, 3)), translation
+    predicted = origin @ linear.T + shift
+    carried = ~_in_view(predicted, np.broadcast_to(linear, (points, 3, 3)), origin, half, size)
+    status[left | ~searched | (carried & ~found & ~ambiguous)] = Status.out_of_view
+    status[ambiguous] = Status.ambiguous
+    status[found] = Status.ok
+    if mask is not None:
+        status[~usable | (solver.prepared & ~textured & (_inside_share(weights, centres, half) < 1))] = Status.outside_roi
+
+    warp = np.where(found[:, None], result["warp"], np.nan)
+    inverse_diagonal = np.diagonal(solver.inverse, axis1=1, axis2=2)[:, kernels.TRANSLATION]
+    sigma_out = np.sqrt(np.maximum(result["variance"], 0)[:, None] * inverse_diagonal)
+    gradient = _gradient(warp) if affine else np.full((points, 3, 3), np.nan)
+
+    def field(values, tail=()):
+        return np.asarray(values, np.float32).reshape(*grid, *tail)
+
+    return VolumeCorrelation(
+        dz=field(warp[:, 0]), dy=field(warp[:, 4]), dx=field(warp[:, 8]), z=axes[0], y=axes[1], x=axes[2],
+        zncc=field(np.where(result["converged"], result["zncc"], np.nan)),
+        sigma=field(np.where(found[:, None], sigma_out, np.nan), (3,)), status=status.reshape(grid),
+        gradient=field(gradient, (3, 3)), iterations=result["steps"].reshape(grid), translation=translation,
+        subset=subset, step=step, shape=shape,
+    )  # fmt: skip

@@ -1,33 +1,7 @@
-"""Qt-free jobs: what each widget computes, as plain data and functions.
-
-The model of the widget layer, in the manner of napari-animation's ``Animation``:
-
-1. On the GUI thread a widget captures a *request*: the arrays (never read
-   there), the input layer's transform (:class:`~napari_gridmip._jobs.world.Frame`),
-   the names and the parameters. Capturing reads layers; nothing later does.
-2. ``<job>_plan(request)`` makes the job's :class:`~napari_gridmip._jobs.plan.Plan`:
-   its sources, the public calls and the outputs. The command line makes the
-   same plan from the same options, with files for sources.
-3. ``make_*_job(request)`` turns it into a :class:`Job`: a description and a
-   callable ``run(progress) -> JobResult``, which the widget's runner calls in a
-   napari thread worker. It executes the plan there (JAX runs only there).
-4. The :class:`JobResult` holds napari layer-data tuples, in the order they are
-   added (bottom first), and a one-line summary. The runner adds the layers on
-   the GUI thread, all or none, or replaces the previous run's layers of the
-   same output.
-
-Every layer a job makes carries its provenance in ``metadata["napari_gridmip"]``
-(:func:`layer_tuples`), read from the plan that computed it: the public calls
-(one :class:`~napari_gridmip._jobs.plan.Call` record each), the input layers,
-the versions and the time, where the calls ran (``"ran_on"``: the runner runs
-each job in :func:`placed`), and its data as the plan's output expression, from
-which the widget's "Copy as Python" writes a script.
-
-The modules: ``mipmap``, ``patches`` (merge), ``tiled``, ``stitch``, ``correlation``
-(two stacks or one pair), ``timeseries`` and ``surface`` (one pixel's correlation).
-
-``progress(done, total)`` may raise (the runner's Cancel does), which stops a
-job between steps; every job reports several steps.
+"""Qt-free jobs: what each widget computes, as plain data and functions (a request captured on the GUI thread, the
+job's :class:`~napari_gridmip._jobs.plan.Plan`, and a :class:`Job` that runs it in a worker; :class:`Job` says
+how). One module per widget: ``mipmap``, ``patches``, ``tiled``, ``stitch``, ``correlation``, ``timeseries``,
+``surface``; ``plan``, ``world``, ``device_layers``, ``live_render`` and ``settings`` are shared.
 """
 
 from __future__ import annotations
@@ -99,7 +73,34 @@ class JobResult:
 
 @dataclass(frozen=True)
 class Job:
-    """A description for the status line and activity dock, and the work itself."""
+    """A description for the status line and activity dock, and the work itself.
+
+    The model of the widget layer, in the manner of napari-animation's ``Animation``:
+
+    1. On the GUI thread a widget captures a *request*: the arrays (never read
+       there), the input layer's transform (:class:`~napari_gridmip._jobs.world.Frame`),
+       the names and the parameters. Capturing reads layers; nothing later does.
+    2. ``<job>_plan(request)`` makes the job's :class:`~napari_gridmip._jobs.plan.Plan`:
+       its sources, the public calls and the outputs. The command line makes the
+       same plan from the same options, with files for sources.
+    3. ``make_*_job(request)`` turns it into a :class:`Job`: a description and a
+       callable ``run(progress) -> JobResult``, which the widget's runner calls in a
+       napari thread worker. It executes the plan there (JAX runs only there).
+    4. The :class:`JobResult` holds napari layer-data tuples, in the order they are
+       added (bottom first), and a one-line summary. The runner adds the layers on
+       the GUI thread, all or none, or replaces the previous run's layers of the
+       same output.
+
+    Every layer a job makes carries its provenance in ``metadata["napari_gridmip"]``
+    (:func:`layer_tuples`), read from the plan that computed it: the public calls
+    (one :class:`~napari_gridmip._jobs.plan.Call` record each), the input layers,
+    the versions and the time, where the calls ran (``"ran_on"``: the runner runs
+    each job in :func:`placed`), and its data as the plan's output expression, from
+    which the widget's "Copy as Python" writes a script.
+
+    ``progress(done, total)`` may raise (the runner's Cancel does), which stops a job between steps; every job
+    reports several steps.
+    """
 
     description: str
     run: Callable[[ProgressCallback], JobResult]
@@ -112,7 +113,7 @@ def prepare_jax() -> str:
     """Turn on JAX's persistent compilation cache (unless the user chose one) and name the device.
 
     Runs in a worker before the first job: compiled programs then survive
-    napari restarts, so a second session skips the compile (docs/benchmarks.md,
+    napari restarts, so napari started again skips the compile (docs/benchmarks.md,
     "First calls"). Returns e.g. ``'JAX device: cpu (cpu, 1 available)'``.
     """
     import jax  # in the worker: the widgets' modules load without JAX

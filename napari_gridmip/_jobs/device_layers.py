@@ -1,39 +1,9 @@
-"""Layers that stay on the device (issue 53, item 2): a widget's input layer is sent to the accelerator once and
-kept there while it is unchanged, so that the next runs on it (a new threshold, window or subset) start from the
-device copy.
+"""Layers that stay on the device: a widget's input layer is sent to the accelerator once and kept there while it is
+unchanged, so that the next runs on it (a new threshold, window or subset) start from the device copy.
 
-Why: with NumPy inputs a run on a TPU pays the link for every input byte, every run. The memory-bound kernels
-then run on the host at best (``core._backend.memory_bound_place``: ``max_mipmap`` 512^3 at 1.0x the host, 120x
-with its input on the chip; ``local_correlation_image`` 2000 x 512^2 at 1.0x, 12x on the chip), and the
-compute-bound ones lose much of their lead (``find_displacement`` K=10 2048^2: 3.4x the host with NumPy in and
-out, 11.6x with its inputs on the chip; docs/accelerator.md). A device input keeps every kernel on the device by
-the existing rules.
-
-Three parts, Qt-free (napari's layer events are plain callbacks); JAX is imported only where a worker resolves an
-input:
-
-- :class:`DeviceLayerCache`: the device copies by key (a layer's identity and how the run indexes its data) and
-  version, under a budget of bytes (a share of the device's memory, napari's Preferences: "All widgets", "Keep
-  input layers on the accelerator"), the least recently used evicted first. The runner's workers ask for copies
-  (:meth:`~DeviceLayerCache.get`); napari's events, on the GUI thread, drop them. The lock is held for bookkeeping
-  only, never for a transfer: the GUI thread never waits for one.
-- :class:`DeviceInput`: what a widget captures with its request, on the GUI thread (the key, the layer's version,
-  its data); the job turns it into the array its kernels get (:func:`resolve`), in the worker.
-- :class:`LayerWatch`: one widget's connections to its viewer's layers. An edit (napari's ``layer.events.data``:
-  data replaced or set; a Labels layer's ``paint``; an explicit ``layer.events.refresh()``) gives the layer a new
-  version and drops its copies; a layer leaving the viewer (``viewer.layers.events.removed``) frees them; closing
-  the widget undoes its connections and frees the copies no other widget watches.
-
-Nothing is kept where nothing is gained, and the input passes unchanged, so a CPU's runs and memory are as
-before: JAX's default device is the CPU (no accelerator), the setting ``compute_on`` is ``"host"``, the budget
-is 0, or the job's kernels would run on the host anyway (float64 on a TPU). An input that is not an in-memory
-NumPy array (dask, Zarr: read block by block, larger than memory), 64-bit data (JAX narrows it without x64; a TPU
-has no float64) and an array over the budget pass unchanged too. The data goes in its own dtype: a uint8 or uint16
-layer crosses the link at 1 or 2 bytes a value, the kernels cast it on the device.
-
-Not seen: an Image layer's array edited in place and then ``layer.refresh()``: napari's refresh emits only
-``set_data``, which every slider move emits too. Emit ``layer.events.data`` (or assign ``layer.data``) after such
-an edit, as napari's own Labels painting does with its events.
+Qt-free (napari's layer events are plain callbacks): :class:`DeviceLayerCache` holds the copies under a budget,
+:class:`DeviceInput` is what a widget captures, :func:`resolve` turns it into the kernels' array in the worker, and
+:class:`LayerWatch` drops a layer's copies when it is edited or removed. JAX is imported only in the worker.
 """
 
 from __future__ import annotations
@@ -82,6 +52,25 @@ class DeviceLayerCache:
     -----
     :meth:`get` runs in the workers; :meth:`drop`, :meth:`drop_layer` and :meth:`clear` on any thread (napari's
     events: the GUI thread). A copy dropped while a job computes on it lives until that job lets it go.
+
+    Why: with NumPy inputs a run on a TPU pays the link for every input byte, every run. The memory-bound kernels
+    then run on the host at best (``core.runtime.strategy.memory_bound_place``: ``max_mipmap`` 512^3 at 1.0x the host,
+    120x
+    with its input on the chip; ``local_correlation_image`` 2000 x 512^2 at 1.0x, 12x on the chip), and the
+    compute-bound ones lose much of their lead (``find_displacement`` K=10 2048^2: 3.4x the host with NumPy in and
+    out, 11.6x with its inputs on the chip; docs/accelerator.md). A device input keeps every kernel on the device by
+    the existing rules.
+
+    Nothing is kept where nothing is gained, and the input passes unchanged, so a CPU's runs and memory are as
+    before: JAX's default device is the CPU (no accelerator), the setting ``compute_on`` is ``"host"``, the budget
+    is 0, or the job's kernels would run on the host anyway (float64 on a TPU). An input that is not an in-memory
+    NumPy array (dask, Zarr: read block by block, larger than memory), 64-bit data (JAX narrows it without x64; a TPU
+    has no float64) and an array over the budget pass unchanged too. The data goes in its own dtype: a uint8 or uint16
+    layer crosses the link at 1 or 2 bytes a value, the kernels cast it on the device.
+
+    Not seen: an Image layer's array edited in place and then ``layer.refresh()``: napari's refresh emits only
+    ``set_data``, which every slider move emits too. Emit ``layer.events.data`` (or assign ``layer.data``) after such
+    an edit, as napari's own Labels painting does with its events.
     """
 
     def __init__(
@@ -365,7 +354,7 @@ def run_freeing_copies(run: Callable[[Any], Any], progress: Any) -> Any:
 
 def runs_on_device(dtype: Any = None) -> bool:
     """Whether a job's kernels, computing in ``dtype``, run on JAX's default device here: not float64 on a TPU
-    (the chip has none; ``core._precision`` moves that work to the host). In the worker."""
+    (the chip has none; ``core.runtime.precision`` moves that work to the host). In the worker."""
     from napari_gridmip.core.runtime import strategy  # imports JAX: in the worker, not as the widgets load
 
     return not (dtype is not None and np.dtype(dtype) == np.float64 and strategy._platform() == "tpu")

@@ -1,11 +1,5 @@
-"""Full resolution in napari's 3D view, without Qt: the camera's state, the layer's data, and progressive renders.
-
-:class:`ViewState` is what a render depends on (napari's camera, the canvas size, the dims point of a >3D layer
-and the layer's display settings), read from napari's models. :class:`LiveSource` holds one layer's levels, its
-occupancy cells and a bounded chunk cache per level, and turns a state into pictures: a coarse pass (a coarser
-level of a multiscale layer, or the full-resolution data at a quarter of the canvas's pixels), then the full
-resolution at the canvas's pixels. Each :class:`Picture` carries the world corners of the canvas on the plane
-through the camera's centre, where a textured quad shows it aligned with the volume in napari's 3D canvas.
+"""Full resolution in napari's 3D view, without Qt: the camera's state (:class:`ViewState`), the layer's data and
+progressive renders (:class:`LiveSource`), and the pictures a textured quad shows in napari's canvas.
 """
 
 from __future__ import annotations
@@ -186,13 +180,19 @@ class LiveSource:
     ``levels``: 3D arrays (NumPy, dask, Zarr), level ``k`` strided or averaged by ``2**k`` from level 0 (napari's
     multiscale); ``cells``: bool occupancy of ``cell``^3 cells of level 0; ``scale``/``translate``: the layer's over
     its three displayed axes.
+
+    :class:`LiveSource` holds one layer's levels, its
+    occupancy cells and a bounded chunk cache per level, and turns a state into pictures: a coarse pass (a coarser
+    level of a multiscale layer, or the full-resolution data at a quarter of the canvas's pixels), then the full
+    resolution at the canvas's pixels. Each :class:`Picture` carries the world corners of the canvas on the plane
+    through the camera's centre, where a textured quad shows it aligned with the volume in napari's 3D canvas.
     """
 
     def __init__(self, levels: list, cells: np.ndarray, cell: int, scale: Any, translate: Any, *,
                  threshold: float = 0.0, cache_bytes: int = CACHE_BYTES) -> None:  # fmt: skip
         from napari_gridmip.core.occupancy.raycast import ChunkCache  # JAX: in the worker
 
-        compile_cache.enable()  # the render's programs then load from disk in a later session (once per process)
+        compile_cache.enable()  # the render's programs then load from disk in a later process (once per process)
         self.levels = levels
         self.cells, self.cell = np.asarray(cells, bool), int(cell)
         self.scale, self.translate = np.asarray(scale, float), np.asarray(translate, float)
@@ -326,7 +326,7 @@ class LiveSource:
         """Make the render programs of every level a view of ``display`` renders (the coarse pass's and the full
         resolution's), side by side: XLA's compile releases the GIL. A live view calls it when it is switched on,
         before the camera has rested, so that its first view compiles nothing (or loads nothing from the disk
-        cache): on 2 cores, the first view of a user's first session came 1.6 s sooner
+        cache): on 2 cores, a user's very first view came 1.6 s sooner
         (docs/screenshots_real_volume.py, docs/occupancy.md); the Occupancy mipmap widget calls it, with
         ``preload=False``, once a layer it could show is chosen, before the switch. Then, with ``preload``, in a
         thread of its own (:attr:`preloading`) that a render does not wait for, level 0's occupied chunks are read

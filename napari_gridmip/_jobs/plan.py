@@ -1,18 +1,9 @@
 """One record of each public call, which is also what runs (Qt-free).
 
-A job is a :class:`Plan`: its inputs (:class:`Source`), the public calls that compute it (:class:`Call`, each
-of which evaluates itself) and its outputs (Python expressions over the calls' results). Executing the plan
-(:meth:`Plan.run`) is how the widget's job and the command line's subcommand compute, and the same record gives:
-
-1. a layer's provenance, ``layer.metadata["napari_gridmip"]`` (:func:`layer_provenance`): the calls, the
-   input layers, the package and JAX versions and the time, where each call ran (``"ran_on"``, :func:`ran_on`),
-   plus which output of which widget the layer is;
-2. the "Copy as Python" script (:func:`python_script`), which reproduces the layers from the input layers
-   with the public API;
-3. the command line's output attributes (:func:`file_provenance`: OME-Zarr and Zarr attributes, a TIFF
-   description), where the inputs are paths;
-4. the re-run's "is this my layer?" test (:func:`same_output`): the widget, its input layers and the
-   output's role, never the layer's name alone.
+A job is a :class:`Plan`: its inputs (:class:`Source`), the public calls that compute it (:class:`Call`) and its
+outputs. Executing it is how the widgets and the command line compute, and the same record gives a layer's
+provenance (:func:`layer_provenance`), the "Copy as Python" script (:func:`python_script`), the command line's
+file attributes (:func:`file_provenance`) and the re-run's "is this my layer?" test (:func:`same_output`).
 """
 
 from __future__ import annotations

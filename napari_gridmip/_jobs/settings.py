@@ -1,16 +1,6 @@
-"""The widgets' last choices, remembered across napari sessions (Qt-free), where napari keeps plugin settings.
-
-napari 0.9 and later keep a plugin's settings in its own file beside napari's, from the ``configurations`` of
-the plugin's manifest (``napari.yaml``: one section per widget, ``mipmap``, ``patches``, ``stitch``, ``tiled``,
-``correlation``, and ``general`` for what all widgets share), shown in napari's Preferences and read with
-``napari.settings.get_plugin_settings("napari-gridmip").<widget>.<field>``.
-
-Before those, the choices lived in a JSON file of our own (``widget-settings.json`` in the per-user config
-folder). Its values move into napari's settings once, the first time they are read there; the file then keeps
-only what napari's sections do not declare, marked as migrated. The file stays the store wherever napari has no
-plugin configurations (an older napari), and when ``NAPARI_GRIDMIP_CONFIG_DIR`` names a folder of our own
-(the tests use one, so that they never touch the user's settings). Only plain parameters are stored (numbers,
-text, booleans), never layer choices; a missing or unreadable store means defaults, never an error.
+"""The widgets' last choices, remembered between napari runs (Qt-free), where napari keeps plugin settings (its
+Preferences, from the manifest's ``configurations``), else in a JSON file of our own. Only plain parameters are
+stored, never layer choices; a missing or unreadable store means defaults, never an error.
 """
 
 from __future__ import annotations
@@ -90,7 +80,20 @@ def save(key: str, values: dict[str, Any], *, store: Any = _DEFAULT) -> None:
 
 def migrate(store: Any) -> None:
     """Move the JSON file's values into napari's settings, once (the file is then marked, keeping only values that
-    napari's sections do not declare)."""
+    napari's sections do not declare).
+
+    napari 0.9 and later keep a plugin's settings in its own file beside napari's, from the ``configurations`` of
+    the plugin's manifest (``napari.yaml``: one section per widget, ``mipmap``, ``patches``, ``stitch``, ``tiled``,
+    ``correlation``, and ``general`` for what all widgets share), shown in napari's Preferences and read with
+    ``napari.settings.get_plugin_settings("napari-gridmip").<widget>.<field>``.
+
+    Before those, the choices lived in a JSON file of our own (``widget-settings.json`` in the per-user config
+    folder). Its values move into napari's settings once, the first time they are read there; the file then keeps
+    only what napari's sections do not declare, marked as migrated. The file stays the store wherever napari has no
+    plugin configurations (an older napari), and when ``NAPARI_GRIDMIP_CONFIG_DIR`` names a folder of our own
+    (the tests use one, so that they never touch the user's settings). Only plain parameters are stored (numbers,
+    text, booleans), never layer choices; a missing or unreadable store means defaults, never an error.
+    """
     everything = _read_all()
     if not everything or everything.get(MIGRATED):
         return

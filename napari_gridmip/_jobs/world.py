@@ -1,10 +1,5 @@
-"""World-coordinate placement of layers derived from an input layer.
-
-A derived array whose element ``j`` (per axis) stands for the input's data
-coordinate ``offset + step * j`` (a coarse voxel over a block of ``step``
-input voxels has ``offset = (step - 1) / 2``: the block's centre) gets the
-scale and translate below, so that it lines up with the input in world
-coordinates whatever the input's scale, translate, rotate and shear.
+"""World-coordinate placement of layers derived from an input layer, so that they line up with it whatever its
+scale, translate, rotate and shear.
 """
 
 from __future__ import annotations
@@ -91,6 +86,14 @@ def derived_placement(
     axes
         Which of the input's axes the derived array keeps, in order (default:
         all of them). Rotate and shear are carried only when all axes are kept.
+
+    Notes
+    -----
+    A derived array whose element ``j`` (per axis) stands for the input's data
+    coordinate ``offset + step * j`` (a coarse voxel over a block of ``step``
+    input voxels has ``offset = (step - 1) / 2``: the block's centre) gets the
+    scale and translate returned, so that it lines up with the input in world
+    coordinates whatever the input's scale, translate, rotate and shear.
     """
     ndim = frame.ndim
     axes = list(range(ndim)) if axes is None else [a % ndim for a in axes]

@@ -1,11 +1,6 @@
 """Samples kept on disk after their first making: File > Open Sample runs the sample function on napari's GUI
-thread, where making the DIC pair, the tiles or the calcium movie took 0.5 to 1 s (benchmarks/gui_soak.py's stall
-samples); read back from the cache, the same layers take a few milliseconds.
-
-The cache key is the source of the sample's module and of this package's shared sample code, so a changed
-recipe makes its sample afresh. The folder is the samples folder beside the compiled programs
-(``NAPARI_GRIDMIP_CACHE_DIR`` overrides it, as for :func:`napari_gridmip._sample_data.sparse.cache_folder`).
-A cache that cannot be read or written is passed by: the sample is made as before.
+thread, where making the DIC pair, the tiles or the calcium movie took 0.5 to 1 s; read back from the cache, the
+same layers take a few milliseconds.
 """
 
 from __future__ import annotations
@@ -34,7 +29,13 @@ def _key(function: Callable[..., Any]) -> str:
 
 
 def on_disk(function: Callable[[], list[tuple]]) -> Callable[[], list[tuple]]:
-    """``function`` (a sample: no arguments, napari layer-data tuples), made once and read back after."""
+    """``function`` (a sample: no arguments, napari layer-data tuples), made once and read back after.
+
+    The cache key is the source of the sample's module and of this package's shared sample code, so a changed
+    recipe makes its sample afresh. The folder is the samples folder beside the compiled programs
+    (``NAPARI_GRIDMIP_CACHE_DIR`` overrides it, as for :func:`napari_gridmip._sample_data.sparse.cache_folder`).
+    A cache that cannot be read or written is passed by: the sample is made as before.
+    """
 
     @functools.wraps(function)
     def sample() -> list[tuple]:

@@ -1,12 +1,5 @@
-"""A calcium-imaging-like movie with known cells: the sample for the local correlation image.
-
-Generated from code (deterministic seed), so it loads from a wheel. A few
-dozen cells with soma-shaped footprints (a bright cytoplasm ring around a
-dimmer nucleus), each flickering with its own spike train (Poisson spikes
-through a calcium kernel: fast rise, exponential decay), on a smooth
-background with slow bleaching and a weak shared neuropil flicker, plus shot
-noise. The known footprints and traces come back with the movie, for the
-layer's metadata and for tests.
+"""A calcium-imaging-like movie with known cells, generated from code (deterministic seed): the sample for the local
+correlation image.
 """
 
 from __future__ import annotations
@@ -69,6 +62,11 @@ def make_calcium_movie(
     overlap. Fluorescence is ``background * (1 + bleaching) + sum of
     footprint * brightness * trace + shared neuropil flicker``, in photon
     counts (a resting cell about 1.5x the background), with Poisson shot noise.
+
+    A few dozen cells with soma-shaped footprints (a bright cytoplasm ring around a dimmer nucleus), each flickering
+    with its own spike train (Poisson spikes through a calcium kernel: fast rise, exponential decay), on a smooth
+    background with slow bleaching and a weak shared neuropil flicker, plus shot noise. The known footprints and traces
+    come back with the movie, for the layer's metadata and for tests.
     """
     rng = np.random.default_rng(seed)
     rows, cols = shape

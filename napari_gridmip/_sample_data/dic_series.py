@@ -1,24 +1,5 @@
-"""DIC sequences with their known motion: a reference and frames, rendered from one analytic speckle pattern.
-
-Each frame shows the surface moved by a known map ``phi_t`` (reference position -> position in frame ``t``):
-its pixel ``q`` shows the material point ``phi_t^-1(q)`` (exact for the rigid and homogeneous maps; by
-fixed-point iteration for the plate with a hole), so the truth carries no interpolation error; then the same
-camera as the DIC pair (shot and read noise, 8 bits). Four kinds, the cases of the DIC Challenge's sequences:
-
-- ``"translation"``: a rigid drift that takes part of the specimen out of view and brings it back, up to half
-  the frame between two frames;
-- ``"rotation"``: a speckled disk on a black background turning a full turn in 20 degree steps, with its
-  mask as the region of interest;
-- ``"hole"``: a plate with a central hole under increasing tension (Kirsch's elastic solution), the hole and
-  the background outside the ROI;
-- ``"strain"``: a homogeneous stretch growing to 25% along x (with the Poisson contraction along y).
-
-References
-----------
-P. L. Reu et al., "DIC Challenge 2.0: developing images and guidelines for evaluating accuracy and resolution
-of 2D analyses", Exp. Mech. 62, 639-654 (2022).
-G. Kirsch, "Die Theorie der Elastizitat und die Bedurfnisse der Festigkeitslehre", Z. Ver. Dtsch. Ing. 42,
-797-807 (1898).
+"""DIC sequences with their known motion: a reference and frames, rendered from one analytic speckle pattern, in the
+four cases of the DIC Challenge's sequences (:data:`KINDS`; :func:`make_dic_series` says how).
 """
 
 from __future__ import annotations
@@ -130,6 +111,26 @@ def make_dic_series(
     under ``"maps"``: a list of callables ``phi_t(y, x) -> (y', x')``; :func:`true_displacement` evaluates them
     on a grid. ``frames``: default 7 for ``"translation"``, 19 (a full turn) for ``"rotation"``, 8 for the
     others. ``noise``: see :func:`~napari_gridmip._sample_data.dic.camera`.
+
+    Each frame shows the surface moved by a known map ``phi_t`` (reference position -> position in frame ``t``):
+    its pixel ``q`` shows the material point ``phi_t^-1(q)`` (exact for the rigid and homogeneous maps; by
+    fixed-point iteration for the plate with a hole), so the truth carries no interpolation error; then the same
+    camera as the DIC pair (shot and read noise, 8 bits). Four kinds, the cases of the DIC Challenge's sequences:
+
+    - ``"translation"``: a rigid drift that takes part of the specimen out of view and brings it back, up to half
+      the frame between two frames;
+    - ``"rotation"``: a speckled disk on a black background turning a full turn in 20 degree steps, with its
+      mask as the region of interest;
+    - ``"hole"``: a plate with a central hole under increasing tension (Kirsch's elastic solution), the hole and
+      the background outside the ROI;
+    - ``"strain"``: a homogeneous stretch growing to 25% along x (with the Poisson contraction along y).
+
+    References
+    ----------
+    P. L. Reu et al., "DIC Challenge 2.0: developing images and guidelines for evaluating accuracy and resolution
+    of 2D analyses", Exp. Mech. 62, 639-654 (2022).
+    G. Kirsch, "Die Theorie der Elastizitat und die Bedurfnisse der Festigkeitslehre", Z. Ver. Dtsch. Ing. 42,
+    797-807 (1898).
     """
     count = frames if frames is not None else {"translation": 7, "rotation": 19}.get(kind, 8)
     maps, roi = series_maps(kind, count, shape)

@@ -1,10 +1,4 @@
 """A microscope-like mosaic: tiles cut from a known picture at known positions, with stage errors.
-
-The truth is known exactly: tile ``t`` is the picture sampled at
-``true_positions[t] + k`` (cubic spline interpolation for fractional
-positions), plus noise. The stage reports the regular grid instead
-(``stage_positions``, from :func:`~napari_gridmip.grid_positions`), off by up
-to ``stage_error`` pixels per axis.
 """
 
 from __future__ import annotations
@@ -100,6 +94,12 @@ def make_mosaic(
     Returns
     -------
     MosaicSample
+
+    Notes
+    -----
+    The truth is known exactly: tile ``t`` is the picture sampled at ``true_positions[t] + k`` (cubic spline
+    interpolation for fractional positions), plus noise. The stage reports the regular grid instead
+    (``stage_positions``, from :func:`~napari_gridmip.grid_positions`), off by up to ``stage_error`` pixels per axis.
     """
     grid_shape = tuple(int(g) for g in grid_shape)
     tile_shape = tuple(int(t) for t in tile_shape)

@@ -1,12 +1,5 @@
-"""The "Sparse volume (large)" sample: a uint16 volume of 2048^3 voxels, well under 2% occupied, as a chunked Zarr.
-
-Thin filaments (1 and 2 voxels wide, neurite-like curves), small blobs and a few dense clusters in zeros. The
-voxels are made as a sparse list (coordinates and values), so only the chunks that hold one are ever allocated
-and written: the Zarr store holds those chunks alone (the rest read as the fill value 0). It is written once into
-the per-user cache (``platformdirs``; ``NAPARI_GRIDMIP_CACHE_DIR`` overrides it) and opened from there as a
-multiscale layer whose coarser levels are strided (every 2nd voxel), as many pyramids are: napari's 3D view shows
-the coarsest level, in which the filaments break up and vanish. The occupancy of 8^3 cells of level 0 is stored
-beside the levels (``cells``) so that "Full resolution in 3D" needs no pass over the data.
+"""The "Sparse volume (large)" sample: a uint16 volume of 2048^3 voxels, well under 2% occupied, as a chunked Zarr
+written once into the per-user cache and opened from there as a multiscale layer.
 """
 
 from __future__ import annotations
@@ -18,6 +11,7 @@ from typing import Any
 import numpy as np
 import platformdirs
 
+from napari_gridmip.core.runtime.files import OutputExistsError, atomic_path
 from napari_gridmip.io.lazy import LazyLevel
 
 SIZE = 2048
@@ -109,7 +103,16 @@ def _write_level(group: Any, name: str, shape: tuple[int, ...], coords: np.ndarr
 
 
 def write_sparse_volume(path: os.PathLike, size: int = SIZE, *, seed: int = 0) -> dict[str, Any]:
-    """Write the sample's Zarr group (levels ``"0"``, ``"1"``, ... and ``cells``) at ``path``; returns its attrs."""
+    """Write the sample's Zarr group (levels ``"0"``, ``"1"``, ... and ``cells``) at ``path``; returns its attrs.
+
+    Thin filaments (1 and 2 voxels wide, neurite-like curves), small blobs and a few dense clusters in zeros. The
+    voxels are made as a sparse list (coordinates and values), so only the chunks that hold one are ever allocated
+    and written: the Zarr store holds those chunks alone (the rest read as the fill value 0). It is written once into
+    the per-user cache (``platformdirs``; ``NAPARI_GRIDMIP_CACHE_DIR`` overrides it) and opened from there as a
+    multiscale layer whose coarser levels are strided (every 2nd voxel), as many pyramids are: napari's 3D view shows
+    the coarsest level, in which the filaments break up and vanish. The occupancy of 8^3 cells of level 0 is stored
+    beside the levels (``cells``) so that "Full resolution in 3D" needs no pass over the data.
+    """
     import zarr  # 0.1 to 0.3 s to import: this module loads with every sample (the cache's folder)
 
     coords, values = sparse_voxels(size, seed)
@@ -146,8 +149,6 @@ def write_sparse_volume(path: os.PathLike, size: int = SIZE, *, seed: int = 0) -
 def open_sparse_volume(size: int = SIZE, *, seed: int = 0, folder: os.PathLike | None = None) -> tuple[list, dict]:
     """The sample's levels (Zarr arrays, finest first) and attrs, written into the cache on first use."""
     import zarr  # 0.1 to 0.3 s to import: this module loads with every sample (the cache's folder)
-
-    from napari_gridmip.core.runtime.files import OutputExistsError, atomic_path
 
     folder = Path(folder) if folder is not None else cache_folder()
     path = folder / f"sparse-volume-{size}-seed{seed}-v{VERSION}.zarr"

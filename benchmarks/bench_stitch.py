@@ -401,20 +401,20 @@ def bench_repetitive(ashlar: bool = False) -> None:
     period), pairs used, ambiguous (resolved by the neighbours' consensus), rejected (of which left ambiguous),
     and the overlaps' mean NCC at the placed positions."""
     from napari_gridmip import register_tiles
-    from napari_gridmip.core.patches import stitch
+    from napari_gridmip.core.patches import pair_search
 
     print("| case | search | max_shift px | RMS / max error px, all tiles | worst pair used, px "
           "| tiles from the stage | pairs used / ambiguous (resolved) / rejected (left ambiguous) "
           "| mean overlap NCC |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---|---:|")
-    original = stitch._is_ambiguous
+    original = pair_search.is_ambiguous
     for title, sample, runs in repetitive_cases():
         for label, options, rule in runs:
-            stitch._is_ambiguous = original if rule else (lambda peak, rival: False)
+            pair_search.is_ambiguous = original if rule else (lambda peak, rival: False)
             try:
                 r = register_tiles(sample.tiles, sample.stage_positions, **options)
             finally:
-                stitch._is_ambiguous = original
+                pair_search.is_ambiguous = original
             if label == "auto":
                 searched = r.max_shift  # ASHLAR's search: auto's
             placed = ~r.placed_from_stage

@@ -10,7 +10,7 @@ import pytest
 
 from napari_gridmip import grid_positions, register_tiles
 from napari_gridmip._sample_data.mosaic import make_mosaic
-from napari_gridmip.core.patches import stitch
+from napari_gridmip.core.patches import pair_search, stitch
 from tests.core.patches.reference import band_pass_reference, chain_positions, ncc_reference
 
 
@@ -142,8 +142,8 @@ def test_spd_solve_and_gumbel():
     # the fitted quantile of Gumbel samples is the true one
     samples = rng.gumbel(0.3, 0.05, 20000)
     expected = 0.3 - 0.05 * np.log(-np.log(0.99))
-    assert abs(stitch._gumbel_quantile(samples, 0.99) - expected) < 0.01
-    assert stitch._gumbel_quantile(np.array([0.1, np.nan]), 0.99) == 0.5  # too few: nothing passes by chance
+    assert abs(pair_search.gumbel_quantile(samples, 0.99) - expected) < 0.01
+    assert pair_search.gumbel_quantile(np.array([0.1, np.nan]), 0.99) == 0.5  # too few: nothing passes by chance
 
 
 # -- whole mosaics -------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from napari_gridmip import register_tiles
 from napari_gridmip._sample_data.mosaic import make_mosaic, microscope_tiles, texture
-from napari_gridmip.core.patches import _stitch_numpy, stitch
+from napari_gridmip.core.patches import _stitch_numpy, pair_search, stitch
 
 
 def batch(shape, sigma, subpixel, max_shift=3, seed=0):
@@ -62,8 +62,8 @@ def test_filtered_tiles_equal_filtered_regions():
     tiles = np.stack([texture((40, 50), seed=3)])
     for low_only in (False, True):
         halo = stitch.filter_halo(1.0, low_only)
-        reader = stitch._TileReader(tiles, None, False, halo)
-        filtered = _stitch_numpy.FilteredTiles(stitch._TileReader(tiles, None, False, 0), 1.0, low_only)
+        reader = pair_search.TileReader(tiles, None, False, halo)
+        filtered = _stitch_numpy.FilteredTiles(pair_search.TileReader(tiles, None, False, 0), 1.0, low_only)
         for start, extent in (((0, 0), (10, 50)), ((-5, 30), (20, 30)), ((35, -3), (10, 12))):
             region = reader.region(0, start, extent)
             expected = _stitch_numpy.band_pass(region[None], 1.0, low_only, 2)[0]
@@ -99,7 +99,7 @@ def test_engines_agree_on_whole_mosaics(monkeypatch, grid, tile, overlap, kwargs
 
 
 def test_small_mosaics_take_numpy_large_ones_jax(monkeypatch):
-    plan = stitch._Plan((16, 256), 32, 4, [])
+    plan = pair_search.Plan((16, 256), 32, 4, [])
     assert stitch._engine([plan], 16) == "numpy"
     monkeypatch.setattr(stitch, "NUMPY_MAX_WORK", 1000)
     assert stitch._engine([plan], 16) == "jax"

@@ -6,7 +6,7 @@ import pytest
 
 from napari_gridmip import register_tiles
 from napari_gridmip._sample_data.mosaic import flat_field, make_mosaic, microscope_tiles
-from napari_gridmip.core.patches import stitch
+from napari_gridmip.core.patches import pair_search, stitch
 
 
 def true_shifts(result, sample):
@@ -94,8 +94,8 @@ def test_no_room_to_refine_keeps_the_peak_fit():
 def test_fine_geometry_reaches_the_borders_only_where_narrow():
     pairs = np.array([[0, 1], [0, 2]])
     delta = np.array([[0.0, 110.0], [0.0, 60.0]])  # 10 px and 60 px overlaps along x
-    fine = stitch._fine_geometry(pairs, delta, (50, 120), halo=4)
-    reach = stitch.FINE_SHIFT + stitch.MARGIN
+    fine = pair_search._fine_geometry(pairs, delta, (50, 120), halo=4)
+    reach = pair_search.FINE_SHIFT + stitch.MARGIN
     # the wide pair stays a halo inside both tiles; the narrow one reaches tile j's border (0) to keep 7 px
     assert fine.lo[1, 1] == 4
     assert fine.lo[0, 1] == 0 and fine.extent[0, 1] == 10 - reach
@@ -219,20 +219,20 @@ def test_a_pair_the_first_placement_doubts_is_decided_by_refinement_and_placemen
     sample = make_mosaic(grid_shape=(3, 3), tile_shape=(96, 96), overlap=0.2, stage_error=3, noise=0.01, seed=5)
     options = {"max_shift": 8, "max_residual": 0.5}
     clean = register_tiles(sample.tiles, sample.stage_positions, **options)
-    original, quantile = stitch._guided_pass, stitch._gumbel_quantile
+    original, quantile = pair_search.guided_pass, pair_search.gumbel_quantile
     chosen = {}
 
     def guided(found, *rest, **options):
         k = int(np.flatnonzero(found.reason == stitch.REASONS.index("accepted"))[0])
         chosen["k"] = k
         found.shift[k] += (1.0, 0.0)  # pass 1 a pixel off: the first placement flags it (residual > max_residual)
-        monkeypatch.setattr(stitch, "_gumbel_quantile", lambda samples, q: float("inf"))  # guided: nothing found
+        monkeypatch.setattr(pair_search, "gumbel_quantile", lambda samples, q: float("inf"))  # guided: nothing found
         try:
             return original(found, *rest, **options)
         finally:
-            monkeypatch.setattr(stitch, "_gumbel_quantile", quantile)
+            monkeypatch.setattr(pair_search, "gumbel_quantile", quantile)
 
-    monkeypatch.setattr(stitch, "_guided_pass", guided)
+    monkeypatch.setattr(pair_search, "guided_pass", guided)
     r = register_tiles(sample.tiles, sample.stage_positions, **options)
     k = chosen["k"]
     assert clean.accepted[k]

@@ -1,4 +1,4 @@
-"""register_tiles on hard stage errors and repetitive texture (issue 55, items 3 and 4): ``max_shift="auto"`` finds
+"""register_tiles on hard stage errors and repetitive texture: ``max_shift="auto"`` finds
 overlaps a stage error has mostly eaten, and a pair whose peak is one of several near-equal repeats is flagged
 ambiguous and resolved by the neighbours' consensus or left to the stage, never taken blindly."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from napari_gridmip import register_tiles
 from napari_gridmip._sample_data.mosaic import cut_mosaic, lattice_picture, texture
-from napari_gridmip.core.patches import _stitch_numpy, stitch
+from napari_gridmip.core.patches import _stitch_numpy, pair_search, stitch
 
 PERIOD = 18
 
@@ -41,9 +41,9 @@ def large_errors():
 def test_auto_search_rule():
     def search(tile, overlap):
         stage = stitch.grid_positions((2, 2), (tile, tile), overlap)
-        pairs, delta = stitch._overlapping_pairs(stage, (tile, tile))
-        geometry = stitch._geometry(pairs, delta, (tile, tile), 0, 0)
-        return stitch._auto_search(geometry, np.arange(len(pairs)))
+        pairs, delta = pair_search.overlapping_pairs(stage, (tile, tile))
+        geometry = pair_search.pair_geometry(pairs, delta, (tile, tile), 0, 0)
+        return pair_search.auto_search(geometry, np.arange(len(pairs)))
 
     assert search(128, 0.4) == (38, 0.25)  # 51 px: three quarters of it
     assert search(512, 0.1) == (38, 0.25)
@@ -54,7 +54,7 @@ def test_auto_search_rule():
 
 def test_large_stage_errors_auto(large_errors):
     sample = large_errors
-    pairs, delta = stitch._overlapping_pairs(sample.stage_positions, (128, 128))
+    pairs, delta = pair_search.overlapping_pairs(sample.stage_positions, (128, 128))
     truth = sample.true_positions[pairs[:, 1]] - sample.true_positions[pairs[:, 0]]
     assert np.abs(truth - delta).max() >= 32  # the stage off by a quarter of the tile between neighbours
     r = register_tiles(sample.tiles, sample.stage_positions)  # max_shift="auto", the default
@@ -107,7 +107,7 @@ def test_repeats_are_flagged_and_resolved_by_consensus_or_left_to_the_stage(latt
 
 
 def test_without_the_rule_a_repeat_is_taken(lattice, lattice_registered, monkeypatch):
-    monkeypatch.setattr(stitch, "_is_ambiguous", lambda peak, rival: False)
+    monkeypatch.setattr(pair_search, "is_ambiguous", lambda peak, rival: False)
     blind = register_tiles(lattice.tiles, lattice.stage_positions)
     assert not blind.ambiguous.any()
     off = np.abs(blind.shift - true_shift(blind, lattice)).max(axis=1)
@@ -205,7 +205,7 @@ def test_weak_pairs_are_found_in_the_broad_band(noisy_blobs, engine, monkeypatch
 
 
 def test_without_the_broad_band_the_noisy_pairs_are_lost(noisy_blobs, monkeypatch):
-    monkeypatch.setattr(stitch, "_broad_pass", lambda *args, done, **options: done)  # (returns the progress count)
+    monkeypatch.setattr(pair_search, "broad_pass", lambda *args, done, **options: done)  # (returns the progress count)
     sample, tiles = noisy_blobs
     result = register_tiles(tiles, sample.stage_positions, max_shift=16)
     assert not result.broad_band.any()
@@ -221,10 +221,10 @@ def test_clean_tiles_keep_the_octave_band(large_errors):
 def test_learned_reach_from_the_accepted_pairs():
     accepted, rejected = stitch.REASONS.index("accepted"), stitch.REASONS.index("not significant")
     shift = np.array([[1.0, 60.6], [-3.0, -20.0], [2.0, 5.0], [0.0, 140.0]])
-    assert stitch._learned_reach(shift, np.array([accepted] * 3 + [rejected])) == 80  # ceil(1.25 x 60.6) + 4
-    assert stitch._learned_reach(shift, np.array([accepted] * 2 + [rejected] * 2)) is None  # too few to learn from
+    assert pair_search.learned_reach(shift, np.array([accepted] * 3 + [rejected])) == 80  # ceil(1.25 x 60.6) + 4
+    assert pair_search.learned_reach(shift, np.array([accepted] * 2 + [rejected] * 2)) is None  # too few to learn from
     small = np.zeros((3, 2))
-    assert stitch._learned_reach(small, np.array([accepted] * 3)) == stitch.AUTO_SHIFT
+    assert pair_search.learned_reach(small, np.array([accepted] * 3)) == pair_search.AUTO_SHIFT
 
 
 def test_a_lattice_with_unique_spots_is_placed_whole():

@@ -576,8 +576,8 @@ def _first_line(error: BaseException) -> str:
 
 
 def start_in_background(where: str | None, *, force: bool = False) -> tuple[int, Path]:
-    """Start ``napari-gridmip --prepare`` in a detached process (a new session: closing the terminal does not stop
-    it) whose output goes to :func:`log_path`; its process id and the log. JAX is not imported here."""
+    """Start ``napari-gridmip --prepare`` in a detached process (apart from the terminal: closing it does not stop the
+    run) whose output goes to :func:`log_path`; its process id and the log. JAX is not imported here."""
     problem = cache_problem()
     if problem:
         raise PrepareError(problem)

@@ -110,16 +110,45 @@ def test_a_stand_in_of_other_shapes_would_not_do(docked, small_samples, monkeypa
     assert _band_compiles(compiles) == 2  # the stand-in's, and the widget's own early start's on the real pair
 
 
+def _hold_the_run_aheads_band_compile(monkeypatch):
+    """``(compiling, go_on)``: the run ahead's thread, once in XLA's compile of the band program, sets ``compiling``
+    and stays there until ``go_on`` is set; other threads' compiles pass. Without it the run ahead, on a stand-in
+    of a small pair, could finish before the test looked for it (the GUI thread makes the sample meanwhile)."""
+    import threading
+
+    from jax._src import compiler
+
+    compiling, go_on = threading.Event(), threading.Event()
+    real = compiler.backend_compile_and_load
+
+    def held(backend, module, *args, **kwargs):
+        name = str(module.operation.attributes["sym_name"])
+        ahead = threading.current_thread().name.startswith(f"napari-gridmip {_samples.NAME_PREFIX}")
+        if ahead and ("_band" in name or "on_each_device" in name):
+            compiling.set()
+            go_on.wait(120)
+        return real(backend, module, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "backend_compile_and_load", held)
+    return compiling, go_on
+
+
 def test_run_pressed_while_the_run_ahead_compiles_waits_for_it(docked, small_samples, monkeypatch, qtbot, compiles):
     """The bench's user (benchmarks/bench_session.py): the sample opened, the widget docked, Run at once. One
     compile of the band program in all: the Run waits for the run ahead's, and cancels the rest of it."""
     _unique_dic(monkeypatch, (128, 132))
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "1")
+    compiling, go_on = _hold_the_run_aheads_band_compile(monkeypatch)
     viewer, widget = docked(CorrelationWidget)
     viewer.layers.clear()
     viewer.open_sample("napari-gridmip", "dic")
-    (ahead,) = _samples.running_ahead()
-    _run(widget, qtbot)
+    try:
+        qtbot.waitUntil(compiling.is_set, timeout=120_000)  # the run ahead is compiling its band program
+        (ahead,) = _samples.running_ahead()
+        widget.run_button.native.click()  # Run pressed while that compile is under way
+    finally:
+        go_on.set()
+    qtbot.waitUntil(lambda: not widget.runner.busy and widget.run_button.enabled, timeout=120_000)
     qtbot.waitUntil(lambda: not _samples.running_ahead(), timeout=120_000)
     assert _band_compiles(compiles) == 1
     assert ahead.cancelled  # the Run took the cores: the run ahead stopped at its next step

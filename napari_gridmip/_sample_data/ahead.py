@@ -1,26 +1,24 @@
-"""File > Open Sample in napari for the samples whose first Run is mostly XLA compiling: that Run started in the
-background on stand-in inputs of the sample's shapes, so that its programs are made, or under way, by the time Run
-is pressed (issue 54, item 5).
+"""File > Open Sample for the samples whose first Run is mostly XLA compiling: that Run starts in the background
+on stand-in inputs of the sample's shapes, so that its programs are made, or under way, by the time Run is pressed.
 
-The DIC pair's first Run in a new user's session compiles its band program for 2.2 to 2.5 s of about 3 s on a
-2-core CPU, and the speckle pair with contrast compiles for 3.4 s of 4.3 s; both compute in 0.1 to 0.3 s once
-compiled (docs/accelerator.md, "Preparing a machine"). A widget's own early start (``_base.prefetch_enabled``)
-begins only once it is docked with its inputs. A program depends on its inputs' shapes, dtypes and the options,
-not on their values: so the sample's first Run (``_prepare.JOBS``: the request the widget makes for the sample,
-``tests/widgets/test_prepare_requests.py``) runs in our early lane (:mod:`.workers`) on a textured stand-in of
-the sample's shapes and dtypes (``_sample_data.stand_in_image``), its result dropped. Where this session has
-imported JAX and the job already (a widget was used), it starts as the sample is asked for, beside the sample's
-making on the GUI thread (XLA's compile releases the GIL); otherwise at the event loop's next turn, once napari has
-added the sample, since those imports would hold the GIL the making needs (docs/benchmarks.md, the eighteenth
-session). The widget's run on the real layers then finds the programs made, or waits for the compile under way
-rather than starting a second one (``core/runtime/executables.py``, ``core/correlation/_bands.py``).
+Why: the DIC pair's first Run in a new session compiles its band program for 2.2 to 2.5 s of about 3 s on a 2-core
+CPU, the speckle pair with contrast's for 3.4 s of 4.3 s; both compute in 0.1 to 0.3 s once compiled
+(docs/accelerator.md, "Preparing a machine"), and a widget's own early start
+(:func:`napari_gridmip._widgets.base.prefetch_enabled`) begins only once it is docked with its inputs. A program
+depends on its inputs' shapes, dtypes and options, not on their values, so the sample's first Run (its job in
+:data:`napari_gridmip._sample_data.prepare.JOBS`) runs in the widgets' early lane
+(:mod:`napari_gridmip._widgets.workers`) on a textured stand-in of the sample's shapes and dtypes, its result
+dropped. Where this session has imported JAX and the job already, it starts as the sample is asked for, beside the
+sample's making on the GUI thread (XLA's compile releases the GIL); otherwise at the event loop's next turn, once
+napari has added the sample, since those imports would hold the GIL the making needs. The widget's Run then finds
+the programs made, or waits for the compile under way rather than starting a second one; a Run cancels what is
+left of the run ahead (:data:`napari_gridmip._widgets.runner.BEFORE_RUN`), as napari's quit does.
 
-Only those samples, only where early starts are on (napari's Preferences, "Start a run before Run is pressed") and
-the widget's remembered options that change the programs are its defaults (:data:`_PROGRAM_OPTIONS`), and only
-with a Qt application: the other samples' first Runs compile for under a second, or compute for longer than they
-compile (the DIC series: 1.6 s compiling, 2.0 s computing), which a run ahead would spend whether or not the user
-runs it. napari's quit cancels the runs ahead. The plain sample functions (``napari_gridmip._sample_data``) stay
-free of Qt and of this; this module imports Qt only when a run ahead starts.
+Only those samples, only where early starts are on and the widget's remembered options that change the programs
+are its defaults (:data:`_PROGRAM_OPTIONS`), and only with a Qt application: the other samples' first Runs compile
+for under a second, or compute for longer than they compile, which a run ahead would spend whether or not the user
+runs it. The plain sample functions (``napari_gridmip._sample_data``) stay free of Qt and of this; this module
+imports Qt only when a run ahead starts.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The frame every widget shares: its inputs, then Run, Cancel and a status line.
 
+Part of the widgets package's internal API: :class:`JobWidget` and the layout helpers for the widgets, and
+:func:`prefetch_enabled` (napari's Preferences: whether runs start before Run is pressed) for the samples' run
+ahead (:mod:`napari_gridmip._sample_data.ahead`).
+
 The canvas first: a dock is a narrow column (:data:`DOCK_WIDTH`) that scrolls when it is taller than the
 window, each field's label above it, the rarely used options in a collapsed "Advanced" section, and the
 options of one mode shown only in that mode (:meth:`JobWidget.show_fields`). With napari's own layer controls
@@ -194,7 +198,7 @@ class JobWidget(Container):
         self.run_button.changed.connect(self.run)
         self.cancel_button.changed.connect(self.runner.cancel)
         self.copy_button.changed.connect(self.copy_python)
-        # the device copies of the layers this widget runs on: current while they are (issue 53, item 2)
+        # the device copies of the layers this widget runs on: current while they are
         self.device_layers = LayerWatch(viewer.layers)
         self._lifetime = _DockLifetime(self)
         # closing the viewer deletes the dock without closing or re-parenting it: let go before Qt does

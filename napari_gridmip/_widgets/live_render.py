@@ -144,7 +144,7 @@ class LiveRender:
     overlay
         The quad layer of a live view stopped for another source layer (:meth:`stop` with ``keep_overlay``): used
         again, so that a new source costs no napari layer removal and insert (each 0.3 to 0.6 s of the GUI thread
-        with many layers open: benchmarks/gui_soak.py).
+        with many layers open, in GUI soaks).
     ahead
         A :class:`WarmAhead` started before the switch: its source is used where it is of this layer and
         threshold.

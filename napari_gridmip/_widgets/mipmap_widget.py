@@ -1,4 +1,6 @@
-"""The "Occupancy mipmap" dock widget."""
+"""The "Occupancy mipmap" dock widget: a 3D layer's occupancy pyramid at a threshold, shown as layers, and the
+"Full resolution in 3D" switch (:mod:`.live_render`) that renders the camera's view from the chunks its rays
+enter, for volumes larger than napari's own 3D view shows at full resolution."""
 
 from __future__ import annotations
 

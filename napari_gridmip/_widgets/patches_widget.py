@@ -1,4 +1,6 @@
-"""The "Reassemble patches" dock widget."""
+"""The "Reassemble patches" dock widget: a layer of patches (a tile grid, as extracted by
+:func:`napari_gridmip.extract_patches`) merged back into one image with the chosen blend, so that a tiled result can be
+looked at whole."""
 
 from __future__ import annotations
 

@@ -1,12 +1,16 @@
-"""The background run shared by every widget.
+"""The background run shared by every widget: part of the widgets package's internal API.
 
-One :class:`BackgroundRunner` per widget owns at most one job at a time, run on
-our own threads (:mod:`.workers`: never on Qt's global pool, which napari's
-``create_worker`` uses and which Qt needs). It disables Run (and enables Cancel) while busy, shows progress in
-napari's activity dock, turns errors into notifications, and adds the result
-layers on the GUI thread all at once, or none of them. Jobs are plain
-:class:`~napari_gridmip._jobs.Job` objects (Qt-free); the compute core never
-sees Qt.
+One :class:`BackgroundRunner` per widget owns at most one job at a time, run on our own threads (:mod:`.workers`:
+never on Qt's global pool, which napari's ``create_worker`` uses and which Qt needs). It disables Run (and enables
+Cancel) while busy, shows progress in napari's activity dock, turns errors into notifications, and adds the result
+layers on the GUI thread all at once, or none of them. Jobs are plain :class:`~napari_gridmip._jobs.Job` objects
+(Qt-free); the compute core never sees Qt.
+
+What other packages of napari_gridmip may use (the samples' run ahead, :mod:`napari_gridmip._sample_data.ahead`):
+:data:`BEFORE_RUN` (hooks called as a user's Run starts), :class:`Cancelled` (raised by a progress callback to stop
+a job), :func:`compute_on_setting` (where napari's Preferences say jobs run), :func:`import_layer_dependencies`
+(what result layers import, done off the GUI thread), :func:`notify_error`, :func:`watch_viewer` and
+:func:`viewer_closed`. The rest is the widgets' own.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def watch_viewer(viewer: Any) -> None:
 def viewer_closed(viewer: Any) -> bool:
     """Whether napari's window of ``viewer`` was closed (``viewer.close()``, or the user's closing of the window):
     nothing may be added to it any more, even before Qt has deleted the docked widgets (adding a layer then
-    crashed in napari's canvas: benchmarks/gui_soak.py, the viewer closed while a result was being shown).
+    crashed in napari's canvas when the viewer was closed while a result was being shown).
 
     Public API only: the window's Close event seen by our watch (:func:`watch_viewer`) and the window hidden
     since (a viewer made with ``show=False`` is never visible, so the Close event is what tells), or the window
@@ -113,10 +117,10 @@ def notify_error(text: str) -> None:
 
 
 #: called on the GUI thread as a user's Run starts: the user's Run takes the cores, so a sample's run ahead
-#: (:mod:`._samples`, which registers its cancel here) stops at its next step, its largest program compiled by
-#: then or still compiling in a thread of its own that the Run's job waits for rather than compiles again (what
-#: remained of it, its run on the stand-in and its small programs, delayed the speckle pair with contrast's layers
-#: by 0.4 s: docs/benchmarks.md, the eighteenth session)
+#: (:mod:`napari_gridmip._sample_data.ahead`, which registers its cancel here) stops at its next step, its largest
+#: program compiled by then or still compiling in a thread of its own that the Run's job waits for rather than
+#: compiles again (what remained of it, its run on the stand-in and its small programs, delayed the speckle pair
+#: with contrast's layers by 0.4 s)
 BEFORE_RUN: list[Callable[[], None]] = []
 
 
@@ -224,7 +228,7 @@ class BackgroundRunner:
         self._begin(job.description)
 
         # the task keeps its callbacks (bound to this runner) only until it has finished; the job (its input
-        # arrays) and the result go through this holder, emptied when it finishes (benchmarks/soak.py measured
+        # arrays) and the result go through this holder, emptied when it finishes (a soak measured
         # 10 MB a run kept otherwise, when napari's workers outlived their runs)
         holding = {"job": job, "on_done": on_done, "replace": replace, "runner": self}
         self._holding = holding
@@ -251,7 +255,7 @@ class BackgroundRunner:
         """The busy state of a run: Run disabled, Cancel enabled, a progress bar in the activity dock.
 
         The bar is made in the next event-loop turn: napari builds its activity dialog's entry then (60 ms, the
-        session's first 200 ms: benchmarks/gui_soak.py), which was the longest part of a click on Run."""
+        session's first 200 ms, in GUI soaks), which was the longest part of a click on Run."""
         self._cancel_requested = False
         self._run_button.enabled = False
         self._cancel_button.enabled = True

@@ -1,10 +1,14 @@
 """Our background threads: every job of napari-gridmip's widgets runs here, never on a thread Qt or napari needs.
 
+Part of the widgets package's internal API: :func:`workers` (the process's one :class:`Workers`, made on first
+use; its ``submit`` runs a function in a lane) and :func:`workers_if_made` (the same, or None before any job), used
+by the widgets and by the samples' run ahead (:mod:`napari_gridmip._sample_data.ahead`).
+
 napari's ``create_worker`` (superqt) starts each worker on Qt's *global* ``QThreadPool``, which holds as many
 threads as the machine has cores and which Qt itself borrows: Qt 5.15 splits the smooth scaling and the format
 conversion of a large image into tasks of that pool and waits for them on the GUI thread. With the pool full of
 our JAX jobs and the GUI thread waiting there while it holds the GIL, which the jobs need to go on, napari froze
-for good (issue 33; ``tests/widgets/test_no_hang.py`` reproduces it on the code before this module).
+for good (``tests/widgets/test_no_hang.py`` reproduces that freeze with Qt's pool).
 
 So our jobs run on plain threads of this module, one per job, started only while their lane has room and ended
 with the job (no idle thread is kept; nothing is left when the jobs are over). Three lanes bound how much runs

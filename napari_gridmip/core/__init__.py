@@ -1,16 +1,14 @@
-"""Pure JAX kernels: no Qt, no napari, no layers.
+"""Pure JAX kernels: no Qt, no napari, no layers, and the flat API's names (loaded on first use).
 
-One subpackage per job (``occupancy``, ``patches``, ``correlation``), each with its kernels and, in its
-``_chunked`` module, their block-by-block twins on dask arrays, handed the kernel by the public function (the
-twins import nothing back). ``runtime`` decides where work runs (devices, strategies, rates, sharding, kept
-programs). The leaves every job shares: ``options`` (the option lists, JAX-free) and ``validate`` (input checks).
-
-The kernels' modules, and so JAX, load when one of these names is first used; that first use also switches on
-JAX's persistent compilation cache (:mod:`.runtime.compile_cache`).
+One subpackage per job (``occupancy``, ``patches``, ``correlation``), each with its dask twins in ``_chunked``;
+``runtime`` decides where work runs; ``options``, ``validate``, ``interpolation`` and ``peak`` are shared leaves.
+A name's first use loads its kernels (and JAX) and switches on JAX's persistent compilation cache.
 """
 
 import importlib
 import sys
+
+from napari_gridmip.core.runtime import compile_cache
 
 # public name -> the module that defines it
 _API = {
@@ -54,8 +52,6 @@ __all__ = sorted(_API)
 
 def __getattr__(name: str):
     if name in _API:
-        from napari_gridmip.core.runtime import compile_cache
-
         value = getattr(importlib.import_module(f"{__name__}.{_API[name]}"), name)
         if "jax" in sys.modules:  # JAX loads with the kernels: compiled programs outlive the process from now on.
             # A kernel that runs without JAX where it can (register_tiles' NumPy engine on small mosaics) does not

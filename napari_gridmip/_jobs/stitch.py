@@ -17,6 +17,8 @@ import numpy as np
 from napari_gridmip._jobs import Job, JobResult, Output, ProgressCallback, as_dask, is_lazy, layer_tuples, staged
 from napari_gridmip._jobs.plan import Call, Plan, Source
 from napari_gridmip._jobs.world import Frame, derived_placement
+from napari_gridmip.core.runtime.files import atomic_path
+from napari_gridmip.io import write_ome_zarr, write_tile_configuration
 
 WIDGET = "stitch"
 ACCEPTED_COLOR = (0.2, 0.9, 0.3, 1.0)  # a used pair's link
@@ -261,9 +263,6 @@ def write_registered(
     """
     import tifffile  # an optional dependency (the io extra): needed only here
 
-    from napari_gridmip.core.runtime.files import atomic_path
-    from napari_gridmip.io import write_tile_configuration
-
     folder = Path(folder).absolute()
     positions = np.asarray(positions, dtype=np.float64)
     n, d = positions.shape
@@ -306,9 +305,6 @@ def make_export_job(request: ExportRequest) -> Job:
     """Write :class:`ExportRequest`'s files, every one under a temporary name renamed when all are complete."""
 
     def run(progress: ProgressCallback) -> JobResult:
-        from napari_gridmip.core.runtime.files import atomic_path
-        from napari_gridmip.io import write_ome_zarr
-
         folder = Path(request.folder).absolute()
         n, d = np.shape(request.positions)
         tiles_written = export_targets(folder, n, request.tile_files, mosaic=False)[1:]

@@ -1,4 +1,4 @@
-"""The core's option lists: public, JAX-free tuples of the words each option takes, the default first.
+"""The core's option lists: public, JAX-free tuples of the words each option takes (the default first).
 
 The kernels validate against them and the widgets and the command line build their choices from them (without
 importing JAX): one list per option, nothing to keep in sync. Import them from here.

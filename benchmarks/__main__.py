@@ -71,9 +71,17 @@ def results_folder() -> Path:
 
 
 def _runs_of(name: str) -> list[Path]:
-    """The result files of benchmark ``name``, oldest first (by the time each run started, then its name)."""
-    files = list(results_folder().glob(f"{name}-*.json"))
-    return sorted(files, key=lambda p: (_load(p).get("started", ""), p.name))
+    """The result files of benchmark ``name`` whose run ended without an error, oldest first (by the time each run
+    started, then the file's name)."""
+    runs = []
+    for path in results_folder().glob(f"{name}-*.json"):
+        try:
+            record = _load(path)
+        except (OSError, ValueError):  # a file being written, or not one of ours
+            continue
+        if record.get("benchmark") == name and not record.get("error"):
+            runs.append((record.get("started", ""), path.name, path))
+    return [path for *_, path in sorted(runs)]
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -157,11 +165,12 @@ def comparison(a: dict[str, Any], b: dict[str, Any], a_name: str = "A", b_name: 
 
 
 def compare(argv: list[str]) -> int:
-    """``compare A.json B.json``, or ``compare NAME``: the last two runs of benchmark NAME."""
+    """``compare A.json B.json``, or ``compare NAME``: the last two runs of benchmark NAME that ended without an
+    error."""
     if len(argv) == 1 and not argv[0].endswith(".json"):
         runs = _runs_of(argv[0])
         if len(runs) < 2:
-            print(f"fewer than two runs of {argv[0]!r} in {results_folder()}", file=sys.stderr)
+            print(f"fewer than two runs of {argv[0]!r} without an error in {results_folder()}", file=sys.stderr)
             return 2
         argv = [str(runs[-2]), str(runs[-1])]
     if len(argv) != 2:

@@ -92,6 +92,17 @@ def test_compare_two_files_and_the_last_two_runs_of_a_benchmark(quick_results):
     assert run("compare", CHEAP[1], results=quick_results).returncode == 2  # a single run: nothing to compare
 
 
+def test_compare_by_name_leaves_out_a_run_that_failed(quick_results, tmp_path):
+    a, b = sorted(quick_results.glob(f"{CHEAP[0]}-*.json"))
+    for path in (a, b):
+        (tmp_path / path.name).write_text(path.read_text())
+    failed = {**json.loads(b.read_text()), "started": "9999-01-01T00:00:00+00:00", "error": "RuntimeError: stopped"}
+    (tmp_path / f"{CHEAP[0]}-99990101T000000Z-1.json").write_text(json.dumps(failed))
+    done = run("compare", CHEAP[0], results=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert a.name in done.stdout and b.name in done.stdout and "9999" not in done.stdout
+
+
 def test_a_benchmark_runs_by_name_with_its_arguments_and_unknown_names_fail():
     done = run("series", "--help")
     assert done.returncode == 0, done.stderr

@@ -44,6 +44,8 @@ DATA_ARGUMENTS = {
     "windowed_pearson": ("img1", "img2", "window"),
     "find_displacement": ("img1", "img2", "window"),
     "correlate_series": ("frames",),
+    "correlate_volumes": ("reference", "deformed"),
+    "volume_strain": ("result",),
     "displacement_vectors": ("dy", "dx"),
     "filter_tiled": ("image", "tile"),
     "grid_positions": ("grid_shape", "tile_shape", "overlap"),

@@ -37,6 +37,8 @@ _API = {
     "windowed_pearson": "correlation.maps",
     "find_displacement": "correlation.maps",
     "correlate_series": "correlation.series",
+    "correlate_volumes": "correlation.volumes",
+    "volume_strain": "correlation.strain3d",
     "displacement_vectors": "correlation.vectors",
     "integrate_gradient": "correlation.fields",
     "phase_from_displacement": "correlation.fields",

@@ -264,10 +264,10 @@ def step(coefficients, reference, mask, centre, p, inverse, band, *, half):
     ``centre`` ``(n, 3)`` int32, ``inverse`` the inverse Hessians :func:`prepare` gives. ``band`` (voxels, a
     scalar): the deformed volume's border band whose values the prefilter made from mirrored ones; a voxel warped
     into it does not count in this step, one in the voxel before it counts in part (the fixed point is then the
-    criterion's over the voxels that do: the Hessian only sets the pace); -1: none. Returns the composed warp ``(n, 12)``, how far the increment moves the subset's
-    corner (voxels), and at ``p``: the ZNCC, the residual's variance per voxel (in the reference's units, for the
-    predicted sigma) and whether every used voxel's position lies inside the volume (within half a voxel of its
-    border voxels)."""
+    criterion's over the voxels that do: the Hessian only sets the pace); -1: none. Returns the composed warp
+    ``(n, 12)``, how far the increment moves the subset's corner (voxels), and at ``p``: the ZNCC, the residual's
+    variance per voxel (in the reference's units, for the predicted sigma) and whether every used voxel's position
+    lies inside the volume (within half a voxel of its border voxels)."""
     size = 2 * half + 1
     dtype = reference.dtype
     offset = offsets(half, dtype)

@@ -115,7 +115,8 @@ def volume_strain(result: Any, *, method: str = "subsets", smoothing: float = 1.
     deviatoric = np.sqrt(2 / 3 * np.sum(deviator * deviator, (-2, -1)))
     return VolumeStrain(
         green_lagrange=_tensor_components(green), small=_tensor_components(small),
-        volumetric=np.where(finite, np.linalg.det(np.where(finite[..., None, None], deformation, identity)) - 1, np.nan),
+        volumetric=np.where(finite, np.linalg.det(np.where(finite[..., None, None], deformation, identity)) - 1,
+                            np.nan),
         deviatoric=deviatoric, principal=principal, gradient=gradient, method=method,
     )  # fmt: skip
 

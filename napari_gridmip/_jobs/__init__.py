@@ -113,7 +113,7 @@ def prepare_jax() -> str:
     """Turn on JAX's persistent compilation cache (unless the user chose one) and name the device.
 
     Runs in a worker before the first job: compiled programs then survive
-    napari restarts, so napari started again skips the compile (docs/benchmarks.md,
+    napari restarts: napari started again skips the compile (docs/benchmarks.md,
     "First calls"). Returns e.g. ``'JAX device: cpu (cpu, 1 available)'``.
     """
     import jax  # in the worker: the widgets' modules load without JAX

@@ -160,7 +160,8 @@ def make_speckle_pair(
 
 # the Correlation widget's settings for the speckle pair (its defaults): a sample sets every option its workflow uses,
 # or the options remembered from another sample's last Run apply (the DIC pair's subset and refine made the pair's
-# first Run in a new process 3.3 s instead of 1.7 s, compiling programs of those options: docs/benchmarks.md, §10)
+# first Run in a new process 3.3 s instead of 1.7 s, compiling programs of those options: docs/benchmarks.md, "First
+# calls")
 SPECKLE_SETTINGS = {"mode": "stacks", "window": [9, 9], "subpixel": "hessian", "outputs": [], "spacing": 8}
 
 

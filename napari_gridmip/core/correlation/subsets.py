@@ -251,7 +251,7 @@ def _sweep(xa, xb, *, rows, offsets, origin, plan: Plan, consume, carry, step=No
     arrays. The sums down the image are carried by the loop (running sums when ``plan.running``), the sums
     along a row are direct (:func:`_row_box`). The image rows of each product reach it through a loop carry,
     sliced one step ahead: a dynamic slice fused into the products costs their vectorisation
-    (docs/benchmarks.md, section 3).
+    (``benchmarks/bench_correlation.py``).
     """
     wa, wb = offsets
     sh = plan.subset[0]

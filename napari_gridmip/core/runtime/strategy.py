@@ -46,7 +46,7 @@ def subset_row_sums(subset_rows: int) -> str:
     output row of a band summed together, one window offset at a time, by a strided ``reduce_window``.
 
     Running sums on the CPU: O(s) instead of O(sh) work a row; the 1024^2 DIC pair (subset 31, step 4) runs
-    2.2x faster warm with them, 0.342 against 0.748 s with fresh sums (docs/benchmarks.md, section 12).
+    2.2x faster warm with them, 0.342 against 0.748 s with fresh sums (docs/benchmarks.md, "DIC: one pair").
     Never on a TPU v5e (JAX 0.10.2): the running sums' program returns sums up to 80% off there (a probe since
     removed, "raw sweep step=4": 8e-1 against the CPU, while every primitive
     it uses, a plain running sum among them, agrees within 2e-7); the speckle-tracking and DIC fields were wrong
@@ -111,7 +111,7 @@ def ic_gn_compile_ahead() -> bool:
     (:func:`.correlation.affine.compile_ahead`).
 
     Not on the CPU: on this 2-core machine three compiles side by side made the 1024^2 pair's first call 5.52 s
-    against 5.08 and 5.14 s (docs/benchmarks.md section 12). Elsewhere, whose compiles run on the host's cores
+    against 5.08 and 5.14 s (docs/benchmarks.md, "First calls"). Elsewhere, whose compiles run on the host's cores
     beside a device that waits: on a TPU v5e with its 13-core host, the 1024^2 affine DIC's first call took
     40.6 s with it against 48.6 s without (``benchmarks/bench_accelerator.py --cases dic_affine``,
     docs/accelerator.md; the two compiles one after the other in that thread then). On a GPU by

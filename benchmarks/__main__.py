@@ -123,7 +123,7 @@ def _ms(seconds: float | None) -> str:
 
 
 def _s(seconds: float | None) -> str:
-    return "" if seconds is None or not math.isfinite(seconds) else f"{seconds:.2f}"
+    return "" if seconds is None or not math.isfinite(seconds) else f"{seconds:.3g}"
 
 
 def _x(value: float | None) -> str:

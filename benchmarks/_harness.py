@@ -393,7 +393,7 @@ def table(title: str, rows: list[Row], reference: str) -> str:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        first = "" if r.first_s is None else f"{r.first_s:.2f}"
+        first = "" if r.first_s is None else f"{r.first_s:.3g}"
         peak = "" if r.peak_mb is None else f"{r.peak_mb:.0f}"
         lines.append(
             f"| {r.name} | {first} | {1e3 * r.best_s:.1f} | {1e3 * r.median_s:.1f} | {r.best_s / ref.best_s:.2f} "

@@ -22,6 +22,7 @@ callback reaches a closed widget.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -440,7 +441,10 @@ class JobWidget(Container):
         if self.released:
             return
         self.released = True
-        self._prefetch_timer.stop()
+        # at the interpreter's exit after a script's viewer.close(), Qt deletes the timer first (PyQt aborts on
+        # the exception a slot raises); a deleted timer has stopped
+        with contextlib.suppress(RuntimeError):
+            self._prefetch_timer.stop()
         self.runner.detach()
         self.device_layers.close()
         events = self._viewer.layers.events

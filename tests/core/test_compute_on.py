@@ -137,7 +137,7 @@ def test_dasks_threads_follow_the_block(tpu):
 
 def test_a_dask_inputs_blocks_run_where_the_rule_put_the_call(tpu, monkeypatch):
     """memory_bound_place decides as the graph is made; the blocks run later in dask's threads, where JAX's
-    default device is not the caller's: they keep the host (core._backend.keep_place)."""
+    default device is not the caller's: they keep the host (core.runtime.strategy.keep_place)."""
     import dask
     import dask.array as da
 
@@ -152,7 +152,7 @@ def test_a_dask_inputs_blocks_run_where_the_rule_put_the_call(tpu, monkeypatch):
 
     monkeypatch.setattr(pyramid, "_occupancy_kernel", spy)
     # one device: on 8 host devices (CI) the blocks would be spread over real CPU devices, which the pretended TPU
-    # is not (core._sharding.spread_blocks; tests/core/test_sharding.py tests the spread)
+    # is not (core.runtime.sharding.spread_blocks; tests/core/test_sharding.py tests the spread)
     monkeypatch.setenv("NAPARI_GRIDMIP_SHARD_BANDS", "0")
     volume = da.from_array(VOLUME, chunks=(4, 4, 6))
     levels = gm.occupancy_mipmap(volume, threshold=0.5)  # auto, host inputs: the host

@@ -270,7 +270,7 @@ def test_empty_axes_are_refused_consistently(call):
         call()
 
 
-# -- array-likes: one rule for every public function (core._validate.as_array) ----------------------
+# -- array-likes: one rule for every public function (core.validate.as_array) ----------------------
 
 
 def _volume_list():

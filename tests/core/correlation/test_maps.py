@@ -80,7 +80,7 @@ CASES = [
 
 @pytest.fixture(params=["tiles", "sweeps"])
 def offset_strategy(request, monkeypatch):
-    """Both strategies of the dense maps' offset search (core._backend.offset_sweeps) and of the refinement's
+    """Both strategies of the dense maps' offset search (core.runtime.strategy.offset_sweeps) and of the refinement's
     bands (cache_sized_bands), forced whatever the backend: the CPU's and the accelerators' must each give
     the definition."""
     from napari_gridmip.core.runtime import strategy as _backend
@@ -457,7 +457,7 @@ def test_every_subpixel_method_in_every_precision(subpixel, dtype, offset_strate
 
 def test_the_refinements_block_table_gives_the_slices_answer(monkeypatch):
     """The accelerators' refinement looks each pixel's 4x4 blocks up in a table of the band's blocks, the CPU's
-    slices them (core._backend.cache_sized_bands): the same numbers, band edges and batch items included, with
+    slices them (core.runtime.strategy.cache_sized_bands): the same numbers, band edges and batch items included, with
     peaks as far out as the window allows (the table's rows are sized from that reach)."""
     from scipy import ndimage
 

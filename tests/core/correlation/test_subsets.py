@@ -203,10 +203,10 @@ def test_property_float64_matches_definition(case):
 @pytest.mark.parametrize("step", [1, 3])
 def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch, request):
     """The CPU's running sums and the accelerators' fresh sums and sums of all rows at once
-    (core._backend.subset_row_sums), each forced here on the CPU: the map against the float64 loop, and the
+    (core.runtime.strategy.subset_row_sums), each forced here on the CPU: the map against the float64 loop, and the
     refined and tracked fields (which add the Gram planes' sums) equal to the running sums'."""
     if strategy == "running" and step == 1 and jax.default_backend() == "tpu":
-        # strict: the day XLA compiles them right, this fails, and core._backend.subset_row_sums may change.
+        # strict: the day XLA compiles them right, this fails, and core.runtime.strategy.subset_row_sums may change.
         # Step 3 passes there (TPU run of 2026-12-05, docs/accelerator-runs/2026-12-05-s4-tests-correlation.log):
         # the wrong build is the step-1 loop's
         request.applymarker(
@@ -241,7 +241,7 @@ def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch
 @pytest.mark.parametrize(("strategy", "step"), [("at_once", 1), ("fresh", 3)])  # a TPU's two strategies
 def test_the_selects_read_the_blocks_the_gathers_read(strategy, step, monkeypatch):
     """Each pixel's 5 x 5 blocks (cross sums, box sums, Gram planes) read by selects (a TPU's way,
-    core._backend.per_pixel_gathers) or by gathers: the same fields, searched, refined and tracked, with a TPU's
+    core.runtime.strategy.per_pixel_gathers) or by gathers: the same fields, searched, refined and tracked, with a TPU's
     two row-sum strategies, a 1-wide window, a step wider than the subset, and a NaN in img1
     (float64: the same sums; XLA may fuse the two programs'
     later arithmetic differently)."""

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from napari_gridmip.core.runtime import strategy
+
 _ALIGNMENT = 64  # what XLA's CPU client needs to alias a host buffer
 
 
@@ -38,10 +40,11 @@ def owned_to_device(buffer: np.ndarray) -> jax.Array:
 def to_device(array: object) -> jax.Array:
     """A JAX array with the contents of ``array``; a JAX array passes through.
 
-    A NumPy array is copied once, by NumPy, into an aligned buffer that JAX
-    then aliases (on the CPU backend), instead of JAX's slower own transfer.
-    The caller's array is never aliased, so it can change later without
-    affecting the result.
+    On the CPU backend a NumPy array is copied once, by NumPy, into an aligned buffer that JAX then aliases,
+    instead of JAX's slower own copy. An accelerator copies straight from the caller's array: a staging buffer
+    there only adds a host pass over freshly allocated memory (0.65 s of ``find_displacement``'s 0.78 s for two
+    160 MiB stacks on a TPU v5e, whose link moved them in 35 ms). The caller's array is never aliased, so it can
+    change later without affecting the result.
     """
     if isinstance(array, jax.Array):
         return array
@@ -49,6 +52,8 @@ def to_device(array: object) -> jax.Array:
     if jax.dtypes.canonicalize_dtype(host.dtype) != host.dtype:
         # a dtype JAX narrows (64-bit ones while x64 is off): let JAX convert it
         return jnp.asarray(host)
+    if not strategy.on_cpu():
+        return jax.device_put(host)
     buffer = aligned_empty(host.shape, host.dtype)
     np.copyto(buffer, host)
     return owned_to_device(buffer)

@@ -11,6 +11,7 @@
     napari-gridmip corrimage MOVIE OUT [--neighbours 8|4]   local correlation image of a movie
     napari-gridmip correlate-series FRAMES --out FOLDER [--subset 31] [--step 8] [--roi MASK]
         [--reference accumulated|incremental|auto]   DIC of a sequence -> one DICe CSV per frame
+    napari-gridmip correlate-volumes REF DEF OUT.ome.zarr [--subset 21] [--step 10] [--roi MASK] [--vtk OUT.vti]
     napari-gridmip rates [--again]                   this machine's rates for placing the kernels
 
 A thin reader and writer around the widgets' own plans (:mod:`napari_gridmip._jobs`): each subcommand reads its
@@ -38,7 +39,8 @@ from napari_gridmip.cli._shared import Parser, UsageError, one_line, placed, run
 
 PLUGIN = "napari-gridmip"
 # display names in napari.yaml; each sample is for one widget, whose tab comes to the front
-WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Stitch tiles", "Process in tiles", "Correlation map"]
+WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Stitch tiles", "Process in tiles", "Correlation map",
+                "Digital volume correlation"]
 SAMPLE_WIDGETS = {
     "occupancy": "Occupancy mipmap",
     "sparse-volume": "Occupancy mipmap",
@@ -49,6 +51,7 @@ SAMPLE_WIDGETS = {
     "dic": "Correlation map",
     "dic-series": "Correlation map",
     "calcium": "Correlation map",
+    "dvc": "Digital volume correlation",
 }
 SAMPLE_KEYS = list(SAMPLE_WIDGETS)
 
@@ -60,6 +63,7 @@ COMMANDS = (
     "stitch",
     "corrimage",
     "correlate_series",
+    "correlate_volumes",
     "rates",
 )
 

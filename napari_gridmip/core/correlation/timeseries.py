@@ -1,23 +1,7 @@
 """Summary images of a movie: the local correlation image of calcium imaging (CaImAn's ``Cn``).
 
-For a movie ``(..., T, Y, X)``, each pixel's value is the mean, over its
-in-image neighbours (8 or 4), of the Pearson correlation over time between
-the pixel and the neighbour, as CaImAn defines it: a pixel inside a cell
-flickers with its neighbours and scores near 1, a pixel of noise near 0.
-The values are those of CaImAn's ``local_correlations_fft`` (and of its
-``local_correlations`` with 4 neighbours); with 8, CaImAn's
-``local_correlations`` adds two of its four diagonal pairs to a pixel that is
-not in the pair (``benchmarks/caiman_check.py``, docs/timeseries.md).
-
-The movie is read once, in chunks of frames. Each chunk's moments (per pixel,
-and per pixel and neighbour offset: sums of squares and products, centred on
-the chunk's own data) are computed on the device in the compute dtype, after
-subtracting a reference frame (the movie's first) in the input's own
-precision; the chunks' moments are merged on the host in float64 (Chan, Golub
-and LeVeque's pairwise update), so memory holds two chunks (one computed,
-the next being read) and a few images of sums, and long movies lose no
-precision to running sums. ``corr(p, q) = corr(q, p)``:
-the 8 neighbours cost 4 offsets, (0, 1), (1, 0), (1, 1) and (1, -1).
+Each pixel's value is the mean, over its in-image neighbours (8 or 4), of the Pearson correlation over time between
+the pixel and the neighbour: a pixel inside a cell flickers with its neighbours and scores near 1, noise near 0.
 """
 
 from __future__ import annotations
@@ -137,7 +121,7 @@ def _chunk_moments(x: jax.Array, reference: jax.Array, count: jax.Array, *, offs
 
 @_rates.probe("products")
 def _products_probe() -> tuple[Callable, Callable[[float], np.ndarray]]:
-    """The correlation image's work for the placement's rates (core._rates): the per-frame sums of products with
+    """The correlation image's work for the placement's rates (core.runtime.rates): the per-frame sums of products with
     the 4 neighbour offsets over 16 frames of 512^2 float32 (16 MiB)."""
     offsets = OFFSETS[8]
 
@@ -376,7 +360,8 @@ def sent_parts(chunk: np.ndarray, reference: np.ndarray, frames: int, dtype: np.
     The chunk minus the reference (or as held, :func:`sent_as_held`) is written once into a host buffer of
     ``len(devices)`` equal parts of whole :data:`UNROLL_FRAMES` blocks; ``jax.device_put`` with a
     :class:`~jax.sharding.NamedSharding` sends each part to its device (each over its own link where devices have
-    their own), and one ``shard_map`` program computes every part's moments at once (:mod:`.core._sharding`).
+    their own), and one ``shard_map`` program computes every part's moments at once
+    (:mod:`napari_gridmip.core.runtime.sharding`).
     """
     count, parts = chunk.shape[1], len(devices)
     per_device = padded_frames(-(-frames // parts))
@@ -403,7 +388,7 @@ def sent_as_held(source: np.dtype) -> bool:
 
     Where the work runs off the host CPU (the call's device, inside the caller's precision scope) and the source
     takes at most 2 bytes an element: bool, 8- and 16-bit integers, float16 and bfloat16 cross at a quarter or
-    half of float32's bytes, over a link that is the memory-bound kernels' cost (core._rates). On the CPU the
+    half of float32's bytes, over a link that is the memory-bound kernels' cost (core.runtime.rates). On the CPU the
     host's one pass writes the difference where JAX aliases it: nothing crosses.
     """
     return not strategy.on_cpu() and np.dtype(source).itemsize <= 2
@@ -524,6 +509,19 @@ def local_correlation_image(
     TypeError
         If ``movie`` is not an array.
 
+    Notes
+    -----
+    The values are those of CaImAn's ``local_correlations_fft`` (and of its ``local_correlations`` with 4
+    neighbours); with 8, CaImAn's ``local_correlations`` adds two of its four diagonal pairs to a pixel that is not in
+    the pair (``benchmarks/probes/caiman_check.py``, docs/timeseries.md).
+
+    The movie is read once, in chunks of frames. Each chunk's moments (per pixel, and per pixel and neighbour offset:
+    sums of squares and products, centred on the chunk's own data) are computed on the device in the compute dtype,
+    after subtracting a reference frame (the movie's first) in the input's own precision; the chunks' moments are
+    merged on the host in float64 (Chan, Golub and LeVeque's pairwise update), so memory holds two chunks and a few
+    images of sums, and long movies lose no precision to running sums. ``corr(p, q) = corr(q, p)``: the 8 neighbours
+    cost 4 offsets.
+
     References
     ----------
     A. Giovannucci et al., "CaImAn an open source tool for scalable calcium
@@ -552,7 +550,8 @@ def local_correlation_image(
     if chunk_frames is not None:
         (chunk_frames,) = validate.int_tuple("chunk_frames", [chunk_frames])
     offsets = OFFSETS[int(neighbours)]
-    # where this machine's rates say the call finishes first (core._rates): a link can be slower than the host's pass
+    # where this machine's rates say the call finishes first (core.runtime.rates): a link can be slower than the host's
+    # pass
     with strategy.memory_bound_place(movie, kernel="local_correlation_image"):
         return _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progress)
 
@@ -570,8 +569,9 @@ def _local_correlation_image(movie, shape, offsets, dtype, chunk_frames, progres
             progress,
             default_frames=default_chunk_frames(1, rows, cols, dtype),
             largest=4 * CHUNK_BYTES,
-            # the blocks run in dask's threads, later: where memory_bound_place put this call (core._backend.keep_place)
-            # (and on every local device in turn: core._sharding.spread_blocks)
+            # the blocks run in dask's threads, later: where memory_bound_place put this call
+            # (core.runtime.strategy.keep_place)
+            # (and on every local device in turn: core.runtime.sharding.spread_blocks)
             moments_of=_sharding.spread_blocks(
                 strategy.keep_place(partial(_block_moments, dtype=dtype, offsets=offsets))
             ),

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.scipy.linalg import cho_solve
 
 from napari_gridmip.core.correlation.prefilter import radius, taps
 from napari_gridmip.core.runtime.precision import HIGHEST
@@ -40,6 +41,24 @@ PREFILTER_PAD = {np.dtype(np.float32): 12, np.dtype(np.float64): 28}
 PARAMETERS = 12
 TRANSLATION = np.array([0, 4, 8])  # where w, v, u sit in the parameters
 CORNER_WEIGHTS = np.array([0, 1, 1, 1] * 3, np.float64)  # 1 on the gradient's parameters
+_PRODUCTS = [(a, b) for a in range(3) for b in range(a, 3)]  # the gradient's component pairs
+_MONOMIALS = [(i, j) for i in range(4) for j in range(i, 4)]  # the pairs of (1, zeta, eta, xi)
+
+
+def _hessian_index() -> np.ndarray:
+    """Where each entry of the 12 x 12 Hessian sits among the ``(6, 10)`` moments: flat indices ``(144,)``."""
+    index = np.zeros((PARAMETERS, PARAMETERS), np.int64)
+    for row in range(PARAMETERS):
+        for col in range(PARAMETERS):
+            a, i = divmod(row, 4)
+            b, j = divmod(col, 4)
+            product = _PRODUCTS.index((min(a, b), max(a, b)))
+            monomial = _MONOMIALS.index((min(i, j), max(i, j)))
+            index[row, col] = product * len(_MONOMIALS) + monomial
+    return index.ravel()
+
+
+_HESSIAN_INDEX = _hessian_index()
 
 
 # -- the volumes -------------------------------------------------------------------------------------------------
@@ -203,17 +222,28 @@ def prepare(reference: jax.Array, mask: jax.Array, centre: jax.Array, *, half: i
     f, grads, m = data[:, 0], data[:, 1:4], data[:, 4]
     count = jnp.sum(m, 1)
     _, norm = _masked_centre(f, m, jnp.maximum(count, 1))
-    basis = jnp.concatenate([jnp.ones((1, size**3), dtype), offsets(half, dtype)])  # (4, S): 1, zeta, eta, xi
-    steepest = (grads[:, :, None, :] * basis[None, None] * m[:, None, None]).reshape(-1, PARAMETERS, size**3)
-    hessian = jnp.einsum("nis,njs->nij", steepest, steepest, precision=HIGHEST)
-    if affine:
-        inverse = jnp.linalg.inv(hessian)
-    else:
-        block = hessian[:, TRANSLATION][:, :, TRANSLATION]
-        inverse = jnp.zeros_like(hessian).at[:, TRANSLATION[:, None], TRANSLATION].set(jnp.linalg.inv(block))
-    # a Hessian that is not positive definite (flat or clipped subsets) is no Hessian: NaN, the point is not run
-    eigen_floor = jnp.min(jnp.linalg.eigvalsh(hessian if affine else hessian[:, TRANSLATION][:, :, TRANSLATION]), 1)
-    inverse = jnp.where((eigen_floor > 0)[:, None, None], inverse, jnp.nan)
+    # H = sum over the voxels of (grad_a f grad_b f) (o_i o_j), o = (1, zeta, eta, xi): the 6 products of the
+    # gradient's components against the 10 of the offsets, one matrix product (where J'J, 12 x 12 x S a point,
+    # cost twice as much)
+    offset = offsets(half, dtype)
+    basis = jnp.concatenate([jnp.ones((1, size**3), dtype), offset])  # (4, S)
+    monomials = jnp.stack([basis[i] * basis[j] for i, j in _MONOMIALS])  # (10, S)
+    products = jnp.stack([grads[:, a] * grads[:, b] * m for a, b in _PRODUCTS], 1)  # (n, 6, S)
+    moments = jnp.einsum("nps,ks->npk", products, monomials, precision=HIGHEST).reshape(-1, 60)
+    hessian = moments[:, _HESSIAN_INDEX].reshape(-1, PARAMETERS, PARAMETERS)
+    if not affine:
+        hessian = hessian[:, TRANSLATION][:, :, TRANSLATION]
+    # a Hessian that is not positive definite (flat or clipped subsets) has no Cholesky factor: NaN, not run
+    factor = jnp.linalg.cholesky(hessian)
+    eye = jnp.broadcast_to(jnp.eye(hessian.shape[-1], dtype=dtype), hessian.shape)
+    inverse = cho_solve((factor, True), eye)
+    inverse = jnp.where(jnp.all(jnp.isfinite(factor), (1, 2))[:, None, None], inverse, jnp.nan)
+    if not affine:
+        inverse = (
+            jnp.zeros((inverse.shape[0], PARAMETERS, PARAMETERS), dtype)
+            .at[:, TRANSLATION[:, None], TRANSLATION]
+            .set(inverse)
+        )
     return inverse, count, norm
 
 
@@ -291,8 +321,10 @@ def step(coefficients, reference, mask, centre, p, inverse, band, *, half):
     b = jnp.einsum("nas,ks->nak", grads * r[:, None], basis, precision=HIGHEST).reshape(-1, PARAMETERS)
     dp = -jnp.einsum("nij,nj->ni", inverse, b, precision=HIGHEST)
     new = compose(p, dp)
-    # the increment's largest move of a subset corner: its translation plus its gradient part times the half-width
-    moved = jnp.sum(jnp.abs(dp) * jnp.asarray(CORNER_WEIGHTS * half + (CORNER_WEIGHTS == 0), dtype), 1)
+    # the increment's largest move of a subset corner along any axis: its translation there plus its gradient
+    # part's row times the half-width
+    weights = jnp.asarray(CORNER_WEIGHTS * half + (CORNER_WEIGHTS == 0), dtype)
+    moved = jnp.max(jnp.sum((jnp.abs(dp) * weights).reshape(-1, 3, 4), 2), 1)
     zncc = jnp.sum(fc * gc, 1) / (df * dg)
     variance = jnp.sum(r * r, 1) / jnp.maximum(count - PARAMETERS, 1)
     return new, moved, zncc, variance, view

@@ -141,6 +141,7 @@ INPUTS = {
     "stitch": ("tiles",),
     "corrimage": ("movie",),
     "correlate-series": ("frames", "roi"),
+    "correlate-volumes": ("reference", "deformed", "roi"),
 }
 
 
@@ -172,6 +173,13 @@ def make_input(args, name: str, path: Path) -> None:
         _write(np.asarray(make_dic_series("translation", frames=3, shape=(96, 96))[0]), path)
     elif command == "correlate-series":
         _write(np.ones((96, 96), np.uint8), path)
+    elif command == "correlate-volumes" and name != "roi":
+        from napari_gridmip._sample_data.dvc import make_dvc_pair
+
+        reference, deformed, _ = make_dvc_pair((48, 48, 48))
+        _write(reference if name == "reference" else deformed, path)
+    elif command == "correlate-volumes":
+        _write(np.ones((48, 48, 48), np.uint8), path)
     elif command == "stitch":
         _make_tiles(args, path)
     else:

@@ -15,6 +15,7 @@ from napari_gridmip._sample_data import ahead as _samples
 from napari_gridmip._sample_data import dic as dic_module
 from napari_gridmip._sample_data import prepare
 from napari_gridmip._widgets.correlation_widget import CorrelationWidget
+from napari_gridmip._widgets.workers import workers
 from tests.widgets.test_prepare_requests import _same
 
 _HEARD: list[list[str]] = []  # the running test's list of XLA compiles (one listener for the whole session)
@@ -111,25 +112,26 @@ def test_a_stand_in_of_other_shapes_would_not_do(docked, small_samples, monkeypa
 
 
 def _hold_the_run_aheads_band_compile(monkeypatch):
-    """``(compiling, go_on)``: the run ahead's thread, once in XLA's compile of the band program, sets ``compiling``
-    and stays there until ``go_on`` is set; other threads' compiles pass. Without it the run ahead, on a stand-in
-    of a small pair, could finish before the test looked for it (the GUI thread makes the sample meanwhile)."""
+    """``(compiling, go_on)``: the run ahead's thread, once it asks XLA for the band program (a compile, or a read of
+    JAX's persistent cache, which a warm run's is), sets ``compiling`` and stays there until ``go_on`` is set; other
+    threads pass. Without it the run ahead on a stand-in of a small pair, its program read from the cache, could end
+    before the test looked for it (the GUI thread makes the sample meanwhile)."""
     import threading
 
     from jax._src import compiler
 
     compiling, go_on = threading.Event(), threading.Event()
-    real = compiler.backend_compile_and_load
+    real = compiler.compile_or_get_cached
 
-    def held(backend, module, *args, **kwargs):
-        name = str(module.operation.attributes["sym_name"])
+    def held(backend, computation, *args, **kwargs):
+        name = str(computation.operation.attributes["sym_name"])
         ahead = threading.current_thread().name.startswith(f"napari-gridmip {_samples.NAME_PREFIX}")
         if ahead and ("_band" in name or "on_each_device" in name):
             compiling.set()
             go_on.wait(120)
-        return real(backend, module, *args, **kwargs)
+        return real(backend, computation, *args, **kwargs)
 
-    monkeypatch.setattr(compiler, "backend_compile_and_load", held)
+    monkeypatch.setattr(compiler, "compile_or_get_cached", held)
     return compiling, go_on
 
 
@@ -141,6 +143,9 @@ def test_run_pressed_while_the_run_ahead_compiles_waits_for_it(docked, small_sam
     compiling, go_on = _hold_the_run_aheads_band_compile(monkeypatch)
     viewer, widget = docked(CorrelationWidget)
     viewer.layers.clear()
+    # the early lane idle (JAX's start, made by a process's first widget): a run ahead waiting there would be
+    # replaced by the widget's own early start on the sample's layers, a newer job of that lane
+    qtbot.waitUntil(lambda: not workers().busy(), timeout=120_000)
     viewer.open_sample("napari-gridmip", "dic")
     try:
         qtbot.waitUntil(compiling.is_set, timeout=120_000)  # the run ahead is compiling its band program

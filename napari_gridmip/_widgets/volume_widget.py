@@ -143,11 +143,15 @@ class VolumeWidget(JobWidget):
         4D layer, or the two newest 3D layers of one shape (the older the reference)."""
         new = [layer for layer in self._viewer.layers if layer not in self._seen]
         self._seen.update(new)
-        roles = {layer.metadata.get(ROLE_KEY): layer for layer in new if isinstance(layer, Image)}
+        roles: dict[str, Any] = {}
+        if any(isinstance(layer, Image) and layer.metadata.get(ROLE_KEY) in ("reference", "deformed") for layer in new):
+            # a sample's layers arrive one by one: the newest of each role, once both are there
+            roles = {layer.metadata.get(ROLE_KEY): layer for layer in self._viewer.layers
+                     if isinstance(layer, Image) and KEY not in layer.metadata}  # fmt: skip
         pick = None
         if "reference" in roles and "deformed" in roles:
             pick = (roles["reference"], roles["deformed"])
-            self._auto = True  # a sample opened: its pair, once
+            self._auto = True  # a sample opened: its pair, taken once and then left as it is
         elif self._auto:
             candidates = self._candidates()
             series = [layer for layer in candidates if layer.ndim == 4]
@@ -167,6 +171,8 @@ class VolumeWidget(JobWidget):
                     self.deformed.value = pick[1]
             finally:
                 self._choosing = False
+            if "reference" in roles:  # a later layer (an Image ROI of the volume's shape) must not displace them
+                self._auto = False
         self._show_inputs()
 
     def _roi_source(self, shape: tuple[int, ...], volumes: Any) -> tuple[Source | None, Any]:

@@ -135,3 +135,29 @@ def test_cancel_adds_nothing_and_bad_input_is_a_notification(viewer_and_widget, 
     assert "reference's shape" in shown[-1]
     wait_idle(widget)
     assert [layer.name for layer in viewer.layers] == [*names, "wrong roi"]
+
+
+def test_a_series_and_the_inputs_the_widget_follows(viewer_and_widget, wait_idle):
+    """A 4D layer is a series (the deformed field hidden, the reference policy shown); a sample opened later takes the
+    inputs, and an Image layer of the volume's shape added after it (an ROI) does not displace them."""
+    viewer, widget = viewer_and_widget
+    reference, deformed, _ = dvc.make_dvc_pair((48, 48, 48))
+    series = viewer.add_image(np.stack([reference, deformed, deformed]), name="series")
+    assert widget.volumes.value is series
+    assert widget._relevant[widget.reference_policy] and not widget._relevant[widget.deformed]
+    widget.reference_policy.value = "previous"
+    widget.run_button.native.click()
+    wait_idle(widget, timeout=240_000)
+    assert widget.status.value.startswith("Done"), widget.status.value
+    dz, vectors = widget._layer("dz"), widget._layer("vectors")
+    assert dz.data.shape == (2, 5, 5, 5) and vectors.data.shape[1:] == (2, 4)
+    np.testing.assert_allclose(dz.data_to_world((0, 0, 0, 0)), [1, 6, 6, 6])  # time point 1 against time point 0
+    assert np.nanmax(np.abs(dz.data[1])) < 0.02  # time point 2 against 1: the same volume
+    click(vectors, (2.0, 14.0, 22.0, 30.0), dims_displayed=(2, 3))
+    assert widget.point_info.value.startswith("time point 2, voxel (z, y, x) = (14, 22, 30): status ok")
+
+    viewer.open_sample("napari-gridmip", "dvc")
+    assert (widget.volumes.value.name, widget.deformed.value.name) == ("DVC reference", "DVC deformed")
+    assert widget._relevant[widget.deformed] and not widget._relevant[widget.reference_policy]
+    viewer.add_image(np.ones((48, 48, 48), np.uint8), name="mask image")
+    assert (widget.volumes.value.name, widget.deformed.value.name) == ("DVC reference", "DVC deformed")

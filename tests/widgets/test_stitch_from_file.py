@@ -123,7 +123,7 @@ def test_ome_tiff_in_micrometres_and_its_export(viewer_and_widget, wait_idle, sa
     def full_disk(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("napari_gridmip.io.write_ome_zarr", full_disk)
+    monkeypatch.setattr("napari_gridmip._jobs.stitch.write_ome_zarr", full_disk)  # where the job holds it
     widget.export_button.native.click()
     wait_idle(widget)
     assert errors and "No space left" in errors[-1]
@@ -240,7 +240,7 @@ def test_ome_zarr_folder_from_the_button_and_a_reader_layer(viewer_and_widget, w
          "without OME-XML"),
         (lambda folder: write_ome_zarr(np.zeros((8, 8)), folder / "one.zarr"), "not a collection"),
         (lambda folder: (folder / "broken.ome.tif").write_bytes(b"not a TIFF") and folder / "broken.ome.tif",
-         "cannot read"),
+         "expected a TIFF image"),
         (lambda folder: "", "choose a microscope file"),
     ],
 )  # fmt: skip

@@ -115,10 +115,9 @@ def run(args: argparse.Namespace, compute: Any) -> None:
 
         fields = {name: np.asarray(arrays[name]) for name in FIELDS}
         # written under a temporary name, put in place only once OUT is written too
-        with atomic_path(args.vtk, overwrite=args.overwrite) as temporary:
-            write_vtk_image(temporary.with_name(temporary.name + ".vti"), fields, origin=origin * args.voxel_size,
-                            spacing=spacing, vectors={"displacement": ("dz", "dy", "dx")})  # fmt: skip
-            (temporary.with_name(temporary.name + ".vti")).rename(temporary)
+        with atomic_path(args.vtk, overwrite=args.overwrite, suffix=".vti") as temporary:
+            write_vtk_image(temporary, fields, origin=origin * args.voxel_size, spacing=spacing,
+                            vectors={"displacement": ("dz", "dy", "dx")})  # fmt: skip
             write_zarr()
     if not args.quiet:
         found = int((np.asarray(arrays["status"]) == Status.ok).sum())

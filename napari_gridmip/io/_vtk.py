@@ -96,13 +96,9 @@ def write_vtk_image(
             raise ValueError(f"the vector {name!r} names fields that are not given: {missing}")
         dtype = np.result_type(*(arrays[p].dtype for p in (z, y, x)), np.float32)
         point_data[name] = tuple(np.ascontiguousarray(arrays[p], dtype).transpose(2, 1, 0) for p in (x, y, z))
-    with atomic_path(path, overwrite=overwrite) as temporary:
-        written = Path(f"{temporary}.vti")  # pyevtk adds ".vti" to the name it is given
-        try:
-            # plain floats: pyevtk writes the values' repr into the XML (a NumPy scalar's is "np.float64(6.0)")
-            origin_xyz, spacing_xyz = (tuple(float(v) for v in a[::-1]) for a in (start, step))
-            imageToVTK(str(temporary), origin=origin_xyz, spacing=spacing_xyz, pointData=point_data)
-            os.replace(written, temporary)
-        finally:
-            written.unlink(missing_ok=True)
+    # pyevtk adds ".vti" to the name it is given: it is given the temporary name without it
+    with atomic_path(path, overwrite=overwrite, suffix=".vti") as temporary:
+        # plain floats: pyevtk writes the values' repr into the XML (a NumPy scalar's is "np.float64(6.0)")
+        origin_xyz, spacing_xyz = (tuple(float(v) for v in a[::-1]) for a in (start, step))
+        imageToVTK(str(temporary.with_suffix("")), origin=origin_xyz, spacing=spacing_xyz, pointData=point_data)
     return path

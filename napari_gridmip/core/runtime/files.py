@@ -31,9 +31,10 @@ class OutputExistsError(FileExistsError, ValueError):
         return type(self), (self.path,)
 
 
-def _partial(path: Path, kind: str) -> Path:
+def _partial(path: Path, kind: str, suffix: str = "") -> Path:
     """A hidden sibling of ``path`` that no other process or thread picks: its process, thread and a random tag."""
-    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}")
+    tag = f"{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}"
+    return path.with_name(f".{path.name}.{kind}-{tag}{suffix}")
 
 
 def remove(path: Path) -> None:
@@ -45,7 +46,7 @@ def remove(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, overwrite: bool = False, suffix: str = "") -> Iterator[Path]:
     """A temporary path beside ``path`` to write a file or a folder into: renamed to ``path`` when the block ends
     without error, removed (with whatever was written there) when it raises or is interrupted.
 
@@ -56,6 +57,9 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator
     overwrite
         Replace an existing ``path``. A file is replaced in one rename (a reader sees the old file or the new);
         a folder is first renamed aside, then removed once the new one is in place.
+    suffix
+        The end of the temporary path's name, for a writer that needs its own (pyevtk appends ``.vti`` to the name
+        it is given; a writer that checks the suffix of its file).
 
     Yields
     ------
@@ -75,7 +79,7 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator
         raise OutputExistsError(path)
     if not path.parent.is_dir():
         raise ValueError(f"the folder {str(path.parent)!r} does not exist")
-    temporary = _partial(path, "partial")
+    temporary = _partial(path, "partial", suffix)
     try:
         yield temporary
         _put_in_place(temporary, path, overwrite)

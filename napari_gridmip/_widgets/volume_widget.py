@@ -237,6 +237,24 @@ class VolumeWidget(JobWidget):
                 layer.mouse_drag_callbacks.append(self._on_click)
         self._clicked = [weakref.ref(layer) for layer in added]
         self.point_info.value = CLICK_HINT
+        vectors = self._layer("vectors")
+        if isinstance(vectors, Vectors):
+            self._onto_grid_plane(vectors)
+
+    def _onto_grid_plane(self, vectors: Any) -> None:
+        """In a 2D view, move the sliders to the plane of grid points nearest to the one shown: napari draws a 3D
+        arrow only in the plane of its point, so on any other plane the run would seem to show nothing."""
+        dims = self._viewer.dims
+        if dims.ndisplay != 2 or not len(vectors.data) or vectors.ndim != dims.ndim:
+            return
+        hidden = list(dims.not_displayed)
+        positions = np.asarray(vectors.data[:, 0], dtype=float)
+        world = positions * np.asarray(vectors.scale) + np.asarray(vectors.translate)  # near enough to choose by
+        current = np.asarray(dims.point, dtype=float)
+        nearest = positions[np.argmin(np.abs(world[:, hidden] - current[hidden]).sum(1))]
+        exact = np.asarray(vectors.data_to_world(nearest), dtype=float)
+        for axis in hidden:
+            dims.set_point(axis, exact[axis])
 
     def _layer(self, role: str) -> Any:
         ref = self._by_role.get(role)

@@ -48,6 +48,7 @@ def test_the_sample_end_to_end(viewer_and_widget, wait_idle):
     reference.scale = (2.0, 1.0, 0.5)  # a placed volume: the results follow it
     deformed.scale = (2.0, 1.0, 0.5)
     reference.translate = deformed.translate = (5.0, 0.0, -3.0)
+    viewer.dims.set_point(0, reference.data_to_world((20, 0, 0))[0])  # between two planes of grid points
     widget.run_button.native.click()
     assert not widget.run_button.enabled
     wait_idle(widget, timeout=240_000)
@@ -60,6 +61,8 @@ def test_the_sample_end_to_end(viewer_and_widget, wait_idle):
     vectors = made["vectors"]
     assert isinstance(vectors, Vectors) and vectors.data.shape[1:] == (2, 3)
     assert viewer.layers[-1] is vectors and vectors.visible
+    # napari draws a 3D arrow only on its point's plane: the slider moved to the nearest plane of grid points
+    assert viewer.dims.point[0] == pytest.approx(reference.data_to_world((22, 0, 0))[0])
     dz = made["dz"]
     assert isinstance(dz, Image) and isinstance(made["status"], Labels) and not dz.visible
     # every grid layer lines up with the volume: element (0, 0, 0) on voxel (h, h, h), one step per element

@@ -16,6 +16,10 @@ def test_a_file_appears_only_when_complete(tmp_path):
         partial.write_text("whole")
         assert not target.exists() and partial.parent == tmp_path
     assert target.read_text() == "whole" and [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+    with atomic_path(tmp_path / "b.vti", suffix=".vti") as partial:  # a writer that wants its own suffix
+        assert partial.name.endswith(".vti") and partial.name != "b.vti"
+        partial.write_text("vtk")
+    assert (tmp_path / "b.vti").read_text() == "vtk"
 
 
 def test_a_failure_leaves_what_was_there(tmp_path):

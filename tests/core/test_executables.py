@@ -73,7 +73,7 @@ def test_the_results_are_jits_and_a_new_program_loads_them_from_disk(kept_on, mo
     jax.tree_util.tree_map(np.testing.assert_array_equal, later(x, y, k=k, flip=True), expected)
     shapes = later.out_info(x, y, k=k, flip=True)
     assert shapes[0].shape == (6,) and shapes[0].dtype == np.float32 and shapes[1]["total"].shape == ()
-    assert path.stat().st_size > 0 and not list(kept_on.glob("*.part"))
+    assert path.stat().st_size > 0 and not list(kept_on.glob(".*.partial-*"))  # no partial write left
 
 
 def test_each_change_of_the_program_is_another_key(kept_on, k):

@@ -71,6 +71,11 @@ MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 1
 # (:func:`.warp.corner_move`; half of 1e-3 px on the sum of both axes' moves)
 TOLERANCE = 5e-4
 MIN_BUCKET = 64  # points of a batch of IC-GN steps at least (:func:`_bucket`)
+# the first pass of a frame, from the previous frame's field carried by the last frame-to-frame motion: its steps at
+# most (from such a guess 2 to 5 are typical; a point still going is retried from its neighbours), and the share of
+# the points it tried that it must find for the whole-image estimate to be skipped
+PREDICTED_STEPS = 10
+PREDICTED_SHARE = 0.8
 PROPAGATION_ROUNDS = 8  # neighbour-propagation passes per frame at most (each one reaches one grid step further)
 MIN_GLOBAL_SCORE = 0.2  # a whole-image motion whose masked NCC is below this is no guess
 MIN_FIT_POINTS = 6  # points found in a frame for an affine fit of the whole field
@@ -120,31 +125,45 @@ class Series(NamedTuple):
 # -- the IC-GN kernel ------------------------------------------------------------------------------------------
 
 
-def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
+def _spline(padded: jax.Array, py: jax.Array, px: jax.Array, along: int | None = None) -> jax.Array:
     """The spline through ``padded`` (coefficients extended by 2, ``(M + 4, N + 4)``) at ``(py, px)`` (any shape;
-    clipped to the frame): the values, and with ``gradient`` the derivatives along y and x."""
+    clipped to the frame): its values, or with ``along`` 0 (1) its derivative along y (x).
+
+    One array per call, and one per program where it is speed that counts: XLA on the CPU fuses the 16 gathers of
+    the taps into the loop that computes one array, but gathers them apart for two arrays made from the same
+    taps, 20 times slower (the values and both derivatives in one program took 115 ms for 841 subsets of 31 x 31,
+    three programs 12 ms)."""
     rows, cols = padded.shape[-2:]
     py = jnp.clip(py, 0, rows - 5)
     px = jnp.clip(px, 0, cols - 5)
     y0, x0 = jnp.floor(py), jnp.floor(px)
-    wy, wx = warp.spline_weights(py - y0), warp.spline_weights(px - x0)
-    if gradient:
-        dwy, dwx = warp.spline_slopes(py - y0), warp.spline_slopes(px - x0)
+    wy = (warp.spline_slopes if along == 0 else warp.spline_weights)(py - y0)
+    wx = (warp.spline_slopes if along == 1 else warp.spline_weights)(px - x0)
     base = (y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
     flat = padded.ravel()
-    value = gy = gx = 0
+    value = 0
     for a in range(4):
-        row = drow = 0
+        row = 0
         for b in range(4):
-            taps = jnp.take(flat, base + (a * cols + b), mode="clip")
-            row = row + wx[b] * taps
-            if gradient:
-                drow = drow + dwx[b] * taps
+            row = row + wx[b] * jnp.take(flat, base + (a * cols + b), mode="clip")
         value = value + wy[a] * row
-        if gradient:
-            gy = gy + dwy[a] * row
-            gx = gx + wy[a] * drow
-    return (value, gy, gx) if gradient else value
+    return value
+
+
+def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
+    """:func:`_spline`'s values at ``(py, px)``, and with ``gradient`` its derivatives along y and x."""
+    if gradient:
+        return tuple(_spline(padded, py, px, along) for along in (None, 0, 1))
+    return _spline(padded, py, px)
+
+
+@partial(jax.jit, static_argnames=("subset", "along"))
+def _key_subsets(key: jax.Array, centre: jax.Array, *, subset: tuple[int, int], along: int | None) -> jax.Array:
+    """The spline of the key frame ``key`` (or its derivative ``along`` an axis, :func:`_spline`) at the pixels of
+    the subsets centred at ``centre`` ``(P, 2)``, axis-aligned: ``(P, S)``. A program per array
+    (:func:`_spline`)."""
+    eta, zeta = warp.subset_offsets(subset, key.dtype)
+    return _spline(key, centre[:, :1] + eta, centre[:, 1:] + zeta, along)
 
 
 class _Reference(NamedTuple):
@@ -162,13 +181,20 @@ class _Reference(NamedTuple):
     enough: jax.Array  # (P,) bool: enough of the subset is used (MIN_USED_SHARE)
 
 
-@partial(jax.jit, static_argnames=("subset",))
 def _reference(key, roi, centre, origin, inverse, moved, old, min_used, *, subset):
     """The :class:`_Reference` of the points ``moved`` ``(P,)`` from the key frame ``key`` (its spline coefficients
     as :func:`_prepared_frame` makes them), ``old``'s elsewhere. ``roi`` ``(M, N)`` float (1 inside) on the
     reference; ``centre`` ``(P, 2)``: each point's position in the key frame; ``origin`` ``(P, 2)``: its reference
     position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key frame back to the reference (the inverse
-    of the point's gradient there). One program for every key frame of a sequence."""
+    of the point's gradient there). Four programs for every key frame of a sequence."""
+    centre = jnp.asarray(centre)
+    f, fy, fx = (_key_subsets(key, centre, subset=subset, along=along) for along in (None, 0, 1))
+    return _key_reference(key, roi, centre, origin, inverse, moved, old, min_used, f, fy, fx, subset=subset)
+
+
+@partial(jax.jit, static_argnames=("subset",))
+def _key_reference(key, roi, centre, origin, inverse, moved, old, min_used, f, fy, fx, *, subset):
+    """:func:`_reference` from the key subsets' values ``f`` and gradients ``fy``, ``fx`` ``(P, S)``."""
     dtype = key.dtype
     eta, zeta = warp.subset_offsets(subset, dtype)
     key_shape = (key.shape[0] - 4, key.shape[1] - 4)
@@ -185,7 +211,6 @@ def _reference(key, roi, centre, origin, inverse, moved, old, min_used, *, subse
     count = jnp.sum(m, axis=1)
     enough = count >= min_used * eta.shape[0]
     n = jnp.maximum(count, 7)
-    f, fy, fx = _sample(key, ky, kx, gradient=True)
     fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
     fy, fx = fy * m, fx * m
     monomials = warp.moments(eta, zeta)
@@ -202,20 +227,23 @@ def _no_reference(points: int, subset: tuple[int, int], dtype) -> _Reference:
 
 
 @partial(jax.jit, static_argnames=("subset", "bucket"))
-def _icgn(ref: _Reference, target, start, live, *, subset, bucket):
-    """IC-GN of the points ``live`` ``(P,)`` from ``start`` ``(P, 6)`` (the warp ``(v, v_y, v_x, u, u_y, u_x)``
+def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket):
+    """IC-GN of the points ``which`` ``(P,)`` from ``start`` ``(P, 6)`` (the warp ``(v, v_y, v_x, u, u_y, u_x)``
     from each point's key subset, :class:`_Reference`, to the frame; ``target``: the frame's spline coefficients
-    ``(M + 4, N + 4)``, as :func:`_prepared_frame` makes them).
+    ``(M + 4, N + 4)``, as :func:`_prepared_frame` makes them), ``max_steps`` steps at most (a traced int).
 
-    Only the points still going take a step: while more than a quarter of them go, every point steps together
-    (the others' updates masked); then the ones going are gathered ``bucket`` at a time into a batch of fixed
-    size for each step, and scattered back. A frame then costs about the sum of its points' steps, not its
+    Only the points still going take a step: while more than a quarter of the grid goes, every point steps
+    together (the others' updates masked); then the ones going are gathered ``bucket`` at a time into a batch of
+    fixed size for each step, and scattered back. A frame then costs about the sum of its points' steps, not its
     slowest point's times the grid, and a pass over a few points (a neighbour's guess) costs their own steps: one
-    program, of fixed shapes, for every pass of every frame.
+    program, of fixed shapes, for every pass of every frame. A point whose guess takes its subset out of the frame
+    does not step (from there the warp never came back into view: its steps read the frame's clipped edge until
+    the last one allowed). The ZNCC and the residual's variance are those at the warp before the last increment
+    (ncorr's, as :mod:`.affine`'s: it moved no corner by more than the tolerance), which spares a pass.
 
     Returns the warp ``(P, 6)``, the ZNCC, ``sigma`` ``(P, 2)``, whether it converged, whether the warped subset
     lies in the frame at the end and at the start, whether enough of the subset is inside the ROI and the key
-    frame, and each point's steps ``(P,)`` int32; only the values of ``live`` points mean anything.
+    frame, and each point's steps ``(P,)`` int32; only the values of the points ``which`` mean anything.
     """
     hs, hw = subset[0] // 2, subset[1] // 2
     dtype = target.dtype
@@ -225,81 +253,79 @@ def _icgn(ref: _Reference, target, start, live, *, subset, bucket):
     frame_shape = (target.shape[0] - 4, target.shape[1] - 4)
     corner = (float(max(hs, hw)),) * 2  # the metric's corner: the longer half side on both axes
 
-    def in_view(r, p):  # every used pixel within the frame's pixels' own footprint (the spline's edge padding)
-        py, px = warp.positions(r.centre[:, 0], r.centre[:, 1], eta, zeta, p)
+    def in_view(r, py, px):  # every used pixel within the frame's pixels' own footprint (the spline's edge padding)
         view = (py >= -0.5) & (py <= frame_shape[0] - 0.5) & (px >= -0.5) & (px <= frame_shape[1] - 0.5)
         return jnp.all(view | (r.used == 0), 1)
 
-    def residual(r, p):
+    def take(tree, at):
+        return jax.tree.map(lambda a: jnp.take(a, at, axis=0, mode="clip"), tree)
+
+    def batches(body, todo, carry):
+        """``body(at, safe, carry)`` over the points ``todo``, ``bucket`` at a time (``at``: their indices, ``points``
+        in an empty slot; ``safe``: the same clipped); returns the carry."""
+
+        def one(state):
+            todo, carry = state
+            at = jnp.nonzero(todo, size=bucket, fill_value=points)[0]
+            return todo.at[at].set(False, mode="drop"), body(at, jnp.minimum(at, points - 1), carry)
+
+        return lax.while_loop(lambda s: jnp.any(s[0]), one, (todo, carry))[1]
+
+    def started(at, safe, view):
+        r = take(ref, safe)
+        py, px = warp.positions(r.centre[:, 0], r.centre[:, 1], eta, zeta, start[safe])
+        return view.at[at].set(in_view(r, py, px), mode="drop")
+
+    def step(r, p, active, steps):
+        """One step of the points ``active`` among those of ``r``: the new warps, which go on, their steps, and the
+        ZNCC, the residual's variance and whether the subset is in view at ``p``."""
         py, px = warp.positions(r.centre[:, 0], r.centre[:, 1], eta, zeta, p)
         g = _sample(target, py, px, gradient=False)
         gc = (g - jnp.sum(r.used * g, 1, keepdims=True) / r.count[:, None]) * r.used
         dg = jnp.sqrt(jnp.sum(gc * gc, 1))
         scale = r.norm / jnp.where(dg > 0, dg, 1)
-        return r.f - scale[:, None] * gc, gc, dg
-
-    def step(r, p, active, steps):
-        """One step of the points ``active`` among those of ``r``: the new warps, which go on, their steps."""
-        res, _, _ = residual(r, p)
+        res = r.f - scale[:, None] * gc
         dp = -warp.cholesky_solve(r.factor, warp.steepest_descent(r.fy * res, r.fx * res, monomials))
         new = warp.compose_inverse(p, dp)
-        good = jnp.all(jnp.isfinite(new), 1)
-        steps = steps + active
+        good = jnp.all(jnp.isfinite(new), 1) & (dg > 0)
+        zncc = jnp.sum(r.f * gc, 1) / (r.norm * jnp.where(dg > 0, dg, jnp.nan))
+        variance = jnp.sum(res * res, 1) / jnp.maximum(r.count - 6, 1)
         p = jnp.where((active & good)[:, None], new, p)
-        return p, active & good & (warp.corner_move(dp, corner) > TOLERANCE), steps
-
-    def take(tree, at):
-        return jax.tree.map(lambda a: jnp.take(a, at, axis=0, mode="clip"), tree)
+        going = active & good & (warp.corner_move(dp, corner) > TOLERANCE)
+        return p, going, steps + active, zncc, variance, in_view(r, py, px)
 
     def running(state):  # a point still going that has steps left (one at the limit stays active: not converged)
-        _, active, steps = state
-        return active & (steps < MAX_ITERATIONS)
+        _, active, steps, *_ = state
+        return active & (steps < max_steps)
 
     def all_together(state):
-        p, active, steps = state
         go = running(state)
-        p, going, steps = step(ref, p, go, steps)
-        return p, jnp.where(go, going, active), steps
+        p, active, steps, zncc, variance, view = state
+        new = step(ref, p, go, steps)
+        return (new[0], jnp.where(go, new[1], active), new[2], *(jnp.where(go, a, b) for a, b in
+                                                                  zip(new[3:], (zncc, variance, view))))  # fmt: skip
 
     def some(state):
-        p, active, steps = state
         at = jnp.nonzero(running(state), size=bucket, fill_value=points)[0]  # points: an empty slot
         safe = jnp.minimum(at, points - 1)
-        q, going, counted = step(take(ref, safe), p[safe], at < points, steps[safe])
-        return (p.at[at].set(q, mode="drop"), active.at[at].set(going, mode="drop"),
-                steps.at[at].set(counted, mode="drop"))  # fmt: skip
+        new = step(take(ref, safe), state[0][safe], at < points, state[2][safe])
+        return tuple(a.at[at].set(b, mode="drop") for a, b in zip(state, new))
 
     start = start.astype(dtype)
-    started_in_view = in_view(ref, start)
-    # a point whose guess takes its subset out of the frame stops at once: from there the warp never came back
-    # into view (its steps read the frame's clipped edge) and took every step allowed
-    live = live & ref.enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(ref.factor), 1)
+    started_in_view = batches(started, which, jnp.zeros(points, bool))
+    live = which & ref.enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(ref.factor), 1)
     live = live & started_in_view
-    state = (start, live, jnp.zeros(points, jnp.int32))  # a point not run keeps its start
-    state = lax.while_loop(lambda s: jnp.sum(running(s)) > points // 4, all_together, state)
-    p, active, steps = lax.while_loop(lambda s: jnp.any(running(s)), some, state)
-
-    # the match at the converged warp, for the live points only (a bucket at a time)
-    def finish(state):
-        todo, zncc, variance = state
-        at = jnp.nonzero(todo, size=bucket, fill_value=points)[0]
-        safe = jnp.minimum(at, points - 1)
-        r = take(ref, safe)
-        res, gc, dg = residual(r, p[safe])
-        z = jnp.sum(r.f * gc, 1) / (r.norm * dg)
-        var = jnp.sum(res * res, 1) / jnp.maximum(r.count - 6, 1)
-        return (todo.at[at].set(False, mode="drop"), zncc.at[at].set(z, mode="drop"),
-                variance.at[at].set(var, mode="drop"))  # fmt: skip
-
     nan = jnp.full(points, jnp.nan, dtype)
-    _, zncc, variance = lax.while_loop(lambda s: jnp.any(s[0]), finish, (live, nan, nan))
+    state = (start, live, jnp.zeros(points, jnp.int32), nan, nan, started_in_view)  # a point not run keeps its start
+    state = lax.while_loop(lambda s: jnp.sum(running(s)) > points // 4, all_together, state)
+    p, active, steps, zncc, variance, view = lax.while_loop(lambda s: jnp.any(running(s)), some, state)
     # the covariance's diagonal of v and u: variance times (H^-1)_00 and (H^-1)_33
     unit = jnp.eye(6, dtype=dtype)
     inv_v = warp.cholesky_solve(ref.factor, jnp.broadcast_to(unit[0], p.shape))[:, 0]
     inv_u = warp.cholesky_solve(ref.factor, jnp.broadcast_to(unit[3], p.shape))[:, 3]
     sigma = jnp.sqrt(jnp.stack([variance * inv_v, variance * inv_u], -1))
     converged = live & ~active & jnp.all(jnp.isfinite(p), 1) & jnp.isfinite(zncc)
-    return p, zncc, sigma, converged, in_view(ref, p), started_in_view, ref.enough, steps
+    return p, zncc, sigma, converged, view, started_in_view, ref.enough, steps
 
 
 @partial(jax.jit, static_argnames=("sigma",))
@@ -343,6 +369,19 @@ def _affine_fit(origin: np.ndarray, position: np.ndarray) -> np.ndarray | None:
     design = np.concatenate([origin, np.ones((len(origin), 1))], 1)
     solution, *_ = np.linalg.lstsq(design, position, rcond=None)
     return solution.T
+
+
+def _carried(step_map: np.ndarray, state: _Points) -> tuple[np.ndarray, np.ndarray]:
+    """The guesses ``(position (P, 2), gradient (P, 2, 2))`` of the points found in the previous frame, carried by
+    the ``(2, 3)`` map from that frame to this one (NaN for the others)."""
+    carried = np.einsum("ij,pj->pi", step_map[:, :2], state.position) + step_map[:, 2]
+    return np.where(state.found[:, None], carried, np.nan), np.einsum("ij,pjk->pik", step_map[:, :2], state.gradient)
+
+
+def _inverse_affine(matrix: np.ndarray) -> np.ndarray:
+    """The inverse of a ``(2, 3)`` map."""
+    linear = np.linalg.inv(matrix[:, :2])
+    return np.concatenate([linear, -(linear @ matrix[:, 2])[:, None]], 1)
 
 
 def _compose_affine(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
@@ -583,28 +622,46 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
                      np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
                      _no_reference(points, subset, np.float32), min_used, subset=subset)  # fmt: skip
     whole = np.eye(2, 3)  # reference -> previous frame (the last one in which points were found)
+    pace = np.eye(2, 3)  # previous frame -> the frame: the motion between the two frames before
     if progress is not None:
         progress(1, count)
     for t in range(1, count):
         current = read(t)
         target = coefficients(current)
-        estimate = estimate_motion(previous, current, rotation=rotation)
-        trusted = estimate.score >= MIN_GLOBAL_SCORE
-        step_map = estimate.matrix if trusted else np.eye(2, 3)
-        carried = np.einsum("ij,pj->pi", step_map[:, :2], state.position) + step_map[:, 2]
-        guess_position = np.where(state.found[:, None], carried, np.nan)
-        guess_gradient = np.einsum("ij,pjk->pik", step_map[:, :2], state.gradient)
-        whole_guess = _compose_affine(step_map, whole)
-        lost = ~state.found
-        guess_position[lost] = np.matmul(origin[lost], whole_guess[:, :2].T) + whole_guess[:, 2]
-        guess_gradient[lost] = whole_guess[:, :2]
-        has_guess = usable & np.all(np.isfinite(guess_position), 1)
-        if not trusted:
-            has_guess &= state.found  # a lost point's only guess was the whole-image motion
-
         result = _Frame(points)
-        pending = has_guess.copy()
-        _run(pending, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc)
+        # first the points found in the previous frame, each from its warp there carried by the last frame-to-frame
+        # motion: in a smooth sequence that finds them, and the whole-image estimate is not needed
+        tried = usable & state.found
+        guess_position, guess_gradient = _carried(pace, state)
+        _run(tried, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc,
+             max_steps=PREDICTED_STEPS)  # fmt: skip
+        accepted = result.accepted(min_zncc)
+        position, _ = result.positions(key_position, key_gradient)
+        fitted = _affine_fit(origin[accepted], position[accepted])
+        if fitted is not None and accepted.sum() >= PREDICTED_SHARE * tried.sum():
+            trusted, whole_guess = True, fitted
+            lost = usable & ~state.found
+            guess_position[lost] = np.matmul(origin[lost], fitted[:, :2].T) + fitted[:, 2]
+            guess_gradient[lost] = fitted[:, :2]
+            has_guess = tried | lost
+            _run(lost, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset,
+                 min_zncc)  # fmt: skip
+        else:  # a jump: every point from the whole-image motion between the two frames
+            estimate = estimate_motion(previous, current, rotation=rotation)
+            trusted = estimate.score >= MIN_GLOBAL_SCORE
+            step_map = estimate.matrix if trusted else np.eye(2, 3)
+            guess_position, guess_gradient = _carried(step_map, state)
+            whole_guess = _compose_affine(step_map, whole)
+            lost = ~state.found
+            guess_position[lost] = np.matmul(origin[lost], whole_guess[:, :2].T) + whole_guess[:, 2]
+            guess_gradient[lost] = whole_guess[:, :2]
+            has_guess = usable & np.all(np.isfinite(guess_position), 1)
+            if not trusted:
+                has_guess &= state.found  # a lost point's only guess was the whole-image motion
+            result.forget(~accepted)  # what the carried guess did not find is the estimate's to say
+            _run(has_guess & ~accepted, guess_position, guess_gradient, result, key_position, key_gradient, ref, target,
+                 subset, min_zncc)  # fmt: skip
+            has_guess |= tried
         accepted = result.accepted(min_zncc)
         for _ in range(PROPAGATION_ROUNDS):
             position, gradient = result.positions(key_position, key_gradient)
@@ -646,7 +703,9 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         fitted = _affine_fit(origin[found], position[found])
         motion[t] = fitted if fitted is not None else (whole_guess if trusted else np.nan)
         if found.any():  # the next frame starts from this one; a frame where nothing was found is passed over
-            whole = motion[t] if fitted is not None else whole_guess
+            now = motion[t] if fitted is not None else whole_guess
+            pace = _compose_affine(now, _inverse_affine(whole))  # the last frame-to-frame motion
+            whole = now
             state = _Points(np.where(found[:, None], position, np.nan),
                             np.where(found[:, None, None], gradient, np.nan), found)  # fmt: skip
             previous = current
@@ -689,6 +748,12 @@ class _Frame:
         self.ran = np.zeros(points, bool)
         self.tried_from_neighbours = np.zeros(points, bool)
 
+    def forget(self, which: np.ndarray) -> None:
+        """Drop the results of the points ``which``: a later pass's stand whatever their scores."""
+        fresh = _Frame(int(which.sum()))
+        for name, value in vars(fresh).items():
+            getattr(self, name)[which] = value
+
     def accepted(self, min_zncc: float) -> np.ndarray:
         return self.ran & self.converged & self.in_view & self.enough & (np.nan_to_num(self.zncc) >= min_zncc)
 
@@ -705,7 +770,7 @@ class _Frame:
 
 
 def _run(which, guess_position, guess_gradient, result: _Frame, key_position, key_gradient, reference: _Reference,
-         target, subset, min_zncc) -> None:  # fmt: skip
+         target, subset, min_zncc, max_steps: int = MAX_ITERATIONS) -> None:  # fmt: skip
     """IC-GN of the points ``which`` from their guesses (one call of the grid's program, whatever their number);
     the results written into ``result`` where they are better than what it holds (a first try, or a higher
     ZNCC)."""
@@ -714,7 +779,7 @@ def _run(which, guess_position, guess_gradient, result: _Frame, key_position, ke
         return
     with np.errstate(invalid="ignore"):
         start = _local_start(guess_position, guess_gradient, key_position, key_gradient)
-    out = jax.device_get(_icgn(reference, target, start.astype(np.float32), np.asarray(which),
+    out = jax.device_get(_icgn(reference, target, start.astype(np.float32), np.asarray(which), np.int32(max_steps),
                                subset=subset, bucket=_bucket(len(which))))  # fmt: skip
     p, zncc, sigma, converged, in_view, started_in_view, enough, _ = (a[chosen] for a in out)
     p, zncc = np.asarray(p, np.float64), np.asarray(zncc, np.float64)

@@ -162,9 +162,9 @@ def interpolate(coefficients: jax.Array, pz: jax.Array, py: jax.Array, px: jax.A
     positions ``(pz, py, px)`` (any shape, each clipped to the volume): the 64 coefficients around each position,
     weighted by the product of the three axes' weights."""
     depth, rows, cols = coefficients.shape
-    pz = jnp.clip(pz, 0, depth - 5)
-    py = jnp.clip(py, 0, rows - 5)
-    px = jnp.clip(px, 0, cols - 5)
+    # clipped (a NaN to 0): every tap is then inside the padded coefficients, and the gathers skip their own clamp
+    pz, py, px = (jnp.clip(jnp.where(jnp.isfinite(q), q, 0), 0, n - 5) for q, n in ((pz, depth), (py, rows),
+                                                                                     (px, cols)))  # fmt: skip
     z0, y0, x0 = jnp.floor(pz), jnp.floor(py), jnp.floor(px)
     wz, wy, wx = bspline(pz - z0), bspline(py - y0), bspline(px - x0)
     # tap (-1, -1, -1) sits at padded (z0 + 1, y0 + 1, x0 + 1)
@@ -176,7 +176,7 @@ def interpolate(coefficients: jax.Array, pz: jax.Array, py: jax.Array, px: jax.A
         for b in range(4):
             row = 0
             for c in range(4):
-                row = row + wx[c] * jnp.take(flat, base + ((a * rows + b) * cols + c), mode="clip")
+                row = row + wx[c] * flat.at[base + ((a * rows + b) * cols + c)].get(mode="promise_in_bounds")
             plane = plane + wy[b] * row
         out = out + wz[a] * plane
     return out
@@ -286,8 +286,8 @@ def warped(centre: jax.Array, p: jax.Array, offset: jax.Array) -> tuple[jax.Arra
     return tuple(out)
 
 
-@partial(jax.jit, static_argnames=("half",))
-def step(coefficients, reference, mask, centre, p, inverse, band, *, half):
+@partial(jax.jit, static_argnames=("half", "masked"))
+def step(coefficients, reference, mask, centre, p, inverse, band, *, half, masked=True):
     """One IC-GN step of a chunk of points from their warps ``p`` ``(n, 12)``.
 
     ``coefficients``, ``reference`` as :func:`prepared_volumes` makes them, ``mask`` as :func:`prepare` takes it,
@@ -297,21 +297,29 @@ def step(coefficients, reference, mask, centre, p, inverse, band, *, half):
     criterion's over the voxels that do: the Hessian only sets the pace); -1: none. Returns the composed warp
     ``(n, 12)``, how far the increment moves the subset's corner (voxels), and at ``p``: the ZNCC, the residual's
     variance per voxel (in the reference's units, for the predicted sigma) and whether every used voxel's position
-    lies inside the volume (within half a voxel of its border voxels)."""
+    lies inside the volume (within half a voxel of its border voxels). With ``masked`` False (no ROI, no band)
+    neither ``mask`` nor ``band`` is read: every voxel counts."""
     size = 2 * half + 1
     dtype = reference.dtype
     offset = offsets(half, dtype)
-    data = _subsets(jnp.concatenate([reference, mask[None].astype(dtype)]), centre - half, size)
-    f, grads, m = data[:, 0], data[:, 1:4], data[:, 4]
+    if masked:
+        data = _subsets(jnp.concatenate([reference, mask[None].astype(dtype)]), centre - half, size)
+        f, grads, m = data[:, 0], data[:, 1:4], data[:, 4]
+    else:
+        data = _subsets(reference, centre - half, size)
+        f, grads, m = data[:, 0], data[:, 1:4], jnp.ones((), dtype)
     pz, py, px = warped(centre.astype(dtype), p, offset)
     last = [n - 5 for n in coefficients.shape]  # the volume's last voxel index along each axis
     inside = [(q >= -0.5) & (q <= end + 0.5) for q, end in zip((pz, py, px), last)]
     view = jnp.all((inside[0] & inside[1] & inside[2]) | (m == 0), 1)
-    # a voxel's weight ramps from 0 to 1 over the voxel before the band's edge: a criterion that moves continuously
-    # with the warp (a voxel that jumps in and out stalls the steps)
-    for q, end in zip((pz, py, px), last):
-        m = m * jnp.clip(jnp.minimum(q - band, end - band - q) + 1, 0, 1)
-    count = jnp.maximum(jnp.sum(m, 1), 1)
+    if masked:
+        # a voxel's weight ramps from 0 to 1 over the voxel before the band's edge: a criterion that moves
+        # continuously with the warp (a voxel that jumps in and out stalls the steps)
+        for q, end in zip((pz, py, px), last):
+            m = m * jnp.clip(jnp.minimum(q - band, end - band - q) + 1, 0, 1)
+        count = jnp.maximum(jnp.sum(m, 1), 1)
+    else:
+        count = jnp.full(f.shape[:1], float(size**3), dtype)
     fc, df = _masked_centre(f, m, count)
     g = interpolate(coefficients, pz, py, px)
     gc, dg = _masked_centre(g, m, count)

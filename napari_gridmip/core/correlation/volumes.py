@@ -268,9 +268,9 @@ class _Solver:
     """The IC-GN of chosen points from chosen starts, over the prepared volumes (each point's Hessian once)."""
 
     def __init__(self, coefficients, reference, mask, centres, *, half, affine, max_iterations, tolerance, chunk,
-                 band):  # fmt: skip
+                 band, masked):  # fmt: skip
         self.coefficients, self.reference, self.mask = coefficients, reference, mask
-        self.band = np.asarray(band, reference.dtype)
+        self.band, self.masked = np.asarray(band, reference.dtype), masked
         self.centres = centres.astype(np.int32)
         self.half, self.affine, self.chunk = half, affine, chunk
         self.max_iterations, self.tolerance = max_iterations, tolerance
@@ -313,7 +313,7 @@ class _Solver:
 
             def call(centre, warp, inverse):
                 return kernels.step(self.coefficients, self.reference, self.mask, centre, warp.astype(dtype),
-                                    inverse.astype(dtype), self.band, half=self.half)  # fmt: skip
+                                    inverse.astype(dtype), self.band, half=self.half, masked=self.masked)  # fmt: skip
 
             new, moved, zncc, variance, view = _chunked(call, index, (self.centres, p, self.inverse), self.chunk)
             out["zncc"][index], out["variance"][index] = zncc, variance
@@ -612,7 +612,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
 
     solver = _Solver(coefficients, prepared, jnp.asarray(weights, dtype), centres, half=half, affine=affine,
                      max_iterations=max_iterations, tolerance=tolerance, chunk=_chunk(subset),
-                     band=radius(sigma) if sigma > 0 else -1.0)  # fmt: skip
+                     band=radius(sigma) if sigma > 0 else -1.0, masked=mask is not None or sigma > 0)  # fmt: skip
     solver.prepare(usable)
     textured = solver.textured()
     run = usable & textured & searched

@@ -236,6 +236,33 @@ def test_off_layer_closed_and_widget_closed_stop_everything(live_viewer, qtbot):
     assert not live.active and live.worker is None and not _connected(camera.events.zoom, live)
 
 
+def test_switched_off_after_a_frame_without_the_quad_the_canvas_still_draws(live_viewer, qtbot):
+    """The quad is hidden while the camera moves; a frame then draws the volume last, and the switch turned off
+    deletes the quad layer. On Mesa 22.3's llvmpipe (Debian 12) deleting a layer that was not the last one drawn
+    made the next frame of a moved camera segfault (this test's process crashed: its failure), unless the quad is
+    drawn last before its deletion, as the live view does."""
+    from napari_gridmip._widgets.live_render import _draw_canvases_now
+
+    viewer, widget, layer = live_viewer
+    widget.live_3d.native.click()
+    _final(widget, qtbot)
+    live = widget._live
+    assert live.overlay.visible
+    _draw_canvases_now()
+    viewer.scene.camera.zoom *= 1.2
+    assert not live.overlay.visible  # hidden until the camera rests
+    _draw_canvases_now()  # a frame without the quad: the volume drawn last
+    widget.live_3d.native.click()  # off
+    assert list(viewer.layers) == [layer]
+    viewer.scene.camera.zoom *= 1.2
+    _draw_canvases_now()
+    _, _, width, height = viewer.window.geometry()
+    viewer.window.resize(width + 80, height + 60)
+    _draw_canvases_now()
+    shot = viewer.screenshot(canvas_only=True, flash=False)
+    assert shot[..., :3].max() > 0  # the volume, drawn
+
+
 def test_each_render_and_the_switch_off_hand_the_freed_pages_back(live_viewer, qtbot, monkeypatch):
     from napari_gridmip._jobs import live_render as jobs
 

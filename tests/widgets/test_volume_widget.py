@@ -101,11 +101,15 @@ def test_the_sample_end_to_end(viewer_and_widget, wait_idle):
         expected_data = np.asarray(namespace["results"][layer.name]).astype(layer.data.dtype)
         np.testing.assert_array_equal(expected_data, layer.data, err_msg=layer.name)
 
-    # closing the widget takes its click callback off the result layers
+    # closing the dock takes the widget's click callback off the result layers
     callback = widget._on_click
     assert all(callback in layer.mouse_drag_callbacks for layer in results(viewer))
-    widget.release()
+    viewer.window.remove_dock_widget(widget.native)  # what the dock's close button does
+    assert widget.released
     assert not any(callback in layer.mouse_drag_callbacks for layer in results(viewer))
+    before = widget.point_info.value
+    click(vectors, point)  # napari's own callbacks only: nothing reaches the closed widget
+    assert widget.point_info.value == before and "(6, 14, 22)" in before
 
 
 def test_cancel_adds_nothing_and_bad_input_is_a_notification(viewer_and_widget, wait_idle, monkeypatch):

@@ -93,6 +93,7 @@ class VolumeWidget(JobWidget):
         self._clicked: list[weakref.ref] = []  # the layers the click callback is on
         self._seen: weakref.WeakSet = weakref.WeakSet()
         self._auto = True  # the inputs follow the layer list until the user picks one
+        self._choosing = False  # set while the widget itself sets the inputs
         self._finish(
             [self.volumes, self.deformed, self.reference_policy, self.roi, self.subset, self.step],
             [self.point_info],
@@ -123,7 +124,7 @@ class VolumeWidget(JobWidget):
 
     # -- inputs -----------------------------------------------------------------------------
     def _picked(self, *_: Any) -> None:
-        if not self._following_layers and not getattr(self, "_choosing", False):
+        if not self._following_layers and not self._choosing:
             self._auto = False  # the user's choice: never overridden
         self._show_inputs()
 

@@ -20,6 +20,7 @@ from scipy import ndimage
 import napari_gridmip as gm
 from napari_gridmip._sample_data.dvc import make_dvc_pair, true_displacement
 from napari_gridmip.core.correlation import _volume_icgn as kernels
+from napari_gridmip.core.correlation import volumes
 from napari_gridmip.core.correlation.status import Status
 
 SHAPE = (48, 48, 48)
@@ -300,8 +301,8 @@ def test_identical_volumes_give_zero_displacement_at_every_valid_point(seed, kin
     result = gm.correlate_volumes(volume, volume.copy(), **OPTIONS)
     ok = result.status == Status.ok
     assert ok.all()
-    for name in ("dz", "dy", "dx"):  # 0 to within what the last step leaves of the start's error
-        assert np.all(np.abs(getattr(result, name)) < 5e-4)
+    for name in ("dz", "dy", "dx"):  # 0 to within the IC-GN's stop (a predicted increment under the tolerance)
+        assert np.all(np.abs(getattr(result, name)) < 2 * volumes.TOLERANCE)
     assert np.all(result.zncc > 0.9999)
 
 

@@ -24,6 +24,12 @@ calls (best and median of ``--repeats``), and the peak extra memory of one warm
 call. Info: the RMS of the displacement error over the points found (voxels, the
 3D vector's length), the share of points found, the statuses, the mean IC-GN
 steps, and the wall time of each stage in one warm call.
+
+Peers (when ``al_dvc`` imports): pyALDVC's ``run_aldvc`` on the same pair,
+winsize 20, winstepsize 10 (its subsets are even-sided), 2 threads, no strain:
+``admm_max_iter=1`` (the local IC-GN only) and its default 4 (the global
+augmented-Lagrangian steps too); each timed first and warm, its RMS over its
+nodes against the same field.
 """
 
 
@@ -59,6 +65,44 @@ def stages(reference: np.ndarray, deformed: np.ndarray, options: dict) -> dict[s
     return {name: round(seconds, 3) for name, seconds in spent.items()}
 
 
+def peers(reference: np.ndarray, deformed: np.ndarray, truth: dict, *, repeats: int) -> list:
+    """pyALDVC's local IC-GN and its augmented-Lagrangian method on the pair, where ``al_dvc`` imports."""
+    try:
+        import al_dvc
+    except ImportError:
+        note("peers", "al_dvc is not installed (pip install al-dvc)")
+        return []
+    from napari_gridmip._sample_data.dvc import true_displacement
+
+    rows = []
+    for label, admm in (("pyALDVC local IC-GN", 1), ("pyALDVC AL (ADMM)", 4)):
+        para = al_dvc.dvcpara_default(winsize=20, winstepsize=10, admm_max_iter=admm, n_threads=2)
+
+        def run(para=para):
+            return al_dvc.run_aldvc(para, [reference, deformed], compute_strain=False, progress_fn=lambda f, m: None)
+
+        start = time.perf_counter()
+        result = run()
+        first = time.perf_counter() - start
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = run()
+            times.append(time.perf_counter() - start)
+        with PeakMemory() as memory:
+            result = run()
+        mesh, frame = result.dvc_mesh, result.result_disp[0]
+        x0, y0, z0 = mesh.x0, mesh.y0, mesh.z0
+        field = true_displacement(truth, z0, y0, x0)  # (3, nz, ny, nx), the nodes' order: x fastest
+        expected = np.moveaxis(field, 0, -1).reshape(-1, 3)[:, ::-1]  # (N, 3) as (ux, uy, uz)
+        found = np.all(np.isfinite(frame.U), 1)
+        errors = np.linalg.norm(frame.U - expected, axis=1)
+        rms = float(np.sqrt(np.mean(errors[found] ** 2)))
+        rows.append(record(label, times_s=times, first_s=first, peak_mb=memory.extra_mb, rms_voxel=rms,
+                           valid=float(found.mean()), note=f"winsize 20, step 10, admm_max_iter={admm}"))  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, epilog=DETAILS, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -66,6 +110,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="96^3")
     parser.add_argument("--size", type=int, default=200, help="the volumes' side (default 200)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-peers", action="store_true", help="leave pyALDVC out")
     args = parser.parse_args()
     start_run("volumes", args)
     size = 96 if args.quick else args.size
@@ -95,8 +140,13 @@ def main() -> None:
     ok = result.status == 0
     rms = float(np.sqrt(np.mean(errors[ok] ** 2)))
     row = record(f"correlate_volumes {size}^3", times_s=times, first_s=first, peak_mb=memory.extra_mb,
-                 group="dvc", rms_voxel=rms, valid=float(ok.mean()))  # fmt: skip
-    print(table(f"DVC of a {size}^3 affine pair, subset 21, step 10", [row], row.name))
+                 rms_voxel=rms, valid=float(ok.mean()))  # fmt: skip
+    rows = [row]
+    if not args.no_peers:
+        rows += peers(reference, deformed, truth, repeats=args.repeats)
+    print(table(f"DVC of a {size}^3 affine pair, subset 21, step 10", rows, row.name))
+    for r in rows:
+        print(f"{r.name}: RMS {r.extra['rms_voxel']:.4f} voxel, {100 * r.extra['valid']:.1f}% of points")
     note("rms_voxel", rms)
     note("valid_share", float(ok.mean()))
     note("points", int(ok.size))

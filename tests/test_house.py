@@ -7,8 +7,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "napari_gridmip"
 
-# "the fourteenth session", "issue 53", "#53", "2026-12-07": each ages the moment it is written
-DIARY = re.compile(r"\bsessions?\b|\bissues?\s+#?\d+|(?<![\w&#])#\d+\b|\b\d{4}-\d\d-\d\d\b", re.IGNORECASE)
+# "the fourteenth session", "session 18", "issue 53", "#53", "2026-12-07": each ages the moment it is written. A
+# user's session ("the first Run of a session", "the next session") is the program's own word and stays.
+ORDINALS = (
+    "third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth"
+    "|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|\\d+(?:st|nd|rd|th)"
+)
+DIARY = re.compile(
+    rf"\b(?:{ORDINALS})\s+(?:work\s+)?sessions?\b|\bsessions?\s+\d+\b|\bissues?\s+#?\d+|(?<![\w&#])#\d+\b"
+    r"|\b\d{4}-\d\d-\d\d\b",
+    re.IGNORECASE,
+)
 # a script of the repository named in the source: ``benchmarks/bench_dic.py``, tools/accelerator_probe.py
 SCRIPT = re.compile(r"\b((?:benchmarks|tools)/[\w/]+\.py)\b")
 
@@ -22,7 +31,9 @@ def diary_lines(text: str) -> list[str]:
 
 
 def test_the_diary_pattern():
-    assert diary_lines("measured in the eighteenth session\nsee issue 53\nas in #12\non 2026-12-07") != []
+    assert len(diary_lines("measured in the eighteenth session\nsee issue 53\nas in #12\non 2026-12-07")) == 4
+    assert len(diary_lines("the 14th session\nsession 18 measured")) == 2
+    assert diary_lines("a user's first session compiles; the next session reads the cache") == []
     assert len(diary_lines("a\nissue #7, item 2\nb")) == 1
     assert diary_lines("colour = '#ff0000'  # 8 bits\nx[#1] is not code\nversion 2.16, 3 issues") == [
         "x[#1] is not code"

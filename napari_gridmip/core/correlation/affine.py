@@ -104,13 +104,13 @@ SPLINE_MARGIN = 2
 # with the windows (a TPU), read the reference subsets of a band's grid of points by rows and columns
 # (:func:`_grid_subsets`) rather than one window per point; TILE_WINDOWS implies it. Alone it took a band of the
 # 1024^2 affine DIC on a TPU v5e from 0.180 to 0.072 s, the tiles too to 0.037 s
-# (probe tools/accelerator_affine_compile.py, 2026-12-06, since removed: git d4d63c5; docs/accelerator.md)
+# (a profile of the band program; docs/accelerator.md)
 GRID_SUBSETS = False
 # with the windows, pick each step's windows out of tiles of img1's coefficients read once per band by rows and
 # columns (:func:`_tile_windows`), reaching the translation search's reach plus TILE_SLACK px past a point's grid
 # position (a point that goes further takes the gathers' band); the reference subsets then by the grid too. On:
 # the 1024^2 affine DIC 0.315 s warm on a TPU v5e against 1.44 s without, its host CPU 1.92 s
-# (benchmarks/bench_accelerator.py --cases dic_affine, 2026-12-06)
+# (benchmarks/bench_accelerator.py --cases dic_affine)
 TILE_WINDOWS = True
 TILE_SLACK = 2
 # compile the IC-GN's programs in a thread beside the translation search's (compile_ahead): None, where the
@@ -138,10 +138,10 @@ def _grid_subsets(images: tuple[jax.Array, ...], top: jax.Array, left: jax.Array
     blocks: the region's rows cut into blocks of ``step``, and ``ceil(sh / step)`` slices of ``rows`` blocks,
     one per block a subset's rows span (row ``a`` of point row ``r`` is block ``r + a // step``, phase
     ``a % step``); the columns the same. No read per point, where XLA on a TPU makes a loop of one slice per point
-    of :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC, probe
-    ``tools/accelerator_affine_compile.py --profile``, 2026-12-06, since removed). Why blocks and one read for all
+    of :func:`_subset_windows` (8,610 points, about 2 us each; 61% of a band of the 1024^2 affine DIC in a
+    profile of the band program). Why blocks and one read for all
     images: with a slice per subset row and column (62 at subset 31) for each of 6 images, the TPU v5e compiled the
-    band program in 33 s against 11 s for the windows' form (the same probe)."""
+    band program in 33 s against 11 s for the windows' form (the same profile)."""
     k = images[0].shape[0]
     (sh, sw), (rows, cols, step) = subset, grid
     height, width = (rows - 1) * step + sh, (cols - 1) * step + sw
@@ -182,8 +182,8 @@ def _interpolate_windows(coefficients: jax.Array, py: jax.Array, px: jax.Array, 
 
     Why a ``lax.cond`` whose other branch is zeros: on a TPU v5e the 1024^2 affine DIC's band program compiled in 40
     s with the gathers as that branch, in 19 s with no branch, in 11 s with this one, and one band ran 0.175, 0.241
-    and 0.178 s (probe ``tools/accelerator_affine_compile.py``, git d4d63c5: variants cond, no-barrier and
-    cheap-cond, 2026-12-06). The windowed values are kept whole (an optimization barrier): in the form with no
+    and 0.178 s (the three variants of the band program: cond, no barrier, cheap cond). The windowed values are
+    kept whole (an optimization barrier): in the form with no
     ``lax.cond``, XLA on the CPU recomputed the 64-slice sum in its consumers without it (0.78 s against 1.29 s a
     band at 384^2); inside the ``cond`` its effect is not measured apart.
 
@@ -386,8 +386,8 @@ def _row(c1, f_img, fy_img, fx_img, curvature, centres_y, centres_x, start, abov
     scattered back: each point stops on its own, and the row costs about the sum of its points' iterations
     rather than its slowest point's times the row (on an accelerator, whose rows run together, a batch is an
     eighth of a band: the 1024^2 affine DIC took 1.52 s warm on a TPU v5e with them against 2.27 s with the
-    whole band stepping until its last point stops, ``benchmarks/bench_accelerator.py``, 2026-12-06). With ``windows``
-    (:func:`.core._backend.spline_windows`), the subsets and the interpolation read one window per point
+    whole band stepping until its last point stops, ``benchmarks/bench_accelerator.py``). With ``windows``
+    (:func:`.runtime.strategy.spline_windows`), the subsets and the interpolation read one window per point
     (:func:`_subset_windows`, :func:`_interpolate_windows`) instead of gathering each pixel: the same values
     where they serve. ``grid``: ``(rows, cols, step, margin)`` where the points are such a grid
     (:func:`_grid_subsets`; a ``margin``: each step's windows from tiles, :func:`_tile_windows`).

@@ -16,6 +16,7 @@ from napari_gridmip import find_displacement, strain_field
 from napari_gridmip._sample_data import dic as dic_module
 from napari_gridmip._sample_data.dic import make_dic_pair
 from napari_gridmip.core.correlation import affine as affine_module
+from napari_gridmip.core.correlation import subsets as subsets_module
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA
 from napari_gridmip.core.runtime import strategy
 from tests.core.correlation.subset_reference import affine_spread
@@ -648,7 +649,8 @@ def test_the_ic_gn_programs_compile_ahead_and_once(monkeypatch, caplog, accelera
         monkeypatch.setattr(affine_module, "TILE_WINDOWS", True)
     started = []
     real = affine_module.compile_ahead
-    monkeypatch.setattr(affine_module, "compile_ahead", lambda *a, **k: started.append(real(*a, **k)) or started[-1])
+    # the search's module holds its own name of it (imported at its top)
+    monkeypatch.setattr(subsets_module, "compile_ahead", lambda *a, **k: started.append(real(*a, **k)) or started[-1])
     rng = np.random.default_rng(4)
     side = 83 + 5 * accelerator  # shapes no other test (nor the other case) uses
     img = ndimage.gaussian_filter(rng.random((1, side, 77)), 1.5).astype(np.float32)

@@ -39,7 +39,7 @@ POLE = math.sqrt(3) - 2  # the cubic B-spline prefilter's pole
 # (under float32's resolution), |POLE|**29 = 3e-17 for float64
 PREFILTER_REACH = {np.dtype(np.float32): 12, np.dtype(np.float64): 28}
 PARAMETERS = 12
-TRANSLATION = np.array([0, 4, 8])  # where w, v, u sit in the parameters
+TRANSLATION = np.array([0, 4, 8], np.int32)  # where w, v, u sit in the parameters
 CORNER_WEIGHTS = np.array([0, 1, 1, 1] * 3, np.float64)  # 1 on the gradient's parameters
 _PRODUCTS = [(a, b) for a in range(3) for b in range(a, 3)]  # the gradient's component pairs
 _MONOMIALS = [(i, j) for i in range(4) for j in range(i, 4)]  # the pairs of (1, zeta, eta, xi)
@@ -55,7 +55,7 @@ def _hessian_index() -> np.ndarray:
             product = _PRODUCTS.index((min(a, b), max(a, b)))
             monomial = _MONOMIALS.index((min(i, j), max(i, j)))
             index[row, col] = product * len(_MONOMIALS) + monomial
-    return index.ravel()
+    return index.ravel().astype(np.int32)  # int32 as the other indices, under 64-bit types too
 
 
 _HESSIAN_INDEX = _hessian_index()

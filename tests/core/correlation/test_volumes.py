@@ -294,6 +294,17 @@ def test_dask_and_float_volumes_give_uint8s_answer_and_inputs_are_kept(affine_ui
     np.testing.assert_allclose(as_float.dz, result.dz, atol=1e-5, equal_nan=True)
 
 
+def test_float64_agrees_with_float32(affine_uint8):
+    reference, deformed, truth, result = affine_uint8
+    wide = gm.correlate_volumes(reference, deformed, dtype=np.float64, **OPTIONS)
+    assert wide.dz.dtype == np.float32  # the result's dtype is the documented one; the work was float64
+    np.testing.assert_array_equal(wide.status, result.status)
+    ok = result.status == Status.ok
+    for name in ("dz", "dy", "dx"):
+        np.testing.assert_allclose(getattr(wide, name)[ok], getattr(result, name)[ok], atol=2 * volumes.TOLERANCE)
+    assert _rms(_errors(wide, truth), ok) <= 0.01
+
+
 @settings(max_examples=3, deadline=None)
 @given(seed=st.integers(0, 2**16), kind=st.sampled_from(["uint8", "uint16", "float32"]))
 def test_identical_volumes_give_zero_displacement_at_every_valid_point(seed, kind):

@@ -57,13 +57,15 @@ from napari_gridmip.core.correlation.status import Status
 from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
 
 SHAPES = ("affine", "translation")
-MAX_ITERATIONS = 40  # IC-GN steps at most; from the search's start 3 to 6 are typical
+MAX_ITERATIONS = 40  # IC-GN steps at most; from the search's start 2 are typical
 # voxels: a point has converged when its increment moves no subset corner by more than this along any axis, or when
 # its increments contract so that the next one would not (the predictive stop, which leaves up to about this much):
 # on the 96^3 affine pair, 2.04 steps a point from the search's start (2.95 without the prediction at 1e-3), the
 # same 0.0024 voxel RMS
 TOLERANCE = 5e-4
-CHUNK_VOXELS = 2**19  # points x subset voxels per compiled call (about 56 subsets of 21^3: 32 of them)
+# points x subset voxels per compiled call (16 subsets of 21^3: each step's arrays, 0.6 MB, stay in the cache; at
+# 200^3, 3.0 to 5.0 s a call against 32 subsets' 5.0 to 5.5 s on the shared 2 cores, 8 as 16)
+CHUNK_VOXELS = 2**18
 PROPAGATION_ROUNDS = 2  # retries of the failed points from their found neighbours
 # voxels a cubic spline's value reads around its position: its 4 taps, and 4 more of its coefficients'
 # prefilter, whose weight falls by 0.27 a voxel (to 0.5% at 4)

@@ -50,7 +50,7 @@ def test_the_job_is_the_direct_call_with_a_step_per_frame(rotation, direct, monk
     # one progress step per frame (the reference's first), one for the strain
     done = [d for d, total in steps.seen if total == FRAMES + 1]
     assert len(done) == len(steps.seen) and done == sorted(done) and {1, 2, 3, 4, 5} <= set(done)
-    assert "4 frames, 121 points in the ROI: 100% found" in result.summary
+    assert "4 frames, 127 points in the ROI: 100% found" in result.summary
     # on the frames' pixels, with the time axis: grid point (i, j) of frame t is the frames' pixel (8 i + 15, ...)
     for _, meta, _ in result.layers:
         np.testing.assert_array_equal(meta["scale"], (1, 8, 8))

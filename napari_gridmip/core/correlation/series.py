@@ -4,7 +4,8 @@ and points that say why they were lost.
 Each point of a grid on the reference is followed through the frames (DIC's Lagrangian description): its
 subset is matched in every frame by the inverse-compositional Gauss-Newton (IC-GN) of a first-order (affine)
 warp, the criterion a zero-normalised sum of squared differences over the subset's pixels inside the region of
-interest only (masked ZNSSD: a pixel outside the ROI never enters a sum). No search window is needed; each
+interest only (masked ZNSSD: a pixel outside the ROI never enters a sum; a subset is *conformal*: whatever of its
+window the ROI holds, kept where that carries texture enough). No search window is needed; each
 point starts from a guess:
 
 1. the point's own warp in the previous frame, carried over the whole image's motion between the two frames
@@ -60,7 +61,7 @@ from napari_gridmip.core import validate
 from napari_gridmip.core.correlation import warp
 from napari_gridmip.core.correlation._checks import check_subset
 from napari_gridmip.core.correlation._global_motion import estimate_motion
-from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius, smooth_frames
+from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, radius, smooth_frames
 from napari_gridmip.core.correlation.status import Status
 from napari_gridmip.core.correlation.subsets import _spline_coefficients
 from napari_gridmip.core.runtime import strategy
@@ -81,8 +82,10 @@ PROPAGATION_ROUNDS = 8  # neighbour-propagation passes per frame at most (each o
 MIN_GLOBAL_SCORE = 0.2  # a whole-image motion whose masked NCC is below this is no guess
 MIN_FIT_POINTS = 6  # points found in a frame for an affine fit of the whole field
 SPLINE_TAPS = 2  # px: a cubic spline's value at a position reads the coefficients up to 2 px away
-# the least share of a subset a match uses: pixels inside the ROI less its edge band, and inside a later key frame
-MIN_USED_SHARE = 0.25
+# the fewest pixels a (conformal) subset may use: pixels inside the ROI less its edge band, and inside a later key
+# frame; whether they are enough is the texture's to say (``max_sigma``), this only keeps the fit overdetermined
+MIN_PIXELS = 36
+MAX_SIGMA = 0.1  # px: the default ``max_sigma``, the largest predicted standard deviation of a kept point
 
 
 class Series(NamedTuple):
@@ -184,22 +187,25 @@ class _Reference(NamedTuple):
     count: jax.Array  # (P,): used pixels (at least 7)
     norm: jax.Array  # (P,): the norm of f
     factor: jax.Array  # (P, 21): the Hessian's packed Cholesky factor (warp.cholesky)
-    enough: jax.Array  # (P,) bool: enough of the subset is used (MIN_USED_SHARE)
+    enough: jax.Array  # (P,) bool: the subset may be matched: MIN_PIXELS pixels used, and ``textured``
+    textured: jax.Array  # (P,) bool: its texture predicts a sigma within ``max_sigma`` (False: flat or too thin)
 
 
-def _reference(key, roi, centre, origin, inverse, moved, old, min_used, *, subset):
+def _reference(key, roi, centre, origin, inverse, moved, old, limits, *, subset):
     """The :class:`_Reference` of the points ``moved`` ``(P,)`` from the key frame ``key`` (its spline coefficients
     as :func:`_prepared_frame` makes them), ``old``'s elsewhere. ``roi`` ``(M, N)`` float (1 inside) on the
     reference; ``centre`` ``(P, 2)``: each point's position in the key frame; ``origin`` ``(P, 2)``: its reference
     position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key frame back to the reference (the inverse
-    of the point's gradient there). Four programs for every key frame of a sequence."""
+    of the point's gradient there); ``limits`` ``(3,)`` float32: the fewest pixels used, the variance of a
+    residual's pixel (twice the prefiltered frames' noise) and ``max_sigma`` (traced: no program per value). Four
+    programs for every key frame of a sequence."""
     centre = jnp.asarray(centre)
     f, fy, fx = (_key_subsets(key, centre, subset=subset, along=along) for along in (None, 0, 1))
-    return _key_reference(key, roi, centre, origin, inverse, moved, old, min_used, f, fy, fx, subset=subset)
+    return _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, subset=subset)
 
 
 @partial(jax.jit, static_argnames=("subset",))
-def _key_reference(key, roi, centre, origin, inverse, moved, old, min_used, f, fy, fx, *, subset):
+def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, *, subset):
     """:func:`_reference` from the key subsets' values ``f`` and gradients ``fy``, ``fx`` ``(P, S)``."""
     dtype = key.dtype
     eta, zeta = warp.subset_offsets(subset, dtype)
@@ -215,13 +221,21 @@ def _key_reference(key, roi, centre, origin, inverse, moved, old, min_used, f, f
     at = jnp.clip(iy, 0, roi.shape[0] - 1) * roi.shape[1] + jnp.clip(ix, 0, roi.shape[1] - 1)
     m = jnp.where(in_key & on_roi, jnp.take(roi.ravel(), at, mode="clip"), 0).astype(dtype)
     count = jnp.sum(m, axis=1)
-    enough = count >= min_used * eta.shape[0]
     n = jnp.maximum(count, 7)
     fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
     fy, fx = fy * m, fx * m
     monomials = warp.moments(eta, zeta)
     factor = warp.cholesky(warp.hessian(fy * fy, fy * fx, fx * fx, monomials))
-    new = _Reference(centre.astype(dtype), fc, fy, fx, m, n, jnp.sqrt(jnp.sum(fc * fc, 1)), factor, enough)
+    # the conformal subset's own precision: the residual's variance (the noise of both frames) times the inverse
+    # Hessian's diagonal of the shifts (what its texture and its shape allow; NaN or huge where it is flat or thin)
+    unit = jnp.eye(6, dtype=dtype)
+    inv_v = warp.cholesky_solve(factor, jnp.broadcast_to(unit[0], (factor.shape[0], 6)))[:, 0]
+    inv_u = warp.cholesky_solve(factor, jnp.broadcast_to(unit[3], (factor.shape[0], 6)))[:, 3]
+    predicted = jnp.sqrt(limits[1] * jnp.maximum(inv_v, inv_u))
+    textured = jnp.isfinite(predicted) & (inv_v > 0) & (inv_u > 0) & (predicted <= limits[2])
+    enough = (count >= limits[0]) & textured
+    new = _Reference(centre.astype(dtype), fc, fy, fx, m, n, jnp.sqrt(jnp.sum(fc * fc, 1)), factor, enough,
+                     textured)  # fmt: skip
     return jax.tree.map(lambda a, b: jnp.where(moved.reshape(-1, *(1,) * (a.ndim - 1)), a, b), new, old)
 
 
@@ -229,7 +243,7 @@ def _no_reference(points: int, subset: tuple[int, int], dtype) -> _Reference:
     """A :class:`_Reference` of ``points`` with nothing in it (the first :func:`_reference`'s ``old``)."""
     s = subset[0] * subset[1]
     zeros = [np.zeros((points, *shape), dtype) for shape in ((2,), (s,), (s,), (s,), (s,), (), (), (21,))]
-    return _Reference(*zeros, np.zeros(points, bool))
+    return _Reference(*zeros, np.zeros(points, bool), np.zeros(points, bool))
 
 
 @partial(jax.jit, static_argnames=("subset", "bucket"))
@@ -471,7 +485,8 @@ def correlate_series(
     reference: str = "accumulated",
     min_zncc: float = 0.9,
     refresh_zncc: float = 0.95,
-    min_inside: float = 0.5,
+    min_inside: float = 0.0,
+    max_sigma: float = MAX_SIGMA,
     max_disagreement: float = 1.0,
     prefilter: float | str | None = "auto",
     rotation: bool = True,
@@ -490,12 +505,15 @@ def correlate_series(
         The grid's spacing in px; default 8. The grid's first point is ``(sh // 2, sw // 2)`` from the corner, so
         every reference subset is inside the frame.
     roi
-        ``(M, N)`` bool (or integer labels, nonzero inside) mask of the reference: the region of interest. A
-        subset uses only its pixels inside it, less a band along the ROI's edge as wide as the prefilter's and
-        the spline's reach (``round(4 sigma) + 2`` px, 5 px by default), so that no value from outside enters a
-        match; a point whose centre is outside, with less than ``min_inside`` of its subset inside the ROI, or
-        with less than a quarter of its subset left once the band is off, is ``outside_roi``. Default: the whole
-        frame.
+        ``(M, N)`` bool (or integer labels, nonzero inside) mask of the reference: the region of interest.
+        Subsets are conformal (DICe's): a point's subset is the pixels of its window inside the ROI, less a band
+        along the ROI's edge as wide as the prefilter's and the spline's reach (``round(4 sigma) + 2`` px, 5 px
+        by default), so that no value from outside enters a match; every sum of the match (the masked ZNCC's
+        means and norms, the gradients' Hessian, the right-hand side) runs over those pixels only. A point whose
+        centre is outside, with less than ``min_inside`` of its window inside the ROI, or with fewer than
+        ``MIN_PIXELS`` (36) pixels left, is ``outside_roi``; one whose clipped subset has too little texture for
+        ``max_sigma`` is ``not_significant``. Separate parts (labels) are followed apart, down to small ones
+        (a 20 x 20 px part at subset 21) where their texture allows. Default: the whole frame.
     reference
         ``"accumulated"`` (default): every frame is matched against frame 0, each started from the previous
         frame's field. ``"incremental"``: each point against the last frame it was found in, the displacements
@@ -506,7 +524,14 @@ def correlate_series(
     refresh_zncc
         ``reference="auto"``'s threshold; default 0.95.
     min_inside
-        The least share of a subset inside the ROI; default 0.5.
+        The least share of a point's square window inside the ROI; default 0 (the texture decides,
+        ``max_sigma``).
+    max_sigma
+        px: the largest predicted standard deviation of a kept point's displacement, from its clipped key subset
+        alone: ``sqrt(2 s^2 max((H^-1)_vv, (H^-1)_uu))`` with ``H`` the Gauss-Newton Hessian of its pixels'
+        gradients and ``s`` the reference's noise after the prefilter (Immerkaer's estimate inside the ROI, at
+        least the integer frames' rounding). It says whether a clipped subset carries texture enough (a flat or
+        too thin one predicts a large sigma, or none); default 0.1.
     max_disagreement
         px: a found point farther than this from where its found neighbours put it (the median of their
         predictions, each through its own gradient; 3 neighbours at least) is ``ambiguous``; default 1.
@@ -538,17 +563,20 @@ def correlate_series(
     References
     ----------
     B. Pan, K. Li, W. Tong, Exp. Mech. 53, 1277-1289 (2013); J. Blaber, B. Adair, A. Antoniou, Exp. Mech. 55,
-    1105-1122 (2015); D. Z. Turner, DICe (2015); D. Padfield, IEEE Trans. Image Process. 21, 2706-2718 (2012).
+    1105-1122 (2015); D. Z. Turner, DICe (2015), and DICe's conformal subsets (D. Z. Turner et al., Sandia
+    Report SAND2015-10606); D. Padfield, IEEE Trans. Image Process. 21, 2706-2718 (2012); J. Immerkaer, "Fast
+    noise variance estimation", Comput. Vis. Image Underst. 64, 300-302 (1996).
     """
     place = strategy.on_host() if strategy.series_on_host() else contextlib.nullcontext()
     with place:
         return _correlate_series(frames, subset=subset, step=step, roi=roi, reference=reference, min_zncc=min_zncc,
-                                 refresh_zncc=refresh_zncc, min_inside=min_inside, max_disagreement=max_disagreement,
-                                 prefilter=prefilter, rotation=rotation, progress=progress)  # fmt: skip
+                                 refresh_zncc=refresh_zncc, min_inside=min_inside, max_sigma=max_sigma,
+                                 max_disagreement=max_disagreement, prefilter=prefilter, rotation=rotation,
+                                 progress=progress)  # fmt: skip
 
 
-def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh_zncc, min_inside, max_disagreement,
-                      prefilter, rotation, progress) -> Series:  # fmt: skip
+def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh_zncc, min_inside, max_sigma,
+                      max_disagreement, prefilter, rotation, progress) -> Series:  # fmt: skip
     frames, (count, rows, cols) = _check_frames(frames)
     subset = validate.int_tuple("subset", subset, 2)
     subset, step = check_subset(subset, step)
@@ -559,6 +587,9 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     min_zncc = _unit_interval("min_zncc", min_zncc)
     refresh_zncc = _unit_interval("refresh_zncc", refresh_zncc)
     min_inside = _unit_interval("min_inside", min_inside)
+    max_sigma = validate.check_finite_scalar("max_sigma", max_sigma)
+    if max_sigma <= 0:
+        raise ValueError(f"max_sigma must be positive (px); got {max_sigma}")
     max_disagreement = validate.check_finite_scalar("max_disagreement", max_disagreement)
     if max_disagreement <= 0:
         raise ValueError(f"max_disagreement must be positive (px); got {max_disagreement}")
@@ -594,16 +625,26 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     motion = np.zeros((count, 2, 3))
     motion[0] = np.eye(2, 3)
 
-    roi_centre = mask[origin[:, 0].astype(int), origin[:, 1].astype(int)] > 0
-    # a point 1 px inside a straight edge has 53% of its subset inside and 37% once the band is off: the share the
-    # user sets is the ROI's, and the band's loss is bounded by MIN_USED_SHARE (ncorr's open-hole sample had 93.1%
-    # of its ROI's points valid with min_inside on the trimmed ROI: benchmarks/bench_series.py --only real)
-    usable = roi_centre & (_inside_share(mask, origin, subset) >= min_inside)
-    usable &= _inside_share(weights, origin, subset) >= MIN_USED_SHARE
+    # conformal subsets: a point whose centre is in the ROI uses its window's pixels inside the (trimmed) ROI, and
+    # is kept where they carry texture enough for ``max_sigma`` (DICe's conformal subsets), whatever their share
+    in_roi = mask[origin[:, 0].astype(int), origin[:, 1].astype(int)] > 0
+    in_roi &= _inside_share(mask, origin, subset) >= min_inside
+    previous = read(0)
+    noise_variance = 2 * _noise(previous, usable_mask) ** 2 * noise_gain(sigma)  # the residual's, both frames'
+    limits = np.array([MIN_PIXELS, noise_variance, max_sigma], np.float32)
+    roi_device = jnp.asarray(weights)
+    # every point's key subset (frame 0 to start with), computed once per key frame
+    ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
+                     np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
+                     _no_reference(points, subset, np.float32), limits, subset=subset)  # fmt: skip
+    enough, textured, used = (np.asarray(a) for a in (ref.enough, ref.textured, ref.count))
+    usable = in_roi & enough
     flat = {name: out[name].reshape(count, -1) for name in out}
     flat_status = status.reshape(count, -1)
     flat_key = key_frame.reshape(count, -1)
-    flat_status[:, ~usable] = Status.outside_roi
+    # why a point is never matched: its subset is (mostly) outside the ROI, or what is inside it is flat
+    unused = np.where(in_roi & (used >= MIN_PIXELS) & ~textured, Status.not_significant, Status.outside_roi)
+    flat_status[:, ~usable] = unused[~usable]
     for name in ("dy", "dx", "dy_y", "dy_x", "dx_y", "dx_x", "sigma_dy", "sigma_dx"):
         flat[name][0, usable] = 0.0
     flat["zncc"][0, usable] = 1.0
@@ -613,13 +654,6 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     key_index = np.zeros(points, np.int64)
     key_position, key_gradient = origin.copy(), np.broadcast_to(np.eye(2), (points, 2, 2)).copy()
     state = _Points(origin.copy(), key_gradient.copy(), usable.copy())
-    roi_device = jnp.asarray(weights)
-    previous = read(0)
-    min_used = np.float32(MIN_USED_SHARE)
-    # every point's key subset (frame 0 to start with), computed once per key frame
-    ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
-                     np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
-                     _no_reference(points, subset, np.float32), min_used, subset=subset)  # fmt: skip
     whole = np.eye(2, 3)  # reference -> previous frame (the last one in which points were found)
     pace = np.eye(2, 3)  # previous frame -> the frame: the motion between the two frames before
     if progress is not None:
@@ -683,9 +717,10 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         codes[~has_guess] = Status.no_guess
         codes[result.ran & ~result.in_view] = Status.out_of_view
         codes[result.ran & result.in_view & ~result.enough] = Status.outside_roi
+        codes[result.ran & result.in_view & ~result.enough & ~result.textured] = Status.not_significant
         codes[ambiguous] = Status.ambiguous
         codes[found] = Status.ok
-        codes[~usable] = Status.outside_roi
+        codes[~usable] = unused[~usable]
         flat_status[t] = codes
         flat_key[t] = np.where(result.ran, key_index, -1)
         displacement = position - origin
@@ -716,11 +751,26 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
                 key_position[move] = position[move]
                 key_gradient[move] = gradient[move]
                 ref = _reference(target, roi_device, key_position.astype(np.float32), origin.astype(np.float32),
-                                 np.linalg.inv(key_gradient).astype(np.float32), move, ref, min_used,
+                                 np.linalg.inv(key_gradient).astype(np.float32), move, ref, limits,
                                  subset=subset)  # fmt: skip
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
+
+
+def _noise(frame: np.ndarray, inside: np.ndarray) -> float:
+    """The standard deviation of the frame's noise inside ``inside`` (Immerkaer's Laplacian-difference estimate),
+    at least a thousandth of its intensities' spread and half a grey level's rounding for integer frames (a
+    noise-free frame would otherwise call any texture enough)."""
+    frame = np.asarray(frame, np.float64)
+    kernel = np.array([[1, -2, 1], [-2, 4, -2], [1, -2, 1]], np.float64)
+    response = np.abs(ndimage.convolve(frame, kernel, mode="nearest"))
+    where = ndimage.binary_erosion(inside, iterations=1, border_value=0) if inside.any() else inside
+    values = frame[inside] if inside.any() else frame.ravel()
+    estimate = np.sqrt(np.pi / 2) / 6 * float(np.mean(response[where])) if where.any() else 0.0
+    spread = float(np.percentile(values, 99) - np.percentile(values, 1)) if values.size else 0.0
+    floor = max(1e-3 * spread, 0.5 / np.sqrt(3) if np.issubdtype(np.asarray(frame).dtype, np.integer) else 0.0)
+    return max(estimate, floor, np.finfo(np.float32).tiny)
 
 
 def _inside_share(mask: np.ndarray, origin: np.ndarray, subset: tuple[int, int]) -> np.ndarray:
@@ -744,6 +794,7 @@ class _Frame:
         self.converged = np.zeros(points, bool)
         self.in_view = np.ones(points, bool)
         self.enough = np.ones(points, bool)
+        self.textured = np.ones(points, bool)
         self.ran = np.zeros(points, bool)
         self.tried_from_neighbours = np.zeros(points, bool)
 
@@ -797,4 +848,5 @@ def _run(which, guess_position, guess_gradient, result: _Frame, key_position, ke
     result.converged[where] = converged[better]
     result.in_view[where] = in_view[better]
     result.enough[where] = enough[better]
+    result.textured[where] = np.asarray(reference.textured)[where]
     result.ran[where] = True

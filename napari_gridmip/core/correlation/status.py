@@ -15,7 +15,8 @@ class Status(enum.IntEnum):
     out_of_view = 1
     """Its subset, carried by its warp, leaves the frame (or its key frame)."""
     not_significant = 2
-    """The match is not good enough: the warp did not converge, or its ZNCC is under ``min_zncc``."""
+    """The match is not good enough: the warp did not converge, or its ZNCC is under ``min_zncc``, or its subset
+    (clipped to the ROI) has too little texture for ``max_sigma``."""
     ambiguous = 3
     """It converged, but disagrees with its found neighbours by more than ``max_disagreement`` px: a second
     position matched as well."""

@@ -60,7 +60,7 @@ DETAILS = """\
    and read noise, 8 bits): a drift of (1.37, 2.71) px a frame, and a turn of 4 degrees a frame about the centre;
    256^2 and 512^2 (``--quick``: 128^2, 5 frames, one warm call). Subset 31, step 8 for every method:
    ``correlate_series`` (its defaults: accumulated); pyvale's ``dic.calculate_2d`` on the same grid (its subset
-   centres are our points) against frame 0 (its default; a call that raises is redone frame by frame) and with
+   centres are our points) against frame 0 (its default; a call that raises is redone frame by frame, its time with the failed call's) and with
    ``incremental_update="IMAGE"`` every frame (one call; a raise loses the sequence), ``max_displacement``
    min(64, size / 4), its defaults otherwise (ZNCC threshold 0.9, nothing written below it); muDIC's global DIC
    on a Q4 mesh whose nodes are our points every ``--mudic-element`` px (default 16), its defaults otherwise (a

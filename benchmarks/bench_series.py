@@ -56,20 +56,20 @@ DETAILS = """\
    cubic B-spline elements over the centre, its defaults otherwise) and its RMS error against the truth at its
    21 x 21 evaluation points, beside ours (subset 31, step 8) on the same frames, RMS over our valid points.
 5. Side by side (``--only peers``, ``--peers pyvale,mudic`` to choose; ``pip install -e .[bench]``): 8-frame
-   sequences of the samples' analytic speckle seen through the exact inverse map, with the samples' camera (shot
-   and read noise, 8 bits): a drift of (1.37, 2.71) px a frame, and a turn of 4 degrees a frame about the centre;
-   256^2 and 512^2 (``--quick``: 128^2, 5 frames, one warm call). Subset 31, step 8 for every method:
-   ``correlate_series`` (its defaults: accumulated); pyvale's ``dic.calculate_2d`` on the same grid (its subset
-   centres are our points) against frame 0 (its default; a call that raises is redone frame by frame, its time with the failed call's) and with
-   ``incremental_update="IMAGE"`` every frame (one call; a raise loses the sequence), ``max_displacement``
-   min(64, size / 4), its defaults otherwise (ZNCC threshold 0.9, nothing written below it); muDIC's global DIC
-   on a Q4 mesh whose nodes are our points every ``--mudic-element`` px (default 16), its defaults otherwise (a
-   frame that does not converge is kept). Each method's first call and best warm call of the whole sequence
+   sequences of the samples' analytic speckle seen through the exact inverse map, with the samples' camera (shot and
+   read noise, 8 bits): a drift of (1.37, 2.71) px a frame, and a turn of 4 degrees a frame about the centre; 256^2
+   and 512^2 (``--quick``: 128^2, 5 frames, one warm call). Subset 31, step 8 for every method: ``correlate_series``
+   (its defaults: accumulated); pyvale's ``dic.calculate_2d`` on the same grid (its subset centres are our points)
+   against frame 0 (its default; a call that raises is redone frame by frame, its time with the failed call's) and
+   with ``incremental_update="IMAGE"`` every frame (one call; a raise loses the sequence), ``max_displacement``
+   min(64, size / 4), its defaults otherwise (ZNCC threshold 0.9, nothing written below it); muDIC's global DIC on a
+   Q4 mesh whose nodes are our points every ``--mudic-element`` px (default 16), its defaults otherwise (a frame
+   that does not converge is kept). Each method's first call and best warm call of the whole sequence
    (``--repeats``), one group per sequence with ours as the reference; per frame, the median and 99th percentile
-   error where it and ours both find a point (ours' on the same points beside), its share of the in-view points
-   (the subset's corners, carried by the true motion, inside the frame) found, and its finite values off by more
-   than 0.1 px: a value a method cannot stand behind must be NaN. Ours' first call compiles only on the first
-   sequence of each size (the same programs serve the second).
+   error where it and ours both find a point (ours' on the same points beside), its share of the in-view points (the
+   subset's corners, carried by the true motion, inside the frame) found, and its finite values off by more than 0.1
+   px: a value a method cannot stand behind must be NaN. Ours' first call compiles only on the first sequence of
+   each size (the same programs serve the second).
 """
 
 

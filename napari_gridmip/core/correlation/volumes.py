@@ -514,9 +514,8 @@ def correlate_volumes(
         IC-GN steps at most; default 40.
     tolerance
         Voxels: a point has converged when its increment moves no corner of its subset by more than this along
-        any axis, or when its increments shrink so that the next one would move it by less than half of this (their
-        ratio times the last);
-        default 5e-4.
+        any axis, or when its increments shrink so that the next one (their ratio times the last) would move it by
+        less than half of this; default 5e-4.
     dtype
         The compute precision: float32 (default) or float64.
 

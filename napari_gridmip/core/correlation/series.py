@@ -20,12 +20,14 @@ A point's result is kept only if the warp converged, the subset stayed in view, 
 and the point agrees with its found neighbours (each predicts it through its own gradients); otherwise it is
 NaN with its :class:`Status`.
 
-The reference of each point (its *key frame*) follows ``reference``: ``"accumulated"`` keeps frame 0 (no drift,
-but large strain lowers the match), ``"incremental"`` moves it to every frame the point is found in (any
-deformation, with errors that add up), ``"auto"`` moves it when the ZNCC against the current key falls under
-``refresh_zncc``. A key frame's subset is sampled around the point's position there, axis-aligned in that
-frame, and its pixels are those inside the ROI carried by the point's own warp; the displacements are composed
-through the points themselves, with no interpolation of a field.
+The reference of each point (its *key frame*) follows ``reference``: ``"accumulated"`` keeps frame 0 (no drift, but
+large strain lowers the match), ``"incremental"`` moves it to every frame the point is found in (any deformation),
+``"auto"`` moves it when the ZNCC against the current key falls under ``refresh_zncc``; both match a point against
+frame 0 again from what its key found, and keep that where its ZNCC reaches ``refresh_zncc`` (the increments'
+errors add up only while frame 0 no longer matches), and try a point its key lost against frame 0. A key frame's
+subset is sampled around the point's position there, axis-aligned in that frame, and its pixels are those inside
+the ROI carried by the point's own warp; the displacements are composed through the points themselves, with no
+interpolation of a field.
 
 A sequence runs as a few compiled programs of its frames' shape and grid, whatever its length: the key
 subsets (their values, gradients and the Cholesky factor of their Hessian, :mod:`.warp`'s algebra) are made
@@ -516,13 +518,20 @@ def correlate_series(
         (a 20 x 20 px part at subset 21) where their texture allows. Default: the whole frame.
     reference
         ``"accumulated"`` (default): every frame is matched against frame 0, each started from the previous
-        frame's field. ``"incremental"``: each point against the last frame it was found in, the displacements
-        composed through the point. ``"auto"``: a point's reference moves to the current frame when its ZNCC
-        against the old one falls under ``refresh_zncc``.
+        frame's field. ``"incremental"``: each point against the last frame it was found in, its position and
+        its warp's full affine part (the gradient) composed point by point (the key subset is sampled around the
+        point's position there, its pixels those of the ROI carried by its warp), then matched against frame 0
+        from there and kept on frame 0 where that ZNCC reaches ``refresh_zncc``, so that the increments' errors
+        add up only while frame 0 no longer matches. ``"auto"``: a point's reference moves to the current frame
+        when its ZNCC against the old one falls under ``refresh_zncc``, and back to frame 0 where frame 0
+        matches it that well again; a point its key loses is tried against frame 0 (from its found neighbours'
+        guess), so that it keeps every point ``"accumulated"`` would.
     min_zncc
         The least ZNCC of a kept match; default 0.9.
     refresh_zncc
-        ``reference="auto"``'s threshold; default 0.95.
+        The ZNCC with a point's key frame under which ``"auto"`` moves the key to the current frame, and the
+        ZNCC with frame 0 at which ``"incremental"`` and ``"auto"`` take frame 0's match instead of the key's;
+        default 0.95 (1: never back to frame 0, the increments alone).
     min_inside
         The least share of a point's square window inside the ROI; default 0 (the texture decides,
         ``max_sigma``).
@@ -637,6 +646,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
                      np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
                      _no_reference(points, subset, np.float32), limits, subset=subset)  # fmt: skip
+    ref0 = ref  # frame 0's key subsets: the policies other than "accumulated" match against them again
     enough, textured, used = (np.asarray(a) for a in (ref.enough, ref.textured, ref.count))
     usable = in_roi & enough
     flat = {name: out[name].reshape(count, -1) for name in out}
@@ -708,7 +718,30 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
             has_guess |= retry
             accepted = result.accepted(min_zncc)
 
-        position, gradient = result.positions(key_position, key_gradient)
+        # this frame's key of each point: its key frame's, or frame 0's where the pass below matched it there
+        frame_index, frame_position, frame_gradient = key_index.copy(), key_position.copy(), key_gradient.copy()
+        on_reference = np.zeros(points, bool)
+        if reference != "accumulated":
+            on_reference = _back_to_reference(
+                result,
+                accepted,
+                usable & (key_index != 0),
+                state,
+                pace,
+                grid,
+                origin,
+                key_position,
+                key_gradient,
+                ref0,
+                target,
+                subset,
+                min_zncc,
+                refresh_zncc,
+            )
+            frame_index[on_reference], frame_position[on_reference] = 0, origin[on_reference]
+            frame_gradient[on_reference] = np.eye(2)
+            accepted = result.accepted(min_zncc)
+        position, gradient = result.positions(frame_position, frame_gradient)
         disagreement = _disagreement(grid, origin, position, gradient, accepted)
         ambiguous = accepted & (disagreement > max_disagreement)
         found = accepted & ~ambiguous
@@ -722,7 +755,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         codes[found] = Status.ok
         codes[~usable] = unused[~usable]
         flat_status[t] = codes
-        flat_key[t] = np.where(result.ran, key_index, -1)
+        flat_key[t] = np.where(result.ran, frame_index, -1)
         displacement = position - origin
         jacobian = gradient - np.eye(2)
         values = {
@@ -745,6 +778,11 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
             previous = current
         # key frames for the next frame
         if reference != "accumulated":
+            # a point that frame 0 matched again well enough goes back to it ("auto": no error added for it)
+            back = found & on_reference & (key_index != 0) & (reference == "auto")
+            if back.any():
+                key_index[back], key_position[back], key_gradient[back] = 0, origin[back], np.eye(2)
+                ref = _chosen(back, ref0, ref)
             move = found & ((reference == "incremental") | (result.zncc < refresh_zncc))
             if move.any():
                 key_index[move] = t
@@ -756,6 +794,48 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
+
+
+@jax.jit
+def _chosen(which, new: _Reference, old: _Reference) -> _Reference:
+    """``new``'s key subsets for the points ``which`` ``(P,)``, ``old``'s elsewhere."""
+    return jax.tree.map(lambda a, b: jnp.where(which.reshape(-1, *(1,) * (a.ndim - 1)), a, b), new, old)
+
+
+def _back_to_reference(result: _Frame, accepted, keyed, state: _Points, pace, grid, origin, key_position, key_gradient,
+                       ref0: _Reference, target, subset, min_zncc, refresh_zncc) -> np.ndarray:  # fmt: skip
+    """The points ``keyed`` (whose key frame is not frame 0) matched against frame 0 too, in one pass: a found one
+    from its found warp, kept where its ZNCC with frame 0 reaches ``refresh_zncc`` (so that the increments'
+    errors do not add up while frame 0 still matches: Pan et al.'s reference update the other way round); a lost
+    one from its found neighbours' or its carried guess, kept where it is a match (a point the accumulated policy
+    keeps is not lost to a later key). ``result`` is overwritten where frame 0 is kept; returns those points."""
+    points = len(origin)
+    identity = np.broadcast_to(np.eye(2), (points, 2, 2))
+    position, gradient = result.positions(key_position, key_gradient)
+    found = accepted & keyed
+    lost = keyed & ~accepted
+    guess_position, guess_gradient = (
+        np.where(found[:, None], position, np.nan),
+        np.where(found[:, None, None], gradient, np.nan),
+    )
+    if lost.any():
+        nb_position, nb_gradient, has = _neighbour_guesses(grid, origin, position, gradient, accepted, result.zncc)
+        carried_position, carried_gradient = _carried(pace, state)
+        use = lost & has
+        guess_position[use], guess_gradient[use] = nb_position[use], nb_gradient[use]
+        use = lost & ~has
+        guess_position[use], guess_gradient[use] = carried_position[use], carried_gradient[use]
+    which = (found | lost) & np.all(np.isfinite(guess_position), 1)
+    if not which.any():
+        return np.zeros(points, bool)
+    back = _Frame(points)
+    _run(which, guess_position, guess_gradient, back, origin, identity, ref0, target, subset, min_zncc)
+    good = back.accepted(min_zncc)
+    take = which & good & (lost | (np.nan_to_num(back.zncc) >= refresh_zncc))
+    for name, value in vars(back).items():
+        if name != "tried_from_neighbours":
+            getattr(result, name)[take] = value[take]
+    return take
 
 
 def _noise(frame: np.ndarray, inside: np.ndarray) -> float:

@@ -69,6 +69,7 @@ from napari_gridmip.core.correlation.subsets import _spline_coefficients
 from napari_gridmip.core.runtime import strategy
 
 REFERENCES = ("accumulated", "incremental", "auto")
+SHAPES = ("affine", "rigid")
 MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 10 are typical
 # px: an increment that moves no corner of the subset by more than this along either axis has converged
 # (:func:`.warp.corner_move`; half of 1e-3 px on the sum of both axes' moves)
@@ -193,7 +194,7 @@ class _Reference(NamedTuple):
     textured: jax.Array  # (P,) bool: its texture predicts a sigma within ``max_sigma`` (False: flat or too thin)
 
 
-def _reference(key, roi, centre, origin, inverse, moved, old, limits, *, subset):
+def _reference(key, roi, centre, origin, inverse, moved, old, limits, *, subset, shape="affine"):
     """The :class:`_Reference` of the points ``moved`` ``(P,)`` from the key frame ``key`` (its spline coefficients
     as :func:`_prepared_frame` makes them), ``old``'s elsewhere. ``roi`` ``(M, N)`` float (1 inside) on the
     reference; ``centre`` ``(P, 2)``: each point's position in the key frame; ``origin`` ``(P, 2)``: its reference
@@ -203,11 +204,11 @@ def _reference(key, roi, centre, origin, inverse, moved, old, limits, *, subset)
     programs for every key frame of a sequence."""
     centre = jnp.asarray(centre)
     f, fy, fx = (_key_subsets(key, centre, subset=subset, along=along) for along in (None, 0, 1))
-    return _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, subset=subset)
+    return _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, subset=subset, shape=shape)
 
 
-@partial(jax.jit, static_argnames=("subset",))
-def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, *, subset):
+@partial(jax.jit, static_argnames=("subset", "shape"))
+def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, *, subset, shape):
     """:func:`_reference` from the key subsets' values ``f`` and gradients ``fy``, ``fx`` ``(P, S)``."""
     dtype = key.dtype
     eta, zeta = warp.subset_offsets(subset, dtype)
@@ -227,12 +228,11 @@ def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy,
     fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
     fy, fx = fy * m, fx * m
     monomials = warp.moments(eta, zeta)
-    factor = warp.cholesky(warp.hessian(fy * fy, fy * fx, fx * fx, monomials))
+    h = warp.hessian(fy * fy, fy * fx, fx * fx, monomials)
+    factor = warp.cholesky(warp.constrained(h) if shape == "rigid" else h)
     # the conformal subset's own precision: the residual's variance (the noise of both frames) times the inverse
     # Hessian's diagonal of the shifts (what its texture and its shape allow; NaN or huge where it is flat or thin)
-    unit = jnp.eye(6, dtype=dtype)
-    inv_v = warp.cholesky_solve(factor, jnp.broadcast_to(unit[0], (factor.shape[0], 6)))[:, 0]
-    inv_u = warp.cholesky_solve(factor, jnp.broadcast_to(unit[3], (factor.shape[0], 6)))[:, 3]
+    inv_v, inv_u = _shift_variances(factor, shape)
     predicted = jnp.sqrt(limits[1] * jnp.maximum(inv_v, inv_u))
     textured = jnp.isfinite(predicted) & (inv_v > 0) & (inv_u > 0) & (predicted <= limits[2])
     enough = (count >= limits[0]) & textured
@@ -241,15 +241,25 @@ def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy,
     return jax.tree.map(lambda a, b: jnp.where(moved.reshape(-1, *(1,) * (a.ndim - 1)), a, b), new, old)
 
 
-def _no_reference(points: int, subset: tuple[int, int], dtype) -> _Reference:
+def _shift_variances(factor: jax.Array, shape: str) -> tuple[jax.Array, jax.Array]:
+    """The inverse Hessian's diagonal entries ``(P,)`` of the shifts ``v`` and ``u`` from its packed Cholesky
+    factor (:func:`.warp.cholesky`) of the warp ``shape``'s parameters."""
+    size, (iv, iu) = (3, warp.RIGID_SHIFTS) if shape == "rigid" else (6, (0, 3))
+    unit = jnp.eye(size, dtype=factor.dtype)
+    inv_v = warp.cholesky_solve(factor, jnp.broadcast_to(unit[iv], (factor.shape[0], size)))[:, iv]
+    inv_u = warp.cholesky_solve(factor, jnp.broadcast_to(unit[iu], (factor.shape[0], size)))[:, iu]
+    return inv_v, inv_u
+
+
+def _no_reference(points: int, subset: tuple[int, int], dtype, shape: str = "affine") -> _Reference:
     """A :class:`_Reference` of ``points`` with nothing in it (the first :func:`_reference`'s ``old``)."""
-    s = subset[0] * subset[1]
-    zeros = [np.zeros((points, *shape), dtype) for shape in ((2,), (s,), (s,), (s,), (s,), (), (), (21,))]
+    s, n = subset[0] * subset[1], (6 if shape == "rigid" else 21)
+    zeros = [np.zeros((points, *dims), dtype) for dims in ((2,), (s,), (s,), (s,), (s,), (), (), (n,))]
     return _Reference(*zeros, np.zeros(points, bool), np.zeros(points, bool))
 
 
-@partial(jax.jit, static_argnames=("subset", "bucket"))
-def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket):
+@partial(jax.jit, static_argnames=("subset", "bucket", "shape"))
+def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket, shape="affine"):
     """IC-GN of the points ``which`` ``(P,)`` from ``start`` ``(P, 6)`` (the warp ``(v, v_y, v_x, u, u_y, u_x)``
     from each point's key subset, :class:`_Reference`, to the frame; ``target``: the frame's spline coefficients
     ``(M + 4, N + 4)``, as :func:`_prepared_frame` makes them), ``max_steps`` steps at most (a traced int).
@@ -306,7 +316,11 @@ def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket):
         dg = jnp.sqrt(jnp.sum(gc * gc, 1))
         scale = r.norm / jnp.where(dg > 0, dg, 1)
         res = r.f - scale[:, None] * gc
-        dp = -warp.cholesky_solve(r.factor, warp.steepest_descent(r.fy * res, r.fx * res, monomials))
+        b = warp.steepest_descent(r.fy * res, r.fx * res, monomials)
+        if shape == "rigid":  # the increment along the rigid directions, mapped back exactly (warp.rigid_warp)
+            dp = warp.rigid_warp(-warp.cholesky_solve(r.factor, warp.rigid_rhs(b)))
+        else:
+            dp = -warp.cholesky_solve(r.factor, b)
         new = warp.compose_inverse(p, dp)
         good = jnp.all(jnp.isfinite(new), 1) & (dg > 0)
         zncc = jnp.sum(r.f * gc, 1) / (r.norm * jnp.where(dg > 0, dg, jnp.nan))
@@ -326,6 +340,8 @@ def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket):
         return tuple(a.at[at].set(b, mode="drop") for a, b in zip(state, new))
 
     start = start.astype(dtype)
+    if shape == "rigid":  # a guess from an affine field (a neighbour's, the whole image's): its rotation
+        start = warp.to_rigid(start)
     started_in_view = batches(started, which, jnp.zeros(points, bool))
     live = which & ref.enough & jnp.all(jnp.isfinite(start), 1) & jnp.all(jnp.isfinite(ref.factor), 1)
     live = live & started_in_view
@@ -333,9 +349,7 @@ def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket):
     state = (start, live, jnp.zeros(points, jnp.int32), nan, nan, started_in_view)  # a point not run keeps its start
     p, active, steps, zncc, variance, view = lax.while_loop(lambda s: jnp.any(running(s)), some, state)
     # the covariance's diagonal of v and u: variance times (H^-1)_00 and (H^-1)_33
-    unit = jnp.eye(6, dtype=dtype)
-    inv_v = warp.cholesky_solve(ref.factor, jnp.broadcast_to(unit[0], p.shape))[:, 0]
-    inv_u = warp.cholesky_solve(ref.factor, jnp.broadcast_to(unit[3], p.shape))[:, 3]
+    inv_v, inv_u = _shift_variances(ref.factor, shape)
     sigma = jnp.sqrt(jnp.stack([variance * inv_v, variance * inv_u], -1))
     converged = live & ~active & jnp.all(jnp.isfinite(p), 1) & jnp.isfinite(zncc)
     return p, zncc, sigma, converged, view, started_in_view, ref.enough, steps
@@ -485,6 +499,7 @@ def correlate_series(
     step: int = 8,
     roi: Any = None,
     reference: str = "accumulated",
+    shape: str = "affine",
     min_zncc: float = 0.9,
     refresh_zncc: float = 0.95,
     min_inside: float = 0.0,
@@ -526,6 +541,12 @@ def correlate_series(
         when its ZNCC against the old one falls under ``refresh_zncc``, and back to frame 0 where frame 0
         matches it that well again; a point its key loses is tried against frame 0 (from its found neighbours'
         guess), so that it keeps every point ``"accumulated"`` would.
+    shape
+        The subset's warp: ``"affine"`` (default; first order, 6 parameters) or ``"rigid"`` (translation and
+        rotation, 3 parameters: for parts that move rigidly, fewer parameters to fit and so less noise, and no
+        strain to fit where there is none), both by the same IC-GN (:mod:`.warp`'s rigid warp: the affine
+        Hessian projected on the rigid directions, each increment an exact rotation). The gradients then
+        hold the rotation's: ``dy_y = dx_x = cos - 1``, ``dx_y = -dy_x = sin``.
     min_zncc
         The least ZNCC of a kept match; default 0.9.
     refresh_zncc
@@ -578,13 +599,14 @@ def correlate_series(
     """
     place = strategy.on_host() if strategy.series_on_host() else contextlib.nullcontext()
     with place:
-        return _correlate_series(frames, subset=subset, step=step, roi=roi, reference=reference, min_zncc=min_zncc,
+        return _correlate_series(frames, subset=subset, step=step, roi=roi, reference=reference, shape=shape,
+                                 min_zncc=min_zncc,
                                  refresh_zncc=refresh_zncc, min_inside=min_inside, max_sigma=max_sigma,
                                  max_disagreement=max_disagreement, prefilter=prefilter, rotation=rotation,
                                  progress=progress)  # fmt: skip
 
 
-def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh_zncc, min_inside, max_sigma,
+def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, refresh_zncc, min_inside, max_sigma,
                       max_disagreement, prefilter, rotation, progress) -> Series:  # fmt: skip
     frames, (count, rows, cols) = _check_frames(frames)
     subset = validate.int_tuple("subset", subset, 2)
@@ -592,6 +614,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     if subset[0] > rows or subset[1] > cols:
         raise ValueError(f"subset {subset} is larger than the frames' (M, N) = ({rows}, {cols})")
     reference = validate.check_choice("reference", reference, REFERENCES)
+    shape = validate.check_choice("shape", shape, SHAPES)
     mask = _check_roi(roi, (rows, cols))
     min_zncc = _unit_interval("min_zncc", min_zncc)
     refresh_zncc = _unit_interval("refresh_zncc", refresh_zncc)
@@ -645,7 +668,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
     # every point's key subset (frame 0 to start with), computed once per key frame
     ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
                      np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
-                     _no_reference(points, subset, np.float32), limits, subset=subset)  # fmt: skip
+                     _no_reference(points, subset, np.float32, shape), limits, subset=subset, shape=shape)  # fmt: skip
     ref0 = ref  # frame 0's key subsets: the policies other than "accumulated" match against them again
     enough, textured, used = (np.asarray(a) for a in (ref.enough, ref.textured, ref.count))
     usable = in_roi & enough
@@ -677,7 +700,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         tried = usable & state.found
         guess_position, guess_gradient = _carried(pace, state)
         _run(tried, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc,
-             max_steps=PREDICTED_STEPS)  # fmt: skip
+             max_steps=PREDICTED_STEPS, shape=shape)  # fmt: skip
         accepted = result.accepted(min_zncc)
         position, _ = result.positions(key_position, key_gradient)
         fitted = _affine_fit(origin[accepted], position[accepted])
@@ -688,7 +711,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
             guess_gradient[lost] = fitted[:, :2]
             has_guess = tried | lost
             _run(lost, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset,
-                 min_zncc)  # fmt: skip
+                 min_zncc, shape=shape)  # fmt: skip
         else:  # a jump: every point from the whole-image motion between the two frames
             estimate = estimate_motion(previous, current, rotation=rotation)
             trusted = estimate.score >= MIN_GLOBAL_SCORE
@@ -703,7 +726,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
                 has_guess &= state.found  # a lost point's only guess was the whole-image motion
             result.forget(~accepted)  # what the carried guess did not find is the estimate's to say
             _run(has_guess & ~accepted, guess_position, guess_gradient, result, key_position, key_gradient, ref, target,
-                 subset, min_zncc)  # fmt: skip
+                 subset, min_zncc, shape=shape)  # fmt: skip
             has_guess |= tried
         accepted = result.accepted(min_zncc)
         for _ in range(PROPAGATION_ROUNDS):
@@ -714,7 +737,8 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
             if not retry.any():
                 break
             result.tried_from_neighbours |= retry
-            _run(retry, nb_position, nb_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc)
+            _run(retry, nb_position, nb_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc,
+                 shape=shape)  # fmt: skip
             has_guess |= retry
             accepted = result.accepted(min_zncc)
 
@@ -722,22 +746,9 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
         frame_index, frame_position, frame_gradient = key_index.copy(), key_position.copy(), key_gradient.copy()
         on_reference = np.zeros(points, bool)
         if reference != "accumulated":
-            on_reference = _back_to_reference(
-                result,
-                accepted,
-                usable & (key_index != 0),
-                state,
-                pace,
-                grid,
-                origin,
-                key_position,
-                key_gradient,
-                ref0,
-                target,
-                subset,
-                min_zncc,
-                refresh_zncc,
-            )
+            on_reference = _back_to_reference(result, accepted, usable & (key_index != 0), state, pace, grid, origin,
+                                              key_position, key_gradient, ref0, target, subset, min_zncc, refresh_zncc,
+                                              shape)  # fmt: skip
             frame_index[on_reference], frame_position[on_reference] = 0, origin[on_reference]
             frame_gradient[on_reference] = np.eye(2)
             accepted = result.accepted(min_zncc)
@@ -790,7 +801,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, min_zncc, refresh
                 key_gradient[move] = gradient[move]
                 ref = _reference(target, roi_device, key_position.astype(np.float32), origin.astype(np.float32),
                                  np.linalg.inv(key_gradient).astype(np.float32), move, ref, limits,
-                                 subset=subset)  # fmt: skip
+                                 subset=subset, shape=shape)  # fmt: skip
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
@@ -803,7 +814,7 @@ def _chosen(which, new: _Reference, old: _Reference) -> _Reference:
 
 
 def _back_to_reference(result: _Frame, accepted, keyed, state: _Points, pace, grid, origin, key_position, key_gradient,
-                       ref0: _Reference, target, subset, min_zncc, refresh_zncc) -> np.ndarray:  # fmt: skip
+                       ref0: _Reference, target, subset, min_zncc, refresh_zncc, shape) -> np.ndarray:  # fmt: skip
     """The points ``keyed`` (whose key frame is not frame 0) matched against frame 0 too, in one pass: a found one
     from its found warp, kept where its ZNCC with frame 0 reaches ``refresh_zncc`` (so that the increments'
     errors do not add up while frame 0 still matches: Pan et al.'s reference update the other way round); a lost
@@ -829,7 +840,7 @@ def _back_to_reference(result: _Frame, accepted, keyed, state: _Points, pace, gr
     if not which.any():
         return np.zeros(points, bool)
     back = _Frame(points)
-    _run(which, guess_position, guess_gradient, back, origin, identity, ref0, target, subset, min_zncc)
+    _run(which, guess_position, guess_gradient, back, origin, identity, ref0, target, subset, min_zncc, shape=shape)
     good = back.accepted(min_zncc)
     take = which & good & (lost | (np.nan_to_num(back.zncc) >= refresh_zncc))
     for name, value in vars(back).items():
@@ -900,7 +911,7 @@ class _Frame:
 
 
 def _run(which, guess_position, guess_gradient, result: _Frame, key_position, key_gradient, reference: _Reference,
-         target, subset, min_zncc, max_steps: int = MAX_ITERATIONS) -> None:  # fmt: skip
+         target, subset, min_zncc, max_steps: int = MAX_ITERATIONS, shape: str = "affine") -> None:  # fmt: skip
     """IC-GN of the points ``which`` from their guesses (one call of the grid's program, whatever their number);
     the results written into ``result`` where they are better than what it holds (a first try, or a higher
     ZNCC)."""
@@ -910,7 +921,7 @@ def _run(which, guess_position, guess_gradient, result: _Frame, key_position, ke
     with np.errstate(invalid="ignore"):
         start = _local_start(guess_position, guess_gradient, key_position, key_gradient)
     out = jax.device_get(_icgn(reference, target, start.astype(np.float32), np.asarray(which), np.int32(max_steps),
-                               subset=subset, bucket=_bucket(len(which))))  # fmt: skip
+                               subset=subset, bucket=_bucket(len(which)), shape=shape))  # fmt: skip
     p, zncc, sigma, converged, in_view, started_in_view, enough, _ = (a[chosen] for a in out)
     p, zncc = np.asarray(p, np.float64), np.asarray(zncc, np.float64)
     # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off

@@ -10,7 +10,9 @@ with the parameters ``p = (v, v_y, v_x, u, u_y, u_x)`` ``(P, 6)``. What they sha
 B-spline's tap weights, the warped positions, the steepest-descent images' Hessian and right-hand side (as
 moments of the reference's gradients over the subset: plain matrix products), the packed Cholesky factor and
 its solve (unrolled: XLA's batched LAPACK calls loop over the points on the CPU), the composition of a warp with
-an increment's inverse, and the increment's largest move of the subset's corners (the convergence test).
+an increment's inverse, and the increment's largest move of the subset's corners (the convergence test); and the
+rigid warp (translation and rotation, 3 parameters) as a constrained affine one: its Hessian and right-hand side
+projected on the rigid directions, its increment mapped back to the affine parameters exactly.
 Every function is batched over points (the leading axis) and traceable (pure ``jax.numpy``).
 
 References
@@ -149,3 +151,38 @@ def corner_move(dp: jax.Array, corner: tuple[float, float] | jax.Array) -> jax.A
     half sizes. A point whose increment moves no corner by more than the tolerance has converged."""
     move_y = jnp.abs(dp[:, 0]) + jnp.abs(dp[:, 1]) * corner[0] + jnp.abs(dp[:, 2]) * corner[1]
     return jnp.maximum(move_y, jnp.abs(dp[:, 3]) + jnp.abs(dp[:, 4]) * corner[0] + jnp.abs(dp[:, 5]) * corner[1])
+
+
+# the rigid warp's parameters q = (v, theta, u) as a direction in p's: a small turn theta moves eta by -theta zeta
+# and zeta by theta eta (p's v_x = -sin theta, u_y = sin theta)
+RIGID_BASIS = np.array([[1, 0, 0], [0, 0, 0], [0, -1, 0], [0, 0, 1], [0, 1, 0], [0, 0, 0]], np.float64)
+RIGID_SHIFTS = (0, 2)  # the indices of v and u among q's
+
+
+def constrained(h: jax.Array) -> jax.Array:
+    """The Hessian ``C' h C`` ``(n, 3, 3)`` of the rigid warp ``(v, theta, u)`` from the affine one's ``h``
+    ``(n, 6, 6)``, ``C`` = :data:`RIGID_BASIS` (the chain rule at ``theta = 0``, where IC-GN linearises: the rigid
+    steepest-descent images are combinations of the affine ones)."""
+    basis = jnp.asarray(RIGID_BASIS, h.dtype)
+    return jnp.einsum("ai,nab,bj->nij", basis, h, basis, precision=lax.Precision.HIGHEST)
+
+
+def rigid_rhs(b: jax.Array) -> jax.Array:
+    """The right-hand side ``b C`` ``(n, 3)`` of the rigid warp from the affine one's ``b`` ``(n, 6)``: ``v``,
+    ``u_y - v_x`` (the turn), ``u``."""
+    return jnp.stack([b[:, 0], b[:, 4] - b[:, 2], b[:, 3]], -1)
+
+
+def rigid_warp(q: jax.Array) -> jax.Array:
+    """The affine parameters ``(n, 6)`` of the rigid warps ``q = (v, theta, u)`` ``(n, 3)`` (theta in radians):
+    ``A = [[cos, -sin], [sin, cos]]``, exact, so that IC-GN's composition of rigid warps stays rigid."""
+    s = jnp.sin(q[:, 1])
+    cm1 = -2 * jnp.sin(q[:, 1] / 2) ** 2  # cos - 1 with no rounding of 1 - small
+    return jnp.stack([q[:, 0], cm1, -s, q[:, 2], s, cm1], -1)
+
+
+def to_rigid(p: jax.Array) -> jax.Array:
+    """The rigid warp nearest an affine one ``p`` ``(n, 6)`` (its linear part's rotation, the polar
+    decomposition's angle for 2 x 2: ``atan2(A10 - A01, A00 + A11)``), as affine parameters ``(n, 6)``."""
+    theta = jnp.arctan2(p[:, 4] - p[:, 2], 2 + p[:, 1] + p[:, 5])
+    return rigid_warp(jnp.stack([p[:, 0], theta, p[:, 3]], -1))

@@ -26,9 +26,9 @@ def _rigid(degrees, shift):
     return phi
 
 
-def make_rigid_sequence(frames=FRAMES, seed=0, noise=0.01):
+def make_rigid_sequence(frames=FRAMES, seed=0, noise=0.01, angles=None):
     """A speckled disc turning to 20 degrees and back while it drifts (steps of 5 degrees and 3 px a frame), on
-    black, with its ROI and maps."""
+    black, with its ROI and maps; or a pure rotation by ``angles`` (degrees)."""
     rng = np.random.default_rng(seed)
     centres, amplitudes = _dots(SHAPE, rng, margin=8.0)
     qy, qx = np.meshgrid(np.arange(SHAPE[0], dtype=np.float64), np.arange(SHAPE[1], dtype=np.float64), indexing="ij")
@@ -38,8 +38,11 @@ def make_rigid_sequence(frames=FRAMES, seed=0, noise=0.01):
         phase = (t / period) % 1
         return 1 - np.abs(2 * phase - 1)
 
-    angles = 20.0 * zigzag(8)  # steps of 5 degrees
-    shifts = np.stack([6 * zigzag(4), 9 * zigzag(6)], 1)  # steps of 3 px
+    if angles is None:
+        angles = 20.0 * zigzag(8)  # steps of 5 degrees
+        shifts = np.stack([6 * zigzag(4), 9 * zigzag(6)], 1)  # steps of 3 px
+    else:  # a pure rotation
+        shifts = np.zeros((len(angles), 2))
     maps = [_rigid(a, s) for a, s in zip(angles, shifts)]
     radius = 44.0
     out = []
@@ -97,3 +100,21 @@ def test_auto_keeps_every_point_accumulated_keeps(rigid):
         assert np.all(auto.status[ok] == Status.ok)
         assert _rms(auto, maps) <= 2 * _rms(results["accumulated"], maps)
     assert np.mean(results["auto", "moving"].key_frame > 0) > 0.3  # its keys did move
+
+
+def test_a_rigid_warp_recovers_a_pure_rotation_at_least_as_exactly_as_the_affine_one():
+    frames, roi, turn = make_rigid_sequence(seed=1, angles=[0.0, 4.0, 8.0, 12.0, 16.0])
+    affine = gm.correlate_series(frames, roi=roi, **OPTIONS)
+    rigid = gm.correlate_series(frames, roi=roi, shape="rigid", **OPTIONS)
+    ok = (affine.status == Status.ok) & (rigid.status == Status.ok)
+    assert ok[1:].mean() > 0.9 * (affine.status[1:] == Status.ok).mean()
+    e_affine, e_rigid = _error(affine, turn)[1:][ok[1:]], _error(rigid, turn)[1:][ok[1:]]
+    assert np.sqrt(np.mean(e_rigid**2)) <= np.sqrt(np.mean(e_affine**2))
+    # its gradients are a rotation's, exactly (an affine warp's fit a stretch and a shear to the noise too), of the
+    # true angle within the subsets' precision
+    found = rigid.status == Status.ok
+    np.testing.assert_allclose(rigid.dx_y[found], -rigid.dy_x[found], atol=1e-6)
+    np.testing.assert_allclose(rigid.dy_y[found], rigid.dx_x[found], atol=1e-6)
+    np.testing.assert_allclose(np.hypot(1 + rigid.dy_y[found], rigid.dx_y[found]), 1, atol=1e-6)
+    for t, angle in enumerate(np.deg2rad([4.0, 8.0, 12.0, 16.0]), start=1):
+        np.testing.assert_allclose(rigid.dx_y[t][found[t]], np.sin(angle), atol=5e-3)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -458,6 +458,28 @@ PREFETCH_DELAY_MS = 400  # inputs still for this long: start the run they descri
 # (bench_first_run.py --part widgets)
 LAYERS_PREFETCH_DELAY_MS = 50
 PREFETCH_MAX_BYTES = 256 * 2**20  # inputs larger than this (or lazy) are only computed when Run asks
+
+
+def click_callback(widget: JobWidget, act: Callable[[Any, Any], None]) -> Callable[[Any, Any], Any]:
+    """A napari mouse-drag callback that calls ``act(widget, event)`` on a click (a left press and release without
+    a drag) while ``widget`` lives and is not released. It holds the widget weakly, and ``act`` must not close over
+    it: a callback napari keeps after the dock closed then does not keep the widget (and its last result) alive."""
+    owner = weakref.ref(widget)
+
+    def on_click(source: Any, event: Any) -> Any:
+        current = owner()
+        if current is None or current.released or getattr(event, "button", 1) != 1:
+            return
+        yield
+        dragged = False
+        while event.type == "mouse_move":
+            dragged = True
+            yield
+        current = owner()
+        if not dragged and current is not None and not current.released:
+            act(current, event)
+
+    return on_click
 
 
 def prefetch_enabled() -> bool:

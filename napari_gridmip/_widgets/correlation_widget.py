@@ -22,7 +22,7 @@ from napari_gridmip._jobs.plan import KEY, Source, call_from_record, script_from
 from napari_gridmip._jobs.surface import SurfaceRequest, crop_index, make_surface_job
 from napari_gridmip._jobs.timeseries import TimeSeriesRequest, make_timeseries_job
 from napari_gridmip._jobs.world import Frame, derived_placement
-from napari_gridmip._widgets.base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets.base import JobWidget, click_callback, require_layer, wrapping_label
 from napari_gridmip._widgets.runner import notify_error
 from napari_gridmip.core.options import PRECISIONS, SUBPIXEL_METHODS
 
@@ -225,21 +225,7 @@ class CorrelationWidget(JobWidget):
         self.out_strain.changed.connect(self._show_mode)
         self.out_phase.changed.connect(self._show_mode)
         self._show_mode()
-        owner = weakref.ref(self)
-
-        def on_click(viewer: Any, event: Any) -> Any:
-            """A click (press and release without a drag) on the canvas: the surface of the pixel under it."""
-            widget = owner()
-            if widget is None or widget.released or getattr(event, "button", 1) != 1:
-                return
-            yield
-            dragged = False
-            while event.type == "mouse_move":
-                dragged = True
-                yield
-            if not dragged and not widget.released:
-                widget.surface_at(event.position)
-
+        on_click = click_callback(self, lambda widget, event: widget.surface_at(event.position))
         self._on_click = on_click
         napari_viewer.mouse_drag_callbacks.append(on_click)
 

@@ -22,7 +22,7 @@ from napari_gridmip._jobs.volumes import (
     make_volume_job,
 )
 from napari_gridmip._jobs.world import Frame
-from napari_gridmip._widgets.base import JobWidget, require_layer, wrapping_label
+from napari_gridmip._widgets.base import JobWidget, click_callback, require_layer, wrapping_label
 from napari_gridmip.core.correlation.status import Status  # a leaf: no JAX
 
 if TYPE_CHECKING:
@@ -103,22 +103,12 @@ class VolumeWidget(JobWidget):
             combo.changed.connect(self._picked)
         self.strain_method.changed.connect(self._show_inputs)
         self.vector_scale.changed.connect(self._rescale_vectors)
-        owner = weakref.ref(self)
-
-        def on_click(layer: Any, event: Any) -> Any:
-            """A click (press and release without a drag) on a result layer: the grid point under it."""
-            widget = owner()
-            if widget is None or widget.released or getattr(event, "button", 1) != 1:
-                return
-            yield
-            dragged = False
-            while event.type == "mouse_move":
-                dragged = True
-                yield
-            if not dragged and not widget.released:
-                widget.show_point(event.position, getattr(event, "view_direction", None),
-                                  getattr(event, "dims_displayed", None))  # fmt: skip
-
+        on_click = click_callback(
+            self,
+            lambda widget, event: widget.show_point(
+                event.position, getattr(event, "view_direction", None), getattr(event, "dims_displayed", None)
+            ),
+        )
         self._on_click = on_click
         self._show_inputs()
 

@@ -278,7 +278,7 @@ def warped(centre: jax.Array, p: jax.Array, offset: jax.Array) -> tuple[jax.Arra
 
 
 @partial(jax.jit, static_argnames=("half", "masked"))
-def step(coefficients, reference, mask, centre, p, inverse, band, *, half, masked=True):
+def step(coefficients, reference, mask, centre, p, inverse, band, bounds=None, *, half, masked=True):
     """One IC-GN step of a chunk of points from their warps ``p`` ``(n, 12)``.
 
     ``coefficients``, ``reference`` as :func:`prepared_volumes` makes them, ``mask`` as :func:`prepare` takes it,
@@ -289,7 +289,9 @@ def step(coefficients, reference, mask, centre, p, inverse, band, *, half, maske
     ``(n, 12)``, how far the increment moves the subset's corner (voxels), and at ``p``: the ZNCC, the residual's
     variance per voxel (in the reference's units, for the predicted sigma) and whether every used voxel's position
     lies inside the volume (within half a voxel of its border voxels). With ``masked`` False (no ROI, no band)
-    neither ``mask`` nor ``band`` is read: every voxel counts."""
+    neither ``mask`` nor ``band`` is read: every voxel counts. ``bounds`` ``(2, 3)``: the volume's first and last
+    voxel along each axis in the frame of these arrays, where they hold a slab of it (the view and the band are the
+    whole volume's); None: the arrays' own."""
     size = 2 * half + 1
     dtype = reference.dtype
     offset = offsets(half, dtype)
@@ -297,14 +299,17 @@ def step(coefficients, reference, mask, centre, p, inverse, band, *, half, maske
     f, grads = data[:, 0], data[:, 1:4]
     m = _subsets(mask[None].astype(dtype), centre - half, size)[:, 0] if masked else jnp.ones((), dtype)
     pz, py, px = warped(centre.astype(dtype), p, offset)
-    last = [n - 5 for n in coefficients.shape]  # the volume's last voxel index along each axis
-    inside = [(q >= -0.5) & (q <= end + 0.5) for q, end in zip((pz, py, px), last)]
+    if bounds is None:
+        first, last = [0.0] * 3, [n - 5 for n in coefficients.shape]  # the volume's first and last voxel index
+    else:
+        first, last = [bounds[0, a].astype(dtype) for a in range(3)], [bounds[1, a].astype(dtype) for a in range(3)]
+    inside = [(q >= start - 0.5) & (q <= end + 0.5) for q, start, end in zip((pz, py, px), first, last)]
     view = jnp.all((inside[0] & inside[1] & inside[2]) | (m == 0), 1)
     if masked:
         # a voxel's weight ramps from 0 to 1 over the voxel before the band's edge: a criterion that moves
         # continuously with the warp (a voxel that jumps in and out stalls the steps)
-        for q, end in zip((pz, py, px), last):
-            m = m * jnp.clip(jnp.minimum(q - band, end - band - q) + 1, 0, 1)
+        for q, start, end in zip((pz, py, px), first, last):
+            m = m * jnp.clip(jnp.minimum(q - start - band, end - band - q) + 1, 0, 1)
         count = jnp.maximum(jnp.sum(m, 1), 1)
     else:
         count = jnp.full(f.shape[:1], float(size**3), dtype)

@@ -42,6 +42,7 @@ Exp. Mech. 60, 1205-1223 (2020).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -74,6 +75,13 @@ PROPAGATION_ROUNDS = 2  # retries of the failed points from their found neighbou
 SPLINE_REACH = 6
 COARSE = 2  # the search's binning
 SEARCH_CHUNK = 256  # points per call of the coarse search
+# lazy volumes (dask, Zarr) are read in slabs of planes of about this many voxels (each array of a slab: 128 MiB
+# float32), each slab with a halo of planes (the subset, search, translation and spline's reach) around its
+# points, so that memory holds a few slabs' arrays however deep the volume
+SLAB_VOXELS = 2**25
+SLAB_SLACK = 4  # planes of the halo beyond the search's reach: the start gradient's move of a subset corner
+# the whole translation of lazy volumes is found on a copy binned by a power of 2 until it has fewer voxels
+DOWNSAMPLED_VOXELS = 2**21
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,16 +152,16 @@ def _unit_interval(name: str, value: Any) -> float:
     return value
 
 
-def _check_roi(roi: Any, shape: tuple[int, int, int]) -> np.ndarray | None:
+def _check_roi(roi: Any, shape: tuple[int, int, int]) -> Any:
     if roi is None:
         return None
     roi = validate.as_array("roi", roi)
     if tuple(roi.shape) != shape:
         raise ValueError(f"roi must be a mask of the reference's shape {shape}; got shape {tuple(roi.shape)}")
-    roi = np.asarray(roi)
-    if roi.dtype != bool and not np.issubdtype(roi.dtype, np.integer):
-        raise TypeError(f"roi must be a bool mask or integer labels (> 0 inside); got dtype {roi.dtype}")
-    return roi > 0
+    kind = np.dtype(validate.dtype_of(roi))
+    if kind.kind != "b" and not np.issubdtype(kind, np.integer):
+        raise TypeError(f"roi must be a bool mask or integer labels (> 0 inside); got dtype {kind}")
+    return roi if _is_lazy(roi) else np.asarray(roi) > 0  # a lazy one is read by slabs
 
 
 def _read(name: str, volume: Any, dtype: np.dtype) -> np.ndarray:
@@ -212,12 +220,20 @@ def _chunk(subset: int) -> int:
     return 1 << max(0, int(np.floor(np.log2(max(CHUNK_VOXELS // subset**3, 1)))))
 
 
-def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: int) -> tuple[np.ndarray, ...]:
+def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: int,
+             on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
     """``fn(*chunk_arrays)`` over the points ``index`` in chunks of ``chunk`` (the last padded by its first
-    point), each per-point array taken at those points; the outputs joined on the host, trimmed to ``index``."""
+    point), each per-point array taken at those points; the outputs joined on the host, trimmed to ``index``.
+    ``on_chunk(points)``, where given, is called once each chunk has been computed (its real points' count): the
+    progress report, whose raising stops the run there."""
     count = len(index)
     padded = np.concatenate([index, np.full(-count % chunk, index[0])]) if count else index
-    outs = [fn(*(a[padded[s : s + chunk]] for a in per_point)) for s in range(0, len(padded), chunk)]
+    outs = []
+    for s in range(0, len(padded), chunk):
+        outs.append(fn(*(a[padded[s : s + chunk]] for a in per_point)))
+        if on_chunk is not None:
+            jax.block_until_ready(outs[-1])  # so that the report means this chunk is done
+            on_chunk(min(chunk, count - s))
     outs = jax.device_get(outs)
     return tuple(np.concatenate([np.asarray(o[i]) for o in outs])[:count] for i in range(len(outs[0])))
 
@@ -225,20 +241,17 @@ def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: in
 # -- the coarse search -------------------------------------------------------------------------------------------
 
 
-def _coarse_search(reference: np.ndarray, deformed: np.ndarray, mask: np.ndarray | None, centres: np.ndarray,
-                   guess: np.ndarray, *, half: int, search: int,
-                   dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def _coarse_search(ref_c: np.ndarray, def_c: np.ndarray, mask_c: np.ndarray | None, centres: np.ndarray,
+                   guess: np.ndarray, *, half: int, search: int, dtype: np.dtype, shape_c: np.ndarray,
+                   offset_c: int = 0, on_chunk: Callable[[int], None] | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Each point's displacement ``(N, 3)`` near ``guess`` (voxels, the whole translation) by the ZNCC of its
     subset over every integer shift within ``search`` voxels, on both volumes binned by 2 (and standardised), with
     a parabola's sub-voxel step; and the peak's ZNCC ``(N,)`` (-inf where every shift leaves the volume). With
-    ``mask`` (the voxels the subsets may use), the binned voxels wholly inside it only."""
+    ``mask_c`` (the binned voxels wholly inside the voxels the subsets may use), those voxels only.
 
-    def coarse(volume):
-        out = np.asarray(kernels.binned(jnp.asarray(volume)), np.float64)
-        return (out - out.mean()) / max(out.std(), 1e-30)
-
-    ref_c, def_c = coarse(reference), coarse(deformed)
-    shape_c = np.array(ref_c.shape)
+    ``ref_c``, ``def_c`` (and ``mask_c``) are the binned planes from ``offset_c`` of the whole binned volume of
+    shape ``shape_c`` (a slab of it, or all of it); ``centres`` are the points' voxels in the whole volume."""
     half_c = int(min(max(2, half // COARSE), (shape_c.min() - 1) // 2))
     reach = max(1, -(-search // COARSE))
     pad = half_c + reach + 1
@@ -246,16 +259,20 @@ def _coarse_search(reference: np.ndarray, deformed: np.ndarray, mask: np.ndarray
     width = 2 * (half_c + reach) + 1
     centre_c = np.clip(np.rint((centres - 0.5) / COARSE).astype(np.int64), half_c, shape_c - 1 - half_c)
     shift_c = np.rint(guess / COARSE).astype(np.int64)
-    ref_corner = (centre_c - half_c).astype(np.int32)
-    window = np.clip(centre_c + shift_c - half_c - reach + pad, 0, np.array(padded.shape) - width).astype(np.int32)
+    ref_corner = centre_c - half_c
+    window = np.clip(centre_c + shift_c - half_c - reach + pad, 0, shape_c + 2 * pad - width)
+    # in the slab's frame: the slab's halo holds every window whose start is not far out of the volume
+    offset = np.array([offset_c, 0, 0])
+    local_window = np.clip(window - offset, 0, np.array(padded.shape) - width).astype(np.int32)
     ref_j, def_j = jnp.asarray(ref_c, dtype), jnp.asarray(padded, dtype)
-    masked = mask is not None
-    mask_j = jnp.asarray(np.asarray(kernels.binned(jnp.asarray(mask, dtype))) > 0.999, dtype) if masked else ref_j
+    masked = mask_c is not None
+    mask_j = jnp.asarray(mask_c, dtype) if masked else ref_j
 
     def call(rc, wc):
         return (kernels.search(ref_j, def_j, mask_j, rc, wc, half=half_c, reach=reach, masked=masked),)
 
-    (zncc,) = _chunked(call, np.arange(len(centres)), (ref_corner, window), SEARCH_CHUNK)
+    local_corner = (ref_corner - offset).astype(np.int32)
+    (zncc,) = _chunked(call, np.arange(len(centres)), (local_corner, local_window), SEARCH_CHUNK, on_chunk)
     shifts = 2 * reach + 1
     best = np.argmax(zncc, 1)
     peak = zncc[np.arange(len(zncc)), best]
@@ -271,7 +288,7 @@ def _coarse_search(reference: np.ndarray, deformed: np.ndarray, mask: np.ndarray
         values = [cube[rows, v[:, 0], v[:, 1], v[:, 2]] for v in (lo, k, hi)]
         finite = inner & np.all(np.isfinite(values), 0)
         sub[finite, axis] = _parabola(*(v[finite] for v in values))
-    moved = window.astype(np.float64) - pad + k + sub - ref_corner  # coarse voxels
+    moved = (local_window + offset).astype(np.float64) - pad + k + sub - ref_corner  # coarse voxels
     return COARSE * moved, peak
 
 
@@ -282,8 +299,10 @@ class _Solver:
     """The IC-GN of chosen points from chosen starts, over the prepared volumes (each point's Hessian once)."""
 
     def __init__(self, coefficients, reference, mask, centres, *, half, affine, max_iterations, tolerance, chunk,
-                 band, masked):  # fmt: skip
+                 band, masked, bounds=None, tick=None):  # fmt: skip
         self.coefficients, self.reference, self.mask = coefficients, reference, mask
+        # the whole volume's first and last voxel in the arrays' frame (a slab's), and the progress report
+        self.bounds, self.tick = bounds, tick
         self.band, self.masked = np.asarray(band, reference.dtype), masked
         self.centres = centres.astype(np.int32)
         self.half, self.affine, self.chunk = half, affine, chunk
@@ -302,17 +321,23 @@ class _Solver:
         def call(centre):
             return kernels.prepare(self.reference, self.mask, centre, half=self.half, affine=self.affine)
 
-        inverse, count, norm = _chunked(call, index, (self.centres,), self.chunk)
+        inverse, count, norm = _chunked(call, index, (self.centres,), self.chunk, self._tick(0))
         self.inverse[index], self.count[index], self.norm[index] = inverse, count, norm
         self.prepared[index] = True
+
+    def _tick(self, share: int) -> Callable[[int], None] | None:
+        """A chunk's report: ``share`` points done each (0: a report that only gives Cancel its chance)."""
+        tick = self.tick
+        return None if tick is None else lambda points: tick(share * points)
 
     def textured(self) -> np.ndarray:
         """The prepared points whose subset has texture: a positive definite Hessian and some variance."""
         return self.prepared & np.all(np.isfinite(self.inverse), (1, 2)) & (self.norm > 0)
 
-    def run(self, which: np.ndarray, start: np.ndarray) -> dict[str, np.ndarray]:
+    def run(self, which: np.ndarray, start: np.ndarray, *, counted: bool = True) -> dict[str, np.ndarray]:
         """IC-GN of the points ``which`` from ``start`` ``(N, 12)``: each point's warp, ZNCC, residual variance,
-        steps, and whether it converged, started in view and stayed in view (NaN and False elsewhere)."""
+        steps, and whether it converged, started in view and stayed in view (NaN and False elsewhere). With
+        ``counted``, each point that stops is reported done."""
         points = len(which)
         p = np.where(which[:, None], start, np.nan)
         out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan),
@@ -328,9 +353,11 @@ class _Solver:
 
             def call(centre, warp, inverse):
                 return kernels.step(self.coefficients, self.reference, self.mask, centre, warp.astype(dtype),
-                                    inverse.astype(dtype), self.band, half=self.half, masked=self.masked)  # fmt: skip
+                                    inverse.astype(dtype), self.band, self.bounds, half=self.half,
+                                    masked=self.masked)  # fmt: skip
 
-            new, moved, zncc, variance, view = _chunked(call, index, (self.centres, p, self.inverse), self.chunk)
+            new, moved, zncc, variance, view = _chunked(call, index, (self.centres, p, self.inverse), self.chunk,
+                                                        self._tick(0))  # fmt: skip
             out["zncc"][index], out["variance"][index] = zncc, variance
             out["view"][index] = view
             if iteration == 0:
@@ -348,6 +375,10 @@ class _Solver:
             last[index] = moved
             out["converged"][index[done]] = True
             active[index] = good & ~done
+            if counted and self.tick is not None:
+                self.tick(int(np.count_nonzero(~active[index])))
+        if counted and self.tick is not None:
+            self.tick(int(np.count_nonzero(active)))  # those the last step left going
         out["warp"] = p
         return out
 
@@ -471,14 +502,20 @@ def correlate_volumes(
     max_iterations: int = MAX_ITERATIONS,
     tolerance: float = TOLERANCE,
     dtype: Any = None,
+    progress: Callable[[int, int], Any] | None = None,
 ) -> VolumeCorrelation:
     """Digital volume correlation: the displacement of a grid of reference points in a deformed volume.
 
     Parameters
     ----------
     reference, deformed
-        ``(Z, Y, X)`` volumes of the same shape, any real dtype (NumPy, dask or Zarr: read whole); non-finite
-        voxels are not allowed. Neither is modified.
+        ``(Z, Y, X)`` volumes of the same shape, any real dtype; non-finite voxels are not allowed. Neither is
+        modified. NumPy (and JAX) volumes are worked on whole. Dask and Zarr volumes are never read whole: the
+        whole translation is found on a copy binned (read in blocks) to under ``DOWNSAMPLED_VOXELS`` voxels, and
+        the grid runs in slabs of point planes along z, each reading only its planes and a halo (the subset, the
+        translation, the search, the spline's reach) of about ``SLAB_VOXELS`` voxels in all, with the answers of
+        the volumes in memory (where the whole translation is the same: a volume binned by 2 within
+        ``DOWNSAMPLED_VOXELS``); a warp that wanders beyond the halo reads its slab's edge planes.
     subset
         The subset's side in voxels, odd, at least 5; default 21.
     step
@@ -518,6 +555,11 @@ def correlate_volumes(
         less than half of this; default 5e-4.
     dtype
         The compute precision: float32 (default) or float64.
+    progress
+        Optional ``progress(done, total)``, called after each chunk of points: ``done`` counts the points
+        searched and the points whose IC-GN has stopped (never decreasing), ``total`` twice the grid's points
+        (once without the search); the last call has ``done == total``. It may raise to stop the run (the
+        widgets' Cancel): the exception propagates and nothing is returned.
 
     Returns
     -------
@@ -569,7 +611,8 @@ def correlate_volumes(
     with precision_scope(dtype):
         return _correlate(reference, deformed, mask, subset=subset, step=step, shape=shape, search=search,
                           min_zncc=min_zncc, min_inside=min_inside, max_disagreement=max_disagreement, sigma=sigma,
-                          max_iterations=max_iterations, tolerance=tolerance, dtype=dtype)  # fmt: skip
+                          max_iterations=max_iterations, tolerance=tolerance, dtype=dtype,
+                          progress=progress)  # fmt: skip
 
 
 def _inside_share(mask: np.ndarray, centres: np.ndarray, half: int) -> np.ndarray:
@@ -583,8 +626,69 @@ def _inside_share(mask: np.ndarray, centres: np.ndarray, half: int) -> np.ndarra
     return total / (2 * half + 1) ** 3
 
 
+def _is_lazy(volume: Any) -> bool:
+    """Whether ``volume`` is read by slabs (dask, Zarr: anything not already in memory)."""
+    return volume is not None and not isinstance(volume, (np.ndarray, jax.Array))
+
+
+def _halo(half: int, search: int, translation: float, sigma: float, dtype: np.dtype) -> int:
+    """The planes a slab reads beyond its points' along z: the subset, the whole translation, the search (and the
+    start gradient's move of a corner, a voxel or two), the spline's taps and its prefilter's and the Gaussian's
+    reach, so that every value a point's match reads is the whole volume's."""
+    spline = 3 + kernels.PREFILTER_REACH[np.dtype(dtype)] + radius(sigma)
+    return half + int(np.ceil(abs(translation))) + 2 * (search + 1) + SLAB_SLACK + spline
+
+
+def _slabs(size: tuple[int, int, int], planes: np.ndarray, halo: int, step: int) -> list[tuple[range, int, int]]:
+    """The grid's point planes in slabs: ``(planes, first, stop)`` each, the volume's planes ``first:stop`` it
+    reads; all read as many planes (one compiled program), starting on an even plane (the search's binning), or
+    one slab that reads the whole volume."""
+    depth = size[0]
+    per_slab = max(1, (SLAB_VOXELS // (size[1] * size[2]) - 2 * halo - 2) // step + 1)
+    length = (per_slab - 1) * step + 2 * halo + 2
+    length += (depth - length) % 2  # so that the last slab, ending at the volume's end, starts on an even plane
+    if length >= depth or per_slab >= len(planes):
+        return [(range(len(planes)), 0, depth)]
+    out = []
+    for first in range(0, len(planes), per_slab):
+        start = int(np.clip(planes[first] - halo, 0, depth - length))
+        start -= start % 2
+        out.append((range(first, min(first + per_slab, len(planes))), start, start + length))
+    return out
+
+
+def _downsampled(name: str, volume: Any, dtype: np.dtype, factor: int) -> tuple[np.ndarray, float, float]:
+    """``volume`` binned by ``factor`` (a power of 2) read in blocks of planes, and the mean and standard
+    deviation of it binned by 2 (the search's standardisation), never the whole volume in memory."""
+    depth = 2 * (volume.shape[0] // 2)
+    plane = volume.shape[1] * volume.shape[2]
+    block = max(factor, SLAB_VOXELS // plane // factor * factor)
+    parts, total, squares, count = [], 0.0, 0.0, 0
+    for start in range(0, depth, block):
+        binned = kernels.binned(jnp.asarray(_read(name, volume[start : min(start + block, depth)], dtype)))
+        values = np.asarray(binned, np.float64)
+        total, squares, count = total + values.sum(), squares + np.sum(values * values), count + values.size
+        for _ in range(int(np.log2(factor)) - 1):
+            binned = kernels.binned(binned)
+        parts.append(np.asarray(binned))
+    mean = total / count
+    return np.concatenate(parts), mean, float(np.sqrt(max(squares / count - mean * mean, 0.0)))
+
+
+class _Report:
+    """The run's ``progress(done, total)``: points searched and points whose IC-GN stopped, each counted once."""
+
+    def __init__(self, progress: Callable[[int, int], Any] | None, total: int):
+        self.progress, self.total, self.done = progress, max(int(total), 1), 0
+
+    def __call__(self, points: int = 0) -> None:
+        self.done = min(self.done + int(points), self.total)
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+
+
 def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zncc, min_inside, max_disagreement,
-               sigma, max_iterations, tolerance, dtype) -> VolumeCorrelation:  # fmt: skip
+               sigma, max_iterations, tolerance, dtype, progress=None) -> VolumeCorrelation:  # fmt: skip
     size = tuple(reference.shape)
     half = subset // 2
     axes = [np.arange(half, n - half, step, dtype=np.float64) for n in size]
@@ -592,54 +696,160 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
     origin = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
     centres = origin.astype(np.int64)
     points = len(origin)
-    ref = _read("reference", reference, dtype)
-    dfm = _read("deformed", deformed, dtype)
+    plane_points = grid[1] * grid[2]
+    binnable = min(size) >= 2 * COARSE * 4
+    searching = search > 0 and binnable
+    report = _Report(progress, points * (2 if searching else 1))
+    tick = report if progress is not None else None
+    report()
 
-    status = np.full(points, Status.not_significant, np.uint8)
-    usable = np.ones(points, bool)
-    if mask is not None:
-        # the voxels a subset may use: the ROI less the prefilter's and the spline's reach inside its edge
-        trimmed = ndimage.binary_erosion(mask, iterations=radius(sigma) + SPLINE_REACH, border_value=1)
-        usable = mask[tuple(centres.T)] & (_inside_share(trimmed, centres, half) >= min_inside)
-        weights = trimmed
+    # the whole translation, and the binned volumes' mean and spread (the search's standardisation): from the
+    # volumes in memory, or, for lazy ones, from a copy binned as far as DOWNSAMPLED_VOXELS asks, read in blocks
+    held = None
+    lazy = any(_is_lazy(v) for v in (reference, deformed, mask))
+    if lazy and binnable:
+        factor = COARSE
+        while np.prod([n // (2 * factor) for n in size]) >= DOWNSAMPLED_VOXELS and min(size) // (2 * factor) >= 8:
+            factor *= 2
+        ref_f, *ref_stats = _downsampled("reference", reference, dtype, factor)
+        def_f, *def_stats = _downsampled("deformed", deformed, dtype, factor)
+        translation = factor * whole_translation(ref_f, def_f)
+        stats = (ref_stats, def_stats)
+        del ref_f, def_f
+        slabs = _slabs(size, axes[0], _halo(half, search, translation[0], sigma, dtype), step)
     else:
-        weights = np.ones(size, bool)
-    # and less the prefilter's reach inside the volume's border, where it smoothed mirrored values that the
-    # deformed volume, carried, does not hold (the deformed side's band: the IC-GN's ``band``)
+        slabs = [(range(grid[0]), 0, size[0])]
+    if len(slabs) == 1:
+        held = (_read("reference", reference, dtype), _read("deformed", deformed, dtype))
+        if not lazy or not binnable:
+            ref, dfm = held
+            if binnable:
+                ref_c, def_c = (np.asarray(kernels.binned(jnp.asarray(v))) for v in (ref, dfm))
+                translation = COARSE * whole_translation(ref_c, def_c)
+                stats = [(v.astype(np.float64).mean(), v.astype(np.float64).std()) for v in (ref_c, def_c)]
+            else:
+                translation = whole_translation(ref, dfm)
+
     band = radius(sigma)
-    if band:
-        weights = weights.copy()
-        for axis in range(3):
-            edge = [slice(None)] * 3
-            edge[axis] = np.r_[0:band, size[axis] - band : size[axis]]
-            weights[tuple(edge)] = False
 
-    coefficients, prepared = kernels.prepared_volumes(jnp.asarray(ref), jnp.asarray(dfm), sigma=sigma)
-    if min(size) >= 2 * COARSE * 4:
-        ref_c, def_c = (np.asarray(kernels.binned(jnp.asarray(v))) for v in (ref, dfm))
-        translation = COARSE * whole_translation(ref_c, def_c)
-    else:
-        translation = whole_translation(ref, dfm)
+    def load(first: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """The planes ``first:stop`` of both volumes (compute dtype), the ROI less its edge band there, the voxels
+        the subsets may use (that, less the prefilter's reach inside the volume's border) and the ROI's planes."""
+        if held is not None:
+            ref, dfm = held
+        else:
+            ref, dfm = (_read(name, v[first:stop], dtype) for name, v in (("reference", reference),
+                                                                          ("deformed", deformed)))  # fmt: skip
+        if mask is None:
+            roi = trimmed = None
+            weights = np.ones(ref.shape, bool)
+        else:
+            roi = np.asarray(mask[first:stop]) > 0
+            # the ROI less the prefilter's and the spline's reach inside its edge (a slab's own edges inside the
+            # volume erode only its halo)
+            trimmed = ndimage.binary_erosion(roi, iterations=radius(sigma) + SPLINE_REACH, border_value=1)
+            weights = trimmed.copy()
+        # and less the prefilter's reach inside the volume's border, where it smoothed mirrored values that the
+        # deformed volume, carried, does not hold (the deformed side's band: the IC-GN's ``band``)
+        if band:
+            planes = np.arange(first, stop)
+            weights[(planes < band) | (planes >= size[0] - band)] = False
+            for axis in (1, 2):
+                edge = [slice(None)] * 3
+                edge[axis] = np.r_[0:band, size[axis] - band : size[axis]]
+                weights[tuple(edge)] = False
+        return ref, dfm, trimmed, weights, roi
+
+    def slab_points(planes: range) -> np.ndarray:
+        return np.arange(planes.start * plane_points, planes.stop * plane_points)
+
+    # the usable points (centre in the ROI, enough of the subset inside it) and, for the outside_roi status, the
+    # share of each subset's voxels the subsets may use
+    usable = np.ones(points, bool)
+    inside = np.ones(points)
     start_shift = np.broadcast_to(translation, (points, 3)).copy()
     searched = np.ones(points, bool)
-    if search > 0 and min(size) >= 2 * COARSE * 4:
-        start_shift, peak = _coarse_search(ref, dfm, weights if mask is not None else None, centres, translation,
-                                           half=half, search=search, dtype=dtype)  # fmt: skip
-        searched = np.isfinite(peak)
-        start_shift[~searched] = np.nan
+    shape_c = np.array([n // COARSE for n in size])
+    for planes, first, stop in slabs:
+        index = slab_points(planes)
+        local = centres[index] - [first, 0, 0]
+        if mask is not None or searching:
+            ref, dfm, trimmed, weights, roi = load(first, stop)
+        if mask is not None:
+            usable[index] = roi[tuple(local.T)] & (_inside_share(trimmed, local, half) >= min_inside)
+            inside[index] = _inside_share(weights, local, half)
+        if searching:
+            ref_c, def_c = (
+                (np.asarray(kernels.binned(jnp.asarray(v)), np.float64) - mean) / max(spread, 1e-30)
+                for v, (mean, spread) in zip((ref, dfm), stats)
+            )
+            mask_c = None
+            if mask is not None:
+                mask_c = np.asarray(kernels.binned(jnp.asarray(weights, dtype))) > 0.999
+            start_shift[index], peak = _coarse_search(ref_c, def_c, mask_c, centres[index], translation, half=half,
+                                                      search=search, dtype=dtype, shape_c=shape_c,
+                                                      offset_c=first // COARSE, on_chunk=tick)  # fmt: skip
+            searched[index] = np.isfinite(peak)
+    start_shift[~searched] = np.nan
     affine = shape == "affine"
     start_gradient = _start_gradient(start_shift, grid, step) if affine else np.zeros((points, 3, 3))
     start = np.zeros((points, 12))
     start[:, kernels.TRANSLATION] = _into_view(start_shift, start_gradient, origin, half, size)
     start[:, 1:4], start[:, 5:8], start[:, 9:12] = (start_gradient[:, a] for a in range(3))
 
-    solver = _Solver(coefficients, prepared, jnp.asarray(weights, dtype), centres, half=half, affine=affine,
-                     max_iterations=max_iterations, tolerance=tolerance, chunk=_chunk(subset),
-                     band=radius(sigma) if sigma > 0 else -1.0, masked=mask is not None or sigma > 0)  # fmt: skip
-    solver.prepare(usable)
-    textured = solver.textured()
+    solvers: dict[int, _Solver] = {}
+
+    def solver_of(k: int) -> _Solver:
+        """Slab ``k``'s solver over its prepared volumes (kept where the volumes are in memory)."""
+        if k in solvers:
+            return solvers[k]
+        planes, first, stop = slabs[k]
+        ref, dfm, _, weights, _ = load(first, stop)
+        coefficients, prepared = kernels.prepared_volumes(jnp.asarray(ref), jnp.asarray(dfm), sigma=sigma)
+        bounds = jnp.asarray([[-first, 0, 0], [size[0] - 1 - first, size[1] - 1, size[2] - 1]], dtype)
+        out = _Solver(coefficients, prepared, jnp.asarray(weights, dtype), centres[slab_points(planes)] - [first, 0, 0],
+                      half=half, affine=affine, max_iterations=max_iterations, tolerance=tolerance,
+                      chunk=_chunk(subset), band=radius(sigma) if sigma > 0 else -1.0,
+                      masked=mask is not None or sigma > 0, bounds=bounds, tick=tick)  # fmt: skip
+        if held is not None:
+            solvers[k] = out
+        return out
+
+    def run_slabs(which: np.ndarray, begin: np.ndarray, *, counted: bool) -> dict[str, np.ndarray]:
+        """The IC-GN of the points ``which`` from ``begin``, slab by slab, joined into the whole grid's arrays."""
+        out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan), steps=np.zeros(points, np.int16),
+                   converged=np.zeros(points, bool), started=np.zeros(points, bool), view=np.zeros(points, bool),
+                   warp=np.full((points, 12), np.nan))  # fmt: skip
+        for k, (planes, _, _) in enumerate(slabs):
+            index = slab_points(planes)
+            if which[index].any():
+                solver = solver_of(k)
+                solver.prepare(which[index])
+                for key, v in solver.run(which[index], begin[index], counted=counted).items():
+                    out[key][index] = v
+        return out
+
+    # each point's Hessian (slab by slab), then the IC-GN of the usable, textured, searched points
+    textured = np.zeros(points, bool)
+    prepared_points = np.zeros(points, bool)
+    inverse_diagonal = np.full((points, 3), np.nan)
+    result = None
+    for k, (planes, _, _) in enumerate(slabs):
+        index = slab_points(planes)
+        solver = solver_of(k)
+        solver.prepare(usable[index])
+        textured[index] = solver.textured()
+        prepared_points[index] = solver.prepared
+        inverse_diagonal[index] = np.diagonal(solver.inverse, axis1=1, axis2=2)[:, kernels.TRANSLATION]
+        run_here = usable[index] & textured[index] & searched[index]
+        part = solver.run(run_here, start[index])
+        report(len(index) - int(np.count_nonzero(run_here)))  # the points not run are done too
+        if result is None:
+            result = {key: np.zeros((points, *v.shape[1:]), v.dtype) for key, v in part.items()}
+        for key, v in part.items():
+            result[key][index] = v
     run = usable & textured & searched
-    result = solver.run(run, start)
+    status = np.full(points, Status.not_significant, np.uint8)
 
     def accepted(r):
         return r["converged"] & r["view"] & (np.nan_to_num(r["zncc"], nan=-1) >= min_zncc)
@@ -651,7 +861,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         retry = usable & textured & ~found & has & np.all(np.isfinite(carried), 1)
         if not retry.any():
             break
-        again = solver.run(retry, carried)
+        again = run_slabs(retry, carried, counted=False)
         better = retry & (accepted(again) | ~tried)
         for key in result:
             result[key][better] = again[key][better]
@@ -676,12 +886,10 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
     status[ambiguous] = Status.ambiguous
     status[found] = Status.ok
     if mask is not None:
-        status[~usable | (solver.prepared & ~textured & (_inside_share(weights, centres, half) < 1))] = (
-            Status.outside_roi
-        )
+        status[~usable | (prepared_points & ~textured & (inside < 1))] = Status.outside_roi
 
+    report(report.total)  # every point: the rest were retried or not run
     warp = np.where(found[:, None], result["warp"], np.nan)
-    inverse_diagonal = np.diagonal(solver.inverse, axis1=1, axis2=2)[:, kernels.TRANSLATION]
     sigma_out = np.sqrt(np.maximum(result["variance"], 0)[:, None] * inverse_diagonal)
     gradient = _gradient(warp) if affine else np.full((points, 3, 3), np.nan)
 

@@ -632,11 +632,11 @@ def _is_lazy(volume: Any) -> bool:
 
 
 def _halo(half: int, search: int, translation: float, sigma: float, dtype: np.dtype) -> int:
-    """The planes a slab reads beyond its points' along z: the subset, the whole translation, the search (and the
-    start gradient's move of a corner, a voxel or two), the spline's taps and its prefilter's and the Gaussian's
-    reach, so that every value a point's match reads is the whole volume's."""
-    spline = 3 + kernels.PREFILTER_REACH[np.dtype(dtype)] + radius(sigma)
-    return half + int(np.ceil(abs(translation))) + 2 * (search + 1) + SLAB_SLACK + spline
+    """The planes a slab reads beyond its points' along z: the subset, the whole translation, the search's window
+    (its reach and binning), ``SLAB_SLACK`` for the start gradient's move of a corner, the spline's taps and the
+    reach of its prefilter and of the Gaussian, so that every value a point's match reads is the whole volume's."""
+    spline = 2 + kernels.PREFILTER_REACH[np.dtype(dtype)] + radius(sigma)
+    return half + int(np.ceil(abs(translation))) + search + 2 + SLAB_SLACK + spline
 
 
 def _slabs(size: tuple[int, int, int], planes: np.ndarray, halo: int, step: int) -> list[tuple[range, int, int]]:

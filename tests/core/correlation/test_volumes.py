@@ -380,3 +380,71 @@ def test_volume_strain_refuses_bad_options(affine_uint8):
         gm.volume_strain(result, method="smoothed", smoothing=-1)
     with pytest.raises(TypeError, match="result must be what correlate_volumes returns"):
         gm.volume_strain(np.zeros(3))
+
+
+# -- progress, Cancel and volumes read by slabs ------------------------------------------------------------------
+
+
+def test_progress_counts_up_to_its_total_and_a_raising_callback_stops_the_run(affine_uint8):
+    reference, deformed, _, result = affine_uint8
+    calls = []
+    again = gm.correlate_volumes(reference, deformed, progress=lambda done, total: calls.append((done, total)),
+                                 **OPTIONS)  # fmt: skip
+    done, totals = np.array(calls).T
+    assert set(totals) == {2 * result.dz.size}  # the points searched, then the points whose IC-GN stopped
+    assert np.all(np.diff(done) >= 0) and done[-1] == totals[0] and len(np.unique(done)) > 3
+    np.testing.assert_array_equal(again.status, result.status)  # reporting changes nothing
+    np.testing.assert_array_equal(again.dz, result.dz)
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def cancel(done, total):
+        seen.append(done)
+        if done > 0:  # Cancel pressed once the run is under way
+            raise Stop
+
+    kept = reference.copy()
+    with pytest.raises(Stop):
+        gm.correlate_volumes(reference, deformed, progress=cancel, **OPTIONS)
+    assert seen[-1] < 2 * result.dz.size  # stopped at the first chunk after the press, not at the end
+    np.testing.assert_array_equal(reference, kept)
+
+
+@pytest.mark.parametrize("with_roi", [False, True])
+def test_dask_volumes_read_by_slabs_give_the_answers_in_memory(monkeypatch, with_roi):
+    reference, deformed, _ = make_dvc_pair((64, 64, 64), dtype=np.uint8, seed=5)
+    options = dict(subset=9, step=6, search=2, prefilter="auto" if with_roi else None)
+    if with_roi:
+        zz, yy, xx = np.mgrid[:64, :64, :64]
+        options["roi"] = (zz - 32) ** 2 + (yy - 30) ** 2 + (xx - 34) ** 2 < 30**2
+    whole = gm.correlate_volumes(reference, deformed, **options)
+    # slabs of 2 point planes (1 with the prefilter's wider halo), each reading 62 of the 64 planes
+    monkeypatch.setattr(volumes, "SLAB_VOXELS", 64 * 64 * 62)
+    reads = []
+
+    class Recorded:  # a lazy volume that records the planes each read asks for, and refuses a whole read
+        def __init__(self, array):
+            self.array, self.shape, self.dtype, self.ndim = array, array.shape, array.dtype, array.ndim
+
+        def __getitem__(self, key):
+            reads.append((key.start, key.stop))
+            return self.array[key]
+
+        def __array__(self, dtype=None, copy=None):
+            raise AssertionError("the whole volume was read")
+
+    lazy = Recorded(da.from_array(reference, chunks=8)), da.from_array(deformed, chunks=8)
+    if with_roi:
+        options["roi"] = Recorded(options["roi"])
+    slabbed = gm.correlate_volumes(*lazy, **options)
+    assert len(reads) > 4 and all(stop - start < 64 for start, stop in reads)
+    np.testing.assert_array_equal(slabbed.status, whole.status)
+    assert np.count_nonzero(whole.status == Status.ok) > 150  # of 1000 (the ROI leaves 203)
+    np.testing.assert_array_equal(slabbed.translation, whole.translation)
+    for name in ("dz", "dy", "dx"):
+        np.testing.assert_allclose(getattr(slabbed, name), getattr(whole, name), atol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(slabbed.zncc, whole.zncc, atol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(slabbed.sigma, whole.sigma, rtol=1e-4, equal_nan=True)

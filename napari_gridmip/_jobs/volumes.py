@@ -165,7 +165,8 @@ def make_volume_job(request: VolumeRequest) -> Job:
             inputs = {"reference": request.data, "deformed": request.deformed_data}
         if request.roi is not None:
             inputs["roi"] = request.roi_data
-        # the correlations take the time; a progress step (and a chance to cancel) before each call
+        # the correlations take the time; a progress step (and a chance to cancel) before each call, and within
+        # correlate_volumes after each chunk of points (staged passes it its share of the steps)
         weights = {call.result: 20 if call.function == "correlate_volumes" else 1 for call in plan.calls}
         values = plan.run(inputs, **staged(plan, progress, weights))
         summary = volume_summary(values["status"], values["dz"], values["dy"], values["dx"], values["zncc"])

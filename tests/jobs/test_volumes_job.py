@@ -171,3 +171,23 @@ def test_volumes_of_two_shapes_are_refused(pair):
     reference, _, _ = pair
     with pytest.raises(ValueError, match="one shape"):
         make_volume_job(request_of(reference, reference[:-1]))
+
+
+def test_the_correlations_progress_moves_the_bar_and_a_cancel_stops_the_job(pair, ran):
+    reference, deformed, _ = pair
+    request, _, steps = ran
+    done, total = np.array(steps).T
+    assert np.all(np.diff(done) >= 0) and done[-1] == total[-1]
+    # correlate_volumes is the plan's first call and holds 20 of its steps: its own reports land within them
+    within = {d for d in done if 0 < d < 20}
+    assert len(within) > 3
+
+    class Stop(Exception):
+        pass
+
+    def cancel(done, total):
+        if 0 < done < 20:  # Cancel pressed while the volumes correlate
+            raise Stop
+
+    with pytest.raises(Stop):
+        make_volume_job(request).run(cancel)

@@ -843,9 +843,8 @@ def _back_to_reference(result: _Frame, accepted, keyed, state: _Points, pace, gr
     _run(which, guess_position, guess_gradient, back, origin, identity, ref0, target, subset, min_zncc, shape=shape)
     good = back.accepted(min_zncc)
     take = which & good & (lost | (np.nan_to_num(back.zncc) >= refresh_zncc))
-    for name, value in vars(back).items():
-        if name != "tried_from_neighbours":
-            getattr(result, name)[take] = value[take]
+    for name in ("warp", "zncc", "sigma", "converged", "in_view", "enough", "textured", "ran"):
+        getattr(result, name)[take] = getattr(back, name)[take]
     return take
 
 

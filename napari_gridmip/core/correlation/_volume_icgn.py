@@ -107,18 +107,28 @@ def smooth(volume: jax.Array, sigma: float) -> jax.Array:
     return volume
 
 
-@partial(jax.jit, static_argnames=("sigma",))
 def prepared_volumes(reference: jax.Array, deformed: jax.Array, *, sigma: float) -> tuple[jax.Array, ...]:
     """What the IC-GN reads, from both (float) volumes, after the Gaussian prefilter of ``sigma`` voxels:
     the deformed volume's spline coefficients edge-padded by 2 ``(Z + 4, Y + 4, X + 4)``, and the reference's
     values and spline gradient at the voxels ``(4, Z, Y, X)`` (value, d/dz, d/dy, d/dx).
 
     The gradient along an axis at the knots needs the prefilter along that axis only: the spline's ``(1, 4, 1) / 6``
-    sum along the other two undoes their prefilter."""
-    reference, deformed = smooth(reference, sigma), smooth(deformed, sigma)
-    coefficients = jnp.pad(deformed, 2, mode="edge")
+    sum along the other two undoes their prefilter. Two programs, one a volume: one program held both volumes'
+    passes at once (at 512 x 512 planes, 1.9 GB against the outputs' 0.56 GB a slab of 114 planes)."""
+    return _coefficients(deformed, sigma=sigma), _reference_gradient(reference, sigma=sigma)
+
+
+@partial(jax.jit, static_argnames=("sigma",))
+def _coefficients(deformed: jax.Array, *, sigma: float) -> jax.Array:
+    coefficients = jnp.pad(smooth(deformed, sigma), 2, mode="edge")
     for axis in range(3):
         coefficients = _spline_axis(coefficients, axis)
+    return coefficients
+
+
+@partial(jax.jit, static_argnames=("sigma",))
+def _reference_gradient(reference: jax.Array, *, sigma: float) -> jax.Array:
+    reference = smooth(reference, sigma)
     out = [reference]
     for axis in range(3):
         widths = [(0, 0)] * 3
@@ -126,7 +136,7 @@ def prepared_volumes(reference: jax.Array, deformed: jax.Array, *, sigma: float)
         along = _spline_axis(jnp.pad(reference, widths, mode="edge"), axis)
         size = reference.shape[axis]
         out.append((lax.slice_in_dim(along, 2, size + 2, axis=axis) - lax.slice_in_dim(along, 0, size, axis=axis)) / 2)
-    return coefficients, jnp.stack(out)
+    return jnp.stack(out)
 
 
 @jax.jit

@@ -790,6 +790,8 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
                                                       search=search, dtype=dtype, shape_c=shape_c,
                                                       offset_c=first // COARSE, on_chunk=tick)  # fmt: skip
             searched[index] = np.isfinite(peak)
+            del ref_c, def_c, mask_c
+        ref = dfm = trimmed = weights = roi = None  # before the next slab's volumes are read
     start_shift[~searched] = np.nan
     affine = shape == "affine"
     start_gradient = _start_gradient(start_shift, grid, step) if affine else np.zeros((points, 3, 3))
@@ -827,6 +829,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
                 solver.prepare(which[index])
                 for key, v in solver.run(which[index], begin[index], counted=counted).items():
                     out[key][index] = v
+                del solver  # before the next slab's volumes are read
         return out
 
     # each point's Hessian (slab by slab), then the IC-GN of the usable, textured, searched points
@@ -848,6 +851,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
             result = {key: np.zeros((points, *v.shape[1:]), v.dtype) for key, v in part.items()}
         for key, v in part.items():
             result[key][index] = v
+        del solver, part  # before the next slab's volumes are read
     run = usable & textured & searched
     status = np.full(points, Status.not_significant, np.uint8)
 

@@ -24,6 +24,11 @@ prefilter's tail, under 0.5% of a value).
 On 2 cores, a 200^3 pair (subset 21, step 10: 5832 points) takes 2.4 s warm, 70% of it the IC-GN's steps, most
 of those the tricubic interpolation's 64 gathers a voxel (``benchmarks/bench_volumes.py``).
 
+Dask and Zarr volumes are never read whole: the whole translation comes from a copy binned as far as
+``DOWNSAMPLED_VOXELS`` (read in blocks of planes), and each stage runs over slabs of point planes along z, each
+reading its planes and a halo wide enough that every value its points' matches read is the whole volume's: the
+answers of the volumes in memory (where the whole translation is the same), in memory bounded by a slab's.
+
 References
 ----------
 B. K. Bay, T. S. Smith, D. P. Fyhrie, M. Saad, "Digital volume correlation: three-dimensional strain mapping
@@ -77,7 +82,10 @@ COARSE = 2  # the search's binning
 SEARCH_CHUNK = 256  # points per call of the coarse search
 # lazy volumes (dask, Zarr) are read in slabs of planes of about this many voxels (each array of a slab: 128 MiB
 # float32), each slab with a halo of planes (the subset, search, translation and spline's reach) around its
-# points, so that memory holds a few slabs' arrays however deep the volume
+# points, so that memory holds one slab's arrays however deep the volume. A 512^3 uint8 Zarr pair (subset 21, step
+# 20) peaked at 2.7 GB (44 s on 2 cores) where in memory it peaked at 10.2 GB (29 s); 2**24 voxels: 2.0 GB, 75 s
+# (the halo, 37 planes each side, then outweighs the slab's single plane of points). The halo is at least one
+# slab: planes of many more voxels than this hold more
 SLAB_VOXELS = 2**25
 SLAB_SLACK = 4  # planes of the halo beyond the search's reach: the start gradient's move of a subset corner
 # the whole translation of lazy volumes is found on a copy binned by a power of 2 until it has fewer voxels

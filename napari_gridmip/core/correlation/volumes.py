@@ -665,9 +665,11 @@ def _slabs(size: tuple[int, int, int], planes: np.ndarray, halo: int, step: int)
     return out
 
 
-def _downsampled(name: str, volume: Any, dtype: np.dtype, factor: int) -> tuple[np.ndarray, float, float]:
+def _downsampled(name: str, volume: Any, dtype: np.dtype, factor: int,
+                 report: Callable[[], None]) -> tuple[np.ndarray, float, float]:  # fmt: skip
     """``volume`` binned by ``factor`` (a power of 2) read in blocks of planes, and the mean and standard
-    deviation of it binned by 2 (the search's standardisation), never the whole volume in memory."""
+    deviation of it binned by 2 (the search's standardisation), never the whole volume in memory; ``report()``
+    after each block (Cancel's chance)."""
     depth = 2 * (volume.shape[0] // 2)
     plane = volume.shape[1] * volume.shape[2]
     block = max(factor, SLAB_VOXELS // plane // factor * factor)
@@ -679,6 +681,7 @@ def _downsampled(name: str, volume: Any, dtype: np.dtype, factor: int) -> tuple[
         for _ in range(int(np.log2(factor)) - 1):
             binned = kernels.binned(binned)
         parts.append(np.asarray(binned))
+        report()
     mean = total / count
     return np.concatenate(parts), mean, float(np.sqrt(max(squares / count - mean * mean, 0.0)))
 
@@ -719,8 +722,8 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         factor = COARSE
         while np.prod([n // (2 * factor) for n in size]) >= DOWNSAMPLED_VOXELS and min(size) // (2 * factor) >= 8:
             factor *= 2
-        ref_f, *ref_stats = _downsampled("reference", reference, dtype, factor)
-        def_f, *def_stats = _downsampled("deformed", deformed, dtype, factor)
+        ref_f, *ref_stats = _downsampled("reference", reference, dtype, factor, report)
+        def_f, *def_stats = _downsampled("deformed", deformed, dtype, factor, report)
         translation = factor * whole_translation(ref_f, def_f)
         stats = (ref_stats, def_stats)
         del ref_f, def_f
@@ -746,6 +749,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         if held is not None:
             ref, dfm = held
         else:
+            report()  # Cancel's chance before each slab's read
             ref, dfm = (_read(name, v[first:stop], dtype) for name, v in (("reference", reference),
                                                                           ("deformed", deformed)))  # fmt: skip
         if mask is None:

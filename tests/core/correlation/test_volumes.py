@@ -448,3 +448,15 @@ def test_dask_volumes_read_by_slabs_give_the_answers_in_memory(monkeypatch, with
         np.testing.assert_allclose(getattr(slabbed, name), getattr(whole, name), atol=1e-5, equal_nan=True)
     np.testing.assert_allclose(slabbed.zncc, whole.zncc, atol=1e-5, equal_nan=True)
     np.testing.assert_allclose(slabbed.sigma, whole.sigma, rtol=1e-4, equal_nan=True)
+
+    # Cancel while the slabs are read: the run stops there, before the rest are
+    full, calls = len(reads), []
+
+    def cancel(done, total):
+        calls.append(done)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        gm.correlate_volumes(*lazy, progress=cancel, **options)
+    assert len(reads) - full < full / 2

@@ -308,11 +308,15 @@ def step(coefficients, reference, mask, centre, p, inverse, band, bounds=None, *
     data = _subsets(reference, centre - half, size)  # each volume sliced apart: joined, they were copied whole
     f, grads = data[:, 0], data[:, 1:4]
     m = _subsets(mask[None].astype(dtype), centre - half, size)[:, 0] if masked else jnp.ones((), dtype)
-    pz, py, px = warped(centre.astype(dtype), p, offset)
     if bounds is None:
+        pz, py, px = warped(centre.astype(dtype), p, offset)
         first, last = [0.0] * 3, [n - 5 for n in coefficients.shape]  # the volume's first and last voxel index
     else:
         first, last = [bounds[0, a].astype(dtype) for a in range(3)], [bounds[1, a].astype(dtype) for a in range(3)]
+        # the positions in the whole volume's frame, then moved (exactly: an integer off a float no smaller) into
+        # the slab's, so that a slab rounds them as the whole volume does
+        pz, py, px = warped(centre.astype(dtype) - jnp.stack(first), p, offset)
+        pz, py, px = pz + first[0], py + first[1], px + first[2]
     inside = [(q >= start - 0.5) & (q <= end + 0.5) for q, start, end in zip((pz, py, px), first, last)]
     view = jnp.all((inside[0] & inside[1] & inside[2]) | (m == 0), 1)
     if masked:

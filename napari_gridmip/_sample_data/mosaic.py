@@ -1,5 +1,4 @@
-"""A microscope-like mosaic: tiles cut from a known picture at known positions, with stage errors.
-"""
+"""A microscope-like mosaic: tiles cut from a known picture at known positions, with stage errors."""
 
 from __future__ import annotations
 

@@ -410,7 +410,7 @@ def _carried(step_map: np.ndarray, state: _Points) -> tuple[np.ndarray, np.ndarr
 def _inverse_affine(matrix: np.ndarray) -> np.ndarray:
     """The inverse of a ``(2, 3)`` map."""
     linear = np.linalg.inv(matrix[:, :2])
-    return np.concatenate([linear, -(linear @ matrix[:, 2])[:, None]], 1)
+    return np.concatenate([linear, -np.matmul(linear, matrix[:, 2])[:, None]], 1)
 
 
 def _compose_affine(outer: np.ndarray, inner: np.ndarray) -> np.ndarray:

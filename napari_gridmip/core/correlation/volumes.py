@@ -896,7 +896,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
     linear, shift = _affine_fit(origin[found], result["warp"][found][:, kernels.TRANSLATION])
     if linear is None:
         linear, shift = np.zeros((3, 3)), translation
-    predicted = origin @ linear.T + shift
+    predicted = np.matmul(origin, linear.T) + shift  # NumPy, on the host
     carried = ~_in_view(predicted, np.broadcast_to(linear, (points, 3, 3)), origin, half, size)
     status[left | ~searched | (carried & ~found & ~ambiguous)] = Status.out_of_view
     status[ambiguous] = Status.ambiguous

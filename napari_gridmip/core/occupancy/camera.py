@@ -1,5 +1,4 @@
-"""napari's 3D camera as rays: one per canvas pixel, orthographic or perspective, in a layer's voxel coordinates.
-"""
+"""napari's 3D camera as rays: one per canvas pixel, orthographic or perspective, in a layer's voxel coordinates."""
 
 from __future__ import annotations
 

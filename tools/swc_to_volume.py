@@ -1,5 +1,5 @@
 """Neuron tracings (SWC) drawn into a sparse uint8 volume, written as a chunked Zarr array (only chunks holding a
-voxel are stored): the real sparse volume of docs/occupancy.md (issue 35, item 4).
+voxel are stored): the real sparse volume of docs/occupancy.md.
 
     python tools/swc_to_volume.py SWC_FOLDER OUT.zarr [--voxel-um 10] [--source-um 25] [--extent 528 320 456]
 

@@ -56,17 +56,26 @@ def noise_gain(sigma: float) -> float:
     return float(np.sum(taps(sigma) ** 2) ** 2) if sigma > 0 else 1.0
 
 
-def _axis(x: jax.Array, weights: np.ndarray, axis: int) -> jax.Array:
+def fir_along(x: jax.Array, weights: Any, axis: int, *, mode: str) -> jax.Array:
+    """``x`` filtered along ``axis`` by the odd, centred taps ``weights``, with ``x`` extended by ``jnp.pad``'s
+    ``mode`` (``"symmetric"`` is scipy.ndimage's "reflect": d c b a | a b c d; ``"edge"`` repeats the last value).
+
+    One fused pass of shifted slices, the shared form of the Gaussian prefilter and the cubic B-spline's (2D and 3D).
+    """
     reach = len(weights) // 2
     widths = [(0, 0)] * x.ndim
     widths[axis] = (reach, reach)
-    padded = jnp.pad(x, widths, mode="symmetric")  # scipy.ndimage's "reflect": d c b a | a b c d
+    padded = jnp.pad(x, widths, mode=mode)
     size = x.shape[axis]
     out = None
     for k, weight in enumerate(weights):
         term = float(weight) * lax.slice_in_dim(padded, k, k + size, axis=axis)
         out = term if out is None else out + term
     return out
+
+
+def _axis(x: jax.Array, weights: np.ndarray, axis: int) -> jax.Array:
+    return fir_along(x, weights, axis, mode="symmetric")
 
 
 @partial(jax.jit, static_argnames=("sigma",))

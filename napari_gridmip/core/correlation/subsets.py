@@ -33,7 +33,13 @@ from napari_gridmip.core.correlation._subset_newton import (
     uncertainty,
 )
 from napari_gridmip.core.correlation.affine import affine_plan, affine_refine, check_shape, compile_ahead
-from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, smooth_frames
+from napari_gridmip.core.correlation.prefilter import (
+    DEFAULT_SIGMA,
+    check_prefilter,
+    fir_along,
+    noise_gain,
+    smooth_frames,
+)
 from napari_gridmip.core.options import SUBPIXEL_METHODS
 from napari_gridmip.core.peak import subpixel_offset
 from napari_gridmip.core.runtime import strategy as _backend
@@ -912,15 +918,7 @@ def _spline_filter_axis(x: jax.Array, axis: int) -> jax.Array:
     ``|k| <= SPLINE_REACH`` (its impulse response, exact to 5e-15), on ``x`` extended by edge values."""
     z = math.sqrt(3) - 2
     taps = [math.sqrt(3) * z ** abs(k) for k in range(-SPLINE_REACH, SPLINE_REACH + 1)]
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (SPLINE_REACH, SPLINE_REACH)
-    padded = jnp.pad(x, widths, mode="edge")
-    size = x.shape[axis]
-    out = None
-    for k, weight in enumerate(taps):
-        term = weight * lax.slice_in_dim(padded, k, k + size, axis=axis)
-        out = term if out is None else out + term
-    return out
+    return fir_along(x, taps, axis, mode="edge")
 
 
 @jax.jit

@@ -39,8 +39,8 @@ def _earlier_objects_frozen():
     gc.unfreeze()
 
 
-# The default run's budget: the README's command within 5 minutes on a 2-core machine with an empty compile cache
-# (issue 54). Most of a cold run is XLA compiling, 0.1 to 5 s per program, and each new shape, option or forced
+# The default run's budget: the README's command within 5 minutes on a 2-core machine with an empty compile cache.
+# Most of a cold run is XLA compiling, 0.1 to 5 s per program, and each new shape, option or forced
 # backend strategy is a new program; so the cases below, each of which compiles programs of its own for many
 # seconds (a per-test measurement of a cold run: CPU seconds and JAX compile time), are marked slow here.
 # Each feature keeps faster cases in the default run (every public function, widget, CLI command and sample);

@@ -1,4 +1,4 @@
-"""``--compute-on`` of the batch subcommands, and where the calls ran in the provenance they write (issue 53, item 1).
+"""``--compute-on`` of the batch subcommands, and where the calls ran in the provenance they write.
 
 In this process (``main``), not a subprocess: a pretended TPU (``jax.default_backend`` answering "tpu") shows the
 rules that move work to the host recorded with the outputs."""

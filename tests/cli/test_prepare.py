@@ -1,4 +1,4 @@
-"""``napari-gridmip --prepare`` (issue 53, item 4): its bad combinations, its marker (once per machine, again with
+"""``napari-gridmip --prepare``: its bad combinations, its marker (once per machine, again with
 --force, another device or version not counting), the background start, and one real preparation end to end
 (slow) after which a new process's first DIC Run compiles nothing large."""
 

@@ -66,9 +66,9 @@ def test_correlation_equals_in_memory(chunks):
         dy, dx, peak = find_displacement(lazy_a, b, (5, 3))
     assert counter.count == 0
     # XLA's vectorised loops sum in another order with the band's height: 1 ulp on the CPU; on a TPU 3 EPS32 for
-    # the map (3.6e-7) and 6.5 EPS32 for one peak of 3,366 (7.7e-7, chunks (6, 7, 10)), 2026-12-05. Each value is
+    # the map (3.6e-7) and 6.5 EPS32 for one peak of 3,366 (7.7e-7, chunks (6, 7, 10)). Each value is
     # a Pearson r of sums of 6 x 15 products: float32's summation bound for 90 terms is far above either, so
-    # 1e-6 (8.4 EPS32) holds reordering and nothing more (issue 34's bound for correlations: 1e-4)
+    # 1e-6 (8.4 EPS32) holds reordering and nothing more (the bound for correlations: 1e-4)
     np.testing.assert_allclose(full.compute(), np.asarray(windowed_pearson(a, b, (5, 3))), rtol=0, atol=1e-6)
     for lazy, reference in zip((dy, dx, peak), find_displacement(a, b, (5, 3))):
         np.testing.assert_allclose(lazy.compute(), np.asarray(reference), rtol=0, atol=1e-6)

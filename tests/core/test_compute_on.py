@@ -1,5 +1,5 @@
 """The user's override of where the kernels run (napari_gridmip.compute_on, NAPARI_GRIDMIP_COMPUTE_ON), and the log
-of where a job's calls ran that its provenance records (issue 53, item 1).
+of where a job's calls ran that its provenance records.
 
 This machine has no accelerator: the rules are seen through a pretended TPU (``jax.default_backend`` answering
 "tpu", as tests/core/test_backend.py does), where the scopes they choose are JAX's own and can be read back."""

@@ -1,4 +1,4 @@
-"""Every product of float32 data in the core names its precision (issue 34): a TPU rounds a default-precision
+"""Every product of float32 data in the core names its precision: a TPU rounds a default-precision
 product's operands to bfloat16 (2.4e-3 relative error on a 512x512 product, docs/accelerator.md's probe) and
 a GPU to TF32, so one left at the default gives the accelerators other answers than the CPU. The stitching's
 Gauss-Newton products and the refinement's interpolation weights were such products: two stitching tests

@@ -1,6 +1,6 @@
-"""The per-machine rates model that places the memory-bound kernels (runtime.rates, runtime.strategy.memory_bound_place;
-issue 53, item 1): the estimate from rates and bytes, the rates file written once and read back, and nothing
-measured where there is no accelerator.
+"""The per-machine rates model that places the memory-bound kernels (runtime.rates,
+runtime.strategy.memory_bound_place): the estimate from rates and bytes, the rates file written once and read back,
+and nothing measured where there is no accelerator.
 
 This machine has no accelerator: a fake device (a platform and a kind) stands for one, and the measurements are
 replaced by counters that return chosen rates, except in the last tests, which run the real probes on the CPU."""

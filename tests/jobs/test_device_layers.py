@@ -1,4 +1,4 @@
-"""Layers that stay on the device (issue 53, item 2), without Qt: the cache of device copies, a widget's watch over
+"""Layers that stay on the device, without Qt: the cache of device copies, a widget's watch over
 napari's layer events (on a ``ViewerModel``), and the jobs fed from the copies.
 
 This machine has no accelerator: the cache is made to keep copies on the CPU (``keep_on_cpu``), as only tests do.

@@ -1,4 +1,4 @@
-"""A napari session that froze napari for good before our work left Qt's global thread pool (issue 33), run as
+"""A napari session that froze napari for good before our work left Qt's global thread pool, run as
 its own process by ``tests/widgets/test_no_hang.py`` under an outside watchdog: a deadlock that holds the GIL
 stops every thread of the process, a watchdog thread in it included.
 

@@ -1,5 +1,5 @@
 """napari's Preferences, napari-gridmip, "All widgets", "Compute on" reach each widget run, and its result layers
-record where their calls ran (issue 53, item 1). This machine has no accelerator: a pretended TPU
+record where their calls ran. This machine has no accelerator: a pretended TPU
 (``runtime.strategy._on_tpu``) shows the rule that moves the pyramid to the host, and the setting that turns it off."""
 
 from __future__ import annotations

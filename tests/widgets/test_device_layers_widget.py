@@ -1,4 +1,4 @@
-"""Layers that stay on the device (issue 53, item 2), through the widgets' buttons in a real viewer: a second Run
+"""Layers that stay on the device, through the widgets' buttons in a real viewer: a second Run
 on the same layer takes its kept copy; an edit, a deleted layer, a closed widget, a small budget, the Preferences'
 0 and "host CPU" each do what they say; the results are those of a run without the copies.
 

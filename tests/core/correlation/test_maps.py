@@ -316,7 +316,7 @@ def test_speckle_default_no_worse_than_numpy(speckle_errors, record_property):
 
 def test_speckle_refine_at_least_halves_the_error(speckle_errors):
     assert speckle_errors["refine"] <= 0.5 * speckle_errors["hessian"]
-    assert speckle_errors["refine"] <= 0.01  # median error at most 0.01 px (issue 10)
+    assert speckle_errors["refine"] <= 0.01  # median error at most 0.01 px
 
 
 @pytest.mark.parametrize(
@@ -414,7 +414,7 @@ def check_float64_matches_definition(case):
 
 @pytest.mark.parametrize("planes", [False, True], ids=["pixels_first", "offsets_first"])
 def test_offset_data_keeps_its_variations_in_float32(planes):
-    """1e4 plus noise of 1e-2 (float64 data): float32 computes the float64 answer to 1e-4 (issue 15).
+    """1e4 plus noise of 1e-2 (float64 data): float32 computes the float64 answer to 1e-4.
 
     Rounding the data to float32 first would leave steps of 1e-3 against noise of 1e-2: off by 0.34.
     """
@@ -481,7 +481,7 @@ def test_the_refinements_block_table_gives_the_slices_answer(monkeypatch):
         # the bands differ in size, so do the programs and their float32 rounding, which the Newton steps carry
         # (7.6e-5 px at most here on the CPU). A pixel whose Hessian is near singular, or whose step is near the
         # clip, can take the other branch of _newton_step under another rounding: on the TPU 1 of 10,752 pixels
-        # did (1.03e-3 px, 2026-12-05); at most 0.1% may, the rest stay within 2e-4 px
+        # did (1.03e-3 px); at most 0.1% may, the rest stay within 2e-4 px
         np.testing.assert_array_equal(np.isnan(sliced), np.isnan(looked_up))
         finite = np.isfinite(sliced)
         apart = np.abs(sliced[finite] - looked_up[finite]) > 2e-4

@@ -207,8 +207,8 @@ def test_both_row_sum_strategies_give_the_definition(strategy, step, monkeypatch
     refined and tracked fields (which add the Gram planes' sums) equal to the running sums'."""
     if strategy == "running" and step == 1 and jax.default_backend() == "tpu":
         # strict: the day XLA compiles them right, this fails, and core.runtime.strategy.subset_row_sums may change.
-        # Step 3 passes there (TPU run of 2026-12-05, docs/accelerator-runs/2026-12-05-s4-tests-correlation.log):
-        # the wrong build is the step-1 loop's
+        # Step 3 passes there (a TPU v5e run of tools/accelerator_tests.sh subsets): the wrong build is the step-1
+        # loop's
         request.applymarker(
             pytest.mark.xfail(
                 strict=True,

@@ -182,7 +182,7 @@ def test_at_most_two_chunks_are_in_flight(monkeypatch):
     2000 x 512^2 movie; a Zarr movie could queue all of itself). Here each chunk's computation is slowed by a
     host callback, so that running ahead would show."""
     if jax.default_backend() != "cpu":
-        # on the TPU (JAX 0.10.2, 2026-12-06, twice) the callback's thread sat in the callback and the main thread
+        # on the TPU (JAX 0.10.2, twice) the callback's thread sat in the callback and the main thread
         # in the next merge's dispatch, neither moving for minutes (docs/accelerator.md, thirteenth session). The
         # library has no host callbacks; its loop and wait run on the chip in this file's other tests
         pytest.skip("the slowing host callback deadlocks the TPU runtime against the donated merge's dispatch")

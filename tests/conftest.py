@@ -128,6 +128,16 @@ SLOW_CASES = {
         "test_smooth_frames_keeps_constants_and_commutes_with_offsets",
         "test_uncertainty_matches_the_spread_with_the_prefilter",
     ],
+    "tests/core/correlation/test_series_policies.py": [
+        # a 60-frame sequence (11 s to make and run); the rigid warp's test and test_series.py's policy cases stay
+        "test_incremental_drifts_at_most_twice_accumulated",
+        "test_auto_keeps_every_point_accumulated_keeps",
+    ],
+    "tests/core/correlation/test_volumes.py": [
+        # slabs against the whole volume: the plain 64^3 case stays in the default run; these compile their own
+        "test_dask_volumes_read_by_slabs_give_the_answers_in_memory[shape1-True]",
+        "test_dask_volumes_read_by_slabs_give_the_answers_in_memory[shape2-False]",
+    ],
     "tests/core/correlation/test_series.py": [
         "test_reference_policies_agree_on_a_growing_stretch[incremental]",
         "test_large_translations_are_found_and_lost_points_say_so",

@@ -325,11 +325,16 @@ STYLES = {
 LAYER_ORDER = ("sigma_dx", "sigma_dy", "dark_field", "transmission", "phase", "exy", "eyy", "exx")  # bottom first
 
 
-def _limits(values: np.ndarray, how: str) -> tuple[float, float]:
+def contrast_limits(values: np.ndarray, how: str) -> tuple[float, float]:
+    """A field's contrast limits by the rule its style names: ``"symmetric"`` about 0, ``"from zero"`` (a size or
+    an uncertainty), ``"zncc"`` (1 at the top: the good matches read alike, the weaker ones stand out), else the
+    1st to 99th percentile."""
     if how == "symmetric":
         return symmetric_limits(values)
     if how == "from zero":
         return 0.0, percentile_limits(values)[1]
+    if how == "zncc":
+        return min(percentile_limits(values)[0], 0.99), 1.0
     return percentile_limits(values)
 
 
@@ -358,7 +363,7 @@ def _correlation_layers(
     for role in derived:
         colormap, how, suffix = STYLES[role]
         data = np.asarray(values[role])
-        meta = {"name": f"{name} {suffix}", "colormap": colormap, "contrast_limits": _limits(data, how)}
+        meta = {"name": f"{name} {suffix}", "colormap": colormap, "contrast_limits": contrast_limits(data, how)}
         if role == "phase":
             meta["metadata"] = {"gridmip_unit": "rad" if request.physics is not None else "px^2"}
         outputs.append(Output(data, {**meta, **placement}, "image", role))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from napari_gridmip._jobs import Job, JobResult, LayerDataTuple, Output, ProgressCallback, layer_tuples, staged
-from napari_gridmip._jobs.correlation import STATUS_COLOURS, auto_vector_length, percentile_limits, symmetric_limits
+from napari_gridmip._jobs.correlation import STATUS_COLOURS, auto_vector_length, contrast_limits
 from napari_gridmip._jobs.plan import Call, Plan, Ref, Source
 from napari_gridmip._jobs.world import Frame, derived_placement
 from napari_gridmip.core.correlation.status import Status  # a leaf: no JAX
@@ -217,13 +217,8 @@ LAYER_ORDER = ("zncc", *(f"e_{c}" for c in COMPONENTS), "deviatoric", "volumetri
 
 
 def _limits(values: np.ndarray, how: str) -> tuple[float, float]:
-    if how == "symmetric":
-        return symmetric_limits(values)
-    if how == "from zero":
-        return 0.0, max(percentile_limits(values)[1], 1e-6)
-    if how == "zncc":  # 1 at the top: the good matches read alike, the weaker ones stand out
-        return min(percentile_limits(values)[0], 0.99), 1.0
-    return percentile_limits(values)
+    low, high = contrast_limits(values, how)
+    return (low, max(high, 1e-6)) if how == "from zero" else (low, high)  # a strain-free grid: a range all the same
 
 
 def volume_layers(request: VolumeRequest, values: dict[str, Any], plan: Plan) -> list[LayerDataTuple]:

@@ -56,7 +56,10 @@ def check(cache: Path) -> None:
     assert manifest.package_metadata.name == PLUGIN, manifest.package_metadata.name
     widgets = [w.display_name for w in manifest.contributions.widgets or []]
     samples = [s.key for s in manifest.contributions.sample_data or []]
-    assert len(widgets) == 5, f"the manifest contributes {len(widgets)} widgets: {widgets}"
+    # The installed manifest must dock what the checkout's manifest declares (a widget lost in packaging fails here).
+    declared = npe2.PluginManifest.from_file(checkout / "napari_gridmip" / "napari.yaml")
+    expected = [w.display_name for w in declared.contributions.widgets or []]
+    assert widgets == expected, f"the installed manifest contributes {widgets}, the checkout's {expected}"
     assert samples, "the manifest contributes no samples"
 
     import napari

@@ -198,6 +198,20 @@ def _dic_series_call(i: dict[str, Any]) -> Any:
     return _gm().correlate_series(i["frames"], subset=31, step=8, roi=i["roi"])
 
 
+def _dic_series_turning(o: Options) -> tuple[dict[str, Any], str]:
+    from bench_series import peer_sequence
+
+    n, count = (128, 4) if o.quick else (512, 10)
+    frames, _ = peer_sequence("rotation", count, (n, n))  # 4 degrees a frame about the centre, speckle to the edges
+    return {"frames": frames}, f"{count} x {n}^2 uint8 rotation sequence, 4 degrees a frame, subset 31, step 8"
+
+
+def _dic_series_turning_call(i: dict[str, Any]) -> Any:
+    # under "accelerator": on the default device even where a rule would move the series' IC-GN to the host
+    with _gm().compute_on("accelerator"):
+        return _gm().correlate_series(i["frames"], subset=31, step=8)
+
+
 def _mosaic(o: Options) -> tuple[dict[str, Any], str]:
     from napari_gridmip._sample_data.mosaic import make_mosaic
 
@@ -362,6 +376,8 @@ CASES = [
          _dic_affine_call),
     Case("dic_series", "correlate_series 8 x 512^2 rotation sequence, subset 31, step 8, ROI", _dic_series,
          _dic_series_call, lambda i: None),
+    Case("dic_series_turning", "correlate_series 10 x 512^2, 4 degrees a frame, subset 31, step 8, on the device",
+         _dic_series_turning, _dic_series_turning_call, lambda i: None),
     Case("register_tiles", "register_tiles 6x6 of 512^2, half noisy (broad band), JAX engine", _mosaic,
          _register_tiles_call, lambda i: None),
     Case("track_speckles", "track_speckles K=20 512^2, window 11, subset 5", _tracking,

@@ -76,6 +76,12 @@ MAX_ITERATIONS = 40  # IC-GN steps at most; from a guess within a few px, 4 to 1
 TOLERANCE = 5e-4
 # points of a batch of IC-GN steps (:func:`_bucket`): a sixteenth of the grid, within these bounds
 MIN_BUCKET, MAX_BUCKET = 64, 256
+# on an accelerator (:func:`.runtime.strategy.spline_windows`) a batch is this many points (or the grid): each step is
+# a few launches whatever its size, and its matrix products fill the chip better in large batches
+WINDOW_BUCKET = 512
+# on an accelerator each point reads one square window of the spline's coefficients (:func:`_windowed_spline`): its
+# subset turned by any angle and stretched by this much, plus the spline's 4 taps, rounded up to 8 rows
+WINDOW_STRETCH = 1.06
 # the first pass of a frame, from the previous frame's field carried by the last frame-to-frame motion: its steps at
 # most (from such a guess 2 to 5 are typical; a point still going is retried from its neighbours), and the share of
 # the points it tried that it must find for the whole-image estimate to be skipped
@@ -164,18 +170,85 @@ def _sample(padded: jax.Array, py: jax.Array, px: jax.Array, *, gradient: bool):
     return _spline(padded, py, px)
 
 
-@partial(jax.jit, static_argnames=("subset", "along"))
-def _key_subsets(key: jax.Array, centre: jax.Array, *, subset: tuple[int, int], along: int | None) -> jax.Array:
+def _window_side(subset: tuple[int, int], frame_shape: tuple[int, int]) -> int:
+    """The side of each point's window of coefficients in :func:`_windowed_spline` for ``subset``: its diagonal
+    stretched by ``WINDOW_STRETCH`` plus the spline's 4 taps, a multiple of 8; 0 (gathers) on a backend that
+    gathers well (:func:`.runtime.strategy.spline_windows`) or where the frame's padded coefficients are smaller
+    than a window."""
+    if not strategy.spline_windows():
+        return 0
+    side = int(np.ceil(np.hypot(subset[0] - 1, subset[1] - 1) * WINDOW_STRETCH)) + 4
+    side = -(-side // 8) * 8
+    return side if side <= min(frame_shape) + 4 else 0
+
+
+def _cubic_bspline(t: jax.Array, derivative: bool) -> jax.Array:
+    """The centred cubic B-spline at ``t`` (or its derivative): 0 from ``|t| >= 2`` on, exactly."""
+    a = jnp.abs(t)
+    if derivative:
+        near, far = (1.5 * a - 2) * t, -jnp.sign(t) * (2 - a) ** 2 / 2
+    else:
+        near, far = 2 / 3 - a * a + a * a * a / 2, (2 - a) ** 3 / 6
+    return jnp.where(a < 1, near, jnp.where(a < 2, far, 0))
+
+
+def _windowed_spline(padded: jax.Array, py: jax.Array, px: jax.Array, along: int | None = None, *, side: int
+                     ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """:func:`_spline` at ``(py, px)`` ``(B, S)`` (each row one point's pixels) from one ``side`` x ``side`` window of
+    the coefficients per point, and whether each point's pixels fit in its window ``(B,)`` (their lower knots at
+    most ``side - 4`` rows and columns apart; where not, its values are wrong and the caller takes the gathers).
+
+    The value is ``sum_{r, c} w_y[s, r] window[r, c] w_x[s, c]`` with the B-spline's weights of every window row
+    and column (0 beyond its 4 taps): a batched matrix product and a product summed along rows, in full
+    precision. An accelerator's way: on a TPU an element gather is its slow path (0.3 GB/s,
+    :func:`.runtime.strategy.spline_windows`), where a slice of rows and a matrix product run at its full speed.
+    A point with a NaN position is NaN at its NaN pixels, as with the gathers."""
+    rows, cols = padded.shape
+    lost = jnp.isnan(py) | jnp.isnan(px)
+    # clipped as :func:`_spline` clips; a NaN pixel takes no part in its point's window
+    qy = jnp.clip(jnp.where(lost, 0, py), 0, rows - 5)
+    qx = jnp.clip(jnp.where(lost, 0, px), 0, cols - 5)
+    ky, kx = jnp.floor(qy), jnp.floor(qx)
+    low_y, low_x = (jnp.min(jnp.where(lost, jnp.inf, k), 1) for k in (ky, kx))
+    high_y, high_x = (jnp.max(jnp.where(lost, -jnp.inf, k), 1) for k in (ky, kx))
+    served = ((high_y - low_y <= side - 4) & (high_x - low_x <= side - 4)) | jnp.all(lost, 1)
+    # the window's first row in the padded coefficients (the frame's row 0 is their row 2): the lowest knot's first
+    # tap; past the end it slides back (the taps stay inside)
+    top = jnp.clip(jnp.where(jnp.isfinite(low_y), low_y, 0).astype(jnp.int32) + 1, 0, rows - side)
+    left = jnp.clip(jnp.where(jnp.isfinite(low_x), low_x, 0).astype(jnp.int32) + 1, 0, cols - side)
+    window = jax.vmap(lambda y, x: lax.dynamic_slice(padded, (y, x), (side, side)))(top, left)  # (B, side, side)
+    # each window row's frame position (an integer: the positions' differences from it are exact)
+    offsets = jnp.arange(side, dtype=py.dtype) - 2
+    wy = _cubic_bspline(qy[..., None] - (top[:, None, None] + offsets), along == 0)  # (B, S, side)
+    wx = _cubic_bspline(qx[..., None] - (left[:, None, None] + offsets), along == 1)
+    along_rows = jnp.einsum("bsr,brc->bsc", wy, window, precision=lax.Precision.HIGHEST)
+    return jnp.where(lost, jnp.nan, jnp.sum(along_rows * wx, -1)), served
+
+
+@partial(jax.jit, static_argnames=("subset", "along", "window"))
+def _key_subsets(key: jax.Array, centre: jax.Array, *, subset: tuple[int, int], along: int | None,
+                 window: int = 0) -> jax.Array:  # fmt: skip
     """The spline of the key frame ``key`` (or its derivative ``along`` an axis, :func:`_spline`) at the pixels of
     the subsets centred at ``centre`` ``(P, 2)``, axis-aligned: ``(P, S)``. A program per array
-    (:func:`_spline`)."""
+    (:func:`_spline`). ``window``: the side of :func:`_windowed_spline`'s windows (an accelerator's way; an
+    axis-aligned subset always fits), 0 for the gathers."""
     eta, zeta = warp.subset_offsets(subset, key.dtype)
+    points = centre.shape[0]
+    bucket = _bucket(points, windows=window > 0)
+    if window:
+        batches = -(-points // bucket)
+        padded = jnp.pad(centre, ((0, batches * bucket - points), (0, 0)))
+
+        def batch(c):
+            return _windowed_spline(key, c[:, :1] + eta, c[:, 1:] + zeta, along, side=window)[0]
+
+        return lax.map(batch, padded.reshape(batches, bucket, 2)).reshape(batches * bucket, -1)[:points]
 
     def one(c):
         return _spline(key, c[0] + eta, c[1] + zeta, along)
 
     # a batch of points at a time, as the steps take them (:func:`_bucket`: the whole grid at once left the caches)
-    return lax.map(one, centre, batch_size=_bucket(centre.shape[0]))
+    return lax.map(one, centre, batch_size=bucket)
 
 
 class _Reference(NamedTuple):
@@ -194,21 +267,24 @@ class _Reference(NamedTuple):
     textured: jax.Array  # (P,) bool: its texture predicts a sigma within ``max_sigma`` (False: flat or too thin)
 
 
-def _reference(key, roi, centre, origin, inverse, moved, old, limits, *, subset, shape="affine"):
+def _reference(key, roi, centre, origin, inverse, moved, old, limits, *, subset, shape="affine", window=0,
+               whole=False):  # fmt: skip
     """The :class:`_Reference` of the points ``moved`` ``(P,)`` from the key frame ``key`` (its spline coefficients
     as :func:`_prepared_frame` makes them), ``old``'s elsewhere. ``roi`` ``(M, N)`` float (1 inside) on the
     reference; ``centre`` ``(P, 2)``: each point's position in the key frame; ``origin`` ``(P, 2)``: its reference
     position; ``inverse`` ``(P, 2, 2)``: the map of an offset in the key frame back to the reference (the inverse
     of the point's gradient there); ``limits`` ``(3,)`` float32: the fewest pixels used, the variance of a
     residual's pixel (twice the prefiltered frames' noise) and ``max_sigma`` (traced: no program per value). Four
-    programs for every key frame of a sequence."""
+    programs for every key frame of a sequence. ``window``: :func:`_windowed_spline`'s side (0: gathers);
+    ``whole``: the ROI holds every pixel (its pixels are not looked up)."""
     centre = jnp.asarray(centre)
-    f, fy, fx = (_key_subsets(key, centre, subset=subset, along=along) for along in (None, 0, 1))
-    return _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, subset=subset, shape=shape)
+    f, fy, fx = (_key_subsets(key, centre, subset=subset, along=along, window=window) for along in (None, 0, 1))
+    return _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, subset=subset, shape=shape,
+                          whole=whole)  # fmt: skip
 
 
-@partial(jax.jit, static_argnames=("subset", "shape"))
-def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, *, subset, shape):
+@partial(jax.jit, static_argnames=("subset", "shape", "whole"))
+def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy, fx, *, subset, shape, whole=False):
     """:func:`_reference` from the key subsets' values ``f`` and gradients ``fy``, ``fx`` ``(P, S)``."""
     dtype = key.dtype
     eta, zeta = warp.subset_offsets(subset, dtype)
@@ -222,7 +298,9 @@ def _key_reference(key, roi, centre, origin, inverse, moved, old, limits, f, fy,
     iy, ix = jnp.round(ry).astype(jnp.int32), jnp.round(rx).astype(jnp.int32)
     on_roi = (iy >= 0) & (iy < roi.shape[0]) & (ix >= 0) & (ix < roi.shape[1])
     at = jnp.clip(iy, 0, roi.shape[0] - 1) * roi.shape[1] + jnp.clip(ix, 0, roi.shape[1] - 1)
-    m = jnp.where(in_key & on_roi, jnp.take(roi.ravel(), at, mode="clip"), 0).astype(dtype)
+    # a ROI of every pixel is not looked up: an element gather of every subset pixel, an accelerator's slow path
+    inside = 1 if whole else jnp.take(roi.ravel(), at, mode="clip")
+    m = jnp.where(in_key & on_roi, inside, 0).astype(dtype)
     count = jnp.sum(m, axis=1)
     n = jnp.maximum(count, 7)
     fc = (f - jnp.sum(m * f, 1, keepdims=True) / n[:, None]) * m
@@ -258,8 +336,8 @@ def _no_reference(points: int, subset: tuple[int, int], dtype, shape: str = "aff
     return _Reference(*zeros, np.zeros(points, bool), np.zeros(points, bool))
 
 
-@partial(jax.jit, static_argnames=("subset", "bucket", "shape"))
-def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket, shape="affine"):
+@partial(jax.jit, static_argnames=("subset", "bucket", "shape", "window"))
+def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket, shape="affine", window=0):
     """IC-GN of the points ``which`` ``(P,)`` from ``start`` ``(P, 6)`` (the warp ``(v, v_y, v_x, u, u_y, u_x)``
     from each point's key subset, :class:`_Reference`, to the frame; ``target``: the frame's spline coefficients
     ``(M + 4, N + 4)``, as :func:`_prepared_frame` makes them), ``max_steps`` steps at most (a traced int).
@@ -271,6 +349,10 @@ def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket, s
     does not step (from there the warp never came back into view: its steps read the frame's clipped edge until
     the last one allowed). The ZNCC and the residual's variance are those at the warp before the last increment
     (ncorr's, as :mod:`.affine`'s: it moved no corner by more than the tolerance), which spares a pass.
+
+    ``window``: where not 0, a step reads each point's frame values from one window of the coefficients of this
+    side (:func:`_windowed_spline`, an accelerator's way), a batch whose points do not all fit in theirs by the
+    gathers.
 
     Returns the warp ``(P, 6)``, the ZNCC, ``sigma`` ``(P, 2)``, whether it converged, whether the warped subset
     lies in the frame at the end and at the start, whether enough of the subset is inside the ROI and the key
@@ -311,7 +393,11 @@ def _icgn(ref: _Reference, target, start, which, max_steps, *, subset, bucket, s
         """One step of the points ``active`` among those of ``r``: the new warps, which go on, their steps, and the
         ZNCC, the residual's variance and whether the subset is in view at ``p``."""
         py, px = warp.positions(r.centre[:, 0], r.centre[:, 1], eta, zeta, p)
-        g = _sample(target, py, px, gradient=False)
+        if window:
+            windowed, served = _windowed_spline(target, py, px, side=window)
+            g = lax.cond(jnp.all(served | ~active), lambda: windowed, lambda: _spline(target, py, px))
+        else:
+            g = _sample(target, py, px, gradient=False)
         gc = (g - jnp.sum(r.used * g, 1, keepdims=True) / r.count[:, None]) * r.used
         dg = jnp.sqrt(jnp.sum(gc * gc, 1))
         scale = r.norm / jnp.where(dg > 0, dg, 1)
@@ -375,11 +461,13 @@ class _Points(NamedTuple):
     found: np.ndarray  # (P,) bool
 
 
-def _bucket(points: int) -> int:
+def _bucket(points: int, *, windows: bool = False) -> int:
     """The batch of points of :func:`_icgn` that take a step together: a sixteenth of the grid, from ``MIN_BUCKET``
     to ``MAX_BUCKET`` (the grid's size fixes it, so one program serves every pass of every frame). Small enough for
     a step's arrays to stay in the CPU's caches: the 512^2 grid of 3721 subsets of 31 x 31 took 75 to 80 ms in
     batches of 117 to 466 points, 190 to 240 ms where all of them stepped together until a quarter were left."""
+    if windows:  # an accelerator: large batches (WINDOW_BUCKET)
+        return int(min(points, WINDOW_BUCKET))
     return int(min(points, max(MIN_BUCKET, min(MAX_BUCKET, -(-points // 16)))))
 
 
@@ -665,10 +753,13 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
     noise_variance = 2 * _noise(previous, usable_mask) ** 2 * noise_gain(sigma)  # the residual's, both frames'
     limits = np.array([MIN_PIXELS, noise_variance, max_sigma], np.float32)
     roi_device = jnp.asarray(weights)
+    whole = bool(weights.all())
+    window = _window_side(subset, (rows, cols))
     # every point's key subset (frame 0 to start with), computed once per key frame
     ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
                      np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
-                     _no_reference(points, subset, np.float32, shape), limits, subset=subset, shape=shape)  # fmt: skip
+                     _no_reference(points, subset, np.float32, shape), limits, subset=subset, shape=shape,
+                     window=window, whole=whole)  # fmt: skip
     ref0 = ref  # frame 0's key subsets: the policies other than "accumulated" match against them again
     enough, textured, used = (np.asarray(a) for a in (ref.enough, ref.textured, ref.count))
     usable = in_roi & enough
@@ -801,7 +892,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
                 key_gradient[move] = gradient[move]
                 ref = _reference(target, roi_device, key_position.astype(np.float32), origin.astype(np.float32),
                                  np.linalg.inv(key_gradient).astype(np.float32), move, ref, limits,
-                                 subset=subset, shape=shape)  # fmt: skip
+                                 subset=subset, shape=shape, window=window, whole=whole)  # fmt: skip
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
@@ -919,8 +1010,10 @@ def _run(which, guess_position, guess_gradient, result: _Frame, key_position, ke
         return
     with np.errstate(invalid="ignore"):
         start = _local_start(guess_position, guess_gradient, key_position, key_gradient)
+    window = _window_side(subset, (target.shape[0] - 4, target.shape[1] - 4))
     out = jax.device_get(_icgn(reference, target, start.astype(np.float32), np.asarray(which), np.int32(max_steps),
-                               subset=subset, bucket=_bucket(len(which)), shape=shape))  # fmt: skip
+                               subset=subset, bucket=_bucket(len(which), windows=window > 0), shape=shape,
+                               window=window))  # fmt: skip
     p, zncc, sigma, converged, in_view, started_in_view, enough, _ = (a[chosen] for a in out)
     p, zncc = np.asarray(p, np.float64), np.asarray(zncc, np.float64)
     # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off

@@ -469,6 +469,10 @@ def _temporary_folder() -> str:
 # -- the DIC series: a grid of reference points followed through a sequence of frames --------------------------
 
 SERIES_REFERENCES = ("accumulated", "incremental", "auto")  # correlate_series' reference policies
+SERIES_SHAPES = ("affine", "rigid")  # correlate_series' subset warps: 6 parameters, or translation and rotation (3)
+# correlate_series' defaults of the options the request carries (the widget's and the command line's too)
+SERIES_MAX_SIGMA = 0.1  # px: the largest predicted standard deviation of a kept point's displacement
+SERIES_REFRESH_ZNCC = 0.95  # the ZNCC under which "auto" moves a point's key frame, at which frame 0 is taken back
 STRAIN_KINDS = ("green-lagrange", "small")  # strain_field's kinds; Green-Lagrange ignores rigid rotation
 # the plan's outputs, each (T, R, C): the field, why a point was lost, the match, the uncertainty, the strain
 SERIES_OUTPUTS = ("dy", "dx", "status", "zncc", "sigma_dy", "sigma_dx", "exx", "eyy", "exy")
@@ -496,6 +500,9 @@ class SeriesRequest:
     spacing: int = 8  # px between the arrows
     vector_scale: float = 0.0  # drawn length = displacement x this; 0: automatic, never shorter than the displacement
     strain_kind: str = "green-lagrange"
+    shape: str = "affine"  # the subset's warp, of SERIES_SHAPES
+    max_sigma: float = SERIES_MAX_SIGMA  # px
+    refresh_zncc: float = SERIES_REFRESH_ZNCC
 
     @property
     def count(self) -> int:
@@ -524,6 +531,10 @@ def series_plan(request: SeriesRequest, *, sources: list[Source] | None = None, 
     if any(source.variable == "roi" for source in sources):
         options["roi"] = Ref("roi")
     options["reference"] = request.reference
+    # always written out, defaults too: the script reproduces the run whatever a later version's defaults
+    options["shape"] = request.shape
+    options["max_sigma"] = float(request.max_sigma)
+    options["refresh_zncc"] = float(request.refresh_zncc)
     gradients = Ref("(series.dy_y, series.dy_x, series.dx_y, series.dx_x)")
     calls = [
         Call("correlate_series", ("frames",), (), options, result="series"),

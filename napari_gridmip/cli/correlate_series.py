@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from napari_gridmip._jobs.correlation import SERIES_MAX_SIGMA, SERIES_REFRESH_ZNCC, SERIES_SHAPES
 from napari_gridmip.cli._shared import UsageError, absolute, add_batch_options, check_new
 
 NAME = "correlate-series"
@@ -41,6 +42,22 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
         "--strain", default="green-lagrange", choices=["green-lagrange", "small"],
         help="the strain from each point's own gradients (default: %(default)s, which a rotation leaves at 0)",
     )  # fmt: skip
+    sub.add_argument(
+        "--shape", default="affine", choices=list(SERIES_SHAPES),
+        help="the subset's warp: affine (translation, stretch, shear and rotation; 6 parameters) or rigid "
+        "(translation and rotation; 3 parameters, less noise on parts that move rigidly) (default: %(default)s)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--max-sigma", type=float, default=SERIES_MAX_SIGMA, metavar="PX",
+        help="px: a point is kept only where its subset's texture predicts a displacement standard deviation "
+        "within this; larger keeps more points along the ROI's edges, less precisely (default: %(default)s)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--refresh-zncc", type=float, default=SERIES_REFRESH_ZNCC, metavar="ZNCC",
+        help="incremental and auto: the ZNCC with frame 0 at which a point goes back to frame 0; auto also moves a "
+        "point's reference to the current frame when its ZNCC falls under it; 1: never back to frame 0 "
+        "(default: %(default)s)",
+    )  # fmt: skip
     add_batch_options(sub, scheduler=False)  # one frame at a time, in this process
 
 
@@ -57,6 +74,11 @@ def run(args: argparse.Namespace, compute: Any) -> None:
     check_new(args.out, overwrite=args.overwrite)  # before any work
     if len(args.subset) > 2:
         raise UsageError(f"--subset takes one or two sizes (SH [SW]); got {len(args.subset)}")
+    # the options' ranges before the frames are read (correlate_series checks them again, in its own words)
+    if not 0 < args.max_sigma < float("inf"):  # NaN too
+        raise UsageError(f"--max-sigma must be a positive number of px; got {args.max_sigma}")
+    if not 0 <= args.refresh_zncc <= 1:
+        raise UsageError(f"--refresh-zncc must be a ZNCC in [0, 1]; got {args.refresh_zncc}")
     frames = read_array(args.frames)
     if frames.ndim != 3:
         raise UsageError(f"FRAMES must be a sequence (T, Y, X); {args.frames!r} has shape {frames.shape}")
@@ -67,7 +89,8 @@ def run(args: argparse.Namespace, compute: Any) -> None:
         sources.append(Source("roi", path=absolute(args.roi)))
         inputs["roi"] = read_array(args.roi).compute()
     request = SeriesRequest(args.frames, frames, None, subset=subset, step=args.step, reference=args.reference,
-                            strain_kind=args.strain)  # fmt: skip
+                            strain_kind=args.strain, shape=args.shape, max_sigma=args.max_sigma,
+                            refresh_zncc=args.refresh_zncc)  # fmt: skip
     plan = series_plan(request, sources=sources, display=False)
     from napari_gridmip._jobs import prepare_jax
 

@@ -50,11 +50,32 @@ def test_one_csv_per_frame(inputs, tmp_path):
         (["{inputs}/frames.tif", "--roi", "{inputs}/small_roi.npy", "--out", "o"], "roi must be a mask"),
         (["{inputs}/frames.tif", "--reference", "later", "--out", "o"], "invalid choice: 'later'"),
         (["{inputs}/frames.tif", "--out", "nowhere/o"], "does not exist"),
+        (["{inputs}/frames.tif", "--shape", "quadratic", "--out", "o"], "invalid choice: 'quadratic'"),
+        (["{inputs}/frames.tif", "--max-sigma", "0", "--out", "o"], "--max-sigma must be a positive number of px"),
+        (["{inputs}/frames.tif", "--max-sigma", "nan", "--out", "o"], "--max-sigma must be a positive number of px"),
+        (["{inputs}/frames.tif", "--refresh-zncc", "1.5", "--out", "o"], "--refresh-zncc must be a ZNCC in [0, 1]"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(inputs, tmp_path, args, message):
     done = run(*(a.format(inputs=inputs) for a in args), cwd=tmp_path)
     assert_one_line_error_and_nothing_written(done, message, tmp_path)
+
+
+def test_the_shape_and_thresholds_reach_the_call(inputs, tmp_path):
+    """--shape rigid, --max-sigma and --refresh-zncc are correlate_series' options, recorded in the provenance."""
+    import json
+
+    from napari_gridmip._jobs.plan import KEY
+
+    done = run(str(inputs / "frames.tif"), "--roi", str(inputs / "roi.npy"), "--subset", "21", "--step", "10",
+               "--reference", "auto", "--shape", "rigid", "--max-sigma", "0.05", "--refresh-zncc", "0.9",
+               "--out", "dic", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in (tmp_path / "dic" / "DICe_solution_0001.txt").read_text().splitlines()
+                if line.startswith(f"# {KEY}: "))  # fmt: skip
+    options = json.loads(line.removeprefix(f"# {KEY}: "))["calls"][0]["kwargs"]
+    chosen = {name: options[name] for name in ("reference", "shape", "max_sigma", "refresh_zncc")}
+    assert chosen == {"reference": "auto", "shape": "rigid", "max_sigma": 0.05, "refresh_zncc": 0.9}
 
 
 def test_an_existing_folder_is_kept(inputs, tmp_path):

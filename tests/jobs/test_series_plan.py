@@ -88,6 +88,33 @@ def test_a_reference_image_before_the_frames(rotation, direct, monkeypatch):
     np.testing.assert_array_equal(np.asarray(replayed["dy"]), direct["dy"])
 
 
+def test_the_shape_and_thresholds_are_the_calls(rotation, monkeypatch):
+    """The rigid warp, max_sigma and refresh_zncc reach correlate_series as the request gives them, and the script
+    says them (the defaults too: it reproduces the run whatever a later version's defaults)."""
+    from napari_gridmip._jobs.correlation import SERIES_MAX_SIGMA, SERIES_REFRESH_ZNCC, SERIES_SHAPES
+    from napari_gridmip.core.correlation import series as core
+
+    # the request's defaults are the function's (the job module imports no JAX, so it keeps its own copies)
+    assert SERIES_SHAPES == core.SHAPES and SERIES_MAX_SIGMA == core.MAX_SIGMA
+    assert SERIES_REFRESH_ZNCC == core.correlate_series.__kwdefaults__["refresh_zncc"]
+    default = series_plan(request_of(*rotation[:2])).script()
+    assert "shape='affine'" in default and "max_sigma=0.1" in default and "refresh_zncc=0.95" in default
+    frames, roi, _ = rotation
+    options = {"reference": "auto", "shape": "rigid", "max_sigma": 0.05, "refresh_zncc": 0.9}
+    request = request_of(frames, roi, **options)
+    script = series_plan(request).script()
+    assert "reference='auto', shape='rigid', max_sigma=0.05, refresh_zncc=0.9" in script
+    result = make_series_job(request).run(Steps())
+    layers = by_role(result)
+    expected = gm.correlate_series(frames, subset=31, step=8, roi=roi, **options)
+    for name in ("dy", "dx", "status"):
+        np.testing.assert_array_equal(layers[name], getattr(expected, name), err_msg=name)
+    # a rotation's gradients: no strain (Green-Lagrange), to rounding
+    assert np.nanmax(np.abs(layers["exx"])) < 1e-5
+    replayed = replay_layers(result, {"frames": frames, "roi": roi}, monkeypatch)
+    np.testing.assert_array_equal(np.asarray(replayed["dy"]), layers["dy"])
+
+
 def test_cancel_stops_between_frames(rotation):
     frames, roi, _ = rotation
     steps = Steps(stop_after=2)  # the reference frame's report, then one frame: the second frame's report raises

@@ -45,6 +45,7 @@ DATA_ARGUMENTS = {
     "find_displacement": ("img1", "img2", "window"),
     "correlate_series": ("frames",),
     "correlate_volumes": ("reference", "deformed"),
+    "correlate_volume_series": ("volumes",),
     "volume_strain": ("result",),
     "displacement_vectors": ("dy", "dx"),
     "filter_tiled": ("image", "tile"),

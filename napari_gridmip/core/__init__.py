@@ -38,6 +38,7 @@ _API = {
     "find_displacement": "correlation.maps",
     "correlate_series": "correlation.series",
     "correlate_volumes": "correlation.volumes",
+    "correlate_volume_series": "correlation.volume_series",
     "volume_strain": "correlation.strain3d",
     "displacement_vectors": "correlation.vectors",
     "integrate_gradient": "correlation.fields",

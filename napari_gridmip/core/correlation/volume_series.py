@@ -388,11 +388,11 @@ def correlate_volume_series(
     Raises
     ------
     ValueError
-        If ``volumes`` is not 4D, holds fewer than 2 time points or is empty, ``roi`` is not of one volume's
-        shape, the subset is even, under 5 or larger than a volume, ``reference`` or ``shape`` is not one of
-        their names, or an option is out of its range.
+        If ``volumes`` is not 4D, holds fewer than 2 time points, is empty, not real or has non-finite voxels,
+        ``roi`` is not of one volume's shape, the subset is even, under 5 or larger than a volume, ``reference``
+        or ``shape`` is not one of their names, or an option is out of its range.
     TypeError
-        If ``volumes`` is not real, ``roi`` is not a mask, or an option has the wrong type.
+        If ``roi`` is not a mask, or an option has the wrong type.
 
     References
     ----------

@@ -135,6 +135,22 @@ def test_auto_keeps_every_point_accumulated_keeps(results, case):
     np.testing.assert_allclose(auto.dx[kept], accumulated.dx[kept], atol=1e-3)
 
 
+def test_auto_moves_a_key_whose_zncc_falls_and_goes_back_to_volume_0_where_it_matches_again(turning):
+    # with noise, the ZNCC with volume 0 is about 0.998: a refresh at 0.999 moves some keys and brings some back
+    volumes, truth = turning
+    noisy = volumes + 0.01 * np.random.default_rng(5).standard_normal(volumes.shape).astype(np.float32)
+    accumulated = gm.correlate_volume_series(noisy, **OPTIONS)
+    auto = gm.correlate_volume_series(noisy, reference="auto", refresh_zncc=0.999, **OPTIONS)
+    ok = auto.status == Status.ok
+    assert np.all(ok[accumulated.status == Status.ok])
+    keys = [set(np.unique(auto.key_frame[t][ok[t]]).tolist()) for t in range(len(volumes))]
+    assert keys[1] == {0} and keys[2] > {0} and keys[3] > {0}, keys  # moved, and some back on (or still on) 0
+    assert {1, 2} & keys[3], keys
+    for t in range(1, len(volumes)):
+        errors = _errors(auto, truth, t)[ok[t]]
+        assert np.sqrt(np.mean(errors**2)) < 0.03 and errors.max() < 0.1
+
+
 def test_a_point_out_of_view_is_nan_with_its_status_and_is_found_again_when_it_comes_back():
     # along x, 3 voxels, then 7 (the last column's subsets, x = 29 +- 5, leave the volume), then back to 2
     volumes, truth = _series([np.eye(3)] * 4, [(0, 0, 0), (0, 0, 3), (0, 0, 7), (0, 0, 2)])

@@ -12,7 +12,10 @@ from napari.layers import Image, Labels, Shapes, Vectors
 
 from napari_gridmip._jobs import Job, JobResult
 from napari_gridmip._jobs.correlation import (
+    SERIES_MAX_SIGMA,
     SERIES_REFERENCES,
+    SERIES_REFRESH_ZNCC,
+    SERIES_SHAPES,
     CorrelationRequest,
     SeriesRequest,
     make_correlation_job,
@@ -91,6 +94,39 @@ class CorrelationWidget(JobWidget):
             tooltip="accumulated: every frame against frame 0 (no drift). incremental: each point against the last "
             "frame it was found in (large deformation, errors add up). auto: a point's reference moves on when its "
             "match with the old one weakens",
+        )
+        # the DIC series' advanced options: its subset's warp and the two thresholds (correlate_series')
+        self.series_shape = ComboBox(
+            name="series_shape",
+            label="Subset shape",
+            choices=list(SERIES_SHAPES),
+            value="affine",
+            tooltip="The warp each subset is fitted with. affine: translation, stretch, shear and rotation (6 "
+            "parameters; follows deformation). rigid: translation and rotation only (3 parameters): less noise on "
+            "parts that move without deforming; their strain is then 0",
+        )
+        self.max_sigma = FloatSpinBox(
+            name="max_sigma",
+            label="Max. sigma (px)",
+            value=SERIES_MAX_SIGMA,
+            min=0.001,
+            max=10.0,
+            step=0.01,
+            tooltip="px: a point is kept only where its subset's texture (within the region of interest) predicts a "
+            "displacement standard deviation within this; others are lost as not_significant. Larger keeps more "
+            "points along the ROI's edges and on faint speckle, less precise ones",
+        )
+        self.max_sigma.native.setDecimals(3)  # 0.1 px by default; a few hundredths are common
+        self.refresh_zncc = FloatSpinBox(
+            name="refresh_zncc",
+            label="Refresh ZNCC",
+            value=SERIES_REFRESH_ZNCC,
+            min=0.0,
+            max=1.0,
+            step=0.01,
+            tooltip="ZNCC, 0 to 1 (incremental and auto references). auto: a point's reference moves to the "
+            "current frame when its match with the old one falls under this. Both: a point goes back to frame 0 "
+            "where its match with frame 0 reaches this (no drift while frame 0 still matches); 1: never back",
         )
         self.window_rows = _odd_spin("window_rows", "Window rows (odd)", 9)
         self.window_cols = _odd_spin("window_cols", "Window cols (odd)", 9)
@@ -214,6 +250,9 @@ class CorrelationWidget(JobWidget):
             advanced=[
                 self.subpixel,
                 self.subset_shape,
+                self.series_shape,
+                self.max_sigma,
+                self.refresh_zncc,
                 self.precision,
                 self.spacing,
                 self.vector_scale,
@@ -222,6 +261,7 @@ class CorrelationWidget(JobWidget):
         )
         self.vector_scale.changed.connect(self._rescale_vectors)
         self.mode.changed.connect(self._show_mode)
+        self.reference_policy.changed.connect(self._show_mode)
         self.out_strain.changed.connect(self._show_mode)
         self.out_phase.changed.connect(self._show_mode)
         self._show_mode()
@@ -249,7 +289,11 @@ class CorrelationWidget(JobWidget):
             self.step: mode == PAIR or series,
             self.subpixel: pair,
             self.subset_shape: mode == PAIR,
+            self.series_shape: series,
+            self.max_sigma: series,
+            self.refresh_zncc: series and self.reference_policy.value != "accumulated",  # unused by accumulated
             self.neighbours: mode == TIME_SERIES,
+            self.precision: not series,  # correlate_series computes in float32
             self.outputs: pair,
             self.strain_window: pair and self.out_strain.value,
             self.pixel_size: pair and self.out_phase.value,
@@ -495,6 +539,9 @@ class CorrelationWidget(JobWidget):
             roi_data=roi_data,
             spacing=int(self.spacing.value),
             vector_scale=float(self.vector_scale.value),
+            shape=self.series_shape.value,
+            max_sigma=float(self.max_sigma.value),
+            refresh_zncc=float(self.refresh_zncc.value),
         )
 
     def _roi_source(self, shape: tuple[int, int], frames: Any) -> tuple[Source | None, Any]:

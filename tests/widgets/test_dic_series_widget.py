@@ -78,6 +78,40 @@ def test_the_sample_runs_with_the_time_axis(viewer_and_widget, wait_idle, small_
         np.testing.assert_array_equal(np.asarray(namespace["results"][layer.name]), layer.data, err_msg=layer.name)
 
 
+@pytest.mark.slow  # a second run of the sample, with programs of its own
+def test_the_advanced_options_reach_the_run(viewer_and_widget, wait_idle, small_series):
+    """The rigid warp, Max. sigma and Refresh ZNCC, set in the Advanced section, are the run's and its script's."""
+    viewer, widget = viewer_and_widget
+    viewer.open_sample("napari-gridmip", "dic-series")
+    frames, roi = viewer.layers[NAME], viewer.layers["DIC series ROI"]
+    widget.advanced.native.click()  # open the section
+    shown = [widget[name].native.isVisibleTo(widget.native) for name in ("series_shape", "subset_shape")]
+    assert shown == [True, False]  # the series' warp, not the pair's
+
+    def count():
+        text = widget.advanced.text
+        return int(text[text.index("(") + 1 : -1]) if text.endswith(")") else 0
+
+    before = count()  # the sample's own suggestion (the arrows' spacing) is one
+    widget.reference_policy.value = "auto"
+    widget.series_shape.value = "rigid"
+    widget.max_sigma.value = 0.05
+    widget.refresh_zncc.value = 0.9
+    assert count() == before + 3  # three more options differ from their defaults
+    run(widget, wait_idle)
+    options = {"reference": "auto", "shape": "rigid", "max_sigma": 0.05, "refresh_zncc": 0.9}
+    expected = gm.correlate_series(frames.data, subset=31, step=8, roi=roi.data, **options)
+    np.testing.assert_array_equal(viewer.layers[f"{NAME} dy"].data, expected.dy)
+    np.testing.assert_array_equal(viewer.layers[f"{NAME} status"].data, expected.status)
+    assert np.nanmax(np.abs(viewer.layers[f"{NAME} exx"].data)) < 1e-5  # a rigid warp: no strain
+    widget.copy_button.native.click()
+    script = QApplication.clipboard().text()
+    assert "reference='auto', shape='rigid', max_sigma=0.05, refresh_zncc=0.9" in script
+    namespace = {}
+    exec(compile(script, "<copied>", "exec"), namespace)
+    np.testing.assert_array_equal(np.asarray(namespace["results"][f"{NAME} dy"]), expected.dy)
+
+
 def test_cancel_between_frames_adds_nothing(viewer_and_widget, wait_idle, small_series, qtbot, monkeypatch):
     monkeypatch.setenv("NAPARI_GRIDMIP_PREFETCH", "0")
     viewer, widget = viewer_and_widget
@@ -118,9 +152,16 @@ def test_its_controls_and_inputs(viewer_and_widget, monkeypatch):
     widget.mode.value = SERIES
     assert all(shown("frames", "first_frame", "roi", "subset_rows", "subset_cols", "step", "reference_policy"))
     assert not any(shown("img1", "img2", "movie", "window_rows", "outputs", "neighbours", "show_surface"))
+    assert not any(shown("series_shape", "max_sigma", "refresh_zncc"))  # in the Advanced section, closed
+    widget.advanced.native.click()
+    assert all(shown("series_shape", "max_sigma")) and not any(shown("refresh_zncc", "subset_shape", "precision"))
+    widget.reference_policy.value = "incremental"  # the refresh threshold is the incremental and auto policies'
+    assert all(shown("refresh_zncc"))
     widget.mode.value = PAIR
-    assert not any(shown("frames", "first_frame", "roi", "reference_policy"))
+    assert not any(shown("frames", "first_frame", "roi", "reference_policy", "series_shape", "max_sigma"))
+    assert not any(shown("refresh_zncc")) and all(shown("subset_shape", "precision"))
     widget.mode.value = SERIES
+    widget.advanced.native.click()  # closed again
 
     rng = np.random.default_rng(0)
     stack = viewer.add_image(rng.random((3, 64, 80)).astype(np.float32), name="stack")
@@ -130,6 +171,11 @@ def test_its_controls_and_inputs(viewer_and_widget, monkeypatch):
     widget.subset_rows.value = widget.subset_cols.value = 15
     request = widget.series_request()
     assert request.count == 4 and request.reference_name == "reference" and request.subset == (15, 15)
+    assert (request.shape, request.max_sigma, request.refresh_zncc) == ("affine", 0.1, 0.95)  # the defaults
+    widget.series_shape.value, widget.max_sigma.value, widget.refresh_zncc.value = "rigid", 0.25, 0.8
+    request = widget.series_request()
+    chosen = (request.reference, request.shape, request.max_sigma, request.refresh_zncc)
+    assert chosen == ("incremental", "rigid", 0.25, 0.8)
     assert request.roi.expression == "viewer.layers['Shapes'].to_labels(labels_shape=(64, 80))"
     np.testing.assert_array_equal(request.roi_data, shapes.to_labels(labels_shape=(64, 80)))
     assert request.roi_data[30, 30] and not request.roi_data[5, 5]

@@ -164,6 +164,37 @@ def test_a_point_out_of_view_is_nan_with_its_status_and_is_found_again_when_it_c
     assert np.max(_errors(result, truth, 3)) < 0.02
 
 
+def _margin(truth, result, t, half):
+    """How far (voxels) each point's subset, carried by the known map, stays inside the volume (< 0: it leaves)."""
+    corners = half * (2 * np.array(list(np.ndindex(2, 2, 2)), np.float64) - 1)
+    points = np.stack(np.meshgrid(result.z, result.y, result.x, indexing="ij"), -1)[..., None, :] + corners
+    moved = np.einsum("ij,...j->...i", truth["matrices"][t], points - truth["centre"]) + truth["centre"]
+    moved = moved + truth["shifts"][t]
+    return np.minimum(moved + 0.5, SIZE - 0.5 - moved).min((-1, -2))
+
+
+def test_large_accumulated_motion_is_followed_volume_by_volume():
+    # by volume 5 the content moved (11.5, -5.5, 23) voxels and turned 5 degrees: far beyond the search's 4 voxels
+    shifts = [np.array([2.3, -1.1, 4.6]) * t for t in range(6)]
+    volumes, truth = _series([_turn(1.0 * t) for t in range(6)], shifts, noise=0.01)
+    result = gm.correlate_volume_series(volumes, **OPTIONS)
+    for t in range(1, 6):
+        margin = _margin(truth, result, t, OPTIONS["subset"] // 2)
+        ok = result.status[t] == Status.ok
+        assert np.all(ok[margin > 0.3]) and not np.any(ok[margin < -0.3]), t
+        assert np.all(result.status[t][margin < -0.3] == Status.out_of_view)
+        assert ok.sum() >= 9 and _errors(result, truth, t)[ok].max() < 0.05
+
+
+def test_the_first_volume_pair_is_correlate_volumes_answer(turning):
+    volumes, _ = turning
+    pair = gm.correlate_volumes(volumes[0], volumes[1], **OPTIONS)
+    series = gm.correlate_volume_series(volumes[:2], **OPTIONS)
+    np.testing.assert_array_equal(series.status[1], pair.status)
+    for name in ("dz", "dy", "dx"):  # started elsewhere, both stop within the tolerance
+        np.testing.assert_allclose(getattr(series, name)[1], getattr(pair, name), atol=2e-3)
+
+
 def test_dask_volumes_read_a_time_point_at_a_time_give_the_same_answer(translating):
     volumes, _ = translating
     lazy = da.from_array(volumes, chunks=(1, 20, SIZE, SIZE))

@@ -32,7 +32,7 @@ displacements are composed through the points themselves, never through an inter
 Each volume is read whole, one at a time (dask and Zarr series too), and held while it is some point's key frame;
 each key frame's subsets (their gradients and Hessians) are prepared once, so that a frame against volume 0 only
 interpolates itself. With a region of interest (on volume 0), a later key frame's subsets use the ROI carried by
-the affine map fitted to the points found in that frame.
+the affine map fitted to the points found in that frame (else the last one, carried by the whole translation).
 
 References
 ----------
@@ -667,7 +667,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
             centre = np.rint(result.position)
             move &= np.all((centre >= half) & (centre <= np.asarray(size) - 1 - half), 1)  # the subset in the volume
             if move.any():
-                key = _Key(volume, key_weights(fitted), points, run=run)
+                key = _Key(volume, key_weights(whole), points, run=run)
                 # a carried ROI's subset keeps ``min_inside`` of the voxels it used in volume 0
                 least = min_inside * count0[move] if mask is not None else 0.0
                 good = key.prepare(move, centre[move].astype(np.int32), least)

@@ -22,15 +22,44 @@ canvas kept; each PNG must stay under 300 KB.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
 OUT = Path(__file__).parent / "images"
+# the widgets of this checkout, whichever napari-gridmip is installed (``python docs/screenshots.py`` puts docs/, not
+# the checkout, on the path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 WINDOW = (1400, 900)
 MAX_BYTES = 300_000
 FLAT_PHOTONS, FLAT_DARK = 2000.0, 100.0  # the flat-field shots' camera (bench_stitch.py's camera case)
+# the pictures of a widget on its sample, in the order they are made (main's cases)
+PICTURES = ("mipmap_3d", "mipmap_2d", "patches", "stitch", "tiled", "correlation", "correlation_map",
+            "correlation_dic", "correlation_speckle", "correlation_calcium", "correlation_surface", "dic_series",
+            "dvc_widget")  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Make the README's and docs' screenshots from a real napari viewer, into docs/images/.",
+        epilog="examples:\n  xvfb-run -a python docs/screenshots.py dvc_widget dic_series\n"
+        "  xvfb-run -a python docs/screenshots.py --flat-field",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "pictures", nargs="*", metavar="NAME",
+        help=f"only these pictures (default: all of them, then the three sets below): {', '.join(PICTURES)}",
+    )  # fmt: skip
+    parser.add_argument("--mipmap-tools", action="store_true", help="only the mipmap widget's slider, crop and render")
+    parser.add_argument("--flat-field", action="store_true", help="only the Stitch tiles widget's flat-field pictures")
+    parser.add_argument("--microscope-file", action="store_true", help="only the Stitch tiles widget on an OME-TIFF")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.pictures if name not in PICTURES]
+    if unknown:
+        parser.error(f"no picture named {', '.join(map(repr, unknown))}; the pictures: {', '.join(PICTURES)}")
+    return args
 
 
 def wait_for(app, widget, timeout_s: float = 300.0) -> None:
@@ -353,7 +382,20 @@ def at_frame(t: int):
     return prepare
 
 
+def dvc_clicked_point(viewer, widget, app) -> None:
+    """The DVC result in 3D: the arrows (coloured by magnitude) and the lost points over the reference volume, the
+    arrows' layer selected and a grid point clicked (its values in the widget)."""
+    arrows = next(layer for layer in viewer.layers if layer.name.endswith(" displacement"))
+    for layer in viewer.layers:
+        layer.visible = layer is arrows or layer.name.endswith(" status") or layer.name == "DVC reference"
+    viewer.layers.selection.active = arrows
+    dz = next(layer for layer in viewer.layers if layer.name.endswith(" dz"))
+    centre = tuple(n // 2 for n in dz.data.shape)
+    widget.show_point(dz.data_to_world(centre))
+
+
 def main() -> None:
+    args = parse_args()  # before napari: --help and a misspelt name answer at once
     import os
     import tempfile
 
@@ -365,18 +407,19 @@ def main() -> None:
     from napari_gridmip._widgets.patches_widget import PatchesWidget
     from napari_gridmip._widgets.stitch_widget import StitchWidget
     from napari_gridmip._widgets.tiled_widget import TiledWidget
+    from napari_gridmip._widgets.volume_widget import VolumeWidget
 
     os.environ.setdefault("NAPARI_GRIDMIP_CONFIG_DIR", tempfile.mkdtemp())  # leave the user's settings alone
     OUT.mkdir(exist_ok=True)
     app = QApplication.instance() or QApplication([])
     window = {"window_rows": 15, "window_cols": 15}
-    if "--mipmap-tools" in sys.argv:  # only the mipmap widget's tools
+    if args.mipmap_tools:  # only the mipmap widget's tools
         mipmap_tools(app)
         return
-    if "--flat-field" in sys.argv:  # only the Stitch tiles widget without and with flat-field correction
+    if args.flat_field:  # only the Stitch tiles widget without and with flat-field correction
         flat_field_shots(app)
         return
-    if "--microscope-file" in sys.argv:  # only the Stitch tiles widget on an OME-TIFF, in micrometres
+    if args.microscope_file:  # only the Stitch tiles widget on an OME-TIFF, in micrometres
         microscope_file_shot(app)
         return
     cases = [
@@ -392,6 +435,7 @@ def main() -> None:
         ("correlation_calcium", CorrelationWidget, "Correlation map", "calcium", {}, 2),
         ("correlation_surface", CorrelationWidget, "Correlation map", "dic", {}, 2),
         ("dic_series", CorrelationWidget, "Correlation map", "dic-series", {}, 2),
+        ("dvc_widget", VolumeWidget, "Digital volume correlation", "dvc", {}, 3),
     ]
     prepare = {
         "stitch": only_layers("mosaic", "tile placement", "pairs"),
@@ -401,8 +445,13 @@ def main() -> None:
         "correlation_calcium": side_by_side("calcium movie", "correlation image"),
         "correlation_surface": click_a_pixel,
         "dic_series": at_frame(3),
+        "dvc_widget": dvc_clicked_point,
     }
-    only = set(sys.argv[1:])  # e.g. `python docs/screenshots.py correlation_dic`: those only
+    assert tuple(case[0] for case in cases) == PICTURES
+    # a rotated cube's outline is up to sqrt(3) times its side: zoomed out further than the occupancy volume (which
+    # fills less of its box), so that no corner is cut; a 3D speckle volume needs a smaller palette to stay small
+    zoom, colors = {"dvc_widget": 0.5}, {"dvc_widget": 64}
+    only = set(args.pictures)  # e.g. `python docs/screenshots.py correlation_dic`: those only
     for name, widget_class, title, sample, fields, ndisplay in cases:
         if only and name not in only:
             continue
@@ -424,10 +473,10 @@ def main() -> None:
         if ndisplay == 3:
             camera = viewer.scene.camera if hasattr(viewer, "scene") else viewer.camera
             camera.angles = (-20, 30, 145)
-            camera.zoom *= 0.75
+            camera.zoom *= zoom.get(name, 0.75)
         for _ in range(20):
             app.processEvents()
-        shoot(viewer, name)
+        shoot(viewer, name, colors.get(name, 256))
         viewer.close()
     if not only:  # named pictures only: the others stay as they are
         mipmap_tools(app)

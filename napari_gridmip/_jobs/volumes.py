@@ -227,7 +227,9 @@ def volume_layers(request: VolumeRequest, values: dict[str, Any], plan: Plan) ->
     arrows over the volume."""
     name = request.name
     placement = grid_placement(request)
-    kind = "small strain" if request.strain_kind == "small" else "Green-Lagrange"
+    # the tensor's name before the component, short: napari's layer list elides a long name's middle, and "DVC
+    # reference small strain yx" read "DVC reference...all strain yx"
+    kind = "strain" if request.strain_kind == "small" else "Green-Lagrange"
     outputs = []
     for role in LAYER_ORDER:
         data = np.asarray(values[role], np.float32)

@@ -307,18 +307,19 @@ class VolumeWidget(JobWidget):
         half, step = grid["subset"] // 2, grid["step"]
         voxel = tuple(half + step * i for i in at[-3:])
         where = f"time point {at[0] + 1}, " if len(at) == 4 else ""
-        text = f"{where}voxel (z, y, x) = {voxel}: status {status.name}"
-        if np.isfinite(zncc):
-            text += f"; ZNCC {zncc:.4f} (residual 1 - ZNCC {1 - zncc:.2g})"
+        lines = [f"{where}voxel (z, y, x) = {voxel}: status {status.name}"]
         if status == Status.ok:
-            text += f"; d = ({dz:.3f}, {dy:.3f}, {dx:.3f}) vox"
+            lines.append(f"d (z, y, x) = ({dz:.3f}, {dy:.3f}, {dx:.3f}) vox")
             if self._sigma is not None and self._sigma.shape[:-1] == layers["dz"].data.shape:
                 sigma = self._sigma[at]
-                text += f"; sigma = ({sigma[0]:.2g}, {sigma[1]:.2g}, {sigma[2]:.2g}) vox"
-        self.point_info.value = text
-        self.point_info.tooltip = text
-        self._viewer.status = text
-        return text
+                lines.append(f"sigma = ({sigma[0]:.2g}, {sigma[1]:.2g}, {sigma[2]:.2g}) vox")
+        if np.isfinite(zncc):
+            lines.append(f"ZNCC {zncc:.4f} (residual 1 - ZNCC {1 - zncc:.2g})")
+        # a line each in the widget (a paragraph of numbers reads badly), one line in the status bar
+        self.point_info.value = "\n".join(lines)
+        self.point_info.tooltip = self.point_info.value
+        self._viewer.status = "; ".join(lines)
+        return self.point_info.value
 
     def _detach_clicks(self) -> None:
         for ref in self._clicked:

@@ -67,6 +67,9 @@ def test_the_job_finds_the_known_field_and_places_its_layers(pair, ran):
     np.testing.assert_allclose(meta["scale"], request.frame.scale)
     assert "100% found" in result.summary
     assert result.details["sigma"].shape == (*dz.shape, 3)
+    # short names (napari's layer list elides a long name's middle): the tensor's, then the component
+    names = {role: meta["name"] for role, (_, meta, _) in layers.items()}
+    assert names["e_yx"] == "ref strain yx" and names["volumetric"] == "ref volumetric strain"
     assert steps[-1][0] == steps[-1][1] and len(steps) >= 4  # a step before and after each call
 
 

@@ -88,6 +88,9 @@ def test_the_sample_end_to_end(viewer_and_widget, wait_idle):
     text = widget.point_info.value
     assert "voxel (z, y, x) = (14, 22, 30)" in text and "status ok" in text and "ZNCC 0.9" in text, text
     assert f"{dz.data[1, 2, 3]:.3f}" in text and "sigma" in text
+    # a line each (the widget is narrow), one line in the status bar
+    assert [line.split(" ")[0] for line in text.splitlines()] == ["voxel", "d", "sigma", "ZNCC"]
+    assert viewer.status == text.replace("\n", "; ")
     # in 3D: the front point on the clicked ray, looking down z
     widget.point_info.value = ""
     click(vectors, reference.data_to_world((-20.0, half + STEP, half + 2 * STEP)), (1.0, 0.0, 0.0), (0, 1, 2))

@@ -49,6 +49,7 @@ J. Westerweel, F. Scarano, "Universal outlier detection for PIV data", Exp. Flui
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -66,7 +67,7 @@ from napari_gridmip.core.correlation._global_motion import estimate_motion
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, noise_gain, radius, smooth_frames
 from napari_gridmip.core.correlation.status import Status
 from napari_gridmip.core.correlation.subsets import _spline_coefficients
-from napari_gridmip.core.runtime import strategy
+from napari_gridmip.core.runtime import sharding, strategy
 
 REFERENCES = ("accumulated", "incremental", "auto")
 SHAPES = ("affine", "rigid")
@@ -753,15 +754,16 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
     noise_variance = 2 * _noise(previous, usable_mask) ** 2 * noise_gain(sigma)  # the residual's, both frames'
     limits = np.array([MIN_PIXELS, noise_variance, max_sigma], np.float32)
     roi_device = jnp.asarray(weights)
-    whole = bool(weights.all())
+    whole_roi = bool(weights.all())  # no ROI, or one of every pixel
     window = _window_side(subset, (rows, cols))
     # every point's key subset (frame 0 to start with), computed once per key frame
-    ref = _reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
-                     np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
-                     _no_reference(points, subset, np.float32, shape), limits, subset=subset, shape=shape,
-                     window=window, whole=whole)  # fmt: skip
+    spread = _Spread(points)
+    ref = spread.reference(coefficients(previous), roi_device, origin.astype(np.float32), origin.astype(np.float32),
+                           np.broadcast_to(np.eye(2, dtype=np.float32), (points, 2, 2)), np.ones(points, bool),
+                           _no_reference(spread.padded, subset, np.float32, shape), limits, subset=subset,
+                           shape=shape, window=window, whole=whole_roi)  # fmt: skip
     ref0 = ref  # frame 0's key subsets: the policies other than "accumulated" match against them again
-    enough, textured, used = (np.asarray(a) for a in (ref.enough, ref.textured, ref.count))
+    enough, textured, used = (np.asarray(a)[:points] for a in (ref.enough, ref.textured, ref.count))
     usable = in_roi & enough
     flat = {name: out[name].reshape(count, -1) for name in out}
     flat_status = status.reshape(count, -1)
@@ -791,7 +793,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
         tried = usable & state.found
         guess_position, guess_gradient = _carried(pace, state)
         _run(tried, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc,
-             max_steps=PREDICTED_STEPS, shape=shape)  # fmt: skip
+             max_steps=PREDICTED_STEPS, shape=shape, spread=spread)  # fmt: skip
         accepted = result.accepted(min_zncc)
         position, _ = result.positions(key_position, key_gradient)
         fitted = _affine_fit(origin[accepted], position[accepted])
@@ -802,7 +804,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
             guess_gradient[lost] = fitted[:, :2]
             has_guess = tried | lost
             _run(lost, guess_position, guess_gradient, result, key_position, key_gradient, ref, target, subset,
-                 min_zncc, shape=shape)  # fmt: skip
+                 min_zncc, shape=shape, spread=spread)  # fmt: skip
         else:  # a jump: every point from the whole-image motion between the two frames
             estimate = estimate_motion(previous, current, rotation=rotation)
             trusted = estimate.score >= MIN_GLOBAL_SCORE
@@ -817,7 +819,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
                 has_guess &= state.found  # a lost point's only guess was the whole-image motion
             result.forget(~accepted)  # what the carried guess did not find is the estimate's to say
             _run(has_guess & ~accepted, guess_position, guess_gradient, result, key_position, key_gradient, ref, target,
-                 subset, min_zncc, shape=shape)  # fmt: skip
+                 subset, min_zncc, shape=shape, spread=spread)  # fmt: skip
             has_guess |= tried
         accepted = result.accepted(min_zncc)
         for _ in range(PROPAGATION_ROUNDS):
@@ -829,7 +831,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
                 break
             result.tried_from_neighbours |= retry
             _run(retry, nb_position, nb_gradient, result, key_position, key_gradient, ref, target, subset, min_zncc,
-                 shape=shape)  # fmt: skip
+                 shape=shape, spread=spread)  # fmt: skip
             has_guess |= retry
             accepted = result.accepted(min_zncc)
 
@@ -839,7 +841,7 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
         if reference != "accumulated":
             on_reference = _back_to_reference(result, accepted, usable & (key_index != 0), state, pace, grid, origin,
                                               key_position, key_gradient, ref0, target, subset, min_zncc, refresh_zncc,
-                                              shape)  # fmt: skip
+                                              shape, spread)  # fmt: skip
             frame_index[on_reference], frame_position[on_reference] = 0, origin[on_reference]
             frame_gradient[on_reference] = np.eye(2)
             accepted = result.accepted(min_zncc)
@@ -884,15 +886,16 @@ def _correlate_series(frames, *, subset, step, roi, reference, shape, min_zncc, 
             back = found & on_reference & (key_index != 0) & (reference == "auto")
             if back.any():
                 key_index[back], key_position[back], key_gradient[back] = 0, origin[back], np.eye(2)
-                ref = _chosen(back, ref0, ref)
+                ref = _chosen(spread.pad(back), ref0, ref)
             move = found & ((reference == "incremental") | (result.zncc < refresh_zncc))
             if move.any():
                 key_index[move] = t
                 key_position[move] = position[move]
                 key_gradient[move] = gradient[move]
-                ref = _reference(target, roi_device, key_position.astype(np.float32), origin.astype(np.float32),
-                                 np.linalg.inv(key_gradient).astype(np.float32), move, ref, limits,
-                                 subset=subset, shape=shape, window=window, whole=whole)  # fmt: skip
+                ref = spread.reference(target, roi_device, key_position.astype(np.float32),
+                                       origin.astype(np.float32), np.linalg.inv(key_gradient).astype(np.float32),
+                                       move, ref, limits, subset=subset, shape=shape, window=window,
+                                       whole=whole_roi)  # fmt: skip
         if progress is not None:
             progress(t + 1, count)
     return Series(y=grid_y, x=grid_x, status=status, key_frame=key_frame, motion=motion, **out)
@@ -905,7 +908,8 @@ def _chosen(which, new: _Reference, old: _Reference) -> _Reference:
 
 
 def _back_to_reference(result: _Frame, accepted, keyed, state: _Points, pace, grid, origin, key_position, key_gradient,
-                       ref0: _Reference, target, subset, min_zncc, refresh_zncc, shape) -> np.ndarray:  # fmt: skip
+                       ref0: _Reference, target, subset, min_zncc, refresh_zncc, shape, spread: _Spread
+                       ) -> np.ndarray:  # fmt: skip
     """The points ``keyed`` (whose key frame is not frame 0) matched against frame 0 too, in one pass: a found one
     from its found warp, kept where its ZNCC with frame 0 reaches ``refresh_zncc`` (so that the increments'
     errors do not add up while frame 0 still matches: Pan et al.'s reference update the other way round); a lost
@@ -931,7 +935,8 @@ def _back_to_reference(result: _Frame, accepted, keyed, state: _Points, pace, gr
     if not which.any():
         return np.zeros(points, bool)
     back = _Frame(points)
-    _run(which, guess_position, guess_gradient, back, origin, identity, ref0, target, subset, min_zncc, shape=shape)
+    _run(which, guess_position, guess_gradient, back, origin, identity, ref0, target, subset, min_zncc, shape=shape,
+         spread=spread)  # fmt: skip
     good = back.accepted(min_zncc)
     take = which & good & (lost | (np.nan_to_num(back.zncc) >= refresh_zncc))
     for name in ("warp", "zncc", "sigma", "converged", "in_view", "enough", "textured", "ran"):
@@ -1000,8 +1005,68 @@ class _Frame:
         return position, np.matmul(local, key_gradient)
 
 
+class _Spread:
+    """The grid's points over the local devices of the call's platform (:func:`.runtime.sharding.band_devices`):
+    each device holds an equal part of every point's key subset and runs its own points' IC-GN (its own batches,
+    its own loop), as one program over all of them (``jax.shard_map``); on one device, the programs themselves.
+    The device arrays are padded to a multiple of the devices' count (points that never run); what comes back
+    to the host is cut to the grid's ``points``."""
+
+    def __init__(self, points: int):
+        self.devices = sharding.band_devices()
+        self.points = points
+        self.padded = -(-points // len(self.devices)) * len(self.devices)
+
+    def pad(self, array: np.ndarray) -> np.ndarray:
+        """``array`` ``(points, ...)`` padded along its first axis to the devices' share (zeros, False)."""
+        array = np.asarray(array)
+        return np.pad(array, [(0, self.padded - self.points)] + [(0, 0)] * (array.ndim - 1))
+
+    def reference(self, key, roi, centre, origin, inverse, moved, old, limits, **static) -> _Reference:
+        """:func:`_reference` of the grid (``old`` already padded)."""
+        centre, origin, inverse, moved = (self.pad(a) for a in (centre, origin, inverse, moved))
+        if len(self.devices) == 1:
+            return _reference(key, roi, centre, origin, inverse, moved, old, limits, **static)
+        program = _spread_program("reference", sharding.mesh(self.devices), tuple(sorted(static.items())))
+        return program(key, roi, centre, origin, inverse, moved, old, limits)
+
+    def icgn(self, ref, target, start, which, max_steps, *, window: int, **static) -> tuple[np.ndarray, ...]:
+        """:func:`_icgn` of the grid's points ``which``, its outputs on the host, ``(points, ...)`` each."""
+        start, which = self.pad(start), self.pad(which)
+        bucket = _bucket(self.padded // len(self.devices), windows=window > 0)
+        static = dict(static, bucket=bucket, window=window)
+        if len(self.devices) == 1:
+            out = _icgn(ref, target, start, which, max_steps, **static)
+        else:
+            program = _spread_program("icgn", sharding.mesh(self.devices), tuple(sorted(static.items())))
+            out = program(ref, target, start, which, max_steps)
+        return tuple(a[: self.points] for a in jax.device_get(out))
+
+
+@functools.lru_cache(maxsize=16)
+def _spread_program(kind: str, grid: Any, static: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
+    """:func:`_reference` (``kind`` ``"reference"``) or :func:`_icgn` (``"icgn"``) over the devices of ``grid``:
+    each device its part of the points' arrays, the frame and the options whole; the outputs joined along the
+    points. Each device's loop runs on its own (no collective inside), so the answers are one device's."""
+    options = dict(static)
+    part, whole = sharding.split(grid, axis=0).spec, sharding.split(grid, axis=None).spec
+    if kind == "reference":
+        specs = (whole, whole, part, part, part, part, part, whole)
+
+        def body(*args):
+            return _reference(*args, **options)
+    else:
+        specs = (part, whole, part, part, whole)
+
+        def body(*args):
+            return _icgn(*args, **options)
+
+    return jax.jit(jax.shard_map(body, mesh=grid, in_specs=specs, out_specs=part, check_vma=False))
+
+
 def _run(which, guess_position, guess_gradient, result: _Frame, key_position, key_gradient, reference: _Reference,
-         target, subset, min_zncc, max_steps: int = MAX_ITERATIONS, shape: str = "affine") -> None:  # fmt: skip
+         target, subset, min_zncc, *, max_steps: int = MAX_ITERATIONS, shape: str = "affine",
+         spread: _Spread) -> None:  # fmt: skip
     """IC-GN of the points ``which`` from their guesses (one call of the grid's program, whatever their number);
     the results written into ``result`` where they are better than what it holds (a first try, or a higher
     ZNCC)."""
@@ -1011,9 +1076,8 @@ def _run(which, guess_position, guess_gradient, result: _Frame, key_position, ke
     with np.errstate(invalid="ignore"):
         start = _local_start(guess_position, guess_gradient, key_position, key_gradient)
     window = _window_side(subset, (target.shape[0] - 4, target.shape[1] - 4))
-    out = jax.device_get(_icgn(reference, target, start.astype(np.float32), np.asarray(which), np.int32(max_steps),
-                               subset=subset, bucket=_bucket(len(which), windows=window > 0), shape=shape,
-                               window=window))  # fmt: skip
+    out = spread.icgn(reference, target, start.astype(np.float32), np.asarray(which), np.int32(max_steps),
+                      subset=subset, shape=shape, window=window)  # fmt: skip
     p, zncc, sigma, converged, in_view, started_in_view, enough, _ = (a[chosen] for a in out)
     p, zncc = np.asarray(p, np.float64), np.asarray(zncc, np.float64)
     # out of view: where the guess put it, or where a match good enough to keep put it (a warp that wandered off

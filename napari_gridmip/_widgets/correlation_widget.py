@@ -79,12 +79,14 @@ class CorrelationWidget(JobWidget):
         self.movie = self.layer_combo("movie", "Movie (T, Y, X)", (Image,))
         self.frames = self.layer_combo("frames", "Frames (T, Y, X)", (Image,))
         self.frames.tooltip = "The image sequence; its frame 0 is the reference unless a reference image is chosen"
-        self.first_frame = self.layer_combo("first_frame", "Reference image (optional)", (Image,), nullable=True)
-        self.first_frame.tooltip = "A 2D image (Y, X) taken before the frames: the reference, put before them"
-        self.roi = self.layer_combo("roi", "Region of interest (optional)", (Labels, Shapes), nullable=True)
+        # "(optional)" in the tooltips, not the labels: the dock's column is narrower than those labels were, and
+        # an empty choice ("-----") says it already
+        self.first_frame = self.layer_combo("first_frame", "Reference image", (Image,), nullable=True)
+        self.first_frame.tooltip = "Optional: a 2D image (Y, X) taken before the frames: the reference, put before them"
+        self.roi = self.layer_combo("roi", "Region of interest", (Labels, Shapes), nullable=True)
         self.roi.tooltip = (
-            "A Labels layer (nonzero inside; a (T, Y, X) one counts what is painted on any frame) or a Shapes layer "
-            "(its shapes filled), on the reference: subsets use only the pixels inside it"
+            "Optional: a Labels layer (nonzero inside; a (T, Y, X) one counts what is painted on any frame) or a "
+            "Shapes layer (its shapes filled), on the reference: subsets use only the pixels inside it"
         )
         self.reference_policy = ComboBox(
             name="reference_policy",

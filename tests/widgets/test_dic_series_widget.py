@@ -157,6 +157,11 @@ def test_its_controls_and_inputs(viewer_and_widget, monkeypatch):
     assert all(shown("series_shape", "max_sigma")) and not any(shown("refresh_zncc", "subset_shape", "precision"))
     widget.reference_policy.value = "incremental"  # the refresh threshold is the incremental and auto policies'
     assert all(shown("refresh_zncc"))
+    # every field fits the dock's column, a vertical scroll bar beside it: nothing cut off on the right
+    from napari_gridmip._widgets.base import DOCK_WIDTH
+
+    scroll = widget._scroll
+    assert scroll.widget().minimumSizeHint().width() <= DOCK_WIDTH - scroll.verticalScrollBar().sizeHint().width()
     widget.mode.value = PAIR
     assert not any(shown("frames", "first_frame", "roi", "reference_policy", "series_shape", "max_sigma"))
     assert not any(shown("refresh_zncc")) and all(shown("subset_shape", "precision"))

@@ -138,16 +138,16 @@ def render_on_host() -> bool:
 
 def series_on_host() -> bool:
     """Whether :func:`.correlation.series.correlate_series` runs its IC-GN on the host CPU rather than on the
-    default device: on a TPU only.
+    default device: on a TPU only, under the setting ``"auto"``.
 
-    A frame is a few programs of fixed shapes (its spline, one IC-GN call per pass over the grid), but each of their
-    steps interpolates every subset pixel at its own warped position: 16 element gathers a pixel, a TPU's slow
-    path (0.3 GB/s, docs/accelerator.md), in batches of 64 to 256 points that the CPU's caches hold (a while loop of
-    small steps, another weakness of the chip). When every point still stepped until the slowest stopped, the 8 x
-    512^2 rotation sequence took 20 s warm on a TPU v5e against 2.07 s on the same machine's 13-core host, with the
-    same answers (``benchmarks/bench_accelerator.py``, case dic_series); the batches cut the gathers of both alike,
-    so the host is still expected to be the faster by several times. The series' frames arrive from the host one
-    at a time and its guesses are host work between frames, so the host run moves nothing over the link.
+    On an accelerator the series reads each point's frame values from one window of the spline's coefficients
+    per point, a batched matrix product of the B-spline's weights (``series._windowed_spline``), instead of 16
+    element gathers a pixel (a TPU's slow path, 0.3 GB/s, docs/accelerator.md), in batches of 512 points; with the
+    gathers, the 8 x 512^2 rotation sequence took 20 s warm on a TPU v5e against 2.07 s on the same machine's
+    13-core host (``benchmarks/bench_accelerator.py``, case dic_series). The windowed path gives the gathers'
+    answers (forced on the CPU, ``tests/core/correlation/test_series_windows.py``) but its time on the chip is
+    not measured yet (cases dic_series and dic_series_turning, which runs under ``"accelerator"``), so ``"auto"``
+    keeps the host, where the frames' guesses are host work anyway and nothing crosses the link.
 
     Always under the setting ``"host"``, never under ``"accelerator"`` (:mod:`.choice`): a run under
     ``compute_on("accelerator")`` measures the chip.

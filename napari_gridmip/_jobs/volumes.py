@@ -3,11 +3,12 @@ deformed one (:func:`~napari_gridmip.correlate_volumes`), its quality and its st
 (:func:`~napari_gridmip.volume_strain`). One plan (:func:`volume_plan`) serves the widget's job and
 ``napari-gridmip correlate-volumes``.
 
-The inputs are two 3D layers, or one 4D layer ``(T, Z, Y, X)`` whose every time point after the first is matched
-against the first (``reference="first"``) or against the one before it (``"previous"``: increments). The results
-sit on the grid's points: images ``(P, R, C)`` (``(T - 1, P, R, C)`` for a 4D layer) placed with the reference
-layer's transform, one grid step per element and the first point as their origin, and the arrows as napari vectors
-``(N, 2, 3)`` (``(N, 2, 4)``, time first) in the reference's voxels.
+The inputs are two 3D layers, or one 4D layer ``(T, Z, Y, X)``, a time lapse whose grid of points on time point 0
+is followed through every later one (:func:`~napari_gridmip.correlate_volume_series`, with its reference policy:
+``"accumulated"``, ``"incremental"`` or ``"auto"``). The results sit on the grid's points: images ``(P, R, C)``
+(``(T, P, R, C)`` for a 4D layer, time point 0's field all zeros) placed with the reference layer's transform, one
+grid step per element and the first point as their origin, and the arrows as napari vectors ``(N, 2, 3)``
+(``(N, 2, 4)``, time first) in the reference's voxels.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from napari_gridmip.core.correlation.status import Status  # a leaf: no JAX
 
 WIDGET = "volumes"
 SHAPES = ("affine", "translation")  # correlate_volumes' warps
-REFERENCES = ("first", "previous")  # a 4D layer's time points against its first, or each against the one before
+REFERENCES = ("accumulated", "incremental", "auto")  # a 4D layer's reference policies (correlate_volume_series')
 STRAIN_METHODS = ("subsets", "smoothed")  # volume_strain's methods
 STRAIN_KINDS = ("small", "green-lagrange")  # which tensor's 6 components become layers
 COMPONENTS = ("zz", "yy", "xx", "zy", "zx", "yx")  # volume_strain's order (tensor shears)
 # every array a plan gives, in the command line's channel order: the field, its quality, its strain
 FIELDS = ("dz", "dy", "dx", "zncc", "status", "sigma_dz", "sigma_dy", "sigma_dx", "volumetric", "deviatoric",
           *(f"e_{c}" for c in COMPONENTS))  # fmt: skip
+SIGMAS = ("sigma_dz", "sigma_dy", "sigma_dx")  # a pair's only: correlate_volume_series predicts no uncertainty
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class VolumeRequest:
     frame: Frame  # its transform: the results are placed on its voxels
     deformed_name: str | None = None  # the deformed layer (Z, Y, X); None for a series
     deformed_data: Any = None
-    reference: str = "first"  # a series' policy, of REFERENCES
+    reference: str = "accumulated"  # a series' policy, of REFERENCES
     roi: Source | None = None  # how the script binds the region of interest (variable "roi")
     roi_data: Any = None  # its value, a copy taken with the request
     subset: int = 21
@@ -61,20 +63,21 @@ class VolumeRequest:
         return self.deformed_name is None
 
     @property
-    def pairs(self) -> list[tuple[str, str, str]]:
-        """``(reference code, deformed code, suffix)`` of each correlation: one pair, or one per time point after
-        the first of a series (suffix ``_t``)."""
-        if not self.series:
-            return [("reference", "deformed", "")]
-        count = int(self.data.shape[0])
-        first = self.reference == "first"
-        return [(f"volumes[{0 if first else t - 1}]", f"volumes[{t}]", f"_{t}") for t in range(1, count)]
+    def fields(self) -> tuple[str, ...]:
+        """The arrays the plan gives: :data:`FIELDS`, less the uncertainty for a series."""
+        return tuple(name for name in FIELDS if not (self.series and name in SIGMAS))
 
 
 def check_request(request: VolumeRequest) -> None:
     """Refuse, before any work, what the kernels would refuse late (or the layers cannot show)."""
     if request.shape not in SHAPES:
         raise ValueError(f"shape must be one of {SHAPES}; got {request.shape!r}")
+    if request.series and request.reference not in REFERENCES:
+        raise ValueError(f"a series' reference must be one of {REFERENCES}; got {request.reference!r}")
+    if request.series and request.strain_method == "smoothed":
+        # volume_strain smooths one grid (P, R, C), not a time lapse's (T, P, R, C)
+        raise ValueError("the smoothed strain is for two volumes; a 4D series takes its strain from the subsets "
+                         "(Strain from: subsets)")  # fmt: skip
     if request.strain_method not in STRAIN_METHODS or request.strain_kind not in STRAIN_KINDS:
         raise ValueError(f"strain method must be one of {STRAIN_METHODS} and kind one of {STRAIN_KINDS}; got "
                          f"{request.strain_method!r} and {request.strain_kind!r}")  # fmt: skip
@@ -100,9 +103,10 @@ def check_request(request: VolumeRequest) -> None:
 
 
 def volume_plan(request: VolumeRequest, *, sources: list[Source] | None = None, display: bool = True) -> Plan:
-    """``correlate_volumes`` and ``volume_strain`` of each pair; outputs :data:`FIELDS` (each ``(P, R, C)``, or
-    ``(T - 1, P, R, C)`` for a series), and with ``display`` the arrows (``"vectors"``, napari's ``(N, 2, 3)``
-    in the reference's voxels, time first for a series: ``(N, 2, 4)``).
+    """``correlate_volumes`` (a series: ``correlate_volume_series``) and ``volume_strain``; outputs the request's
+    :attr:`~VolumeRequest.fields` (each ``(P, R, C)``, or ``(T, P, R, C)`` for a series), and with ``display`` the
+    arrows (``"vectors"``, napari's ``(N, 2, 3)`` in the reference's voxels, time first for a series:
+    ``(N, 2, 4)``).
 
     ``sources`` bind ``reference`` and ``deformed`` (or ``volumes``), and ``roi`` where there is one; by default the
     request's layers.
@@ -121,38 +125,34 @@ def volume_plan(request: VolumeRequest, *, sources: list[Source] | None = None, 
     strain_options: dict[str, Any] = {"method": request.strain_method}
     if request.strain_method == "smoothed":
         strain_options["smoothing"] = float(request.smoothing)
-    calls = []
-    for reference, deformed, suffix in request.pairs:
-        calls.append(Call("correlate_volumes", (reference, deformed), (), options, result=f"dvc{suffix}"))
-        calls.append(Call("volume_strain", (f"dvc{suffix}",), (), strain_options, result=f"strain{suffix}"))
+    if request.series:
+        options["reference"] = request.reference
+        # the volumes whole (one time point read at a time): the time lapse follows each point from the last one
+        calls = [Call("correlate_volume_series", ("volumes",), (), options, result="dvc")]
+    else:
+        calls = [Call("correlate_volumes", ("reference", "deformed"), (), options, result="dvc")]
+    # the subsets' gradients of every time point at once (a series' leading axis is elementwise there)
+    calls.append(Call("volume_strain", ("dvc",), (), strain_options, result="strain"))
     tensor = "small" if request.strain_kind == "small" else "green_lagrange"
     parts = {
-        "dz": "dvc{s}.dz", "dy": "dvc{s}.dy", "dx": "dvc{s}.dx", "zncc": "dvc{s}.zncc", "status": "dvc{s}.status",
-        "sigma_dz": "dvc{s}.sigma[..., 0]", "sigma_dy": "dvc{s}.sigma[..., 1]", "sigma_dx": "dvc{s}.sigma[..., 2]",
-        "volumetric": "strain{s}.volumetric", "deviatoric": "strain{s}.deviatoric",
-        **{f"e_{c}": f"strain{{s}}.{tensor}[..., {i}]" for i, c in enumerate(COMPONENTS)},
+        "dz": "dvc.dz", "dy": "dvc.dy", "dx": "dvc.dx", "zncc": "dvc.zncc", "status": "dvc.status",
+        "sigma_dz": "dvc.sigma[..., 0]", "sigma_dy": "dvc.sigma[..., 1]", "sigma_dx": "dvc.sigma[..., 2]",
+        "volumetric": "strain.volumetric", "deviatoric": "strain.deviatoric",
+        **{f"e_{c}": f"strain.{tensor}[..., {i}]" for i, c in enumerate(COMPONENTS)},
     }  # fmt: skip
-    suffixes = [suffix for _, _, suffix in request.pairs]
-    outputs = {name: _each(code, suffixes) for name, code in parts.items()}
+    outputs = {name: parts[name] for name in request.fields}
     if display:
         arrows = (
-            "np.concatenate([np.stack(np.meshgrid(dvc{s}.z, dvc{s}.y, dvc{s}.x, indexing='ij'), -1)[..., None, :], "
-            "np.stack([dvc{s}.dz, dvc{s}.dy, dvc{s}.dx], -1)[..., None, :]], -2).reshape(-1, 2, 3)"
-            "[np.isfinite(dvc{s}.dz).ravel()]"
+            "np.concatenate([np.stack(np.meshgrid(dvc.z, dvc.y, dvc.x, indexing='ij'), -1)[..., None, :], "
+            "np.stack([dvc.dz{t}, dvc.dy{t}, dvc.dx{t}], -1)[..., None, :]], -2).reshape(-1, 2, 3)"
+            "[np.isfinite(dvc.dz{t}).ravel()]"
         )
-        if request.series:  # the time point first: its position, no motion along it
-            timed = [f"np.insert({arrows.format(s=s)}, 0, ({s[1:]}, 0), axis=2)" for s in suffixes]
-            outputs["vectors"] = f"np.concatenate([{', '.join(timed)}])"
+        if request.series:  # each time point's arrows, the time point first: its position, no motion along it
+            timed = f"np.insert({arrows.format(t='[t]')}, 0, (t, 0), axis=2)"
+            outputs["vectors"] = f"np.concatenate([{timed} for t in range(len(dvc.dz))])"
         else:
-            outputs["vectors"] = arrows.format(s="")
+            outputs["vectors"] = arrows.format(t="")
     return Plan(sources, calls, outputs)
-
-
-def _each(code: str, suffixes: list[str]) -> str:
-    """``code`` of one pair, or its values over the pairs of a series stacked (time first)."""
-    if suffixes == [""]:
-        return code.format(s="")
-    return f"np.stack([{', '.join(code.format(s=s) for s in suffixes)}])"
 
 
 def make_volume_job(request: VolumeRequest) -> Job:
@@ -165,16 +165,21 @@ def make_volume_job(request: VolumeRequest) -> Job:
             inputs = {"reference": request.data, "deformed": request.deformed_data}
         if request.roi is not None:
             inputs["roi"] = request.roi_data
-        # the correlations take the time; a progress step (and a chance to cancel) before each call, and within
-        # correlate_volumes after each chunk of points (staged passes it its share of the steps)
-        weights = {call.result: 20 if call.function == "correlate_volumes" else 1 for call in plan.calls}
+        # the correlation takes the time; a progress step (and a chance to cancel) before each call, and within
+        # it after each chunk of points (a pair) or each time point (a series), staged passing it its share
+        correlation = 20 if not request.series else max(20, int(request.data.shape[0]))
+        weights = {call.result: correlation if call.function.startswith("correlate") else 1 for call in plan.calls}
         values = plan.run(inputs, **staged(plan, progress, weights))
-        summary = volume_summary(values["status"], values["dz"], values["dy"], values["dx"], values["zncc"])
-        sigma = np.stack([np.asarray(values[f"sigma_{a}"]) for a in ("dz", "dy", "dx")], -1)
-        return JobResult(volume_layers(request, values, plan), summary, {"sigma": sigma})
+        if request.series:
+            summary = series_summary(*(np.asarray(values[name]) for name in ("status", "dz", "dy", "dx", "zncc")))
+            details = {"sigma": None}
+        else:
+            summary = volume_summary(values["status"], values["dz"], values["dy"], values["dx"], values["zncc"])
+            details = {"sigma": np.stack([np.asarray(values[name]) for name in SIGMAS], -1)}
+        return JobResult(volume_layers(request, values, plan), summary, details)
 
     if request.series:
-        what = f"{request.name!r}, {len(request.pairs)} time points"
+        what = f"{request.name!r}, {int(request.data.shape[0])} time points"
     else:
         what = f"{request.name!r} with {request.deformed_name!r}"
     return Job(f"Correlating volumes: {what}", run)
@@ -195,12 +200,25 @@ def volume_summary(status: Any, dz: Any, dy: Any, dx: Any, zncc: Any) -> str:
     )  # fmt: skip
 
 
+def series_summary(status: Any, dz: Any, dy: Any, dx: Any, zncc: Any) -> str:
+    """E.g. ``'5 time points; the last: 512 points, 98% found (8 not_significant); median |d| 1.2 vox, median ZNCC
+    0.991; the fewest found: 97% (time point 3)'``. Time point 0 is the reference itself: not counted."""
+    status = np.asarray(status)
+    last = volume_summary(status[-1], dz[-1], dy[-1], dx[-1], zncc[-1])
+    found = (status[1:] == Status.ok).reshape(len(status) - 1, -1).mean(1)
+    fewest = int(np.argmin(found))
+    return (
+        f"{len(status)} time points; the last: {last}; the fewest found: {100 * found[fewest]:.0f}% (time point "
+        f"{fewest + 1})"
+    )
+
+
 def grid_placement(request: VolumeRequest) -> dict[str, Any]:
     """The results' placement: element ``(p, r, c)`` on the reference's voxel ``(h + s p, h + s r, h + s c)``
-    (``h`` the subset's half, ``s`` the step: the kernel's grid); a series' element ``t`` on time point ``t + 1``."""
+    (``h`` the subset's half, ``s`` the step: the kernel's grid); a series' element ``t`` on time point ``t``."""
     half, step = request.subset // 2, request.step
     if request.series:
-        return derived_placement(request.frame, step=[1.0, step, step, step], offset=[1.0, half, half, half])
+        return derived_placement(request.frame, step=[1.0, step, step, step], offset=[0.0, half, half, half])
     return derived_placement(request.frame, step=step, offset=half)
 
 

@@ -45,17 +45,19 @@ class VolumeWidget(JobWidget):
         super().__init__(napari_viewer)
         self.volumes = self.layer_combo("volumes", "Reference or 4D series", (Image,))
         self.volumes.tooltip = (
-            "The reference volume (Z, Y, X), matched against the deformed one; or a 4D layer (T, Z, Y, X), whose "
-            "every time point after the first is matched (see Reference)"
+            "The reference volume (Z, Y, X), matched against the deformed one; or a 4D layer (T, Z, Y, X), a time "
+            "lapse: a grid of points on time point 0 followed through every later one (see Reference)"
         )
         self.deformed = self.layer_combo("deformed", "Deformed volume", (Image,), nullable=True)
         self.reference_policy = ComboBox(
             name="reference_policy",
             label="Reference",
             choices=list(REFERENCES),
-            value="first",
-            tooltip="first: every time point against the first (total displacement). previous: each against the one "
-            "before it (increments: larger deformations, errors add up)",
+            value="accumulated",
+            tooltip="The volume each point is matched against. accumulated: time point 0 (no drift; large "
+            "deformation lowers the match). incremental: the last time point the point was found in (any "
+            "deformation; the increments' errors add up). auto: time point 0 until the match with it weakens (ZNCC "
+            "under 0.95), and back to it where it matches again. The displacement is always from time point 0.",
         )
         self.roi = self.layer_combo("roi", "Region of interest", (Labels, Image), nullable=True)
         self.roi.tooltip = (
@@ -306,7 +308,7 @@ class VolumeWidget(JobWidget):
         grid = self._grid or {"subset": 1, "step": 1, "series": False}
         half, step = grid["subset"] // 2, grid["step"]
         voxel = tuple(half + step * i for i in at[-3:])
-        where = f"time point {at[0] + 1}, " if len(at) == 4 else ""
+        where = f"time point {at[0]}, " if len(at) == 4 else ""
         lines = [f"{where}voxel (z, y, x) = {voxel}: status {status.name}"]
         if status == Status.ok:
             lines.append(f"d (z, y, x) = ({dz:.3f}, {dy:.3f}, {dx:.3f}) vox")

@@ -131,28 +131,53 @@ assert not gui, gui
     assert json.dumps(record)  # plain JSON
 
 
-def test_a_series_matches_each_time_point_against_its_reference(pair):
-    """A 4D layer: one correlation per time point after the first, against the first or the one before; the
-    layers are (T - 1, P, R, C), time point t + 1 on element t, the arrows (N, 2, 4) with their time first."""
-    reference, deformed, _ = pair
+def test_a_series_is_the_time_lapse_call(pair, monkeypatch):
+    """A 4D layer: correlate_volume_series with the request's reference policy, then the subsets' strain of every time
+    point; the layers are (T, P, R, C), time point t on element t (0: the reference, no motion), the arrows
+    (N, 2, 4) with their time first, and the script remakes them."""
+    import types
+
+    import napari
+
+    reference, deformed, truth = pair
     series = np.stack([reference, deformed, deformed])
-    frame = Frame.unit(4)
-    first = volume_plan(VolumeRequest("s", series, frame, subset=SUBSET, step=STEP))
-    previous = volume_plan(VolumeRequest("s", series, frame, subset=SUBSET, step=STEP, reference="previous"))
-    assert [c.data for c in first.calls if c.function == "correlate_volumes"] == [
-        ("volumes[0]", "volumes[1]"), ("volumes[0]", "volumes[2]")]  # fmt: skip
-    assert [c.data for c in previous.calls if c.function == "correlate_volumes"] == [
-        ("volumes[0]", "volumes[1]"), ("volumes[1]", "volumes[2]")]  # fmt: skip
-    request = VolumeRequest("s", series, frame, subset=SUBSET, step=STEP, reference="previous")
-    layers = layers_by_role(make_volume_job(request).run(lambda done, total: None))
+    request = VolumeRequest("s", series, Frame.unit(4), subset=SUBSET, step=STEP, reference="incremental")
+    plan = volume_plan(request)
+    assert [c.function for c in plan.calls] == ["correlate_volume_series", "volume_strain"]
+    assert plan.calls[0].kwargs["reference"] == "incremental"
+    result = make_volume_job(request).run(lambda done, total: None)
+    layers = layers_by_role(result)
+    assert not any(role.startswith("sigma") for role in layers) and result.details["sigma"] is None
     dz, meta, _ = layers["dz"]
-    assert dz.shape[0] == 2
-    np.testing.assert_allclose(meta["translate"], [1, SUBSET // 2, SUBSET // 2, SUBSET // 2])
+    np.testing.assert_allclose(meta["translate"], [0, SUBSET // 2, SUBSET // 2, SUBSET // 2])
     np.testing.assert_allclose(meta["scale"], [1, STEP, STEP, STEP])
-    assert np.nanmax(np.abs(dz[1])) < 0.02  # the same volume twice: no motion
+    assert np.all(dz[0] == 0)  # the reference against itself
+    half = SUBSET // 2
+    true_dz = true_displacement(truth, *(np.arange(half, n - half, STEP, dtype=float) for n in SHAPE))[0]
+    assert np.nanmax(np.abs(dz[1] - true_dz)) < 0.05
+    assert np.nanmax(np.abs(dz[2] - dz[1])) < 0.02  # the same volume twice: no more motion
+    assert layers["e_zz"][0].shape == dz.shape and np.all(layers["e_zz"][0][0] == 0)
     vectors = layers["vectors"][0]
-    assert vectors.shape[1:] == (2, 4) and set(np.unique(vectors[:, 0, 0])) == {1.0, 2.0}
+    assert vectors.shape[1:] == (2, 4) and set(np.unique(vectors[:, 0, 0])) == {0.0, 1.0, 2.0}
     assert np.all(vectors[:, 1, 0] == 0)
+    assert result.summary.startswith("3 time points; the last: 125 points, 100% found")
+    # Copy as Python: the direct calls give every layer again
+    viewer = types.SimpleNamespace(layers={"s": types.SimpleNamespace(data=series)})
+    monkeypatch.setattr(napari, "current_viewer", lambda: viewer)
+    namespace = {}
+    exec(plan.script(), namespace)  # noqa: S102 - the plan's own script
+    for role, (data, _, _) in layers.items():
+        np.testing.assert_array_equal(np.asarray(namespace["results"][role]).astype(data.dtype), data, err_msg=role)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"reference": "first"}, "a series' reference must be one of"), ({"strain_method": "smoothed"}, "subsets")],
+)
+def test_a_series_refuses_what_it_cannot_do(pair, options, message):
+    reference, deformed, _ = pair
+    with pytest.raises(ValueError, match=message):
+        make_volume_job(VolumeRequest("s", np.stack([reference, deformed]), Frame.unit(4), subset=SUBSET, **options))
 
 
 @pytest.mark.parametrize(

@@ -147,24 +147,39 @@ def test_cancel_adds_nothing_and_bad_input_is_a_notification(viewer_and_widget, 
     assert [layer.name for layer in viewer.layers] == [*names, "wrong roi"]
 
 
-def test_a_series_and_the_inputs_the_widget_follows(viewer_and_widget, wait_idle):
-    """A 4D layer is a series (the deformed field hidden, the reference policy shown); a sample opened later takes the
-    inputs, and an Image layer of the volume's shape added after it (an ROI) does not displace them."""
+def test_a_series_and_the_inputs_the_widget_follows(viewer_and_widget, wait_idle, monkeypatch):
+    """A 4D layer is a time lapse (the deformed field hidden, the reference policy shown), its fields with a time
+    axis; a sample opened later takes the inputs, and an Image layer of the volume's shape added after it (an ROI)
+    does not displace them."""
     viewer, widget = viewer_and_widget
     reference, deformed, _ = dvc.make_dvc_pair((48, 48, 48))
     series = viewer.add_image(np.stack([reference, deformed, deformed]), name="series")
     assert widget.volumes.value is series
     assert widget._relevant[widget.reference_policy] and not widget._relevant[widget.deformed]
-    widget.reference_policy.value = "previous"
+    assert widget.reference_policy.choices == ("accumulated", "incremental", "auto")  # correlate_volume_series'
+    widget.reference_policy.value = "incremental"
     widget.run_button.native.click()
     wait_idle(widget, timeout=240_000)
     assert widget.status.value.startswith("Done"), widget.status.value
+    assert widget.summary.value.startswith("3 time points; the last: 125 points, 100% found")
     dz, vectors = widget._layer("dz"), widget._layer("vectors")
-    assert dz.data.shape == (2, 5, 5, 5) and vectors.data.shape[1:] == (2, 4)
-    np.testing.assert_allclose(dz.data_to_world((0, 0, 0, 0)), [1, 6, 6, 6])  # time point 1 against time point 0
-    assert np.nanmax(np.abs(dz.data[1])) < 0.02  # time point 2 against 1: the same volume
+    assert dz.data.shape == (3, 5, 5, 5) and vectors.data.shape[1:] == (2, 4)
+    np.testing.assert_allclose(dz.data_to_world((0, 0, 0, 0)), [0, 6, 6, 6])  # time point t on element t
+    assert np.all(dz.data[0] == 0) and np.nanmax(np.abs(dz.data[2] - dz.data[1])) < 0.02  # 2 is 1 again
+    assert viewer.dims.nsteps[0] == 3  # one time slider for the series and its fields
+    record = dz.metadata[KEY]
+    assert [call["function"] for call in record["calls"]] == [
+        "napari_gridmip.correlate_volume_series", "napari_gridmip.volume_strain"
+    ]  # fmt: skip
     click(vectors, (2.0, 14.0, 22.0, 30.0), dims_displayed=(2, 3))
-    assert widget.point_info.value.startswith("time point 2, voxel (z, y, x) = (14, 22, 30): status ok")
+    text = widget.point_info.value
+    assert text.startswith("time point 2, voxel (z, y, x) = (14, 22, 30): status ok") and "sigma" not in text
+    widget.strain_method.value = "smoothed"  # one grid's strain, not a time lapse's: said before any work
+    shown = []
+    monkeypatch.setattr("napari.utils.notifications.show_error", shown.append)
+    widget.run_button.native.click()
+    assert "Strain from: subsets" in shown[-1]
+    widget.strain_method.value = "subsets"
 
     viewer.open_sample("napari-gridmip", "dvc")
     assert (widget.volumes.value.name, widget.deformed.value.name) == ("DVC reference", "DVC deformed")

@@ -260,7 +260,9 @@ def volume_layers(request: VolumeRequest, values: dict[str, Any], plan: Plan) ->
     outputs.append(Output(np.asarray(values["status"]), status_meta, "labels", "status"))
     if "vectors" in values:
         vectors = np.asarray(values["vectors"], np.float32)
-        dz, dy, dx = (np.asarray(values[a]) for a in ("dz", "dy", "dx"))
+        # a series' lengths from the time points after the first (time point 0's field is all zeros)
+        later = slice(1, None) if request.series else slice(None)
+        dz, dy, dx = (np.asarray(values[a])[later] for a in ("dz", "dy", "dx"))
         magnitude = np.sqrt(dz**2 + dy**2 + dx**2)
         median = float(np.nanmedian(magnitude)) if np.isfinite(magnitude).any() else float("nan")
         auto = auto_vector_length(dy, dx, request.step, median=median)

@@ -131,7 +131,7 @@ assert not gui, gui
     assert json.dumps(record)  # plain JSON
 
 
-def test_a_series_is_the_time_lapse_call(pair, monkeypatch):
+def test_a_series_is_the_time_lapse_call(pair, ran, monkeypatch):
     """A 4D layer: correlate_volume_series with the request's reference policy, then the subsets' strain of every time
     point; the layers are (T, P, R, C), time point t on element t (0: the reference, no motion), the arrows
     (N, 2, 4) with their time first, and the script remakes them."""
@@ -160,6 +160,9 @@ def test_a_series_is_the_time_lapse_call(pair, monkeypatch):
     vectors = layers["vectors"][0]
     assert vectors.shape[1:] == (2, 4) and set(np.unique(vectors[:, 0, 0])) == {0.0, 1.0, 2.0}
     assert np.all(vectors[:, 1, 0] == 0)
+    # the arrows' length from the time points that moved: as long as the pair's (time point 0 is all zeros)
+    pair_length = layers_by_role(ran[1])["vectors"][1]["length"]
+    assert layers["vectors"][1]["length"] == pytest.approx(pair_length, rel=0.05)
     assert result.summary.startswith("3 time points; the last: 125 points, 100% found")
     # Copy as Python: the direct calls give every layer again
     viewer = types.SimpleNamespace(layers={"s": types.SimpleNamespace(data=series)})

@@ -15,7 +15,9 @@ shown in 3D; the correlation once more with its full 4D map (offsets first), on
 its own, at the offset nearest the median displacement; then in each of its modes on
 its samples (DIC with strain, the speckle pair with transmission, dark-field and phase,
 the calcium movie's correlation image, shown side by side in napari's grid), a
-clicked pixel's correlation surface, and the DIC series mode on the rotation series (its time slider on frame 3).
+clicked pixel's correlation surface, and the DIC series mode on the rotation series (its time slider on frame 3);
+the Digital volume correlation widget on the DVC pair in 3D, a grid point clicked (dvc_widget). Name pictures to
+make only those (``python docs/screenshots.py dvc_widget``; ``--help`` lists them).
 Prints each image's size and how much of the window's width the
 canvas kept; each PNG must stay under 300 KB.
 """

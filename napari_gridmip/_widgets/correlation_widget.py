@@ -59,7 +59,7 @@ class CorrelationWidget(JobWidget):
         "precision",
         "neighbours", "out_transmission", "out_dark_field", "out_phase", "out_strain", "out_uncertainty",
         "strain_window", "pixel_size", "distance", "wavelength", "spacing", "vector_scale", "full_map",
-        "show_surface", "reference_policy",
+        "show_surface", "reference_policy", "series_shape", "max_sigma", "refresh_zncc",
     )  # fmt: skip
 
     def __init__(self, napari_viewer: napari.viewer.Viewer) -> None:

@@ -74,10 +74,6 @@ def check_request(request: VolumeRequest) -> None:
         raise ValueError(f"shape must be one of {SHAPES}; got {request.shape!r}")
     if request.series and request.reference not in REFERENCES:
         raise ValueError(f"a series' reference must be one of {REFERENCES}; got {request.reference!r}")
-    if request.series and request.strain_method == "smoothed":
-        # volume_strain smooths one grid (P, R, C), not a time lapse's (T, P, R, C)
-        raise ValueError("the smoothed strain is for two volumes; a 4D series takes its strain from the subsets "
-                         "(Strain from: subsets)")  # fmt: skip
     if request.strain_method not in STRAIN_METHODS or request.strain_kind not in STRAIN_KINDS:
         raise ValueError(f"strain method must be one of {STRAIN_METHODS} and kind one of {STRAIN_KINDS}; got "
                          f"{request.strain_method!r} and {request.strain_kind!r}")  # fmt: skip

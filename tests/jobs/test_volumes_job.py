@@ -173,14 +173,14 @@ def test_a_series_is_the_time_lapse_call(pair, ran, monkeypatch):
         np.testing.assert_array_equal(np.asarray(namespace["results"][role]).astype(data.dtype), data, err_msg=role)
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [({"reference": "first"}, "a series' reference must be one of"), ({"strain_method": "smoothed"}, "subsets")],
-)
-def test_a_series_refuses_what_it_cannot_do(pair, options, message):
+def test_a_series_refuses_an_unknown_policy_and_takes_the_smoothed_strain(pair):
     reference, deformed, _ = pair
-    with pytest.raises(ValueError, match=message):
-        make_volume_job(VolumeRequest("s", np.stack([reference, deformed]), Frame.unit(4), subset=SUBSET, **options))
+    series = np.stack([reference, deformed])
+    with pytest.raises(ValueError, match="a series' reference must be one of"):
+        make_volume_job(VolumeRequest("s", series, Frame.unit(4), subset=SUBSET, reference="first"))
+    smoothed = VolumeRequest("s", series, Frame.unit(4), subset=SUBSET, strain_method="smoothed", smoothing=1.5)
+    calls = volume_plan(smoothed).calls
+    assert calls[1].function == "volume_strain" and calls[1].kwargs == {"method": "smoothed", "smoothing": 1.5}
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,9 @@ _PAIRS = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
 
 @dataclasses.dataclass(frozen=True)
 class VolumeStrain:
-    """What :func:`volume_strain` returns, on the correlation's ``(P, R, C)`` grid; NaN where the displacement (or
-    a neighbour the smoothing needs) is."""
+    """What :func:`volume_strain` returns, on the correlation's ``(P, R, C)`` grid (``(T, P, R, C)`` for a time
+    lapse: each volume's strain from volume 0); NaN where the displacement (or a neighbour the smoothing needs)
+    is."""
 
     green_lagrange: np.ndarray
     """``(P, R, C, 6)`` float64: ``E = (F'F - I) / 2``, ``F = I + grad u``, components in :data:`COMPONENTS`
@@ -56,13 +57,15 @@ def _tensor_components(tensor: np.ndarray) -> np.ndarray:
 
 
 def volume_strain(result: Any, *, method: str = "subsets", smoothing: float = 1.0) -> VolumeStrain:
-    """Green-Lagrange and small strain of a :func:`correlate_volumes` result.
+    """Green-Lagrange and small strain of a :func:`correlate_volumes` or :func:`correlate_volume_series` result.
 
     Parameters
     ----------
     result
         What :func:`~napari_gridmip.correlate_volumes` returned (its ``dz``, ``dy``, ``dx``, ``gradient``,
-        ``step``).
+        ``step``), or :func:`~napari_gridmip.correlate_volume_series` (the same with a leading time axis: each
+        volume's displacement from volume 0, so each volume's strain from volume 0; ``"smoothed"`` smooths each
+        volume's grid on its own).
     method
         ``"subsets"`` (default): each point's own warp gradient (``shape="affine"`` results only).
         ``"smoothed"``: the displacement field smoothed by a Gaussian of ``smoothing`` grid steps (NaN-aware:
@@ -75,7 +78,8 @@ def volume_strain(result: Any, *, method: str = "subsets", smoothing: float = 1.
     -------
     VolumeStrain
         ``green_lagrange`` and ``small`` ``(P, R, C, 6)``, ``volumetric``, ``deviatoric`` ``(P, R, C)``,
-        ``principal`` ``(P, R, C, 3)``, ``gradient`` ``(P, R, C, 3, 3)`` and the ``method``.
+        ``principal`` ``(P, R, C, 3)``, ``gradient`` ``(P, R, C, 3, 3)`` and the ``method`` (each with a leading
+        ``T`` for a time lapse).
 
     Raises
     ------
@@ -103,7 +107,10 @@ def volume_strain(result: Any, *, method: str = "subsets", smoothing: float = 1.
         gradient = np.asarray(result.gradient, np.float64)
     else:
         field = np.stack([np.asarray(result.dz), np.asarray(result.dy), np.asarray(result.dx)], -1).astype(np.float64)
-        gradient = _smoothed_gradient(field, float(result.step), smoothing)
+        if field.ndim == 5:  # a time lapse (T, P, R, C): each volume's grid on its own
+            gradient = np.stack([_smoothed_gradient(f, float(result.step), smoothing) for f in field])
+        else:
+            gradient = _smoothed_gradient(field, float(result.step), smoothing)
     identity = np.eye(3)
     deformation = identity + gradient
     green = 0.5 * (np.einsum("...ki,...kj->...ij", deformation, deformation) - identity)

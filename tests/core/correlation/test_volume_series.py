@@ -279,3 +279,20 @@ def test_a_key_frames_warp_and_the_total_map_are_inverse(position, jacobian, key
     back_position, back_jacobian = volume_series._total(warp, centre, offset, key_jacobian)
     np.testing.assert_allclose(back_position, position, atol=1e-9)
     np.testing.assert_allclose(back_jacobian, jacobian, atol=1e-9)
+
+
+def test_the_strain_of_a_time_lapse_is_each_volumes_strain_from_volume_0(results, turning):
+    result = results["turning", "accumulated"]
+    _, truth = turning
+    for method, tolerance in (("subsets", 0.01), ("smoothed", 0.01)):
+        strain = gm.volume_strain(result, method=method)
+        assert strain.green_lagrange.shape == (*result.dz.shape, 6) and strain.gradient.shape == result.gradient.shape
+        for t in range(len(result.dz)):
+            # a rotation strains nothing: Green-Lagrange 0 wherever the point was found (volume 0 itself too)
+            ok = result.status[t] == Status.ok
+            assert np.abs(strain.green_lagrange[t][ok]).max() < tolerance, (method, t)
+            assert np.all(np.isnan(strain.volumetric[t][~ok]))
+        # the smoothed field's gradient is each volume's own: the rotation's, growing with t
+        if method == "smoothed":
+            inner = strain.gradient[3][1:-1, 1:-1, 1:-1]
+            assert np.nanmedian(inner[..., 1, 2]) == pytest.approx((truth["matrices"][3] - np.eye(3))[1, 2], abs=0.01)

@@ -125,9 +125,17 @@ def main() -> None:
     parser.add_argument("--guess", choices=["zero", "register"], default="zero", help="spam: its start")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1, help="warm calls after the first")
+    parser.add_argument("--slabs", action="store_true", help="ours: Dask volumes over the memory-mapped files "
+                        "(its slab path, never the whole volume in memory)")  # fmt: skip
     args = parser.parse_args()
-    reference = np.load(args.pair / "reference.npy")
-    deformed = np.load(args.pair / "deformed.npy")
+    if args.slabs:
+        import dask.array as da
+
+        reference, deformed = (da.from_array(np.load(args.pair / name, mmap_mode="r"), chunks=(32, -1, -1))
+                               for name in ("reference.npy", "deformed.npy"))  # fmt: skip
+    else:
+        reference = np.load(args.pair / "reference.npy")
+        deformed = np.load(args.pair / "deformed.npy")
     points = np.load(args.pair / "points.npy")
     if args.tool == "ours":
         call, read, version = ours(reference, deformed, points, args)

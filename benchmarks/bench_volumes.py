@@ -50,12 +50,13 @@ at the inverse map, then 1% Gaussian noise on each volume and uint8 quantisation
   affine   x -> A (x - c) + c + t: 1% normal strain along z (-0.5% y, 0.5% x), 0.4% engineering shear,
            t = {TRANSLATION} voxel (make_dvc_pair's map);
   sines    x -> x + t + sum of three plane sines per component, amplitudes {SINE_AMPLITUDES} voxel, wavelengths
-           {SINE_WAVELENGTHS} voxels (every displacement gradient under 2%; up to about 1.5 voxels);
+           {SINE_WAVELENGTHS} voxels (displacement gradients up to 1.2%, displacements up to 1.8 voxels);
   rotation a rigid 10 degree rotation about z and t (ours only: the coarse search reaches ``--rotation-search``
            voxels, the peers are not run on it).
 
 Tools, each in a child process of its own environment (``_peer_volumes.py``), fed the same .npy pair and our grid
-(subset 21, step 10, the first point 10 voxels in): ours (``correlate_volumes``, affine warp, its defaults);
+(subset 21, step 10, the first point 10 voxels in): ours (``correlate_volumes``, affine warp, its defaults; from
+``--slab-size`` up, default 512^3, Dask volumes over the memory-mapped files: its slab path);
 spam's ``spam.DIC.ldic`` (subset 21 = half-window 10, its default trilinear interpolation, zero start, 2
 processes; ``--spam-guess register``: from its whole-volume ``registerMultiscale``, timed too; ``spam-cubic``: its
 cubic interpolation, about ten times slower); pyALDVC's
@@ -203,6 +204,10 @@ def make_pair(folder: Path, texture: np.ndarray | None, texture_name: str, case:
     return pair
 
 
+def pair_size(pair: Path) -> int:
+    return int(pair.name.split("-")[1])
+
+
 def interior(points: np.ndarray, case: str, size: int) -> np.ndarray:
     """Points whose subset, carried by the true field (its eight corners), stays a voxel inside the volume."""
     field, _ = field_of(case, size)
@@ -221,6 +226,8 @@ def run_tool(tool: str, python: str, pair: Path, args: argparse.Namespace, searc
         command = [python, str(HELPER), tool, str(pair), str(out), "--subset", str(SUBSET), "--step", str(STEP),
                    "--search", str(search), "--threads", str(args.threads), "--repeats", str(args.repeats),
                    "--guess", args.spam_guess]  # fmt: skip
+        if tool == "ours" and pair_size(pair) >= args.slab_size:
+            command.append("--slabs")
         env = {**os.environ, "PYTHONPATH": str(HERE.parent)} if tool == "ours" else dict(os.environ)
         load = load_average()
         start = time.perf_counter()
@@ -325,6 +332,8 @@ def main() -> None:
                         help="skip a peer whose predicted first + warm time exceeds this (s)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=1800.0, help="a child's limit (s)")
     parser.add_argument("--cache", type=Path, help="where the pairs are kept (default: RESULTS/volume-pairs)")
+    parser.add_argument("--slab-size", type=int, default=512,
+                        help="from this side up ours reads Dask volumes (memory-mapped): its slab path")  # fmt: skip
     parser.add_argument("--stages", action="store_true", help="ours' stage times on the first pair, in this process")
     args = parser.parse_args()
     if args.quick:
@@ -389,6 +398,7 @@ def main() -> None:
                 row = record(name, times_s=times, first_s=first, peak_mb=rss, group=f"{case} {size}^3",
                              note=f"load {figures['load']:.1f}", load=figures["load"], workers_rss_mb=workers,
                              version=str(figures["version"]), search=search if tool == "ours" else None,
+                             slabs=tool == "ours" and size >= args.slab_size,
                              **score)  # fmt: skip
                 rows.append(row)
                 summary.append({"tool": name, "case": case, "size": size, "first_s": first,

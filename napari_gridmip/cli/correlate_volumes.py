@@ -1,7 +1,8 @@
 """``napari-gridmip correlate-volumes REF DEF OUT.ome.zarr``: digital volume correlation of two volumes by the widget's
 plan (:func:`napari_gridmip._jobs.volumes.volume_plan`): the displacement, its quality and its strain on the grid's
 points as the channels of one OME-Zarr image (the run's provenance in its attributes), and with ``--vtk`` the same
-fields as a VTK ImageData file for ParaView."""
+fields as a VTK ImageData file for ParaView. With ``--scheduler ADDRESS`` the volumes are read lazily and the grid runs
+in slabs of point planes on that dask.distributed cluster, each slab a task that reads its own planes (and halo)."""
 
 from __future__ import annotations
 
@@ -46,12 +47,13 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
         "(default: 1, lengths in voxels)",
     )  # fmt: skip
     sub.add_argument("--vtk", metavar="OUT.vti", help="also write the fields as a VTK ImageData file (needs pyevtk)")
-    add_batch_options(sub, scheduler=False)  # the volumes are read whole, in this process
+    add_batch_options(sub)  # without --scheduler the volumes are read whole, in this process
 
 
 def run(args: argparse.Namespace, compute: Any) -> None:
     """Read the volumes (and the ROI) whole, execute the widget's plan, write OUT (and ``--vtk``); nothing is written
-    unless every output is."""
+    unless every output is. With ``--scheduler``, the volumes stay lazy and ``compute`` (the cluster's) runs the
+    slabs of ``correlate_volumes``."""
     from napari_gridmip._jobs import prepare_jax
     from napari_gridmip._jobs.plan import Source
     from napari_gridmip._jobs.volumes import FIELDS, VolumeRequest, check_request, volume_plan
@@ -73,7 +75,13 @@ def run(args: argparse.Namespace, compute: Any) -> None:
         raise UsageError(f"--voxel-size must be positive; got {args.voxel_size}")
     if args.step < 1:
         raise UsageError(f"--step must be at least 1 voxel; got {args.step}")
-    reference, deformed = (np.asarray(read_array(path)) for path in (args.reference, args.deformed))
+    on_cluster = args.scheduler is not None
+
+    def opened(path: str) -> Any:
+        """The volume at ``path``: lazy for a cluster's tasks (each reads its slab), else read whole here."""
+        return read_array(path) if on_cluster else np.asarray(read_array(path))
+
+    reference, deformed = (opened(path) for path in (args.reference, args.deformed))
     request = VolumeRequest(args.reference, reference, Frame.unit(reference.ndim), deformed_name=args.deformed,
                             deformed_data=deformed, subset=args.subset, step=args.step, shape=args.shape,
                             strain_method=args.strain, strain_kind=args.strain_kind)  # fmt: skip
@@ -82,12 +90,18 @@ def run(args: argparse.Namespace, compute: Any) -> None:
     inputs = {"reference": reference, "deformed": deformed}
     if args.roi is not None:
         sources.append(Source("roi", path=absolute(args.roi)))
-        inputs["roi"] = np.asarray(read_array(args.roi))
+        inputs["roi"] = opened(args.roi)
     plan = volume_plan(request, sources=sources, display=False)
     prepare_jax()  # compiled programs kept in the per-user cache, as the widgets do
     if not args.quiet:
-        print("correlating the volumes", file=sys.stderr)
-    values = plan.execute(inputs)
+        where = f" in slabs on the cluster at {args.scheduler}" if on_cluster else ""
+        print(f"correlating the volumes{where}", file=sys.stderr)
+
+    def extras(i: int, call: Any) -> dict[str, Any]:
+        # on a cluster, correlate_volumes runs its slabs there (a runtime keyword: the recorded call is the same)
+        return {"compute": compute} if on_cluster and call.function == "correlate_volumes" else {}
+
+    values = plan.execute(inputs, extras=extras)
     arrays = plan.outputs_of(values)
     result = values["dvc"]
     origin = np.array([result.z[0], result.y[0], result.x[0]]) if result.dz.size else np.zeros(3)

@@ -82,3 +82,34 @@ def test_bad_input_is_one_line_and_writes_nothing(inputs, tmp_path, args, messag
     rest = [str(folder / a) if a.endswith(".npy") else a for a in args[1:]]
     done = run_cli("correlate-volumes", *paths, *rest, cwd=tmp_path)
     assert_one_line_error_and_nothing_written(done, message, tmp_path)
+
+
+@pytest.mark.slow  # the client waits out its 10 s timeout
+def test_an_unreachable_scheduler_is_one_line_and_writes_nothing(inputs, tmp_path):
+    pytest.importorskip("distributed")
+    folder, _ = inputs
+    done = run_cli("correlate-volumes", str(folder / "ref.npy"), str(folder / "def.npy"), "dvc.ome.zarr",
+                   "--scheduler", "tcp://127.0.0.1:1", cwd=tmp_path)  # fmt: skip
+    assert_one_line_error_and_nothing_written(done, "cannot reach the scheduler at 'tcp://127.0.0.1:1'", tmp_path)
+
+
+@pytest.mark.slow
+def test_a_scheduler_runs_the_slabs_on_its_cluster(inputs, tmp_path):
+    """The volumes read lazily and run in slabs on the cluster's workers (other processes): the fields of the run in
+    this process, the provenance's call the same."""
+    import zarr
+
+    distributed = pytest.importorskip("distributed")
+    folder, _ = inputs
+    args = [str(folder / "ref.npy"), str(folder / "def.npy")]
+    options = ["--subset", "13", "--step", "8", "--quiet"]
+    done = run_cli("correlate-volumes", *args, "here.ome.zarr", *options, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        done = run_cli("correlate-volumes", *args, "far.ome.zarr", *options, "--scheduler", cluster.scheduler_address,
+                       cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    here, far = (zarr.open_group(str(tmp_path / name), mode="r") for name in ("here.ome.zarr", "far.ome.zarr"))
+    # lazy volumes take the whole translation from a copy binned by 2 (the in-memory run's): the same fields
+    np.testing.assert_allclose(np.asarray(far["s0"]), np.asarray(here["s0"]), atol=1e-5, equal_nan=True)
+    assert far.attrs["napari_gridmip"]["python"] == here.attrs["napari_gridmip"]["python"]

@@ -189,3 +189,10 @@ def test_a_new_subcommand_is_a_module_and_one_line(monkeypatch, capsys):
     assert "echo" in subparsers(cli.build_parser())
     cli.main(["echo", "hi", "--overwrite", "--quiet"])
     assert capsys.readouterr().out == "hi True True\n"
+
+
+def test_correlate_volumes_takes_the_batch_options_with_a_scheduler():
+    """``correlate-volumes`` runs its slabs on a dask.distributed cluster with ``--scheduler``, as ``mipmap`` does."""
+    now = describe(subparsers(cli.build_parser())["correlate-volumes"])
+    assert list(now)[-4:] == ["--scheduler", "--overwrite", "--quiet", "--compute-on"]
+    assert now["--scheduler"] == BEFORE["mipmap"]["--scheduler"]

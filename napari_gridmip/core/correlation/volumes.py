@@ -29,6 +29,13 @@ Dask and Zarr volumes are never read whole: the whole translation comes from a c
 reading its planes and a halo wide enough that every value its points' matches read is the whole volume's: the
 answers of the volumes in memory (where the whole translation is the same), in memory bounded by a slab's.
 
+Beyond one device: where JAX has several local devices of the call's platform (``.runtime.sharding.band_devices``),
+the chunks of points go to them side by side, one chunk a device, each device running the one device's program on
+the same chunk (the same answers, bit for bit; ``NAPARI_GRIDMIP_SHARD_BANDS=0`` keeps one device). Beyond one
+machine: with ``compute`` (a ``dask.distributed`` client's), each stage of the slab plan of lazy volumes is a task a
+slab, whose dependencies read its planes and halo on a worker; the results are joined here in order (the answers of
+the slabs run here, bit for bit).
+
 References
 ----------
 B. K. Bay, T. S. Smith, D. P. Fyhrie, M. Saad, "Digital volume correlation: three-dimensional strain mapping
@@ -47,6 +54,7 @@ Exp. Mech. 60, 1205-1223 (2020).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +68,7 @@ from napari_gridmip.core import validate
 from napari_gridmip.core.correlation import _volume_icgn as kernels
 from napari_gridmip.core.correlation.prefilter import DEFAULT_SIGMA, check_prefilter, radius
 from napari_gridmip.core.correlation.status import Status
+from napari_gridmip.core.runtime import sharding, strategy
 from napari_gridmip.core.runtime.precision import compute_dtype, precision_scope
 
 SHAPES = ("affine", "translation")
@@ -228,21 +237,65 @@ def _chunk(subset: int) -> int:
     return 1 << max(0, int(np.floor(np.log2(max(CHUNK_VOXELS // subset**3, 1)))))
 
 
-def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: int,
-             on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """``fn(*chunk_arrays)`` over the points ``index`` in chunks of ``chunk`` (the last padded by its first
-    point), each per-point array taken at those points; the outputs joined on the host, trimmed to ``index``.
-    ``on_chunk(points)``, where given, is called once each chunk has been computed (its real points' count): the
-    progress report, whose raising stops the run there."""
+class _Copies(tuple):
+    """An array the chunks share, one copy on each device of a :class:`_Spread`, in its order."""
+
+
+class _Spread:
+    """Where the chunks of points run: the call's device alone, or side by side on every local device of its
+    platform (:func:`.sharding.band_devices`: the call's device first, ``NAPARI_GRIDMIP_SHARD_BANDS=0`` keeps one),
+    the chunks dealt to them in turn. A device runs the very chunk program one device runs, on the same chunk: the
+    same answers. (One program over every device, ``sharding.per_device``, stalled XLA's CPU client on 4 host
+    devices of 2 cores, waiting on the IC-GN Hessians' group of chunks; chunks put on their own devices did not.)"""
+
+    def __init__(self, devices: tuple[Any, ...]):
+        self.devices = tuple(devices)
+
+    @property
+    def many(self) -> bool:
+        return len(self.devices) > 1
+
+    def put(self, value: Any) -> Any:
+        """``value`` (an array the chunks share: a volume, a scalar) on every device, once; itself on one device."""
+        if not self.many or value is None:
+            return value
+        return _Copies(jax.device_put(value, device) for device in self.devices)
+
+
+def _spread() -> _Spread:
+    """The run's devices, where the work is placed now (inside the run's precision scope)."""
+    return _Spread(sharding.band_devices())
+
+
+def _chunked(program: Callable, shared: tuple[Any, ...], index: np.ndarray, per_point: tuple[np.ndarray, ...],
+             chunk: int, on_chunk: Callable[[int], None] | None = None, *, static: dict[str, Any],
+             spread: _Spread | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """``program(*shared, *chunk_arrays, **static)`` over the points ``index`` in chunks of ``chunk`` (the last
+    padded by its first point), each per-point array taken at those points; the outputs (a tuple of arrays, or one
+    array) joined on the host, trimmed to ``index``. ``on_chunk(points)``, where given, is called once each chunk
+    has been computed (its real points' count): the progress report, whose raising stops the run there.
+
+    With ``spread`` over several devices (``shared`` put on each by :meth:`_Spread.put`), chunk ``i`` goes to
+    device ``i mod n``: its arrays put there and its program dispatched without waiting, so that the devices run
+    side by side; with ``on_chunk``, each round of ``n`` chunks is waited for and reported together. The outputs
+    are gathered in order."""
     count = len(index)
     padded = np.concatenate([index, np.full(-count % chunk, index[0])]) if count else index
+    starts = list(range(0, len(padded), chunk))
+    devices = spread.devices if spread is not None and spread.many else (None,)
     outs = []
-    for s in range(0, len(padded), chunk):
-        outs.append(fn(*(a[padded[s : s + chunk]] for a in per_point)))
+    for r in range(0, len(starts), len(devices)):
+        for k, s in enumerate(starts[r : r + len(devices)]):
+            arrays = [a[padded[s : s + chunk]] for a in per_point]
+            if devices[k] is not None:
+                arrays = [jax.device_put(a, devices[k]) for a in arrays]
+            own = [v[k] if isinstance(v, _Copies) else v for v in shared]
+            outs.append(program(*own, *arrays, **static))
         if on_chunk is not None:
-            jax.block_until_ready(outs[-1])  # so that the report means this chunk is done
-            on_chunk(min(chunk, count - s))
-    outs = jax.device_get(outs)
+            done = outs[r:]
+            jax.block_until_ready(done)  # so that the report means these chunks are done
+            on_chunk(min(len(done) * chunk, count - starts[r]))
+    outs = [o if isinstance(o, tuple) else (o,) for o in jax.device_get(outs)]
     return tuple(np.concatenate([np.asarray(o[i]) for o in outs])[:count] for i in range(len(outs[0])))
 
 
@@ -252,7 +305,7 @@ def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: in
 def _coarse_search(ref_c: np.ndarray, def_c: np.ndarray, mask_c: np.ndarray | None, centres: np.ndarray,
                    guess: np.ndarray, *, half: int, search: int, dtype: np.dtype, shape_c: np.ndarray,
                    offset_c: int = 0, on_chunk: Callable[[int], None] | None = None,
-                   ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+                   spread: _Spread | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Each point's displacement ``(N, 3)`` near ``guess`` (voxels, the whole translation) by the ZNCC of its
     subset over every integer shift within ``search`` voxels, on both volumes binned by 2 (and standardised), with
     a parabola's sub-voxel step; and the peak's ZNCC ``(N,)`` (-inf where every shift leaves the volume). With
@@ -272,15 +325,14 @@ def _coarse_search(ref_c: np.ndarray, def_c: np.ndarray, mask_c: np.ndarray | No
     # in the slab's frame: the slab's halo holds every window whose start is not far out of the volume
     offset = np.array([offset_c, 0, 0])
     local_window = np.clip(window - offset, 0, np.array(padded.shape) - width).astype(np.int32)
-    ref_j, def_j = jnp.asarray(ref_c, dtype), jnp.asarray(padded, dtype)
+    spread = spread or _Spread((None,))
+    ref_j, def_j = spread.put(jnp.asarray(ref_c, dtype)), spread.put(jnp.asarray(padded, dtype))
     masked = mask_c is not None
-    mask_j = jnp.asarray(mask_c, dtype) if masked else ref_j
-
-    def call(rc, wc):
-        return (kernels.search(ref_j, def_j, mask_j, rc, wc, half=half_c, reach=reach, masked=masked),)
-
+    mask_j = spread.put(jnp.asarray(mask_c, dtype)) if masked else ref_j
     local_corner = (ref_corner - offset).astype(np.int32)
-    (zncc,) = _chunked(call, np.arange(len(centres)), (local_corner, local_window), SEARCH_CHUNK, on_chunk)
+    (zncc,) = _chunked(kernels.search, (ref_j, def_j, mask_j), np.arange(len(centres)), (local_corner, local_window),
+                       SEARCH_CHUNK, on_chunk, static=dict(half=half_c, reach=reach, masked=masked),
+                       spread=spread)  # fmt: skip
     shifts = 2 * reach + 1
     best = np.argmax(zncc, 1)
     peak = zncc[np.arange(len(zncc)), best]
@@ -303,15 +355,23 @@ def _coarse_search(ref_c: np.ndarray, def_c: np.ndarray, mask_c: np.ndarray | No
 # -- the IC-GN over every point ------------------------------------------------------------------------------------
 
 
+def _step(coefficients, reference, mask, band, bounds, centre, p, inverse, *, half: int, masked: bool):
+    """:func:`._volume_icgn.step` with the arrays a solver's chunks share first (:func:`_chunked`'s order)."""
+    return kernels.step(coefficients, reference, mask, centre, p, inverse, band, bounds, half=half, masked=masked)
+
+
 class _Solver:
     """The IC-GN of chosen points from chosen starts, over the prepared volumes (each point's Hessian once)."""
 
     def __init__(self, coefficients, reference, mask, centres, *, half, affine, max_iterations, tolerance, chunk,
-                 band, masked, bounds=None, tick=None):  # fmt: skip
-        self.coefficients, self.reference, self.mask = coefficients, reference, mask
+                 band, masked, bounds=None, tick=None, spread=None):  # fmt: skip
+        # the volumes on each device the chunks run on, once (``spread``: the call's device alone by default)
+        self.spread = spread = spread or _Spread((None,))
+        self.dtype = reference.dtype
+        self.coefficients, self.reference, self.mask = (spread.put(v) for v in (coefficients, reference, mask))
         # the whole volume's first and last voxel in the arrays' frame (a slab's), and the progress report
-        self.bounds, self.tick = bounds, tick
-        self.band, self.masked = np.asarray(band, reference.dtype), masked
+        self.bounds, self.tick = spread.put(bounds), tick
+        self.band, self.masked = spread.put(np.asarray(band, reference.dtype)), masked
         self.centres = centres.astype(np.int32)
         self.half, self.affine, self.chunk = half, affine, chunk
         self.max_iterations, self.tolerance = max_iterations, tolerance
@@ -326,10 +386,9 @@ class _Solver:
         if not len(index):
             return
 
-        def call(centre):
-            return kernels.prepare(self.reference, self.mask, centre, half=self.half, affine=self.affine)
-
-        inverse, count, norm = _chunked(call, index, (self.centres,), self.chunk, self._tick(0))
+        inverse, count, norm = _chunked(kernels.prepare, (self.reference, self.mask), index, (self.centres,),
+                                        self.chunk, self._tick(0), static=dict(half=self.half, affine=self.affine),
+                                        spread=self.spread)  # fmt: skip
         self.inverse[index], self.count[index], self.norm[index] = inverse, count, norm
         self.prepared[index] = True
 
@@ -351,7 +410,8 @@ class _Solver:
         out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan),
                    steps=np.zeros(points, np.int16), converged=np.zeros(points, bool),
                    started=np.zeros(points, bool), view=np.zeros(points, bool))  # fmt: skip
-        dtype = self.reference.dtype
+        dtype = self.dtype
+        inverse = self.inverse.astype(dtype)
         active = which.copy()
         last = np.full(points, np.inf)  # each point's previous increment (voxels)
         for iteration in range(self.max_iterations):
@@ -359,13 +419,11 @@ class _Solver:
             if not len(index):
                 break
 
-            def call(centre, warp, inverse):
-                return kernels.step(self.coefficients, self.reference, self.mask, centre, warp.astype(dtype),
-                                    inverse.astype(dtype), self.band, self.bounds, half=self.half,
-                                    masked=self.masked)  # fmt: skip
-
-            new, moved, zncc, variance, view = _chunked(call, index, (self.centres, p, self.inverse), self.chunk,
-                                                        self._tick(0))  # fmt: skip
+            shared = (self.coefficients, self.reference, self.mask, self.band, self.bounds)
+            new, moved, zncc, variance, view = _chunked(
+                _step, shared, index, (self.centres, p.astype(dtype), inverse), self.chunk, self._tick(0),
+                static=dict(half=self.half, masked=self.masked), spread=self.spread,
+            )  # fmt: skip
             out["zncc"][index], out["variance"][index] = zncc, variance
             out["view"][index] = view
             if iteration == 0:
@@ -511,6 +569,7 @@ def correlate_volumes(
     tolerance: float = TOLERANCE,
     dtype: Any = None,
     progress: Callable[[int, int], Any] | None = None,
+    compute: Callable[[list[Any]], Any] | None = None,
 ) -> VolumeCorrelation:
     """Digital volume correlation: the displacement of a grid of reference points in a deformed volume.
 
@@ -567,7 +626,17 @@ def correlate_volumes(
         Optional ``progress(done, total)``, called after each chunk of points: ``done`` counts the points
         searched and the points whose IC-GN has stopped (never decreasing), ``total`` twice the grid's points
         (once without the search); the last call has ``done == total``. It may raise to stop the run (the
-        widgets' Cancel): the exception propagates and nothing is returned.
+        widgets' Cancel): the exception propagates and nothing is returned. Where ``compute`` runs the slabs, it
+        is called between the stages (each stage's slabs reported at once) and a stop waits for the stage.
+    compute
+        How to run the slabs of dask and Zarr volumes as a dask graph's tasks, on a ``dask.distributed`` cluster
+        (as :func:`~napari_gridmip.io.write_mipmap` takes it; the command line's ``--scheduler``): given a list of
+        dask collections, returns their results: ``dask.compute`` (on the ``distributed.Client`` made last, where
+        there is one), or ``lambda collections: client.gather(client.compute(collections))``. Each stage of the
+        slab plan (the binned copy's blocks, the search, the first IC-GN, each retry round) is then one task per
+        slab (or block of planes), whose dependencies read its planes and halo where it runs, and the results are
+        joined here in order: the answers of the slabs run in this process, bit for bit. Default None: every slab
+        in this process. Volumes in memory run in this process either way.
 
     Returns
     -------
@@ -615,12 +684,14 @@ def correlate_volumes(
     tolerance = validate.check_finite_scalar("tolerance", tolerance)
     if tolerance <= 0:
         raise ValueError(f"tolerance must be positive (voxels); got {tolerance}")
+    if compute is not None and not callable(compute):
+        raise TypeError(f"compute must be a callable, compute(tasks) -> their results; got {type(compute).__name__}")
     dtype = compute_dtype(dtype)
     with precision_scope(dtype):
         return _correlate(reference, deformed, mask, subset=subset, step=step, shape=shape, search=search,
                           min_zncc=min_zncc, min_inside=min_inside, max_disagreement=max_disagreement, sigma=sigma,
                           max_iterations=max_iterations, tolerance=tolerance, dtype=dtype,
-                          progress=progress)  # fmt: skip
+                          progress=progress, compute=compute)  # fmt: skip
 
 
 def _inside_share(mask: np.ndarray, centres: np.ndarray, half: int) -> np.ndarray:
@@ -665,25 +736,98 @@ def _slabs(size: tuple[int, int, int], planes: np.ndarray, halo: int, step: int)
     return out
 
 
-def _downsampled(name: str, volume: Any, dtype: np.dtype, factor: int,
-                 report: Callable[[], None]) -> tuple[np.ndarray, float, float]:  # fmt: skip
+def _downsampled_block(name: str, planes: Any, dtype: np.dtype, factor: int) -> tuple[np.ndarray, float, float, int]:
+    """A block of planes binned by ``factor``, and the sum, the sum of squares and the count of its values binned
+    by 2 (float64): one block of :func:`_downsampled`, in this process or as a cluster's task."""
+    binned = kernels.binned(jnp.asarray(_read(name, planes, dtype)))
+    values = np.asarray(binned, np.float64)
+    sums = (float(values.sum()), float(np.sum(values * values)), int(values.size))
+    for _ in range(int(np.log2(factor)) - 1):
+        binned = kernels.binned(binned)
+    return (np.asarray(binned), *sums)
+
+
+def _downsampled(name: str, volume: Any, dtype: np.dtype, factor: int, report: Callable[[], None],
+                 compute: Callable | None = None) -> tuple[np.ndarray, float, float]:  # fmt: skip
     """``volume`` binned by ``factor`` (a power of 2) read in blocks of planes, and the mean and standard
     deviation of it binned by 2 (the search's standardisation), never the whole volume in memory; ``report()``
-    after each block (Cancel's chance)."""
+    after each block (Cancel's chance). With ``compute``, each block is a task of a dask graph that it runs (a
+    cluster's), the sums added here in the blocks' order (the same sums)."""
     depth = 2 * (volume.shape[0] // 2)
     plane = volume.shape[1] * volume.shape[2]
     block = max(factor, SLAB_VOXELS // plane // factor * factor)
+    starts = range(0, depth, block)
+    if compute is None:
+        blocks = (_downsampled_block(name, volume[s : min(s + block, depth)], dtype, factor) for s in starts)
+    else:
+        lazy = _as_dask(volume)
+        blocks = _tasks(compute, [(_downsampled_block, name, lazy[s : min(s + block, depth)], dtype, factor)
+                                  for s in starts], dtype)  # fmt: skip
     parts, total, squares, count = [], 0.0, 0.0, 0
-    for start in range(0, depth, block):
-        binned = kernels.binned(jnp.asarray(_read(name, volume[start : min(start + block, depth)], dtype)))
-        values = np.asarray(binned, np.float64)
-        total, squares, count = total + values.sum(), squares + np.sum(values * values), count + values.size
-        for _ in range(int(np.log2(factor)) - 1):
-            binned = kernels.binned(binned)
-        parts.append(np.asarray(binned))
+    for part, block_total, block_squares, block_count in blocks:
+        total, squares, count = total + block_total, squares + block_squares, count + block_count
+        parts.append(part)
         report()
     mean = total / count
     return np.concatenate(parts), mean, float(np.sqrt(max(squares / count - mean * mean, 0.0)))
+
+
+def _as_dask(volume: Any) -> Any:
+    """A lazy (or NumPy) volume as a dask array, whose slices a cluster's tasks read (a dask array: itself), in
+    blocks of whole planes: a Zarr array's own chunks' depth, else blocks of about ``2**22`` voxels (a slab's
+    slice then reads its own blocks only)."""
+    import dask.array as da
+
+    if validate.is_dask(volume):
+        return volume
+    stored = getattr(volume, "chunks", None)
+    depth = int(stored[0]) if stored else max(1, 2**22 // (volume.shape[1] * volume.shape[2]))
+    return da.from_array(volume, chunks=(depth, *volume.shape[1:]))
+
+
+_ONE_TASK_AT_A_TIME = threading.Lock()
+
+
+def _in_scope(dtype: np.dtype, function: Callable, *args: Any) -> Any:
+    """``function(*args)`` in the run's precision scope, as a cluster's task (its thread has not entered the scope).
+
+    One such task at a time in a process: a task's chunks take the process's devices (and their cores) already,
+    and two slabs' programs side by side in a worker's two threads stalled XLA's CPU client on 2 cores (each
+    waiting on work queued behind the other's), never finishing."""
+    with _ONE_TASK_AT_A_TIME, precision_scope(dtype):
+        return function(*args)
+
+
+class _Joined(tuple):
+    """The results of one stage's tasks, joined by one last task (told apart from the wrapping ``compute`` adds)."""
+
+
+def _joined(*results: Any) -> _Joined:
+    return _Joined(results)
+
+
+def _tasks(compute: Callable, calls: list[tuple], dtype: np.dtype) -> list[Any]:
+    """``function(*args)`` of each of ``calls`` as a task of one dask graph (dask arrays among the arguments: the
+    planes it reads, read by the task's own dependencies), run by ``compute``; the results in order. Each runs in
+    the run's precision scope, and on the host CPU where the run is placed there (:func:`.strategy.keep_place`).
+
+    ``compute`` is handed one collection, the tasks joined, in a list: ``dask.compute`` (which wraps its results
+    in a tuple) and the command line's runner (a list) both do."""
+    import dask
+
+    work = strategy.keep_place(_in_scope)
+    tasks = [dask.delayed(work, pure=False)(dtype, *call) for call in calls]
+    out = compute([dask.delayed(_joined, pure=False)(*tasks)])
+    for _ in range(3):  # a list around it (the runner's), a tuple around that (dask.compute's)
+        if isinstance(out, _Joined):
+            return list(out)
+        if not isinstance(out, (list, tuple)) or len(out) != 1:
+            break
+        out = out[0]
+    raise TypeError(
+        "compute must run a list of dask collections and return their results (as dask.compute, or lambda "
+        f"collections: client.gather(client.compute(collections))); got {type(out).__name__}"
+    )
 
 
 class _Report:
@@ -698,8 +842,128 @@ class _Report:
             self.progress(self.done, self.total)
 
 
+@dataclasses.dataclass(frozen=True)
+class _SlabRun:
+    """What a slab's work needs beside its planes: the run's constants (small and picklable: a cluster's tasks
+    take them)."""
+
+    size: tuple[int, int, int]
+    half: int
+    sigma: float
+    dtype: np.dtype
+    search: int
+    searching: bool
+    roi: bool  # whether there is a region of interest
+    affine: bool
+    max_iterations: int
+    tolerance: float
+    chunk: int
+    min_inside: float
+    translation: np.ndarray
+    stats: Any  # the binned volumes' (mean, spread) each, for the search
+
+
+def _slab_masks(run: _SlabRun, roi: Any, first: int, stop: int) -> tuple[Any, Any, np.ndarray]:
+    """The planes ``first:stop``'s ROI less its edge band, the voxels the subsets may use (that, less the
+    prefilter's reach inside the volume's border) and the ROI there (``roi``: its raw planes, or None)."""
+    size = run.size
+    if roi is None:
+        roi = trimmed = None
+        weights = np.ones((stop - first, *size[1:]), bool)
+    else:
+        roi = np.asarray(roi) > 0
+        # the ROI less the prefilter's and the spline's reach inside its edge (a slab's own edges inside the
+        # volume erode only its halo)
+        trimmed = ndimage.binary_erosion(roi, iterations=radius(run.sigma) + SPLINE_REACH, border_value=1)
+        weights = trimmed.copy()
+    # and less the prefilter's reach inside the volume's border, where it smoothed mirrored values that the
+    # deformed volume, carried, does not hold (the deformed side's band: the IC-GN's ``band``)
+    band = radius(run.sigma)
+    if band:
+        planes = np.arange(first, stop)
+        weights[(planes < band) | (planes >= size[0] - band)] = False
+        for axis in (1, 2):
+            edge = [slice(None)] * 3
+            edge[axis] = np.r_[0:band, size[axis] - band : size[axis]]
+            weights[tuple(edge)] = False
+    return trimmed, weights, roi
+
+
+def _slab_search(run: _SlabRun, ref: np.ndarray, dfm: np.ndarray, roi: Any, first: int, centres: np.ndarray, *,
+                 spread: _Spread, on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """A slab's points (``centres``, whole-volume voxels) from its planes ``ref``, ``dfm`` (compute dtype) and
+    ``roi`` (raw planes or None) from ``first``: whether each is usable, its share of usable voxels, its start
+    displacement and whether the search found one."""
+    count, half = len(centres), run.half
+    usable, inside, searched = np.ones(count, bool), np.ones(count), np.ones(count, bool)
+    shift = np.broadcast_to(run.translation, (count, 3)).copy()
+    trimmed, weights, roi = _slab_masks(run, roi, first, first + len(ref))
+    local = centres - [first, 0, 0]
+    if roi is not None:
+        usable = roi[tuple(local.T)] & (_inside_share(trimmed, local, half) >= run.min_inside)
+        inside = _inside_share(weights, local, half)
+    if run.searching:
+        ref_c, def_c = (
+            (np.asarray(kernels.binned(jnp.asarray(v)), np.float64) - mean) / max(deviation, 1e-30)
+            for v, (mean, deviation) in zip((ref, dfm), run.stats)
+        )
+        mask_c = None
+        if roi is not None:
+            mask_c = np.asarray(kernels.binned(jnp.asarray(weights, run.dtype))) > 0.999
+        shape_c = np.array([n // COARSE for n in run.size])
+        shift, peak = _coarse_search(ref_c, def_c, mask_c, centres, run.translation, half=half, search=run.search,
+                                     dtype=run.dtype, shape_c=shape_c, offset_c=first // COARSE, on_chunk=on_chunk,
+                                     spread=spread)  # fmt: skip
+        searched = np.isfinite(peak)
+    return usable, inside, shift, searched
+
+
+def _slab_solver(run: _SlabRun, ref: np.ndarray, dfm: np.ndarray, roi: Any, first: int, centres: np.ndarray, *,
+                 spread: _Spread, tick: Callable[[int], None] | None = None) -> _Solver:  # fmt: skip
+    """A slab's solver over its prepared planes (as :func:`_slab_search` takes them)."""
+    _, weights, _ = _slab_masks(run, roi, first, first + len(ref))
+    coefficients, prepared = kernels.prepared_volumes(jnp.asarray(ref), jnp.asarray(dfm), sigma=run.sigma)
+    size, dtype = run.size, run.dtype
+    bounds = jnp.asarray([[-first, 0, 0], [size[0] - 1 - first, size[1] - 1, size[2] - 1]], dtype)
+    return _Solver(coefficients, prepared, jnp.asarray(weights, dtype), centres - [first, 0, 0], half=run.half,
+                   affine=run.affine, max_iterations=run.max_iterations, tolerance=run.tolerance, chunk=run.chunk,
+                   band=radius(run.sigma) if run.sigma > 0 else -1.0, masked=run.roi or run.sigma > 0, bounds=bounds,
+                   tick=tick, spread=spread)  # fmt: skip
+
+
+def _slab_first(solver: _Solver, usable: np.ndarray, searched: np.ndarray, start: np.ndarray) -> tuple:
+    """A slab's Hessians and first IC-GN: which points are textured and prepared, their inverse Hessians'
+    translation diagonal, the run's arrays and how many points ran."""
+    solver.prepare(usable)
+    textured = solver.textured()
+    diagonal = np.diagonal(solver.inverse, axis1=1, axis2=2)[:, kernels.TRANSLATION]
+    run_here = usable & textured & searched
+    return textured, solver.prepared.copy(), diagonal, solver.run(run_here, start), int(np.count_nonzero(run_here))
+
+
+def _slab_again(solver: _Solver, which: np.ndarray, begin: np.ndarray) -> dict[str, np.ndarray]:
+    """A slab's IC-GN of the points ``which`` from ``begin`` (a propagation round), uncounted."""
+    solver.prepare(which)
+    return solver.run(which, begin, counted=False)
+
+
+def _slab_task(stage: str, run: _SlabRun, first: int, centres: np.ndarray, reference: Any, deformed: Any, roi: Any,
+               *inputs: Any) -> Any:  # fmt: skip
+    """One slab's ``stage`` (``"search"``, ``"first"``, ``"again"``) as a cluster's task: its planes (and halo)
+    ``reference``, ``deformed``, ``roi`` read by the task's dependencies, its chunks on the worker's default device;
+    what the run in this process computes for the slab."""
+    # the worker's call device alone: chunks spread over a worker's host devices from its task threads stalled
+    # XLA's CPU client (4 host devices, dask.distributed's threads), where the same spread ran in a main thread
+    spread = _Spread((None,))
+    ref, dfm = _read("reference", reference, run.dtype), _read("deformed", deformed, run.dtype)
+    if stage == "search":
+        return _slab_search(run, ref, dfm, roi, first, centres, spread=spread)
+    solver = _slab_solver(run, ref, dfm, roi, first, centres, spread=spread)
+    return _slab_first(solver, *inputs) if stage == "first" else _slab_again(solver, *inputs)
+
+
 def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zncc, min_inside, max_disagreement,
-               sigma, max_iterations, tolerance, dtype, progress=None) -> VolumeCorrelation:  # fmt: skip
+               sigma, max_iterations, tolerance, dtype, progress=None, compute=None) -> VolumeCorrelation:  # fmt: skip
     size = tuple(reference.shape)
     half = subset // 2
     axes = [np.arange(half, n - half, step, dtype=np.float64) for n in size]
@@ -718,19 +982,23 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
     # volumes in memory, or, for lazy ones, from a copy binned as far as DOWNSAMPLED_VOXELS asks, read in blocks
     held = None
     lazy = any(_is_lazy(v) for v in (reference, deformed, mask))
+    # a cluster's tasks (compute) run the slab plan of lazy volumes; the rest runs here
+    distributed = compute is not None and lazy and binnable
+    stats = None
     if lazy and binnable:
         factor = COARSE
         while np.prod([n // (2 * factor) for n in size]) >= DOWNSAMPLED_VOXELS and min(size) // (2 * factor) >= 8:
             factor *= 2
-        ref_f, *ref_stats = _downsampled("reference", reference, dtype, factor, report)
-        def_f, *def_stats = _downsampled("deformed", deformed, dtype, factor, report)
+        blocks_by = compute if distributed else None
+        ref_f, *ref_stats = _downsampled("reference", reference, dtype, factor, report, blocks_by)
+        def_f, *def_stats = _downsampled("deformed", deformed, dtype, factor, report, blocks_by)
         translation = factor * whole_translation(ref_f, def_f)
         stats = (ref_stats, def_stats)
         del ref_f, def_f
         slabs = _slabs(size, axes[0], _halo(half, search, translation[0], sigma, dtype), step)
     else:
         slabs = [(range(grid[0]), 0, size[0])]
-    if len(slabs) == 1:
+    if len(slabs) == 1 and not distributed:
         held = (_read("reference", reference, dtype), _read("deformed", deformed, dtype))
         if not lazy or not binnable:
             ref, dfm = held
@@ -741,71 +1009,60 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
             else:
                 translation = whole_translation(ref, dfm)
 
-    band = radius(sigma)
+    affine = shape == "affine"
+    constants = _SlabRun(size=size, half=half, sigma=sigma, dtype=dtype, search=search, searching=searching,
+                   roi=mask is not None, affine=affine, max_iterations=max_iterations, tolerance=tolerance,
+                   chunk=_chunk(subset), min_inside=min_inside, translation=translation, stats=stats)  # fmt: skip
+    spread = _spread()  # this process's devices (a cluster's task finds its worker's own)
 
-    def load(first: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
-        """The planes ``first:stop`` of both volumes (compute dtype), the ROI less its edge band there, the voxels
-        the subsets may use (that, less the prefilter's reach inside the volume's border) and the ROI's planes."""
+    def load(first: int, stop: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The planes ``first:stop`` of both volumes (compute dtype) and of the ROI (raw, or None)."""
         if held is not None:
             ref, dfm = held
         else:
             report()  # Cancel's chance before each slab's read
             ref, dfm = (_read(name, v[first:stop], dtype) for name, v in (("reference", reference),
                                                                           ("deformed", deformed)))  # fmt: skip
-        if mask is None:
-            roi = trimmed = None
-            weights = np.ones(ref.shape, bool)
-        else:
-            roi = np.asarray(mask[first:stop]) > 0
-            # the ROI less the prefilter's and the spline's reach inside its edge (a slab's own edges inside the
-            # volume erode only its halo)
-            trimmed = ndimage.binary_erosion(roi, iterations=radius(sigma) + SPLINE_REACH, border_value=1)
-            weights = trimmed.copy()
-        # and less the prefilter's reach inside the volume's border, where it smoothed mirrored values that the
-        # deformed volume, carried, does not hold (the deformed side's band: the IC-GN's ``band``)
-        if band:
-            planes = np.arange(first, stop)
-            weights[(planes < band) | (planes >= size[0] - band)] = False
-            for axis in (1, 2):
-                edge = [slice(None)] * 3
-                edge[axis] = np.r_[0:band, size[axis] - band : size[axis]]
-                weights[tuple(edge)] = False
-        return ref, dfm, trimmed, weights, roi
+        return ref, dfm, None if mask is None else mask[first:stop]
 
     def slab_points(planes: range) -> np.ndarray:
         return np.arange(planes.start * plane_points, planes.stop * plane_points)
 
+    if distributed:
+        lazy_volumes = [None if v is None else _as_dask(v) for v in (reference, deformed, mask)]
+
+    def on_slabs(stage: str, ks: list[int], inputs: Callable[[np.ndarray], tuple]) -> list[Any]:
+        """Slab ``k``'s ``stage`` for each of ``ks``, with ``inputs(index)`` (its points' arrays): as one
+        graph's tasks where a cluster runs them (the results then reported at once), else one slab after the
+        other here (each slab's read giving Cancel its chance)."""
+        calls = []
+        for k in ks:
+            planes, first, stop = slabs[k]
+            index = slab_points(planes)
+            planes_of = [None if v is None else v[first:stop] for v in lazy_volumes]
+            calls.append((_slab_task, stage, constants, first, centres[index], *planes_of, *inputs(index)))
+        return _tasks(compute, calls, dtype)
+
     # the usable points (centre in the ROI, enough of the subset inside it) and, for the outside_roi status, the
-    # share of each subset's voxels the subsets may use
+    # share of each subset's voxels the subsets may use; each point's start from the search
     usable = np.ones(points, bool)
     inside = np.ones(points)
     start_shift = np.broadcast_to(translation, (points, 3)).copy()
     searched = np.ones(points, bool)
-    shape_c = np.array([n // COARSE for n in size])
-    for planes, first, stop in slabs:
-        index = slab_points(planes)
-        local = centres[index] - [first, 0, 0]
-        if mask is not None or searching:
-            ref, dfm, trimmed, weights, roi = load(first, stop)
-        if mask is not None:
-            usable[index] = roi[tuple(local.T)] & (_inside_share(trimmed, local, half) >= min_inside)
-            inside[index] = _inside_share(weights, local, half)
-        if searching:
-            ref_c, def_c = (
-                (np.asarray(kernels.binned(jnp.asarray(v)), np.float64) - mean) / max(spread, 1e-30)
-                for v, (mean, spread) in zip((ref, dfm), stats)
-            )
-            mask_c = None
-            if mask is not None:
-                mask_c = np.asarray(kernels.binned(jnp.asarray(weights, dtype))) > 0.999
-            start_shift[index], peak = _coarse_search(ref_c, def_c, mask_c, centres[index], translation, half=half,
-                                                      search=search, dtype=dtype, shape_c=shape_c,
-                                                      offset_c=first // COARSE, on_chunk=tick)  # fmt: skip
-            searched[index] = np.isfinite(peak)
-            del ref_c, def_c, mask_c
-        ref = dfm = trimmed = weights = roi = None  # before the next slab's volumes are read
+    if mask is not None or searching:
+        if distributed:
+            found_here = on_slabs("search", list(range(len(slabs))), lambda index: ())
+        for k, (planes, first, stop) in enumerate(slabs):
+            index = slab_points(planes)
+            if distributed:
+                part = found_here[k]
+                report(len(index) if searching else 0)
+            else:
+                ref, dfm, roi = load(first, stop)
+                part = _slab_search(constants, ref, dfm, roi, first, centres[index], spread=spread, on_chunk=tick)
+                ref = dfm = roi = None  # before the next slab's volumes are read
+            usable[index], inside[index], start_shift[index], searched[index] = part
     start_shift[~searched] = np.nan
-    affine = shape == "affine"
     start_gradient = _start_gradient(start_shift, grid, step) if affine else np.zeros((points, 3, 3))
     start = np.zeros((points, 12))
     start[:, kernels.TRANSLATION] = _into_view(start_shift, start_gradient, origin, half, size)
@@ -818,30 +1075,27 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         if k in solvers:
             return solvers[k]
         planes, first, stop = slabs[k]
-        ref, dfm, _, weights, _ = load(first, stop)
-        coefficients, prepared = kernels.prepared_volumes(jnp.asarray(ref), jnp.asarray(dfm), sigma=sigma)
-        bounds = jnp.asarray([[-first, 0, 0], [size[0] - 1 - first, size[1] - 1, size[2] - 1]], dtype)
-        out = _Solver(coefficients, prepared, jnp.asarray(weights, dtype), centres[slab_points(planes)] - [first, 0, 0],
-                      half=half, affine=affine, max_iterations=max_iterations, tolerance=tolerance,
-                      chunk=_chunk(subset), band=radius(sigma) if sigma > 0 else -1.0,
-                      masked=mask is not None or sigma > 0, bounds=bounds, tick=tick)  # fmt: skip
+        ref, dfm, roi = load(first, stop)
+        out = _slab_solver(constants, ref, dfm, roi, first, centres[slab_points(planes)], spread=spread, tick=tick)
         if held is not None:
             solvers[k] = out
         return out
 
-    def run_slabs(which: np.ndarray, begin: np.ndarray, *, counted: bool) -> dict[str, np.ndarray]:
+    def run_slabs(which: np.ndarray, begin: np.ndarray) -> dict[str, np.ndarray]:
         """The IC-GN of the points ``which`` from ``begin``, slab by slab, joined into the whole grid's arrays."""
         out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan), steps=np.zeros(points, np.int16),
                    converged=np.zeros(points, bool), started=np.zeros(points, bool), view=np.zeros(points, bool),
                    warp=np.full((points, 12), np.nan))  # fmt: skip
-        for k, (planes, _, _) in enumerate(slabs):
-            index = slab_points(planes)
-            if which[index].any():
-                solver = solver_of(k)
-                solver.prepare(which[index])
-                for key, v in solver.run(which[index], begin[index], counted=counted).items():
-                    out[key][index] = v
-                del solver  # before the next slab's volumes are read
+        ks = [k for k, (planes, _, _) in enumerate(slabs) if which[slab_points(planes)].any()]
+        if distributed:
+            parts = on_slabs("again", ks, lambda index: (which[index], begin[index]))
+            report()  # Cancel's chance
+        for n, k in enumerate(ks):
+            index = slab_points(slabs[k][0])
+            part = parts[n] if distributed else _slab_again(solver_of(k), which[index], begin[index])
+            for key, v in part.items():
+                out[key][index] = v
+            part = None  # before the next slab's volumes are read
         return out
 
     # each point's Hessian (slab by slab), then the IC-GN of the usable, textured, searched points
@@ -849,21 +1103,27 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
     prepared_points = np.zeros(points, bool)
     inverse_diagonal = np.full((points, 3), np.nan)
     result = None
+    if distributed:
+        every = list(range(len(slabs)))
+        firsts = on_slabs("first", every, lambda index: (usable[index], searched[index], start[index]))
     for k, (planes, _, _) in enumerate(slabs):
         index = slab_points(planes)
-        solver = solver_of(k)
-        solver.prepare(usable[index])
-        textured[index] = solver.textured()
-        prepared_points[index] = solver.prepared
-        inverse_diagonal[index] = np.diagonal(solver.inverse, axis1=1, axis2=2)[:, kernels.TRANSLATION]
-        run_here = usable[index] & textured[index] & searched[index]
-        part = solver.run(run_here, start[index])
-        report(len(index) - int(np.count_nonzero(run_here)))  # the points not run are done too
+        if distributed:
+            textured[index], prepared_points[index], inverse_diagonal[index], part, _ = firsts[k]
+            firsts[k] = None
+            report(len(index))  # every point of the slab has stopped or was not run
+        else:
+            solver = solver_of(k)
+            textured[index], prepared_points[index], inverse_diagonal[index], part, ran = _slab_first(
+                solver, usable[index], searched[index], start[index]
+            )
+            report(len(index) - ran)  # the points not run are done too
+            del solver  # before the next slab's volumes are read
         if result is None:
             result = {key: np.zeros((points, *v.shape[1:]), v.dtype) for key, v in part.items()}
         for key, v in part.items():
             result[key][index] = v
-        del solver, part  # before the next slab's volumes are read
+        del part
     run = usable & textured & searched
     status = np.full(points, Status.not_significant, np.uint8)
 
@@ -877,7 +1137,7 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         retry = usable & textured & ~found & has & np.all(np.isfinite(carried), 1)
         if not retry.any():
             break
-        again = run_slabs(retry, carried, counted=False)
+        again = run_slabs(retry, carried)
         better = retry & (accepted(again) | ~tried)
         for key in result:
             result[key][better] = again[key][better]

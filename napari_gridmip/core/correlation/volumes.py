@@ -84,6 +84,7 @@ PREDICTED_SHARE = 0.5
 # 200^3, 3.0 to 5.0 s a call against 32 subsets' 5.0 to 5.5 s on the shared 2 cores, 8 as 16)
 CHUNK_VOXELS = 2**18
 PROPAGATION_ROUNDS = 2  # retries of the failed points from their found neighbours
+AFFINE_ROUNDS = 3  # retries of the points the search did not reach, from the affine map of the points found
 # voxels a cubic spline's value reads around its position: its 4 taps, and 4 more of its coefficients'
 # prefilter, whose weight falls by 0.27 a voxel (to 0.5% at 4)
 SPLINE_REACH = 6
@@ -599,7 +600,9 @@ def correlate_volumes(
     search
         Voxels: how far a point's displacement may be from the whole volume's translation; each point is searched
         over every integer shift within it (on the volumes binned by 2) before the IC-GN. 0: start every point from
-        the whole translation. Default 4.
+        the whole translation. Default 4. A point not found from there (a rotation's far points lie beyond any
+        practical search) starts again from the affine map fitted to the points found (up to ``AFFINE_ROUNDS``
+        rounds while they find more), then from its found neighbours' warps (``PROPAGATION_ROUNDS``).
     min_zncc
         The least ZNCC of a kept match; default 0.9.
     min_inside
@@ -1126,12 +1129,37 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         del part
     run = usable & textured & searched
     status = np.full(points, Status.not_significant, np.uint8)
+    affine_tried = np.zeros(points, bool)
 
     def accepted(r):
         return r["converged"] & r["view"] & (np.nan_to_num(r["zncc"], nan=-1) >= min_zncc)
 
     found = accepted(result)
     tried = run.copy()
+    # the points not found from the search (beyond its reach of the whole translation: a rotation's far points),
+    # from the affine map fitted to the points found, a round again while it finds more: a rigid or homogeneous
+    # motion is then found wherever its subsets stay in the volume, whatever the search
+    for _ in range(AFFINE_ROUNDS):
+        linear, shift = _affine_fit(origin[found], result["warp"][found][:, kernels.TRANSLATION])
+        if linear is None:
+            break
+        gradient_guess = np.broadcast_to(linear, (points, 3, 3))
+        predicted = np.matmul(origin, linear.T) + shift  # NumPy, on the host
+        retry = usable & textured & ~found & ~affine_tried & _in_view(predicted, gradient_guess, origin, half, size)
+        if not retry.any():
+            break
+        begin = np.zeros((points, 12))
+        begin[:, kernels.TRANSLATION] = predicted
+        begin[:, 1:4], begin[:, 5:8], begin[:, 9:12] = linear[0], linear[1], linear[2]
+        again = run_slabs(retry, begin)
+        better = retry & (accepted(again) | ~tried)
+        for key in result:
+            result[key][better] = again[key][better]
+        tried |= retry
+        affine_tried |= retry & ~accepted(again)  # a point the map's guess did not find is not tried so again
+        before, found = found, accepted(result)
+        if found.sum() == before.sum():
+            break
     for _ in range(PROPAGATION_ROUNDS):
         carried, has = _neighbour_starts(grid, origin, result["warp"], found, result["zncc"])
         retry = usable & textured & ~found & has & np.all(np.isfinite(carried), 1)

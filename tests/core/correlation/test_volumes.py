@@ -464,3 +464,23 @@ def test_dask_volumes_read_by_slabs_give_the_answers_in_memory(monkeypatch, shap
     with pytest.raises(KeyboardInterrupt):
         gm.correlate_volumes(*lazy, progress=cancel, **options)
     assert len(reads) - full < full / 2
+
+
+def test_a_rotation_beyond_the_search_is_found_wherever_its_subsets_stay_in_the_volume():
+    """25 degrees about z on 64^3: the far points move 15 voxels past the whole translation, beyond the search (4)
+    and the propagation's reach; the affine map of the points found near the axis starts them."""
+    n, angle = 64, np.deg2rad(25)
+    rng = np.random.default_rng(3)
+    reference = ndimage.gaussian_filter(rng.random((n, n, n)), 1.5)
+    reference = ((reference - reference.min()) / np.ptp(reference) * 255).astype(np.float32)
+    turn = np.array([[1, 0, 0], [0, np.cos(angle), -np.sin(angle)], [0, np.sin(angle), np.cos(angle)]])
+    centre = np.full(3, (n - 1) / 2)
+    deformed = ndimage.affine_transform(reference, turn.T, offset=centre - turn.T @ centre, order=5, mode="mirror")
+    result = gm.correlate_volumes(reference, deformed.astype(np.float32), subset=11, step=8)
+    points = np.stack(np.meshgrid(result.z, result.y, result.x, indexing="ij"), -1)
+    truth = (points - centre) @ turn.T + centre - points
+    ok = result.status == Status.ok
+    # every point is found or its subset is carried out of the volume; none is left not significant
+    assert set(np.unique(result.status[~ok])) <= {Status.out_of_view} and ok.mean() > 0.5
+    error = np.linalg.norm(np.stack([result.dz, result.dy, result.dx], -1) - truth, axis=-1)
+    assert np.sqrt(np.mean(error[ok] ** 2)) < 0.01

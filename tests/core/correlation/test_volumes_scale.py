@@ -126,6 +126,7 @@ def test_a_host_run_keeps_to_the_host_and_a_default_device_leads(pair):
     _same(hosted, moved)
 
 
+@pytest.mark.slow  # a child process that compiles anew (about 20 s); CI's 8-host-device step runs the comparison
 @pytest.mark.skipif(jax.device_count() > 1, reason="the parent has several devices already")
 def test_several_host_devices_in_a_new_process():
     """The affine comparison of the devices in a child process with 4 host devices (the default run has one)."""

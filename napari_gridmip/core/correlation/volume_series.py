@@ -33,6 +33,8 @@ Each volume is read whole, one at a time (dask and Zarr series too), and held wh
 each key frame's subsets (their gradients and Hessians) are prepared once, so that a frame against volume 0 only
 interpolates itself. With a region of interest (on volume 0), a later key frame's subsets use the ROI carried by
 the affine map fitted to the points found in that frame (else the last one, carried by the whole translation).
+The IC-GN and the search are :func:`.volumes.correlate_volumes`' own: their chunks of points are dealt to every
+local device (:func:`.sharding.band_devices`), with one device's answers.
 
 References
 ----------
@@ -52,7 +54,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import ndimage
@@ -166,41 +167,27 @@ def _total(warp, centre, offset, key_jacobian) -> tuple[np.ndarray, np.ndarray]:
     return position, np.matmul(np.eye(3) + gradient, key_jacobian)
 
 
-# -- the IC-GN of chosen points against a key frame -----------------------------------------------------------
-
-
-def _chunk(subset: int) -> int:
-    """The points of one compiled call (as :func:`.volumes.correlate_volumes`'s)."""
-    return 1 << max(0, int(np.floor(np.log2(max(pair.CHUNK_VOXELS // subset**3, 1)))))
-
-
-def _chunked(fn, index: np.ndarray, per_point: tuple[np.ndarray, ...], chunk: int) -> tuple[np.ndarray, ...]:
-    """``fn`` over the points ``index`` in chunks of ``chunk`` (the last padded by its first point), the outputs
-    joined on the host: one compiled program whatever the number of points."""
-    count = len(index)
-    padded = np.concatenate([index, np.full(-count % chunk, index[0])])
-    outs = [fn(*(a[padded[s : s + chunk]] for a in per_point)) for s in range(0, len(padded), chunk)]
-    outs = jax.device_get(outs)
-    return tuple(np.concatenate([np.asarray(o[i]) for o in outs])[:count] for i in range(len(outs[0])))
+# -- a key frame -----------------------------------------------------------------------------------------------
 
 
 class _Key:
-    """A key frame: its spline gradients, the voxels its subsets may use, its binned copy for the search, and the
-    subsets (centres and inverse Hessians) of the points keyed to it, each prepared once."""
+    """A key frame: the IC-GN of the points keyed to it (:class:`.volumes._Solver` over its spline gradients and the
+    voxels its subsets may use, each point's subset prepared once), which of those subsets are usable, and its
+    binned copy for the search."""
 
-    def __init__(self, volume: np.ndarray, weights: np.ndarray, points: int, *, run: _Options):
-        self.reference = kernels._reference_gradient(jnp.asarray(volume), sigma=run.sigma)
-        self.weights = jnp.asarray(weights, run.dtype)
+    def __init__(self, volume: np.ndarray, weights: np.ndarray, points: int, *, run: _Options, spread: pair._Spread):
+        reference = kernels._reference_gradient(jnp.asarray(volume), sigma=run.sigma)
+        # the deformed volume is each frame's, given by use_deformed
+        self.solver = pair._Solver(None, reference, jnp.asarray(weights, run.dtype), np.zeros((points, 3), np.int32),
+                                   half=run.half, affine=run.affine, max_iterations=run.max_iterations,
+                                   tolerance=run.tolerance, chunk=run.chunk, band=run.band, masked=run.masked,
+                                   spread=spread)  # fmt: skip
         self.binned = self.mask_c = None
         if run.searching:
             self.binned = _standardised(volume)
             if run.masked_roi:
                 self.mask_c = np.asarray(kernels.binned(jnp.asarray(weights, run.dtype))) > 0.999
-        self.centres = np.zeros((points, 3), np.int32)
-        self.inverse = np.full((points, 12, 12), np.nan)
         self.textured = np.zeros(points, bool)
-        self.count = np.zeros(points)
-        self.run = run
 
     def prepare(self, which: np.ndarray, centres: np.ndarray, least: np.ndarray | float = 0.0) -> np.ndarray:
         """The subsets of the points ``which`` centred at ``centres`` ``(n, 3)``; returns which have texture (a
@@ -209,51 +196,12 @@ class _Key:
         index = np.flatnonzero(which)
         if not len(index):
             return np.zeros(0, bool)
-        run = self.run
-        self.centres[index] = centres
-
-        def call(centre):
-            return kernels.prepare(self.reference, self.weights, centre, half=run.half, affine=run.affine)
-
-        inverse, count, norm = _chunked(call, index, (self.centres,), run.chunk)
-        self.inverse[index], self.count[index] = inverse, count
-        good = np.all(np.isfinite(inverse), (1, 2)) & (norm > 0) & (count >= np.maximum(least, 13))
+        solver = self.solver
+        solver.recentre(index, centres)
+        solver.prepare(which)
+        good = solver.textured()[index] & (solver.count[index] >= np.maximum(least, 13))
         self.textured[index] = good
         return good
-
-    def icgn(self, coefficients: jax.Array, which: np.ndarray, start: np.ndarray) -> dict[str, np.ndarray]:
-        """IC-GN of the points ``which`` from ``start`` ``(P, 12)`` against the frame ``coefficients``: each
-        point's warp, ZNCC, whether it converged and stayed in view (as :func:`.volumes.correlate_volumes`)."""
-        run = self.run
-        points = len(which)
-        p = np.where(which[:, None], start, np.nan)
-        out = dict(zncc=np.full(points, np.nan), converged=np.zeros(points, bool), view=np.zeros(points, bool))
-        active = which.copy()
-        last = np.full(points, np.inf)
-        band = np.asarray(run.band, run.dtype)
-        for _ in range(run.max_iterations):
-            index = np.flatnonzero(active)
-            if not len(index):
-                break
-
-            def call(centre, warp, inverse):
-                return kernels.step(coefficients, self.reference, self.weights, centre, warp.astype(run.dtype),
-                                    inverse.astype(run.dtype), band, half=run.half, masked=run.masked)  # fmt: skip
-
-            new, moved, zncc, _, view = _chunked(call, index, (self.centres, p, self.inverse), run.chunk)
-            out["zncc"][index], out["view"][index] = zncc, view
-            good = view & np.all(np.isfinite(new), 1)
-            p[index[good]] = new[good]
-            # the predictive stop of correlate_volumes: contracting increments whose next one is under tolerance
-            with np.errstate(divide="ignore", invalid="ignore"):
-                predicted = np.where(np.isfinite(last[index]) & (last[index] > moved), moved * moved / last[index],
-                                     np.inf)  # fmt: skip
-            done = good & ((moved <= run.tolerance) | (predicted <= run.tolerance * pair.PREDICTED_SHARE))
-            last[index] = moved
-            out["converged"][index[done]] = True
-            active[index] = good & ~done
-        out["warp"] = p
-        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,7 +381,7 @@ def correlate_volume_series(
     binnable = min(size) >= 2 * pair.COARSE * 4
     run = _Options(half=subset // 2, affine=shape == "affine", sigma=sigma, band=radius(sigma) if sigma > 0 else -1.0,
                    masked=mask is not None or sigma > 0, masked_roi=mask is not None, searching=search > 0 and binnable,
-                   search=search, chunk=_chunk(subset), max_iterations=max_iterations, tolerance=tolerance,
+                   search=search, chunk=pair._chunk(subset), max_iterations=max_iterations, tolerance=tolerance,
                    dtype=dtype)  # fmt: skip
     with precision_scope(dtype):
         return _correlate(volumes, mask, count=count, size=size, subset=subset, step=step, reference=reference,
@@ -490,11 +438,13 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
     motion = np.full((count, 3, 4), np.nan)
     motion[0] = np.eye(3, 4)
 
+    # the devices the chunks of points are dealt to (as correlate_volumes'), the same for every key frame
+    spread = pair._spread()
     volume = _read(volumes, 0, dtype)
-    keys: dict[int, _Key] = {0: _Key(volume, key_weights(None), points, run=run)}
+    keys: dict[int, _Key] = {0: _Key(volume, key_weights(None), points, run=run, spread=spread)}
     textured0 = np.zeros(points, bool)
     textured0[usable] = keys[0].prepare(usable, centres0[usable])
-    count0 = keys[0].count.copy()
+    count0 = keys[0].solver.count.copy()
     tracked = usable & textured0  # the points followed; the others keep their volume-0 status in every volume
     unused = np.full(points, Status.not_significant, np.uint8)
     if mask is not None:
@@ -528,7 +478,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
     previous_binned = _standardised(volume) if binnable else volume
     shape_c = np.array([n // pair.COARSE for n in size])
 
-    def attempt(result: _Frame, which, guess_position, guess_jacobian, coefficients, *, on=None, searched=None):
+    def attempt(result: _Frame, which, guess_position, guess_jacobian, *, on=None, searched=None):
         """The IC-GN of the points ``which`` against their key frames (or the key frame ``on`` for all) from the
         guesses; with ``searched`` (the frame's binned copy) each start's translation is the coarse search's peak
         around the guess. The results are written into ``result`` where better than what it holds."""
@@ -548,14 +498,14 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
             if searched is not None:
                 shift, peak = pair._coarse_search(key.binned, searched, key.mask_c, centre[chosen].astype(np.int64),
                                                   start[chosen][:, kernels.TRANSLATION], half=half, search=run.search,
-                                                  dtype=dtype, shape_c=shape_c)  # fmt: skip
+                                                  dtype=dtype, shape_c=shape_c, spread=spread)  # fmt: skip
                 rows = np.flatnonzero(chosen)
                 start[rows[np.isfinite(peak)][:, None], kernels.TRANSLATION] = shift[np.isfinite(peak)]
                 chosen[rows[~np.isfinite(peak)]] = False
                 if not chosen.any():
                     continue
             start[chosen, :] = _into_view_start(start[chosen], centre[chosen], half, size)
-            got = key.icgn(coefficients, chosen, start)
+            got = key.solver.run(chosen, start)
             fresh = _Frame(points)
             fresh.position[chosen], fresh.jacobian[chosen] = _total(got["warp"][chosen], centre[chosen],
                                                                     offset[chosen], own[chosen])  # fmt: skip
@@ -569,7 +519,10 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
 
     for t in range(1, count):
         volume = _read(volumes, t, dtype)
-        coefficients = kernels._coefficients(jnp.asarray(volume), sigma=run.sigma)
+        # this frame's spline coefficients, put on the devices once for every key frame's solver
+        coefficients = spread.put(kernels._coefficients(jnp.asarray(volume), sigma=run.sigma))
+        for key in keys.values():
+            key.solver.use_deformed(coefficients)
         binned = _standardised(volume) if binnable else volume
         # the whole volume's translation since the previous volume: the move of a point with none of its own
         pace = (pair.COARSE if binnable else 1) * pair.whole_translation(previous_binned, binned)
@@ -580,11 +533,11 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
         base_position = np.where(found_before[:, None], position, carried_whole)
         base_jacobian = np.where(found_before[:, None, None], jacobian, whole[:, :3])
         guess = base_position + np.where(np.isfinite(velocity), velocity, pace)
-        attempt(result, tracked, guess, base_jacobian, coefficients)
+        attempt(result, tracked, guess, base_jacobian)
         accepted = result.accepted(min_zncc)
         # 2. the coarse search around the previous position carried by the whole pace
         if run.searching and (tracked & ~accepted).any():
-            attempt(result, tracked & ~accepted, base_position + pace, base_jacobian, coefficients, searched=binned)
+            attempt(result, tracked & ~accepted, base_position + pace, base_jacobian, searched=binned)
             accepted = result.accepted(min_zncc)
         # 3. the found neighbours' warps
         tried_from_neighbours = np.zeros(points, bool)
@@ -594,7 +547,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
             if not retry.any():
                 break
             tried_from_neighbours |= retry
-            attempt(result, retry, nb_position, nb_jacobian, coefficients)
+            attempt(result, retry, nb_position, nb_jacobian)
             accepted = result.accepted(min_zncc)
 
         # "auto": the points keyed elsewhere against volume 0 again
@@ -610,7 +563,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
                 guess_position[use], guess_jacobian[use] = nb_position[use], nb_jacobian[use]
                 use = lost & ~has
                 guess_position[use], guess_jacobian[use] = guess[use], base_jacobian[use]
-                attempt(back, keyed, guess_position, guess_jacobian, coefficients, on=0)
+                attempt(back, keyed, guess_position, guess_jacobian, on=0)
                 good = back.accepted(min_zncc)
                 take = keyed & good & (lost | (np.nan_to_num(back.zncc) >= refresh_zncc))
                 result.take(back, take)
@@ -667,7 +620,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
             centre = np.rint(result.position)
             move &= np.all((centre >= half) & (centre <= np.asarray(size) - 1 - half), 1)  # the subset in the volume
             if move.any():
-                key = _Key(volume, key_weights(whole), points, run=run)
+                key = _Key(volume, key_weights(whole), points, run=run, spread=spread)
                 # a carried ROI's subset keeps ``min_inside`` of the voxels it used in volume 0
                 least = min_inside * count0[move] if mask is not None else 0.0
                 good = key.prepare(move, centre[move].astype(np.int32), least)

@@ -393,6 +393,19 @@ class _Solver:
         self.inverse[index], self.count[index], self.norm[index] = inverse, count, norm
         self.prepared[index] = True
 
+    def recentre(self, which: np.ndarray, centres: np.ndarray) -> None:
+        """Cut the subsets of the points ``which`` (a mask or indices) around ``centres`` ``(n, 3)`` instead (a
+        time series' new key frame): their Hessians are forgotten, for :meth:`prepare` to make again."""
+        self.centres[which] = centres
+        self.inverse[which], self.count[which], self.norm[which] = np.nan, 0.0, 0.0
+        self.prepared[which] = False
+
+    def use_deformed(self, coefficients: Any) -> None:
+        """Match against another deformed volume from now on (a time series' next frame): its spline
+        ``coefficients`` (in the reference's frame), put on the spread's devices; a value :meth:`_Spread.put` already
+        put there (one put for several solvers) is taken as is."""
+        self.coefficients = coefficients if isinstance(coefficients, _Copies) else self.spread.put(coefficients)
+
     def _tick(self, share: int) -> Callable[[int], None] | None:
         """A chunk's report: ``share`` points done each (0: a report that only gives Cancel its chance)."""
         tick = self.tick

@@ -7,6 +7,7 @@ comes into view is texture, not a border's mirror.
 """
 
 import dask.array as da
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,7 +17,9 @@ from scipy import ndimage
 import napari_gridmip as gm
 from napari_gridmip._sample_data.dvc import micro_ct_texture
 from napari_gridmip.core.correlation import volume_series
+from napari_gridmip.core.correlation import volumes as volume_pair
 from napari_gridmip.core.correlation.status import Status
+from napari_gridmip.core.runtime import sharding
 
 SIZE = 40
 OPTIONS = dict(subset=11, step=8)
@@ -255,6 +258,35 @@ def test_bad_input_names_what_was_given():
     bad[1, 0, 0, 0] = np.nan
     with pytest.raises(ValueError, match=r"volumes\[1\] has non-finite voxels"):
         gm.correlate_volume_series(bad)
+
+
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs several devices (CI: 8 host devices)")
+@pytest.mark.parametrize("policy", ["incremental", "auto"])
+def test_every_device_gives_one_devices_answers(monkeypatch, turning, policy):
+    # the key frames' IC-GN is correlate_volumes' solver: its chunks (8 subsets here) dealt to every device, each
+    # key frame's subsets prepared there once, each volume's coefficients put there once; with noise, "auto" too
+    # moves keys (as in the test of its refresh)
+    volumes, _ = turning
+    volumes = volumes + 0.01 * np.random.default_rng(5).standard_normal(volumes.shape).astype(np.float32)
+    options = dict(OPTIONS, reference=policy, refresh_zncc=0.999)
+    monkeypatch.setattr(volume_pair, "CHUNK_VOXELS", 8 * OPTIONS["subset"] ** 3)
+    monkeypatch.setenv(sharding.VARIABLE, "0")
+    one = gm.correlate_volume_series(volumes, **options)
+    monkeypatch.delenv(sharding.VARIABLE)
+    used = set()
+    original = volume_pair._chunked
+
+    def noting(program, shared, index, per_point, chunk, *args, spread=None, **kwargs):
+        if spread is not None and spread.many and len(index) > chunk:
+            used.update(spread.devices[: -(-len(index) // chunk)])
+        return original(program, shared, index, per_point, chunk, *args, spread=spread, **kwargs)
+
+    monkeypatch.setattr(volume_pair, "_chunked", noting)
+    many = gm.correlate_volume_series(volumes, **options)
+    assert len(used) > 1  # the chunks ran on several devices at once
+    assert len(np.unique(one.key_frame)) > 2  # several key frames
+    for name in ("dz", "dy", "dx", "zncc", "status", "key_frame", "gradient", "motion"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=name)
 
 
 _finite = st.floats(-3, 3, allow_nan=False)

@@ -419,8 +419,8 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
         if motion is None:
             return trimmed & border
         linear = np.linalg.inv(motion[:, :3])
-        carried = ndimage.affine_transform(trimmed.astype(np.float32), linear, offset=-linear @ motion[:, 3], order=0,
-                                           cval=0.0)  # fmt: skip
+        offset = -np.matmul(linear, motion[:, 3])
+        carried = ndimage.affine_transform(trimmed.astype(np.float32), linear, offset=offset, order=0, cval=0.0)
         return (carried > 0.5) & border
 
     usable = np.ones(points, bool)

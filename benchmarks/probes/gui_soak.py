@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("mipmap", "patches", "stitch", "tiled", "correlation")
-SAMPLES = ("occupancy", "tiles", "mosaic", "speckle", "speckle-contrast", "dic", "calcium")
+KINDS = ("mipmap", "patches", "stitch", "tiled", "correlation", "volume")
+SAMPLES = ("occupancy", "tiles", "mosaic", "speckle", "speckle-contrast", "dic", "calcium", "dic-series", "dvc")
 LONG_CALL_MS = 250.0
 
 
@@ -53,9 +53,10 @@ def _widget_class(kind: str) -> type:
     from napari_gridmip._widgets.patches_widget import PatchesWidget
     from napari_gridmip._widgets.stitch_widget import StitchWidget
     from napari_gridmip._widgets.tiled_widget import TiledWidget
+    from napari_gridmip._widgets.volume_widget import VolumeWidget
 
     return {"mipmap": MipmapWidget, "patches": PatchesWidget, "stitch": StitchWidget, "tiled": TiledWidget,
-            "correlation": CorrelationWidget}[kind]  # fmt: skip
+            "correlation": CorrelationWidget, "volume": VolumeWidget}[kind]  # fmt: skip
 
 
 class Session:

@@ -31,6 +31,7 @@ import numpy as np
 from jax import lax
 from jax.scipy.linalg import cho_solve
 
+from napari_gridmip.core.correlation import warp
 from napari_gridmip.core.correlation.prefilter import fir_along, radius, taps
 from napari_gridmip.core.runtime.precision import HIGHEST
 
@@ -133,14 +134,6 @@ def binned(volume: jax.Array) -> jax.Array:
 # -- tricubic interpolation ----------------------------------------------------------------------------------------
 
 
-def bspline(t: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """The cubic B-spline's weights of the coefficients at -1, 0, 1, 2 for the fraction ``t`` (as
-    :func:`napari_gridmip.core.interpolation.bspline_weights`), each shaped as ``t``."""
-    t2, u = t * t, 1 - t
-    t3 = t2 * t
-    return u * u * u / 6, (3 * t3 - 6 * t2 + 4) / 6, (-3 * t3 + 3 * t2 + 3 * t + 1) / 6, t3 / 6
-
-
 def interpolate(coefficients: jax.Array, pz: jax.Array, py: jax.Array, px: jax.Array) -> jax.Array:
     """The tricubic spline through ``coefficients`` ``(Z + 4, Y + 4, X + 4)`` (edge-padded by 2) at the voxel
     positions ``(pz, py, px)`` (any shape, each clipped to the volume): the 64 coefficients around each position,
@@ -150,7 +143,7 @@ def interpolate(coefficients: jax.Array, pz: jax.Array, py: jax.Array, px: jax.A
     pz, py, px = (jnp.clip(jnp.where(jnp.isfinite(q), q, 0), 0, n - 5) for q, n in ((pz, depth), (py, rows),
                                                                                      (px, cols)))  # fmt: skip
     z0, y0, x0 = jnp.floor(pz), jnp.floor(py), jnp.floor(px)
-    wz, wy, wx = bspline(pz - z0), bspline(py - y0), bspline(px - x0)
+    wz, wy, wx = (warp.spline_weights(t) for t in (pz - z0, py - y0, px - x0))
     # tap (-1, -1, -1) sits at padded (z0 + 1, y0 + 1, x0 + 1)
     base = ((z0.astype(jnp.int32) + 1) * rows + y0.astype(jnp.int32) + 1) * cols + x0.astype(jnp.int32) + 1
     flat = coefficients.ravel()

@@ -1027,7 +1027,10 @@ class _Spread:
         centre, origin, inverse, moved = (self.pad(a) for a in (centre, origin, inverse, moved))
         if len(self.devices) == 1:
             return _reference(key, roi, centre, origin, inverse, moved, old, limits, **static)
-        program = _spread_program("reference", sharding.mesh(self.devices), tuple(sorted(static.items())))
+        grid = sharding.mesh(self.devices)
+        program = _spread_program("reference", grid, tuple(sorted(static.items())))
+        # the first key frame's ``old`` (host arrays) placed as a later one's (the program's own output): one program
+        old = jax.device_put(old, sharding.split(grid, axis=0))
         return program(key, roi, centre, origin, inverse, moved, old, limits)
 
     def icgn(self, ref, target, start, which, max_steps, *, window: int, **static) -> tuple[np.ndarray, ...]:

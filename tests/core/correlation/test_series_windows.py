@@ -47,6 +47,7 @@ def test_points_that_spread_past_their_window_are_not_served_and_nan_pixels_stay
     np.testing.assert_allclose(got[1, [0, 2]], want[1, [0, 2]], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow  # two sequences twice, each compiling its programs (about 10 s); the pieces above are the quick check
 @pytest.mark.parametrize(("kind", "reference"), [("rotation", "accumulated"), ("translation", "auto")])
 def test_a_sequence_read_through_windows_gives_the_gathers_answers(monkeypatch, kind, reference):
     frames, truth = make_dic_series(kind, frames=4, shape=(96, 96))

@@ -212,6 +212,11 @@ class JobWidget(Container):
         self._prefetch_timer.timeout.connect(self._prefetch)
 
     @property
+    def starting_early(self) -> bool:
+        """A job before Run is scheduled (the inputs' wait for stillness under way) or still running."""
+        return self._prefetch_timer.isActive() or self.runner.prefetching
+
+    @property
     def native(self) -> Any:
         """The dock's body, a scroll area around the fields (what napari docks); the fields' own widget is in it."""
         scroll = self.__dict__.get("_scroll")

@@ -175,13 +175,14 @@ class _Key:
     voxels its subsets may use, each point's subset prepared once), which of those subsets are usable, and its
     binned copy for the search."""
 
-    def __init__(self, volume: np.ndarray, weights: np.ndarray, points: int, *, run: _Options, spread: pair._Spread):
+    def __init__(self, volume: np.ndarray, weights: np.ndarray, points: int, *, run: _Options, spread: pair._Spread,
+                 tick: Callable[[int], None] | None = None):  # fmt: skip
         reference = kernels._reference_gradient(jnp.asarray(volume), sigma=run.sigma)
         # the deformed volume is each frame's, given by use_deformed
         self.solver = pair._Solver(None, reference, jnp.asarray(weights, run.dtype), np.zeros((points, 3), np.int32),
                                    half=run.half, affine=run.affine, max_iterations=run.max_iterations,
                                    tolerance=run.tolerance, chunk=run.chunk, band=run.band, masked=run.masked,
-                                   spread=spread)  # fmt: skip
+                                   spread=spread, tick=tick)  # fmt: skip
         self.binned = self.mask_c = None
         if run.searching:
             self.binned = _standardised(volume)
@@ -323,8 +324,9 @@ def correlate_volume_series(
     dtype
         The compute precision: float32 (default) or float64.
     progress
-        Optional ``progress(done, total)``, called after each volume (``total`` the number of volumes); it may
-        raise to stop the run (the exception propagates and nothing is returned).
+        Optional ``progress(done, total)``, called after each volume (``total`` the number of volumes), and
+        between the chunks of points with the volumes done so far; it may raise to stop the run (the exception
+        propagates and nothing is returned), which it can within a volume.
 
     Returns
     -------
@@ -441,7 +443,11 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
     # the devices the chunks of points are dealt to (as correlate_volumes'), the same for every key frame
     spread = pair._spread()
     volume = _read(volumes, 0, dtype)
-    keys: dict[int, _Key] = {0: _Key(volume, key_weights(None), points, run=run, spread=spread)}
+    # between the solvers' chunks: the volumes done so far again, the chance a raising progress (Cancel) has to stop
+    # the run within a volume
+    done = [0]
+    tick = None if progress is None else (lambda _points: progress(done[0], count))
+    keys: dict[int, _Key] = {0: _Key(volume, key_weights(None), points, run=run, spread=spread, tick=tick)}
     textured0 = np.zeros(points, bool)
     textured0[usable] = keys[0].prepare(usable, centres0[usable])
     count0 = keys[0].solver.count.copy()
@@ -459,6 +465,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
         gradient_out[0].reshape(-1, 3, 3)[tracked] = 0.0
     status_out[0].reshape(-1)[:] = np.where(tracked, Status.ok, unused)
     key_out[0].reshape(-1)[tracked] = 0
+    done[0] = 1
     if progress is not None:
         progress(1, count)
 
@@ -620,7 +627,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
             centre = np.rint(result.position)
             move &= np.all((centre >= half) & (centre <= np.asarray(size) - 1 - half), 1)  # the subset in the volume
             if move.any():
-                key = _Key(volume, key_weights(whole), points, run=run, spread=spread)
+                key = _Key(volume, key_weights(whole), points, run=run, spread=spread, tick=tick)
                 # a carried ROI's subset keeps ``min_inside`` of the voxels it used in volume 0
                 least = min_inside * count0[move] if mask is not None else 0.0
                 good = key.prepare(move, centre[move].astype(np.int32), least)
@@ -633,6 +640,7 @@ def _correlate(volumes, mask, *, count, size, subset, step, reference, shape, mi
             in_use = set(np.unique(key_index[tracked]).tolist()) | ({0} if reference == "auto" else set())
             for k in [k for k in keys if k not in in_use]:
                 del keys[k]  # a volume no point is keyed to any more
+        done[0] = t + 1
         if progress is not None:
             progress(t + 1, count)
 

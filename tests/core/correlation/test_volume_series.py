@@ -221,7 +221,8 @@ def test_roi_points_outside_stay_outside_and_the_input_is_not_modified(translati
     result = gm.correlate_volume_series(volumes[:3], roi=roi, reference="incremental", prefilter="auto",
                                         progress=progress, **OPTIONS)  # fmt: skip
     np.testing.assert_array_equal(volumes, before)
-    assert calls == [(1, 3), (2, 3), (3, 3)]
+    # after each volume, and between the chunks of points with the volumes done so far
+    assert calls[-1] == (3, 3) and sorted(set(calls)) == [(0, 3), (1, 3), (2, 3), (3, 3)] and calls == sorted(calls)
     outside = result.status[0] == Status.outside_roi
     assert outside.sum() == 32 and np.all(outside == (result.status[0] != Status.ok))  # x = 21, 29: too little in
     for t in range(3):
@@ -229,6 +230,25 @@ def test_roi_points_outside_stay_outside_and_the_input_is_not_modified(translati
         assert np.all(result.key_frame[t][outside] == -1)
         ok = result.status[t] == Status.ok
         assert np.array_equal(ok, ~outside) and _errors(result, truth, t)[ok].max() < 0.05
+
+
+def test_a_raising_progress_stops_the_run_within_a_volume(translating):
+    """Cancel: a progress that raises between the chunks of volume 1's points ends the run there, before volume 1
+    is reported done."""
+    volumes, _ = translating
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def progress(done, total):
+        calls.append(done)
+        if done == 1 and len(calls) > 1:  # a call inside volume 1, after volume 0's
+            raise Stop
+
+    with pytest.raises(Stop):
+        gm.correlate_volume_series(volumes[:3], progress=progress, **OPTIONS)
+    assert calls[-1] == 1 and 2 not in calls
 
 
 def test_bad_input_names_what_was_given():

@@ -85,6 +85,10 @@ PREDICTED_SHARE = 0.5
 CHUNK_VOXELS = 2**18
 PROPAGATION_ROUNDS = 2  # retries of the failed points from their found neighbours
 AFFINE_ROUNDS = 3  # retries of the points the search did not reach, from the affine map of the points found
+# IC-GN steps of the first pass: a point still moving then is mostly one the search did not reach (a rotation's far
+# point, wandering to the step limit: 8.2 of a 160^3 rotation's 10.5 s), which the affine map's start then finds in
+# about 2 steps; a point that nothing else finds goes on from where it stopped, to MAX_ITERATIONS in all
+FIRST_PASS_STEPS = 10
 # voxels a cubic spline's value reads around its position: its 4 taps, and 4 more of its coefficients'
 # prefilter, whose weight falls by 0.27 a voxel (to 0.5% at 4)
 SPLINE_REACH = 6
@@ -415,10 +419,12 @@ class _Solver:
         """The prepared points whose subset has texture: a positive definite Hessian and some variance."""
         return self.prepared & np.all(np.isfinite(self.inverse), (1, 2)) & (self.norm > 0)
 
-    def run(self, which: np.ndarray, start: np.ndarray, *, counted: bool = True) -> dict[str, np.ndarray]:
-        """IC-GN of the points ``which`` from ``start`` ``(N, 12)``: each point's warp, ZNCC, residual variance,
-        steps, and whether it converged, started in view and stayed in view (NaN and False elsewhere). With
-        ``counted``, each point that stops is reported done."""
+    def run(self, which: np.ndarray, start: np.ndarray, *, counted: bool = True,
+            steps: int | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+        """IC-GN of the points ``which`` from ``start`` ``(N, 12)``, ``steps`` at most (default
+        ``max_iterations``): each point's warp, ZNCC, residual variance, steps, and whether it converged, started in
+        view and stayed in view (NaN and False elsewhere). With ``counted``, each point that stops is reported
+        done."""
         points = len(which)
         p = np.where(which[:, None], start, np.nan)
         out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan),
@@ -428,7 +434,7 @@ class _Solver:
         inverse = self.inverse.astype(dtype)
         active = which.copy()
         last = np.full(points, np.inf)  # each point's previous increment (voxels)
-        for iteration in range(self.max_iterations):
+        for iteration in range(self.max_iterations if steps is None else steps):
             index = np.flatnonzero(active)
             if not len(index):
                 break
@@ -954,13 +960,15 @@ def _slab_first(solver: _Solver, usable: np.ndarray, searched: np.ndarray, start
     textured = solver.textured()
     diagonal = np.diagonal(solver.inverse, axis1=1, axis2=2)[:, kernels.TRANSLATION]
     run_here = usable & textured & searched
-    return textured, solver.prepared.copy(), diagonal, solver.run(run_here, start), int(np.count_nonzero(run_here))
+    first = solver.run(run_here, start, steps=min(FIRST_PASS_STEPS, solver.max_iterations))
+    return textured, solver.prepared.copy(), diagonal, first, int(np.count_nonzero(run_here))
 
 
-def _slab_again(solver: _Solver, which: np.ndarray, begin: np.ndarray) -> dict[str, np.ndarray]:
-    """A slab's IC-GN of the points ``which`` from ``begin`` (a propagation round), uncounted."""
+def _slab_again(solver: _Solver, which: np.ndarray, begin: np.ndarray,
+                steps: int | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """A slab's IC-GN of the points ``which`` from ``begin`` (a retry), ``steps`` at most, uncounted."""
     solver.prepare(which)
-    return solver.run(which, begin, counted=False)
+    return solver.run(which, begin, counted=False, steps=steps)
 
 
 def _slab_task(stage: str, run: _SlabRun, first: int, centres: np.ndarray, reference: Any, deformed: Any, roi: Any,
@@ -1097,18 +1105,19 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
             solvers[k] = out
         return out
 
-    def run_slabs(which: np.ndarray, begin: np.ndarray) -> dict[str, np.ndarray]:
-        """The IC-GN of the points ``which`` from ``begin``, slab by slab, joined into the whole grid's arrays."""
+    def run_slabs(which: np.ndarray, begin: np.ndarray, steps: int | None = None) -> dict[str, np.ndarray]:
+        """The IC-GN of the points ``which`` from ``begin`` (``steps`` at most), slab by slab, joined into the
+        whole grid's arrays."""
         out = dict(zncc=np.full(points, np.nan), variance=np.full(points, np.nan), steps=np.zeros(points, np.int16),
                    converged=np.zeros(points, bool), started=np.zeros(points, bool), view=np.zeros(points, bool),
                    warp=np.full((points, 12), np.nan))  # fmt: skip
         ks = [k for k, (planes, _, _) in enumerate(slabs) if which[slab_points(planes)].any()]
         if distributed:
-            parts = on_slabs("again", ks, lambda index: (which[index], begin[index]))
+            parts = on_slabs("again", ks, lambda index: (which[index], begin[index], steps))
             report()  # Cancel's chance
         for n, k in enumerate(ks):
             index = slab_points(slabs[k][0])
-            part = parts[n] if distributed else _slab_again(solver_of(k), which[index], begin[index])
+            part = parts[n] if distributed else _slab_again(solver_of(k), which[index], begin[index], steps)
             for key, v in part.items():
                 out[key][index] = v
             part = None  # before the next slab's volumes are read
@@ -1149,6 +1158,10 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
 
     found = accepted(result)
     tried = run.copy()
+    # the first pass's points still moving when it stopped (FIRST_PASS_STEPS)
+    first_steps = min(FIRST_PASS_STEPS, max_iterations)
+    moving = run & ~result["converged"] & result["view"] & (result["steps"] >= first_steps)
+    moving &= np.all(np.isfinite(result["warp"]), 1)
     # the points not found from the search (beyond its reach of the whole translation: a rotation's far points),
     # from the affine map fitted to the points found, a round again while it finds more: a rigid or homogeneous
     # motion is then found wherever its subsets stay in the volume, whatever the search
@@ -1173,17 +1186,36 @@ def _correlate(reference, deformed, mask, *, subset, step, shape, search, min_zn
         before, found = found, accepted(result)
         if found.sum() == before.sum():
             break
-    for _ in range(PROPAGATION_ROUNDS):
-        carried, has = _neighbour_starts(grid, origin, result["warp"], found, result["zncc"])
-        retry = usable & textured & ~found & has & np.all(np.isfinite(carried), 1)
-        if not retry.any():
-            break
-        again = run_slabs(retry, carried)
-        better = retry & (accepted(again) | ~tried)
+
+    def propagate(found: np.ndarray) -> np.ndarray:
+        """The points not found, from their found neighbours' warps, a round again while any is left; the points
+        found then."""
+        for _ in range(PROPAGATION_ROUNDS):
+            carried, has = _neighbour_starts(grid, origin, result["warp"], found, result["zncc"])
+            retry = usable & textured & ~found & has & np.all(np.isfinite(carried), 1)
+            if not retry.any():
+                break
+            again = run_slabs(retry, carried)
+            better = retry & (accepted(again) | ~tried)
+            for key in result:
+                result[key][better] = again[key][better]
+            np.logical_or(tried, retry, out=tried)
+            found = accepted(result)
+        return found
+
+    found = propagate(found)
+    # the first pass's points still moving that nothing since has found go on from where they stopped, to
+    # max_iterations steps in all (a retry's failure left their first pass's warp in place): what one pass of
+    # max_iterations steps would have given them; their neighbours then from them
+    moving &= ~found
+    if moving.any() and max_iterations > first_steps:
+        again = run_slabs(moving, result["warp"], steps=max_iterations - first_steps)
+        again["steps"] = again["steps"] + first_steps
         for key in result:
-            result[key][better] = again[key][better]
-        tried |= retry
-        found = accepted(result)
+            result[key][moving] = again[key][moving]
+        before, found = found, accepted(result)
+        if found.sum() > before.sum():
+            found = propagate(found)
 
     disagreement = _disagreement(grid, origin, result["warp"], found)
     ambiguous = found & (disagreement > max_disagreement)

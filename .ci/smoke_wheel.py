@@ -92,6 +92,26 @@ def check(cache: Path) -> None:
     finally:
         viewer.close()
         QApplication.processEvents()
+        settle()
+
+
+def settle(timeout: float = 600.0) -> None:
+    """Wait for the jobs the widgets and samples started in the background (runs ahead, JAX's early start): a
+    compile under way ends before its job can stop, and writes into the cache folder, which is removed next."""
+    from qtpy.QtWidgets import QApplication
+
+    from napari_gridmip._widgets.workers import workers_if_made
+    from napari_gridmip.core.runtime.executables import wait_for_writes
+
+    pool = workers_if_made()
+    if pool is not None:
+        pool.cancel_all()
+        end = time.monotonic() + timeout
+        while pool.busy():
+            assert time.monotonic() < end, f"background jobs still running after {timeout:.0f} s: {pool.busy()}"
+            QApplication.processEvents()
+            time.sleep(0.05)
+    wait_for_writes(timeout)
 
 
 def check_cli(folder: Path) -> None:

@@ -1,8 +1,9 @@
 """The DIC series over several local devices (each holds a part of the grid's points and runs their IC-GN): the
-answers of one device (the same statuses; values within float32 rounding, since a device's batches of points are
-other batches, whose matrix products round otherwise). CI runs tests/core on 8 host devices; in the default run
-the comparison skips and a slow case runs it in a child process with 3 host devices (a grid that does not split
-evenly)."""
+answers of one device: the same statuses, and values within the IC-GN's convergence tolerance, since a device's
+batches of points are other batches, whose sums round otherwise, and a point's last increment, rounded otherwise,
+can stop its IC-GN a step earlier or later (within a corner move of ``TOLERANCE`` pixels). CI runs tests/core on 8
+host devices; in the default run the comparison skips and a slow case runs it in a child process with 3 host
+devices (a grid that does not split evenly)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,14 @@ def test_every_device_gives_one_devices_answers(monkeypatch, kind, reference):
     assert (one.status == gm.Status.ok)[1:].sum() > 20
     for name in ("status", "key_frame", "y", "x"):
         np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=name)
-    for name in ("dy", "dx", "zncc", "sigma_dy", "sigma_dx", "dy_y", "dy_x", "dx_y", "dx_x", "motion"):
-        np.testing.assert_allclose(getattr(many, name), getattr(one, name), rtol=0, atol=1e-5, err_msg=name)
+    # a warp whose step moves no corner of the subset by TOLERANCE has stopped: the displacement is known to
+    # TOLERANCE, its gradient to TOLERANCE over the subset's half-width
+    gradient = series_module.TOLERANCE / (21 // 2)
+    bounds = dict(dy=series_module.TOLERANCE, dx=series_module.TOLERANCE, motion=series_module.TOLERANCE)
+    bounds |= dict.fromkeys(("dy_y", "dy_x", "dx_y", "dx_x"), gradient)
+    bounds |= dict.fromkeys(("zncc", "sigma_dy", "sigma_dx"), 1e-5)
+    for name, bound in bounds.items():
+        np.testing.assert_allclose(getattr(many, name), getattr(one, name), rtol=0, atol=bound, err_msg=name)
 
 
 @pytest.mark.slow
